@@ -1,0 +1,246 @@
+"""Baseline planners of MODEL.md section 5: ``dp-drop``, ``ntp`` and ``ntp-pw``.
+
+All three cut every domain into *slots* (candidate stages), pack the slots
+into replicas and split the batch exactly:
+
+* a domain with ``h`` healthy GPUs gives ``h // T`` full slots of its fastest
+  GPUs; ``ntp`` and ``ntp-pw`` add one reduced slot of the largest allowed
+  degree that the remaining healthy GPUs can run (``dp-drop`` leaves them idle);
+* slots are sorted by degree, then speed, and grouped ``pp`` at a time into
+  at most ``dp_max`` replicas: partially failed domains end up packed into as
+  few replicas as possible and the worst slots become spares, which is the
+  paper's "swap in spare domains" and "pack failed domains together";
+* a replica runs at the smallest degree among its slots, on the fastest GPUs;
+* ``ntp-pw`` then boosts the power of slow replicas' stages, cheapest first,
+  as far as rack and site budgets allow (targeting nominal speed), instead of
+  relying on a smaller local batch;
+* local batches come from :func:`ntp_opt.goodput.split_batch` (exact). Under
+  the ``fixed`` policy a plan that cannot carry ``B`` pauses (no replicas).
+
+Stragglers are not avoided on purpose: the paper's heuristic ignores them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from .goodput import replica_speed, split_batch
+from .instance import Instance
+from .plan import Plan, Replica, Stage
+from .validate import check
+
+#: Safety margin on power headroom so that float rounding never breaks a budget.
+_POWER_MARGIN = 1e-9
+
+
+@dataclass(frozen=True)
+class Slot:
+    """A candidate stage: ``gpus`` (indices, fastest first) of one domain."""
+
+    domain: int
+    gpus: np.ndarray
+    degree: int
+
+    def speed(self, speed: np.ndarray, t: int) -> float:
+        """Speed of the slowest of the ``t`` GPUs a stage of degree ``t`` uses."""
+        return float(speed[self.gpus[:t]].min())
+
+
+def domain_slots(instance: Instance, reduced: bool) -> list[Slot]:
+    """Cut every domain into slots (see the module docstring).
+
+    Parameters
+    ----------
+    instance
+        The instance.
+    reduced
+        Also make one reduced-degree slot from each domain's leftover GPUs.
+
+    Returns
+    -------
+    list of Slot
+    """
+    a = instance.arrays
+    job = instance.job
+    big_t = job.tp
+    slots: list[Slot] = []
+    for d, members in enumerate(a.domain_gpus):
+        ok = members[a.healthy[members]]
+        # fastest first; ties keep graph order
+        ok = ok[np.argsort(-a.speed[ok], kind="stable")]
+        full = len(ok) // big_t
+        for j in range(full):
+            slots.append(Slot(d, ok[j * big_t : (j + 1) * big_t], big_t))
+        if reduced:
+            rest = ok[full * big_t :]
+            t = job.largest_allowed(len(rest))
+            if t is not None and t < big_t:
+                slots.append(Slot(d, rest[:t], t))
+    return slots
+
+
+def pack_replicas(instance: Instance, slots: list[Slot]) -> list[tuple[int, list[Slot]]]:
+    """Group slots into replicas: best slots first, ``pp`` at a time.
+
+    Returns
+    -------
+    list of (degree, slots)
+        At most ``dp_max`` replicas; leftover slots are spares.
+    """
+    job = instance.job
+    speed = instance.arrays.speed
+    order = sorted(
+        range(len(slots)),
+        key=lambda i: (-slots[i].degree, -slots[i].speed(speed, slots[i].degree), i),
+    )
+    n = min(job.replicas_max, len(slots) // job.pp)
+    groups = []
+    for r in range(n):
+        members = [slots[i] for i in order[r * job.pp : (r + 1) * job.pp]]
+        groups.append((min(s.degree for s in members), members))
+    return groups
+
+
+def _boost(instance: Instance, groups: list[tuple[int, list[Slot]]]) -> list[list[float]]:
+    """Power multipliers per replica and stage: boost slow replicas, cheapest first."""
+    a = instance.arrays
+    job = instance.job
+    alpha = job.power_exponent
+    hi = 1.0 + job.max_boost
+    powers = [[1.0] * len(members) for _, members in groups]
+    if alpha <= 0 or job.max_boost <= 0:
+        return powers
+    used = np.zeros(a.n_gpus, dtype=bool)
+    for t, members in groups:
+        for s in members:
+            used[s.gpus[:t]] = True
+    draw = np.where(used, 1.0, np.where(a.healthy, job.idle_power_fraction, 0.0)) * a.tdp
+    rack_room = a.rack_budget - np.bincount(a.gpu_rack, weights=draw, minlength=len(a.rack_ids))
+    site_room = a.site_budget - float(draw.sum())
+    target = 1.0 / job.seq_time_s  # nominal speed of a healthy full-TP replica
+
+    def need(r: int, goal: float) -> tuple[list[float], np.ndarray, float]:
+        """Multipliers reaching speed ``goal``, extra watts per rack and in all."""
+        t, members = groups[r]
+        factor = job.tp_factor(t) / job.seq_time_s
+        mult, extra_rack, extra = [], np.zeros(len(a.rack_ids)), 0.0
+        for s in members:
+            g = s.gpus[:t]
+            pi = max(1.0, (goal / (factor * float(a.speed[g].min()))) ** (1.0 / alpha))
+            pi = min(pi, hi)
+            watts = a.tdp[g] * (pi - 1.0)
+            np.add.at(extra_rack, a.gpu_rack[g], watts)
+            extra += float(watts.sum())
+            mult.append(pi)
+        return mult, extra_rack, extra
+
+    def fits(extra_rack: np.ndarray, extra: float) -> bool:
+        return bool(
+            np.all(extra_rack <= rack_room * (1 - _POWER_MARGIN))
+            and extra <= site_room * (1 - _POWER_MARGIN)
+        )
+
+    speeds = [
+        replica_speed(job, t, [s.speed(a.speed, t) for s in m], [1.0] * len(m)) for t, m in groups
+    ]
+    slow = [r for r in range(len(groups)) if speeds[r] < target * (1 - 1e-12)]
+    slow.sort(key=lambda r: (need(r, target)[2], r))
+    for r in slow:
+        mult, extra_rack, extra = need(r, target)
+        if not fits(extra_rack, extra):
+            lo, hi_goal = speeds[r], target  # bisect on the reachable speed
+            for _ in range(50):
+                mid = 0.5 * (lo + hi_goal)
+                if fits(*need(r, mid)[1:]):
+                    lo = mid
+                else:
+                    hi_goal = mid
+            mult, extra_rack, extra = need(r, lo)
+            if not fits(extra_rack, extra):
+                continue
+        powers[r] = mult
+        rack_room -= extra_rack
+        site_room -= extra
+    return powers
+
+
+def _plan(instance: Instance, policy: str, reduced: bool, boost: bool) -> Plan:
+    a = instance.arrays
+    job = instance.job
+    groups = pack_replicas(instance, domain_slots(instance, reduced))
+    powers = _boost(instance, groups) if boost else [[1.0] * len(m) for _, m in groups]
+    speeds = [
+        replica_speed(job, t, [s.speed(a.speed, t) for s in m], p)
+        for (t, m), p in zip(groups, powers, strict=True)
+    ]
+    split = split_batch(job, speeds, [t for t, _ in groups])
+    replicas: tuple[Replica, ...] = ()
+    if split is not None:
+        replicas = tuple(
+            Replica(
+                tp=t,
+                local_batch=b,
+                stages=tuple(
+                    Stage(
+                        domain=a.domain_ids[s.domain],
+                        gpus=tuple(a.gpu_ids[i] for i in s.gpus[:t]),
+                        power=float(pw),
+                    )
+                    for s, pw in zip(members, p, strict=True)
+                ),
+            )
+            for (t, members), p, b in zip(groups, powers, split.batches, strict=True)
+        )
+    plan = Plan(instance.name, replicas, {"policy": policy, "paused": not replicas})
+    ev = check(instance, plan)
+    return plan.with_metrics(**ev.as_metrics())
+
+
+def dp_drop(instance: Instance) -> Plan:
+    """Uniform TP: only full-degree stages; spare domains swapped in.
+
+    Parameters
+    ----------
+    instance
+        The instance.
+
+    Returns
+    -------
+    Plan
+        A validated plan (empty when the job pauses).
+    """
+    return _plan(instance, "dp-drop", reduced=False, boost=False)
+
+
+def ntp(instance: Instance) -> Plan:
+    """The paper's NTP: reduced-degree replicas with a smaller local batch.
+
+    Parameters
+    ----------
+    instance
+        The instance.
+
+    Returns
+    -------
+    Plan
+        A validated plan (empty when the job pauses).
+    """
+    return _plan(instance, "ntp", reduced=True, boost=False)
+
+
+def ntp_pw(instance: Instance) -> Plan:
+    """NTP with power boost of slow replicas within rack and site budgets.
+
+    Parameters
+    ----------
+    instance
+        The instance.
+
+    Returns
+    -------
+    Plan
+        A validated plan (empty when the job pauses).
+    """
+    return _plan(instance, "ntp-pw", reduced=True, boost=True)

@@ -1,0 +1,367 @@
+"""The ``ntp-opt`` command line.
+
+Every sub-command reads and writes the JSON formats of :mod:`ntp_opt.files`.
+Bad input ends with one line ``ntp-opt: error: FILE: FIELD: message`` and exit
+status 2; an infeasible plan given to ``validate`` exits with status 1.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+from rich.table import Table
+
+from . import topology
+from .files import (
+    InputError,
+    json_schema,
+    load_instance,
+    load_plan,
+    save_instance,
+    save_plan,
+)
+from .instance import Instance
+from .job import Job
+from .solve import PLANNERS, Result, solve
+from .validate import Evaluation, evaluate
+
+EPILOG = """\
+examples:
+  ntp-opt gen --builder nvl32 --gpus 4096 --fail-fraction 0.002 --tp 32 --pp 8 \\
+      --global-batch 256 -o my.json       write an instance
+  ntp-opt info my.json                       what is in it
+  ntp-opt solve my.json --policy ntp-pw -o plan.json
+  ntp-opt compare my.json                    every policy side by side
+  ntp-opt validate my.json plan.json         exit 1 if the plan breaks a rule
+  ntp-opt evaluate my.json plan.json --json  recomputed goodput
+  ntp-opt schema instance                    the JSON Schema of instance files
+"""
+
+
+def _console() -> Console:
+    # Wide enough for the tables when the output is a file or a pipe.
+    con = Console(highlight=False)
+    if not con.is_terminal:
+        con = Console(highlight=False, width=160)
+    return con
+
+
+def _fmt(x: float | None, digits: int = 4) -> str:
+    return "-" if x is None else f"{x:.{digits}f}"
+
+
+def _cmd_gen(args: argparse.Namespace) -> int:
+    kw: dict[str, Any] = {"rack_power_factor": args.rack_power_factor}
+    if args.tdp_w is not None:
+        kw["tdp_w"] = args.tdp_w
+    graph = topology.build(args.builder, args.gpus, **kw)
+    meta: dict[str, Any] = {
+        "builder": args.builder,
+        "gpus": args.gpus,
+        "seed": args.seed,
+        "rack_power_factor": args.rack_power_factor,
+    }
+    if args.fail_fraction is not None or args.fail_count is not None:
+        failed = topology.fail_random(
+            graph,
+            fraction=args.fail_fraction,
+            count=args.fail_count,
+            unit=args.fail_unit,
+            seed=args.seed,
+        )
+        meta["failed"] = {"unit": args.fail_unit, "count": len(failed)}
+    if args.stragglers:
+        topology.add_stragglers(
+            graph, count=args.stragglers, speed=args.straggler_speed, seed=args.seed + 1
+        )
+        meta["stragglers"] = {"count": args.stragglers, "speed": args.straggler_speed}
+    if args.p_fail:
+        topology.set_p_fail(graph, args.p_fail)
+    domains = topology.domains(graph)
+    per_domain = graph.nodes[domains[0]]["size"] // args.tp if domains else 0
+    dp = args.dp if args.dp is not None else max(1, len(domains) * per_domain // args.pp)
+    job = Job(
+        tp=args.tp,
+        pp=args.pp,
+        dp=dp,
+        global_batch=args.global_batch if args.global_batch is not None else 16 * dp,
+        batch_policy=args.batch_policy,
+        seq_time_s=args.seq_time,
+    )
+    name = args.name or Path(args.output).name.split(".")[0]
+    instance = Instance(name, graph, job, meta)
+    save_instance(instance, args.output)
+    s = instance.summary()
+    _console().print(
+        f"wrote {args.output}: {s['gpus']} GPUs ({s['failed']} failed, {s['stragglers']} "
+        f"stragglers), {s['domains']} domains, job TP{job.tp} x PP{job.pp} x DP{job.dp}, "
+        f"B={job.global_batch} ({job.batch_policy})"
+    )
+    return 0
+
+
+def _summary_table(rows: list[tuple[str, Result]], instance: Instance) -> Table:
+    table = Table(title=f"{instance.name}: policies", title_justify="left")
+    for col in (
+        "policy",
+        "rel. goodput",
+        "goodput seq/s",
+        "replicas",
+        "reduced",
+        "GPUs used",
+        "power kW",
+        "status",
+        "time s",
+    ):
+        table.add_column(col, justify="left" if col in ("policy", "status") else "right")
+    for name, res in rows:
+        ev = res.evaluation
+        assert ev is not None
+        table.add_row(
+            name,
+            _fmt(res.relative_objective),
+            _fmt(res.objective, 2),
+            str(ev.n_replicas),
+            str(ev.n_reduced),
+            str(ev.gpus_used),
+            f"{ev.site_power_w / 1e3:.1f}",
+            str(res.status),
+            f"{res.runtime_s:.3f}",
+        )
+    return table
+
+
+def _instance_line(instance: Instance) -> str:
+    s = instance.summary()
+    return (
+        f"{s['name']}: {s['gpus']} GPUs in {s['domains']} domains / {s['racks']} racks, "
+        f"{s['failed']} failed, {s['stragglers']} stragglers; job TP{s['tp']} x PP{s['pp']} "
+        f"x DP{s['dp']}, global batch {s['global_batch']} ({s['batch_policy']})"
+    )
+
+
+def _cmd_info(args: argparse.Namespace) -> int:
+    instance = load_instance(args.instance)
+    con = _console()
+    con.print(_instance_line(instance))
+    job = instance.job
+    con.print(
+        f"  tp_allowed {list(job.allowed)}, tp_min {job.min_tp}, dp_max {job.replicas_max}, "
+        f"max_local_batch {job.local_batch_max}, power_exponent {job.power_exponent}, "
+        f"max_boost {job.max_boost}, reshard_overhead {job.reshard_overhead}"
+    )
+    a = instance.arrays
+    con.print(
+        f"  site budget {a.site_budget / 1e3:.1f} kW, GPU TDP total {a.tdp.sum() / 1e3:.1f} kW"
+    )
+    return 0
+
+
+def _cmd_solve(args: argparse.Namespace) -> int:
+    instance = load_instance(args.instance)
+    con = _console()
+    con.print(_instance_line(instance))
+    policies = list(PLANNERS) if args.policy == "all" else [args.policy]
+    rows = []
+    for name in policies:
+        res = solve(instance, name, time_limit=args.time_limit, seed=args.seed)
+        rows.append((name, res))
+    con.print(_summary_table(rows, instance))
+    if args.output:
+        if len(rows) != 1:
+            raise ValueError("-o/--output needs a single --policy, not 'all'")
+        plan = rows[0][1].plan
+        assert plan is not None
+        save_plan(plan, args.output)
+        con.print(f"wrote {args.output}")
+    return 0
+
+
+def _cmd_compare(args: argparse.Namespace) -> int:
+    con = _console()
+    policies = args.policies.split(",") if args.policies else list(PLANNERS)
+    table = Table(title="relative goodput (1.0 = no failures)", title_justify="left")
+    table.add_column("instance")
+    table.add_column("GPUs", justify="right")
+    table.add_column("failed", justify="right")
+    for p in policies:
+        table.add_column(p, justify="right")
+    for path in args.instances:
+        start = time.perf_counter()
+        instance = load_instance(path)
+        load_s = time.perf_counter() - start
+        values = [_fmt(solve(instance, p).relative_objective) for p in policies]
+        s = instance.summary()
+        table.add_row(s["name"], str(s["gpus"]), str(s["failed"]), *values)
+        if args.verbose:
+            con.print(f"{path}: loaded in {load_s:.2f} s")
+    con.print(table)
+    return 0
+
+
+def _print_eval(ev: Evaluation, as_json: bool) -> None:
+    if as_json:
+        data = {
+            **ev.as_metrics(),
+            "feasible": ev.feasible,
+            "violations": [str(v) for v in ev.violations],
+        }
+        print(json.dumps(data, indent=1))
+        return
+    con = _console()
+    con.print(f"feasible: {'yes' if ev.feasible else 'NO'}")
+    con.print(f"relative goodput: {ev.relative_goodput:.6f}")
+    con.print(f"goodput: {ev.goodput:.6g} sequences/s, step time {ev.step_time:.6g} s")
+    con.print(
+        f"replicas: {ev.n_replicas} ({ev.n_reduced} below nominal TP), "
+        f"local batches sum to {ev.total_batch}, {ev.gpus_used} GPUs used"
+    )
+    con.print(f"site power: {ev.site_power_w / 1e3:.3f} kW")
+    for v in ev.violations:
+        con.print(f"  {v}")
+
+
+def _cmd_validate(args: argparse.Namespace) -> int:
+    instance = load_instance(args.instance)
+    plan = load_plan(args.plan)
+    ev = evaluate(instance, plan)
+    if ev.feasible:
+        print(
+            f"{args.plan}: valid plan for {instance.name} "
+            f"(relative goodput {ev.relative_goodput:.6f})"
+        )
+        return 0
+    print(f"{args.plan}: {len(ev.violations)} violation(s):")
+    for v in ev.violations:
+        print(f"  {v}")
+    return 1
+
+
+def _cmd_evaluate(args: argparse.Namespace) -> int:
+    instance = load_instance(args.instance)
+    ev = evaluate(instance, load_plan(args.plan))
+    _print_eval(ev, args.json)
+    return 0 if ev.feasible else 1
+
+
+def _cmd_schema(args: argparse.Namespace) -> int:
+    print(json.dumps(json_schema(args.kind), indent=2))
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The argument parser of ``ntp-opt`` (exposed for docs and tests)."""
+    parser = argparse.ArgumentParser(
+        prog="ntp-opt",
+        description=(
+            "Plan LLM training with nonuniform tensor parallelism on a GPU cluster "
+            "that has failed, slow or risky GPUs."
+        ),
+        epilog=EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    g = sub.add_parser("gen", help="write an instance from a cluster builder and a job")
+    g.add_argument(
+        "--builder",
+        choices=sorted(topology.BUILDERS),
+        default="nvl32",
+        help="cluster kind (default nvl32)",
+    )
+    g.add_argument("--gpus", type=int, required=True, help="number of GPUs (whole domains)")
+    g.add_argument("--fail-fraction", type=float, help="fraction of GPUs (or trays) failed")
+    g.add_argument("--fail-count", type=int, help="number of GPUs (or trays) failed")
+    g.add_argument("--fail-unit", choices=["gpu", "tray"], default="gpu")
+    g.add_argument("--stragglers", type=int, default=0, help="number of slow GPUs")
+    g.add_argument("--straggler-speed", type=float, default=0.8)
+    g.add_argument("--p-fail", type=float, default=0.0, help="per-GPU failure probability")
+    g.add_argument(
+        "--rack-power-factor",
+        type=float,
+        default=1.0,
+        help="rack budget as a multiple of its GPUs' TDP (default 1.0)",
+    )
+    g.add_argument("--tdp-w", type=float, help="GPU TDP in watts (builder default)")
+    g.add_argument("--tp", type=int, required=True, help="nominal TP degree")
+    g.add_argument("--pp", type=int, default=1, help="pipeline stages per replica")
+    g.add_argument("--dp", type=int, help="replicas (default: as many as the cluster holds)")
+    g.add_argument("--global-batch", type=int, help="sequences per step (default 16 x dp)")
+    g.add_argument("--batch-policy", choices=["fixed", "elastic"], default="fixed")
+    g.add_argument("--seq-time", type=float, default=1.0, help="seconds per sequence (c)")
+    g.add_argument("--seed", type=int, default=0)
+    g.add_argument("--name", help="instance name (default: output file stem)")
+    g.add_argument("-o", "--output", required=True, help="instance file (.json or .json.gz)")
+    g.set_defaults(func=_cmd_gen)
+
+    i = sub.add_parser("info", help="summarise an instance file")
+    i.add_argument("instance")
+    i.set_defaults(func=_cmd_info)
+
+    s = sub.add_parser("solve", help="plan an instance with a policy")
+    s.add_argument("instance")
+    s.add_argument(
+        "--policy",
+        default="ntp-pw",
+        choices=[*PLANNERS, "all"],
+        help="planner (default ntp-pw); 'all' compares every planner",
+    )
+    s.add_argument("-o", "--output", help="write the plan here")
+    s.add_argument("--time-limit", type=float, help="seconds (solvers that search)")
+    s.add_argument("--seed", type=int, default=0)
+    s.set_defaults(func=_cmd_solve)
+
+    c = sub.add_parser("compare", help="relative goodput of several policies on instances")
+    c.add_argument("instances", nargs="+")
+    c.add_argument("--policies", help=f"comma-separated (default {','.join(PLANNERS)})")
+    c.add_argument("-v", "--verbose", action="store_true")
+    c.set_defaults(func=_cmd_compare)
+
+    v = sub.add_parser("validate", help="check a plan against every rule; exit 1 if broken")
+    v.add_argument("instance")
+    v.add_argument("plan")
+    v.set_defaults(func=_cmd_validate)
+
+    e = sub.add_parser("evaluate", help="recompute a plan's goodput and power")
+    e.add_argument("instance")
+    e.add_argument("plan")
+    e.add_argument("--json", action="store_true", help="machine-readable output")
+    e.set_defaults(func=_cmd_evaluate)
+
+    sc = sub.add_parser("schema", help="print the JSON Schema of instance or plan files")
+    sc.add_argument("kind", choices=["instance", "plan"])
+    sc.set_defaults(func=_cmd_schema)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run ``ntp-opt``; returns the exit status."""
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        status: int = args.func(args)
+        return status
+    except (InputError, topology.TopologyError) as err:
+        lines = str(err).splitlines()
+        print(f"ntp-opt: error: {lines[0]}", file=sys.stderr)
+        for line in lines[1:]:
+            print(f"  {line}", file=sys.stderr)
+        return 2
+    except (ValueError, KeyError, OSError) as err:
+        msg = err.args[0] if isinstance(err, KeyError) and err.args else err
+        print(f"ntp-opt: error: {msg}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("ntp-opt: interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

@@ -1,0 +1,178 @@
+"""Goodput of a plan (MODEL.md section 3) and the exact batch split (NOTES.md).
+
+Replica speed, in sequences per second::
+
+    v_r = t_r eta(t_r) / (T eta(T)) * min_k [ pi_k^alpha * min_{g in k} speed_g ] / c
+
+Step time and goodput::
+
+    theta = max_r (b_r / v_r) * (1 + rho * [some t_r < T])
+    goodput = sum_r b_r / theta
+    relative goodput = goodput * c / R
+
+The functions here work on plain numbers so that planners, the validator and
+the simulation share one definition of the formula.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from .job import Job
+
+
+def replica_speed(
+    job: Job, tp: int, stage_speeds: Sequence[float], powers: Sequence[float]
+) -> float:
+    """Speed ``v_r`` of one replica in sequences per second.
+
+    Parameters
+    ----------
+    job
+        The job (``T``, ``eta``, ``alpha``, ``c``).
+    tp
+        The replica's TP degree ``t_r``.
+    stage_speeds
+        For each stage, the speed of its slowest GPU.
+    powers
+        For each stage, its power multiplier ``pi_k``.
+
+    Returns
+    -------
+    float
+        ``v_r``; 0 for a replica with no stages.
+    """
+    if len(stage_speeds) == 0:
+        return 0.0
+    alpha = job.power_exponent
+    slowest = min(float(p) ** alpha * float(s) for s, p in zip(stage_speeds, powers, strict=True))
+    return job.tp_factor(tp) * slowest / job.seq_time_s
+
+
+def overhead_factor(job: Job, tps: Sequence[int]) -> float:
+    """``1 + rho`` when some replica runs below ``T``, else 1."""
+    return 1.0 + job.reshard_overhead if any(t < job.tp for t in tps) else 1.0
+
+
+def step_time(
+    job: Job, tps: Sequence[int], batches: Sequence[int], speeds: Sequence[float]
+) -> float:
+    """Step time ``theta`` of a plan; ``inf`` when a replica has speed 0."""
+    if len(batches) == 0:
+        return float("inf")
+    worst = 0.0
+    for b, v in zip(batches, speeds, strict=True):
+        if v <= 0:
+            return float("inf")
+        worst = max(worst, b / v)
+    return worst * overhead_factor(job, tps)
+
+
+def goodput(job: Job, tps: Sequence[int], batches: Sequence[int], speeds: Sequence[float]) -> float:
+    """Goodput ``sum_r b_r / theta`` in sequences per second (0 for no replica)."""
+    theta = step_time(job, tps, batches, speeds)
+    if not np.isfinite(theta) or theta <= 0:
+        return 0.0
+    return float(sum(batches)) / theta
+
+
+def relative_goodput(job: Job, value: float) -> float:
+    """Goodput relative to the same job with no failures (``goodput * c / R``)."""
+    return value * job.seq_time_s / job.dp
+
+
+@dataclass(frozen=True)
+class BatchSplit:
+    """Result of :func:`split_batch`.
+
+    Attributes
+    ----------
+    batches
+        Local batch of each replica, in the order of the speeds given.
+    step_time
+        ``theta`` including the resharding overhead factor.
+    goodput
+        ``sum(batches) / step_time``.
+    """
+
+    batches: tuple[int, ...]
+    step_time: float
+    goodput: float
+
+
+def split_batch(
+    job: Job, speeds: Sequence[float], tps: Sequence[int], policy: str | None = None
+) -> BatchSplit | None:
+    """Choose integer local batches that maximise goodput for fixed replicas.
+
+    Exact: the best step time is a breakpoint ``b / v_r`` (NOTES.md). Every
+    candidate ``(b / v_r)`` for ``b = 1 .. max_local_batch`` is sorted once;
+    a step time admitting the first ``k`` candidates gives ``sum b_r = k``.
+
+    * ``fixed``: the smallest step time admitting ``B`` sequences, with every
+      replica taking at least one.
+    * ``elastic``: maximise ``min(B, k) / theta_k`` over the prefixes ``k``
+      that give every replica at least one sequence.
+
+    Parameters
+    ----------
+    job
+        The job (``B``, ``max_local_batch``, policy, overhead).
+    speeds
+        Replica speeds ``v_r`` (sequences per second), all positive.
+    tps
+        Replica TP degrees (for the resharding overhead).
+    policy
+        ``"fixed"`` or ``"elastic"``; defaults to ``job.batch_policy``.
+
+    Returns
+    -------
+    BatchSplit or None
+        ``None`` when no split is feasible (more replicas than ``B``, a replica
+        with speed 0, or, for ``fixed``, capacity below ``B``). An empty list
+        of replicas gives the paused split (goodput 0).
+    """
+    policy = policy or job.batch_policy
+    n = len(speeds)
+    if n == 0:
+        return BatchSplit((), float("inf"), 0.0)
+    v = np.asarray(speeds, dtype=float)
+    cap = job.local_batch_max
+    big_b = job.global_batch
+    if n > big_b or np.any(v <= 0) or not np.all(np.isfinite(v)):
+        return None
+    if policy == "fixed" and n * cap < big_b:
+        return None
+    factor = overhead_factor(job, tps)
+    # Candidate (time, replica) pairs; only the first B + n per replica can matter.
+    per = min(cap, big_b)
+    b = np.arange(1, per + 1, dtype=float)
+    times = (b[None, :] / v[:, None]).ravel()
+    owner = np.repeat(np.arange(n), per)
+    first = b[None, :].repeat(n, axis=0).ravel() == 1.0
+    order = np.lexsort((owner, times))
+    times, owner, first = times[order], owner[order], first[order]
+    # Position (1-based count) by which every replica has its first sequence.
+    k_min = int(np.flatnonzero(first)[-1]) + 1
+    if policy == "fixed":
+        k = max(big_b, k_min)
+    else:
+        ks = np.arange(k_min, len(times) + 1)
+        values = np.minimum(ks, big_b) / times[ks - 1]
+        # Among equal goodputs prefer the largest batch (closest to B).
+        best = np.flatnonzero(values >= values.max() * (1 - 1e-12))
+        k = int(ks[best[-1]])
+    # Take the first k candidates (every replica's first one included), then
+    # drop the latest optional ones until at most B remain.
+    chosen = np.zeros(len(times), dtype=bool)
+    chosen[:k] = True
+    excess = k - big_b
+    if excess > 0:
+        chosen[np.flatnonzero(chosen & ~first)[::-1][:excess]] = False
+    batches = np.bincount(owner[chosen], minlength=n)
+    batches_t = tuple(int(x) for x in batches)
+    theta = max(bb / vv for bb, vv in zip(batches_t, v, strict=True)) * factor
+    return BatchSplit(batches_t, float(theta), float(sum(batches_t)) / float(theta))

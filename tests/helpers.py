@@ -1,0 +1,39 @@
+"""Small instances built from the topology presets, shared by the tests."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ntp_opt import topology
+from ntp_opt.instance import Instance
+from ntp_opt.job import Job
+
+
+def make_instance(
+    *,
+    domains: int = 8,
+    size: int = 8,
+    tray: int = 4,
+    trays_per_rack: int | None = None,
+    failed: int = 0,
+    stragglers: int = 0,
+    rack_power_factor: float = 1.0,
+    seed: int = 0,
+    name: str = "small",
+    **job: Any,
+) -> Instance:
+    """A small homogeneous cluster with random failures and a job."""
+    g = topology.build_cluster(
+        domains,
+        size,
+        tray,
+        trays_per_rack or size // tray,
+        rack_power_factor=rack_power_factor,
+    )
+    if failed:
+        topology.fail_random(g, count=failed, seed=seed)
+    if stragglers:
+        topology.add_stragglers(g, count=stragglers, speed=(0.5, 0.95), seed=seed + 1)
+    spec: dict[str, Any] = {"tp": size, "pp": 2, "dp": domains // 2, "global_batch": 4 * domains}
+    spec.update(job)
+    return Instance(name, g, Job(**spec))
