@@ -166,10 +166,26 @@ def _boost(instance: Instance, groups: list[tuple[int, list[Slot]]]) -> list[lis
     return powers
 
 
+def _fits_unboosted(instance: Instance, groups: list[tuple[int, list[Slot]]]) -> bool:
+    """Do the replicas fit every rack and the site budget at power 1?"""
+    a = instance.arrays
+    used = np.zeros(a.n_gpus, dtype=bool)
+    for t, members in groups:
+        for s in members:
+            used[s.gpus[:t]] = True
+    draw = np.where(used, 1.0, np.where(a.healthy, instance.job.idle_power_fraction, 0.0)) * a.tdp
+    rack = np.bincount(a.gpu_rack, weights=draw, minlength=len(a.rack_ids))
+    return bool(
+        np.all(rack <= a.rack_budget * (1 + 1e-12)) and draw.sum() <= a.site_budget * (1 + 1e-12)
+    )
+
+
 def _plan(instance: Instance, policy: str, reduced: bool, boost: bool) -> Plan:
     a = instance.arrays
     job = instance.job
     groups = pack_replicas(instance, domain_slots(instance, reduced))
+    while groups and not _fits_unboosted(instance, groups):
+        groups.pop()  # a budget below the GPUs' TDP: drop the worst replicas
     powers = _boost(instance, groups) if boost else [[1.0] * len(m) for _, m in groups]
     speeds = [
         replica_speed(job, t, [s.speed(a.speed, t) for s in m], p)

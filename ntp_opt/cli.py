@@ -29,7 +29,7 @@ from .files import (
 )
 from .instance import Instance
 from .job import Job
-from .solve import PLANNERS, Result, solve
+from .solve import EXACT, PLANNERS, POLICIES, Result, solve
 from .validate import Evaluation, evaluate
 
 EPILOG = """\
@@ -43,6 +43,9 @@ examples:
   ntp-opt evaluate my.json plan.json --json  recomputed goodput
   ntp-opt schema instance                    the JSON Schema of instance files
 """
+
+
+EXACT_NAMES = set(EXACT)
 
 
 def _console() -> Console:
@@ -109,9 +112,12 @@ def _cmd_gen(args: argparse.Namespace) -> int:
 
 def _summary_table(rows: list[tuple[str, Result]], instance: Instance) -> Table:
     table = Table(title=f"{instance.name}: policies", title_justify="left")
+    job = instance.job
     for col in (
         "policy",
         "rel. goodput",
+        "rel. bound",
+        "gap",
         "goodput seq/s",
         "replicas",
         "reduced",
@@ -127,12 +133,14 @@ def _summary_table(rows: list[tuple[str, Result]], instance: Instance) -> Table:
         table.add_row(
             name,
             _fmt(res.relative_objective),
+            "-" if res.bound is None else _fmt(res.bound * job.seq_time_s / job.dp),
+            "-" if res.gap is None else f"{res.gap:.1e}",
             _fmt(res.objective, 2),
             str(ev.n_replicas),
             str(ev.n_reduced),
             str(ev.gpus_used),
             f"{ev.site_power_w / 1e3:.1f}",
-            str(res.status),
+            str(res.status) + ("" if res.limit == "none" else f" ({res.limit})"),
             f"{res.runtime_s:.3f}",
         )
     return table
@@ -168,10 +176,19 @@ def _cmd_solve(args: argparse.Namespace) -> int:
     instance = load_instance(args.instance)
     con = _console()
     con.print(_instance_line(instance))
-    policies = list(PLANNERS) if args.policy == "all" else [args.policy]
+    policies = list(POLICIES) if args.policy == "all" else [args.policy]
     rows = []
     for name in policies:
-        res = solve(instance, name, time_limit=args.time_limit, seed=args.seed)
+        res = solve(
+            instance,
+            name,
+            time_limit=args.time_limit,
+            seed=args.seed,
+            threads=args.threads,
+            log=args.log,
+        )
+        if res.log:
+            con.print(res.log, markup=False)
         rows.append((name, res))
     con.print(_summary_table(rows, instance))
     if args.output:
@@ -186,7 +203,10 @@ def _cmd_solve(args: argparse.Namespace) -> int:
 
 def _cmd_compare(args: argparse.Namespace) -> int:
     con = _console()
-    policies = args.policies.split(",") if args.policies else list(PLANNERS)
+    policies = args.policies.split(",") if args.policies else list(POLICIES)
+    unknown = [p for p in policies if p not in PLANNERS]
+    if unknown:
+        raise ValueError(f"unknown policies {unknown}; known: {', '.join(PLANNERS)}")
     table = Table(title="relative goodput (1.0 = no failures)", title_justify="left")
     table.add_column("instance")
     table.add_column("GPUs", justify="right")
@@ -197,7 +217,11 @@ def _cmd_compare(args: argparse.Namespace) -> int:
         start = time.perf_counter()
         instance = load_instance(path)
         load_s = time.perf_counter() - start
-        values = [_fmt(solve(instance, p).relative_objective) for p in policies]
+        values = []
+        for p in policies:
+            res = solve(instance, p, time_limit=args.time_limit)
+            mark = "" if res.status != "feasible" or p not in EXACT_NAMES else "*"
+            values.append(_fmt(res.relative_objective) + mark)
         s = instance.summary()
         table.add_row(s["name"], str(s["gpus"]), str(s["failed"]), *values)
         if args.verbose:
@@ -314,13 +338,20 @@ def build_parser() -> argparse.ArgumentParser:
         help="planner (default ntp-pw); 'all' compares every planner",
     )
     s.add_argument("-o", "--output", help="write the plan here")
-    s.add_argument("--time-limit", type=float, help="seconds (solvers that search)")
+    s.add_argument(
+        "--time-limit", type=float, default=60.0, help="seconds for exact planners (default 60)"
+    )
+    s.add_argument("--threads", type=int, default=1, help="backend threads (1: deterministic)")
+    s.add_argument("--log", action="store_true", help="print the exact search log")
     s.add_argument("--seed", type=int, default=0)
     s.set_defaults(func=_cmd_solve)
 
     c = sub.add_parser("compare", help="relative goodput of several policies on instances")
     c.add_argument("instances", nargs="+")
-    c.add_argument("--policies", help=f"comma-separated (default {','.join(PLANNERS)})")
+    c.add_argument("--policies", help=f"comma-separated (default {','.join(POLICIES)})")
+    c.add_argument(
+        "--time-limit", type=float, default=60.0, help="seconds per exact solve (default 60)"
+    )
     c.add_argument("-v", "--verbose", action="store_true")
     c.set_defaults(func=_cmd_compare)
 

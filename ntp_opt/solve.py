@@ -88,39 +88,46 @@ class Result:
         return max(0.0, (self.bound - self.objective) / self.bound)
 
 
-#: Planner name -> "module:function"; each takes an Instance, returns a Plan.
-PLANNERS: dict[str, str] = {
+#: Heuristic planners: name -> "module:function" taking an Instance, returning a Plan.
+HEURISTICS: dict[str, str] = {
     "dp-drop": "ntp_opt.baselines:dp_drop",
     "ntp": "ntp_opt.baselines:ntp",
     "ntp-pw": "ntp_opt.baselines:ntp_pw",
 }
 
-#: Optional dependency (pip extra) each planner module needs, for error messages.
-EXTRAS: dict[str, str] = {}
+#: Exact planners: name -> (integer-programming backend, power boost allowed).
+EXACT: dict[str, tuple[str, bool]] = {
+    "optimal": ("cpsat", True),
+    "optimal-nopower": ("cpsat", False),
+    "cpsat": ("cpsat", True),
+    "highs": ("highs", True),
+    "cbc": ("cbc", True),
+}
+
+#: Every planner name :func:`solve` accepts.
+PLANNERS: tuple[str, ...] = (*HEURISTICS, *EXACT)
+
+#: The policies of MODEL.md section 5, as compared by ``ntp-opt compare``.
+POLICIES: tuple[str, ...] = ("dp-drop", "ntp", "ntp-pw", "optimal-nopower", "optimal")
 
 
-def _load(name: str) -> Callable[[Instance], Plan]:
-    try:
-        target = PLANNERS[name]
-    except KeyError:
-        known = ", ".join(PLANNERS)
-        raise ValueError(f"unknown solver {name!r}; known: {known}") from None
-    module, func = target.split(":")
-    try:
-        mod = importlib.import_module(module)
-    except ImportError as err:  # pragma: no cover - depends on the environment
-        extra = EXTRAS.get(name, "")
-        hint = f" (pip install 'ntp-opt[{extra}]')" if extra else ""
-        raise ImportError(f"solver {name!r} needs {err.name}{hint}") from err
-    planner: Callable[[Instance], Plan] = getattr(mod, func)
+def _heuristic(name: str) -> Callable[[Instance], Plan]:
+    module, func = HEURISTICS[name].split(":")
+    planner: Callable[[Instance], Plan] = getattr(importlib.import_module(module), func)
     return planner
+
+
+def without_power(instance: Instance) -> Instance:
+    """The same instance with power boost disabled (``max_boost = 0``)."""
+    job = instance.job.model_copy(update={"max_boost": 0.0})
+    return Instance(instance.name, instance.cluster, job, instance.meta, copy_graph=False)
 
 
 def solve(
     instance: Instance,
-    solver: str = "ntp-pw",
+    solver: str = "optimal",
     *,
-    time_limit: float | None = None,
+    time_limit: float | None = 60.0,
     seed: int = 0,
     threads: int = 1,
     initial_plan: Plan | None = None,
@@ -133,17 +140,24 @@ def solve(
     instance
         The instance.
     solver
-        A key of :data:`PLANNERS` (``"dp-drop"``, ``"ntp"``, ``"ntp-pw"``).
+        ``"optimal"`` (exact, CP-SAT), ``"optimal-nopower"`` (exact, no power
+        boost), ``"cpsat"``, ``"highs"``, ``"cbc"`` (exact with that backend),
+        or a heuristic: ``"dp-drop"``, ``"ntp"``, ``"ntp-pw"``.
     time_limit
-        Seconds; heuristics ignore it (they run in well under a second).
+        Seconds for exact planners (default 60; ``None``: run until proven
+        optimal, which under the ``elastic`` policy with power boost can take
+        long). A planner that stops at the limit returns its best plan with
+        status ``feasible``, limit ``time_limit`` and its bound. Heuristics
+        ignore it.
     seed
-        Random seed (the baselines are deterministic and ignore it).
+        Random seed of the backend (heuristics are deterministic).
     threads
-        Worker threads for solvers that use them.
+        Backend worker threads. With 1 (the default) every planner is
+        deterministic; CP-SAT with several workers is not.
     initial_plan
-        Warm start for solvers that take one.
+        Warm start for exact planners; the result is never worse.
     log
-        Keep the solver log in :attr:`Result.log`.
+        Keep the search log in :attr:`Result.log`.
 
     Returns
     -------
@@ -152,20 +166,46 @@ def solve(
     """
     if time_limit is not None and not time_limit > 0:
         raise ValueError(f"time_limit must be positive, got {time_limit!r}")
-    planner = _load(solver)
+    if solver not in PLANNERS:
+        raise ValueError(f"unknown solver {solver!r}; known: {', '.join(PLANNERS)}")
     start = time.perf_counter()
-    plan = planner(instance)
+    if solver in HEURISTICS:
+        plan = _heuristic(solver)(instance)
+        status, limit, bound, text = Status.FEASIBLE, Limit.NONE, None, None
+    else:
+        backend, power = EXACT[solver]
+        try:
+            from .milp.search import solve_exact
+        except ImportError as err:  # pragma: no cover - depends on the environment
+            raise ImportError(f"solver {solver!r} needs {err.name}") from err
+        target = instance if power else without_power(instance)
+        out = solve_exact(
+            target,
+            backend,
+            time_limit=time_limit,
+            threads=threads,
+            seed=seed,
+            initial_plan=initial_plan,
+            log=log,
+        )
+        plan = out.plan.with_metrics(policy=solver)
+        status = Status.OPTIMAL if out.proven else Status.FEASIBLE
+        limit = Limit.TIME if out.time_limit_hit else Limit.NONE
+        bound = out.bound
+        text = "\n".join(out.log) if log else None
+        if bound is not None:
+            plan = plan.with_metrics(bound=bound)
     runtime = time.perf_counter() - start
     evaluation = check(instance, plan)  # never trust a planner
     return Result(
-        status=Status.FEASIBLE,
-        limit=Limit.NONE,
+        status=status,
+        limit=limit,
         plan=plan,
         objective=evaluation.goodput,
         relative_objective=evaluation.relative_goodput,
-        bound=None,
+        bound=bound,
         runtime_s=runtime,
         solver=solver,
-        log=None,
+        log=text,
         evaluation=evaluation,
     )

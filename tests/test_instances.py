@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from ntp_opt.files import load_instance
-from ntp_opt.solve import PLANNERS, solve
+from ntp_opt.solve import HEURISTICS, solve
 
 ROOT = Path(__file__).resolve().parent.parent
 BUNDLED = sorted(p.name for p in (ROOT / "instances").glob("*.json*"))
@@ -42,7 +42,7 @@ def test_all_bundled_are_listed():
 def test_bundled_instance_plans(name):
     inst = load_instance(ROOT / "instances" / name)
     values = {}
-    for policy in PLANNERS:
+    for policy in HEURISTICS:
         res = solve(inst, policy)
         assert res.plan is not None and res.evaluation is not None
         assert res.evaluation.feasible

@@ -1,0 +1,347 @@
+"""ntp_opt.milp.backends against brute-force enumeration, on every installed backend."""
+
+from __future__ import annotations
+
+import itertools
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from ntp_opt.milp import backends
+from ntp_opt.milp.backends import (
+    BACKENDS,
+    BackendUnavailable,
+    available_backends,
+    solve_program,
+)
+from ntp_opt.milp.program import IntProgram, Row
+
+AVAILABLE = available_backends()
+backend = pytest.mark.parametrize("backend", AVAILABLE)
+
+
+# --------------------------------------------------------------------------- programs
+
+
+def program(lb, ub, obj, rows, hint=None) -> IntProgram:
+    return IntProgram(
+        lb=np.asarray(lb, dtype=np.int64),
+        ub=np.asarray(ub, dtype=np.int64),
+        obj=np.asarray(obj, dtype=np.int64),
+        rows=tuple(rows),
+        hint=None if hint is None else np.asarray(hint, dtype=np.int64),
+    )
+
+
+def brute_force(p: IntProgram) -> int | None:
+    """The optimum by enumerating every integer point in the bounds (None: infeasible)."""
+    ranges = [range(lo, hi + 1) for lo, hi in zip(p.lb.tolist(), p.ub.tolist(), strict=True)]
+    points = np.array(list(itertools.product(*ranges)), dtype=np.int64).reshape(-1, p.n_vars)
+    ok = np.ones(len(points), dtype=bool)
+    for row in p.rows:
+        s = np.zeros(len(points), dtype=np.int64)
+        for v, c in zip(row.var, row.coef, strict=True):
+            s += c * points[:, v]
+        if row.lo is not None:
+            ok &= s >= row.lo
+        if row.hi is not None:
+            ok &= s <= row.hi
+    if not ok.any():
+        return None
+    return int((points[ok] @ p.obj).max())
+
+
+def random_knapsack(rng: np.random.Generator, n: int = 10) -> IntProgram:
+    w = rng.integers(1, 30, n)
+    v = rng.integers(1, 30, n)
+    cap = int(w.sum() // 2)
+    return program([0] * n, [1] * n, v, [Row(tuple(range(n)), tuple(w.tolist()), None, cap, "cap")])
+
+
+def random_assignment(rng: np.random.Generator, k: int = 3) -> IntProgram:
+    """x[i, j] = 1 when worker i does job j; each worker and each job exactly once."""
+    idx = [[i * k + j for j in range(k)] for i in range(k)]
+    rows = [Row(tuple(idx[i]), (1,) * k, 1, 1, f"worker{i}") for i in range(k)]
+    rows += [Row(tuple(idx[i][j] for i in range(k)), (1,) * k, 1, 1, f"job{j}") for j in range(k)]
+    return program([0] * k * k, [1] * k * k, rng.integers(-10, 20, k * k), rows)
+
+
+def random_general(rng: np.random.Generator) -> IntProgram:
+    """Small general-integer program: negative bounds, duplicate variables in a row,
+    zero coefficients, ranged and equality rows, a variable in no row."""
+    n = int(rng.integers(3, 6))
+    lb = rng.integers(-2, 1, n)
+    ub = lb + rng.integers(0, 4, n)
+    point = rng.integers(lb, ub + 1)  # keeps most rows satisfiable
+    rows = []
+    for i in range(int(rng.integers(1, 4))):
+        k = int(rng.integers(1, n + 1))
+        var = rng.integers(0, n - 1, k)  # x[n-1] is in no row; duplicates allowed
+        coef = rng.integers(-4, 6, k)
+        at = int(coef @ point[var])
+        kind = i % 3
+        lo, hi = (at - 2, at + 1) if kind == 0 else (at, at) if kind == 1 else (None, at + 1)
+        rows.append(Row(tuple(var.tolist()), tuple(coef.tolist()), lo, hi, f"r{i}"))
+    return program(lb, ub, rng.integers(-5, 10, n), rows)
+
+
+def hard_knapsack(n: int = 80, m: int = 8) -> IntProgram:
+    """A multi-dimensional knapsack no backend proves optimal within seconds."""
+    rng = np.random.default_rng(1)
+    w = rng.integers(10, 100, (m, n))
+    cap = w.sum(axis=1) // 2
+    value = w.sum(axis=0) // m + rng.integers(0, 10, n)
+    rows = [
+        Row(tuple(range(n)), tuple(w[i].tolist()), None, int(cap[i]), f"c{i}") for i in range(m)
+    ]
+    return program([0] * n, [1] * n, value, rows)
+
+
+def greedy(p: IntProgram) -> np.ndarray:
+    """A feasible 0/1 point of a <=-constrained knapsack, most valuable items first."""
+    x = np.zeros(p.n_vars, dtype=np.int64)
+    for j in np.argsort(-p.obj, kind="stable"):
+        x[j] = 1
+        if p.violated(x):
+            x[j] = 0
+    return x
+
+
+# --------------------------------------------------------------------------- module
+
+
+def test_available_backends():
+    # A missing backend is skipped by the tests below, not failed.
+    assert AVAILABLE == [b for b in BACKENDS if b in AVAILABLE]
+    assert AVAILABLE, "no backend installed"
+
+
+def test_unknown_backend():
+    with pytest.raises(ValueError, match="cpsat, highs, cbc"):
+        solve_program(random_knapsack(np.random.default_rng(0)), "gurobi")
+
+
+@pytest.mark.parametrize(
+    "kwargs",
+    [{"time_limit": 0}, {"time_limit": -1.0}, {"threads": 0}, {"seed": -1}, {"gap": 1.5}],
+)
+def test_bad_parameters(kwargs):
+    with pytest.raises(ValueError):
+        solve_program(random_knapsack(np.random.default_rng(0)), **kwargs)
+
+
+def test_import_is_lazy_and_quiet():
+    # In a fresh interpreter: importing the module imports no solver package,
+    # and solving with HiGHS prints nothing (not even HiGHS's banner).
+    code = """
+import sys
+import ntp_opt.milp.backends as b
+print([m for m in ("ortools", "pulp", "highspy") if m in sys.modules])
+if "highs" in b.available_backends():
+    import numpy as np
+    from ntp_opt.milp.program import IntProgram, Row
+    one = np.ones(2, np.int64)
+    p = IntProgram(0 * one, one, one, (Row((0, 1), (1, 1), None, 1),))
+    s = b.solve_program(p, "highs")
+    assert s.status == "optimal" and s.objective == 1, s
+"""
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout == "[]\n"
+
+
+def test_missing_package(monkeypatch):
+    monkeypatch.setitem(sys.modules, "highspy", None)  # makes `import highspy` fail
+    with pytest.raises(BackendUnavailable, match=r"needs highspy: pip install 'ntp-opt\[highs\]'"):
+        solve_program(random_knapsack(np.random.default_rng(0)), "highs")
+    assert "highs" not in available_backends()
+    assert issubclass(BackendUnavailable, ImportError)
+
+
+def test_infeasible_answer_is_never_returned(monkeypatch):
+    p = random_knapsack(np.random.default_rng(0))
+    bogus = backends._Raw("optimal", values=np.ones(p.n_vars))  # breaks the capacity
+    monkeypatch.setattr(backends, "_solve_cpsat", lambda *args: bogus)
+    with pytest.raises(RuntimeError, match="violates cap"):
+        solve_program(p, "cpsat")
+
+
+# --------------------------------------------------------------------------- every backend
+
+
+@backend
+def test_knapsack_and_assignment_optima(backend):
+    rng = np.random.default_rng(2024)
+    for p in [random_knapsack(rng) for _ in range(3)] + [random_assignment(rng) for _ in range(2)]:
+        s = solve_program(p, backend)
+        assert s.status == "optimal"
+        assert s.objective == brute_force(p)
+        assert s.x is not None and s.x.dtype == np.int64 and s.x.shape == (p.n_vars,)
+        assert not p.violated(s.x)
+        assert p.value(s.x) == s.objective
+        assert s.bound == s.objective
+        assert not s.time_limit_hit
+        assert s.log is None
+
+
+@backend
+def test_general_programs(backend):
+    rng = np.random.default_rng(7)
+    for _ in range(6):
+        p = random_general(rng)
+        s = solve_program(p, backend)
+        best = brute_force(p)
+        if best is None:
+            assert s.status == "infeasible" and s.x is None and s.objective is None
+        else:
+            assert s.status == "optimal", p
+            assert s.objective == best
+            assert s.x is not None and not p.violated(s.x)
+
+
+@backend
+def test_infeasible(backend):
+    # x0 + x1 >= 3 with binaries: only the backend can tell.
+    p = program([0, 0], [1, 1], [1, 1], [Row((0, 1), (1, 1), 3, None, "too much")])
+    s = solve_program(p, backend)
+    assert s.status == "infeasible"
+    assert s.x is None and s.objective is None and s.bound is None
+    # lb > ub is caught before the backend.
+    q = program([0, 2], [1, 1], [1, 1], [])
+    assert solve_program(q, backend).status == "infeasible"
+
+
+@backend
+def test_hint(backend):
+    p = hard_knapsack(n=14, m=3)
+    hint = greedy(p)
+    assert not p.violated(hint)
+    hinted = IntProgram(p.lb, p.ub, p.obj, p.rows, hint=hint)
+    s = solve_program(hinted, backend)
+    assert s.status == "optimal"
+    optimum = brute_force(p)
+    assert optimum is not None and s.objective == optimum >= p.value(hint)
+
+
+@backend
+def test_time_limit(backend):
+    p = hard_knapsack()
+    s = solve_program(p, backend, time_limit=0.2)
+    assert s.status in ("feasible", "unknown")
+    assert s.time_limit_hit
+    assert s.runtime_s < 0.2 + 3.0
+    if s.x is not None:
+        assert not p.violated(s.x)
+    if s.bound is not None and s.objective is not None:
+        assert s.bound >= s.objective
+    # A hint is never lost, even when the limit stops the search.
+    hint = greedy(p)
+    t = solve_program(IntProgram(p.lb, p.ub, p.obj, p.rows, hint=hint), backend, time_limit=0.2)
+    assert t.status == "feasible" and t.time_limit_hit
+    assert t.objective is not None and t.objective >= p.value(hint)
+    assert t.bound is None or t.bound >= t.objective
+
+
+@backend
+def test_deterministic(backend):
+    # Many ties (values equal to weights), so many optimal points to choose from.
+    rng = np.random.default_rng(5)
+    w = rng.integers(1, 6, 16)
+    p = program([0] * 16, [2] * 16, w, [Row(tuple(range(16)), tuple(w.tolist()), None, 23)])
+    a = solve_program(p, backend, threads=1, seed=3)
+    b = solve_program(p, backend, threads=1, seed=3)
+    assert a.status == b.status == "optimal"
+    assert a.x is not None and b.x is not None
+    np.testing.assert_array_equal(a.x, b.x)
+
+
+@backend
+def test_log_threads_gap(backend):
+    p = hard_knapsack(n=14, m=3)
+    optimum = brute_force(p)
+    assert optimum is not None
+    s = solve_program(p, backend, log=True, threads=2)  # HiGHS must survive the thread switch
+    assert s.status == "optimal" and s.objective == optimum
+    assert isinstance(s.log, str) and s.log.strip()
+    g = solve_program(p, backend, gap=0.2)
+    assert g.status == "optimal" and g.objective is not None and g.bound is not None
+    assert g.objective >= (1 - 0.2) * g.bound - 1e-9
+    assert g.bound >= optimum
+
+
+@backend
+def test_empty_program(backend):
+    s = solve_program(program([], [], [], []), backend)
+    assert s.status == "optimal" and s.objective == 0 and s.x is not None and s.x.size == 0
+
+
+@pytest.mark.skipif("highs" not in AVAILABLE, reason="highspy not installed")
+def test_highs_thread_scheduler_reset():
+    # HiGHS sizes one global scheduler per process; a run with another thread
+    # count fails unless it is reset, also after HiGHS was used behind our back.
+    p = hard_knapsack(n=14, m=3)
+    assert solve_program(p, "highs", threads=1).status == "optimal"
+    backends._highs_threads = None  # as if PuLP had run HiGHS with 1 thread
+    assert solve_program(p, "highs", threads=2).status == "optimal"
+    assert solve_program(p, "highs", threads=1).status == "optimal"
+
+
+@backend
+def test_large_values_exact_or_refused(backend):
+    big = 123_456_789
+    p = program([0, 0], [10**10, 10**10], [1, 2], [Row((0, 1), (1, 1), None, big, "sum")])
+    try:
+        s = solve_program(p, backend)
+    except RuntimeError as exc:  # never a wrong answer
+        assert backend == "cbc" and "8 significant digits" in str(exc)
+    else:
+        assert s.status == "optimal" and s.objective == 2 * big
+        assert s.x is not None and s.x.tolist() == [0, big]
+
+
+@backend
+def test_big_coefficients(backend):
+    # Watts-sized coefficients: a tolerance-feasible point may round infeasible.
+    rng = np.random.default_rng(11)
+    for _ in range(3):
+        c = rng.integers(25_000_000, 37_000_000, 6)
+        cap = int(c.sum() * 1.3)
+        p = program(
+            [0] * 6, [3] * 6, rng.integers(1, 17, 6), [Row(tuple(range(6)), tuple(c), None, cap)]
+        )
+        s = solve_program(p, backend)
+        assert s.status == "optimal" and s.objective == brute_force(p)
+
+
+def test_rounding_check_and_highs_retry(monkeypatch):
+    p = program([0, 0], [1, 5], [1, 1], [Row((0, 1), (30_000_000, 1), None, 29_999_976, "site")])
+    data, broken = backends._prepare(p)
+    assert not broken
+    assert backends._integrality_tolerance(data) == pytest.approx(1e-2 / 30_000_000)
+    # HiGHS with its default tolerance may call x0 = 0.9999992 integral; rounded, it breaks "site".
+    assert backends._rounding_breaks(data, np.array([0.9999992, 0.0]))
+    assert not backends._rounding_breaks(data, np.array([0.0, 5.0]))
+    assert backends._rounding_breaks(data, np.array([0.0, 5.6]))  # bound
+
+    calls = []
+
+    def attempt(highspy, lp, data, opts, tol, time_limit):
+        calls.append(tol)
+        values = np.array([0.9999992, 0.0]) if len(calls) == 1 else np.array([0.0, 5.0])
+        return backends._Raw("optimal", values, 5.0)
+
+    if "highs" not in AVAILABLE:
+        return
+    monkeypatch.setattr(backends, "_highs_attempt", attempt)
+    highspy = backends._load("highs")
+    s = backends._solve_highs(highspy, data, backends._Options(None, 1, 0, False, 0.0))
+    assert calls == [pytest.approx(1e-2 / 30_000_000), 1e-10]
+    assert s.values is not None and s.values.tolist() == [0.0, 5.0]
+
+
+@pytest.mark.skipif("cpsat" not in AVAILABLE, reason="ortools not installed")
+def test_cpsat_model_invalid():
+    p = program([0], [2**62], [1], [Row((0,), (1,), None, 10)])
+    with pytest.raises(RuntimeError, match=r"CP-SAT rejected the model: .*domain"):
+        solve_program(p, "cpsat")

@@ -1,0 +1,137 @@
+"""The exact planner against the independent brute force (tests/bruteforce.py),
+the baselines, its own bound, time limits and warm starts."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from ntp_opt import Instance, Job, evaluate, load_instance, solve, topology
+from ntp_opt.milp.backends import available_backends
+
+from .bruteforce import brute_force
+
+ROOT = Path(__file__).resolve().parent.parent
+BACKENDS = [b for b in ("cpsat", "highs") if b in available_backends()]
+
+
+def exact_instance(seed: int) -> Instance:
+    """A random instance within the exact model's scope (MODEL.md + docs/model.md):
+    every domain's healthy GPUs share one TDP and one rack. Up to 16 GPUs."""
+    rng = np.random.default_rng(seed)
+    shapes = [(3, 4, 2, 2), (4, 4, 2, 2), (2, 4, 2, 4), (2, 8, 4, 2), (3, 4, 1, 4), (4, 4, 2, 4)]
+    nd, size, tray, tpr = shapes[seed % len(shapes)]
+    g = topology.build_cluster(
+        nd, size, tray, tpr, rack_power_factor=float(rng.choice([1.0, 1.15, 1.4]))
+    )
+    gpus = topology.gpus(g)
+    picks = rng.permutation(len(gpus))
+    n_fail, n_slow = int(rng.integers(0, 4)), int(rng.integers(0, 3))
+    topology.fail_gpus(g, [gpus[i] for i in picks[:n_fail]])
+    for i in picks[n_fail : n_fail + n_slow]:
+        topology.set_speed(g, [gpus[i]], float(rng.choice([0.5, 0.8, 0.9])))
+    g.graph["power_budget_w"] = float(rng.choice([0.9, 1.0, 1.0, 1.2])) * 1000 * len(gpus)
+    tp = size if size == 4 else int(rng.choice([4, 8]))
+    dp = int(rng.integers(1, 4))
+    batch = int(rng.integers(dp, 3 * dp + 1))
+    job = Job(
+        tp=tp,
+        tp_min=int(rng.choice([tp // 2, tp - 1, tp])),
+        pp=int(rng.choice([1, 1, 2])),
+        dp=dp,
+        dp_max=dp + int(rng.integers(0, 2)),
+        global_batch=batch,
+        max_local_batch=-(-batch // dp) + int(rng.integers(0, 2)),
+        batch_policy=str(rng.choice(["fixed", "elastic"])),
+        seq_time_s=float(rng.choice([1.0, 0.7])),
+        tp_efficiency={tp - 1: 1.05} if rng.random() < 0.3 else {},
+        power_exponent=float(rng.choice([0.65, 0.65, 0.3, 1.0, 0.0])),
+        max_boost=float(rng.choice([0.3, 0.3, 0.0, 1.0])),
+        idle_power_fraction=float(rng.choice([0.1, 0.0, 0.5])),
+        reshard_overhead=float(rng.choice([0.01, 0.0, 0.2])),
+    )
+    return Instance(f"exact-{seed}", g, job)
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_cpsat_equals_brute_force(seed):
+    inst = exact_instance(seed)
+    best, _ = brute_force(inst)
+    res = solve(inst, "cpsat")
+    assert res.status == "optimal"
+    assert res.objective == pytest.approx(best, rel=1e-5, abs=1e-9)
+    assert res.bound is not None and res.bound >= best * (1 - 1e-9)
+    assert evaluate(inst, res.plan).feasible
+
+
+@pytest.mark.parametrize("seed", range(0, 40, 3))
+@pytest.mark.parametrize("backend", [b for b in BACKENDS if b != "cpsat"])
+def test_other_backends_equal_brute_force(seed, backend):
+    inst = exact_instance(seed)
+    best, _ = brute_force(inst)
+    res = solve(inst, backend)
+    assert res.status == "optimal"
+    assert res.objective == pytest.approx(best, rel=1e-5, abs=1e-9)
+
+
+def test_tiny_hand_optimum():
+    inst = load_instance(ROOT / "instances" / "tiny.json")
+    for solver in ("optimal", *BACKENDS):
+        res = solve(inst, solver)
+        assert res.status == "optimal"
+        assert res.objective == pytest.approx(2 * 0.75 * 1.3**0.65 / 1.01, rel=1e-6)
+    res = solve(inst, "optimal-nopower")
+    assert res.objective == pytest.approx(7 / 4.04, rel=1e-9)
+    assert all(s.power == 1.0 for r in res.plan.replicas for s in r.stages)
+
+
+def test_out_of_scope_is_not_claimed_optimal():
+    # a domain mixing TDPs: fastest-first may miss the optimum, so no claim
+    g = topology.build_cluster(2, 4, 2, 2)
+    g.nodes["d0.t0.g1"]["tdp_w"] = 700.0
+    topology.fail_gpus(g, ["d1.t0.g0"])
+    inst = Instance(
+        "mixed",
+        g,
+        Job(tp=4, tp_min=3, pp=1, dp=2, global_batch=6, batch_policy="elastic", max_boost=1.0),
+    )
+    best, _ = brute_force(inst)
+    res = solve(inst, "optimal")
+    assert res.status == "feasible"
+    assert res.objective <= best * (1 + 1e-9)
+    assert res.bound is not None and res.bound >= best * (1 - 1e-9)
+
+
+@pytest.mark.parametrize("name", ["default.json", "gb200-nvl72-9k-trays.json.gz"])
+def test_never_worse_than_baselines(name):
+    inst = load_instance(ROOT / "instances" / name)
+    res = solve(inst, "optimal", time_limit=20)
+    assert res.evaluation.feasible
+    for policy in ("dp-drop", "ntp", "ntp-pw"):
+        assert res.objective >= solve(inst, policy).objective * (1 - 1e-12)
+    if res.bound is not None:
+        assert res.bound >= res.objective * (1 - 1e-9)
+
+
+def test_time_limit_holds_and_returns_best_plan():
+    inst = load_instance(ROOT / "instances" / "default.json")  # elastic with boost: long search
+    res = solve(inst, "optimal", time_limit=3)
+    assert res.runtime_s < 3 + 5  # the limit plus model building and validation
+    assert res.limit == "time_limit" and res.status == "feasible"
+    assert res.evaluation.feasible and res.bound is not None
+    assert res.bound >= res.objective
+
+
+def test_warm_start_is_kept():
+    inst = exact_instance(3)
+    warm = solve(inst, "ntp-pw").plan
+    res = solve(inst, "optimal", initial_plan=warm)
+    assert res.objective >= evaluate(inst, warm).goodput * (1 - 1e-12)
+
+
+def test_deterministic():
+    inst = exact_instance(7)
+    a, b = solve(inst, "optimal"), solve(inst, "optimal")
+    assert a.plan == b.plan
