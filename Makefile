@@ -18,8 +18,8 @@ $(VENV)/.installed: pyproject.toml constraints.txt
 	touch $@
 
 run: install  ## solve the default instance with every policy, then the paper instances
-	$(BIN)/ntp-opt solve $(INSTANCE) --policy all
-	$(BIN)/ntp-opt compare $(PAPER)
+	$(BIN)/ntp-opt solve $(INSTANCE) --policy all --time-limit 20
+	$(BIN)/ntp-opt compare $(PAPER) --time-limit 20
 
 compare: install  ## every policy on every bundled instance
 	$(BIN)/ntp-opt compare instances/*.json instances/*.json.gz

@@ -40,7 +40,7 @@ def default() -> Instance:
     g = topology.nvl32(128, rack_power_factor=1.3)
     topology.fail_random(g, fraction=0.003, seed=7)
     topology.add_stragglers(g, count=6, speed=(0.7, 0.95), seed=8)
-    job = Job(tp=32, pp=8, dp=16, global_batch=256, batch_policy="elastic")
+    job = Job(tp=32, pp=8, dp=16, global_batch=256, batch_policy="fixed")
     return Instance(
         "default",
         g,

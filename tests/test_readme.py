@@ -15,7 +15,7 @@ def test_quickstart_runs(capsys):
     assert len(block.group(1).strip().splitlines()) <= 10
     exec(compile(block.group(1), "README.md", "exec"), {})
     status, value = capsys.readouterr().out.split()
-    assert status == "feasible" and 0.9 < float(value) < 1.0
+    assert status == "optimal" and 0.9 < float(value) < 1.0
 
 
 def test_first_screen_has_the_two_commands():
