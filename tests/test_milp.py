@@ -138,3 +138,14 @@ def test_deterministic():
     inst = exact_instance(7)
     a, b = solve(inst, "optimal"), solve(inst, "optimal")
     assert a.plan == b.plan
+
+
+def test_too_many_stages_per_domain_falls_back_to_heuristics():
+    # TP8 on NVL72: nine stages per domain, beyond the configuration cap
+    g = topology.gb200_nvl72(2)
+    topology.fail_random(g, count=3, seed=1)
+    inst = Instance("tp8", g, Job(tp=8, pp=2, dp=8, global_batch=64, batch_policy="elastic"))
+    res = solve(inst, "optimal", time_limit=30, log=True)
+    assert res.status == "feasible" and res.evaluation.feasible
+    assert "left out degrees" in res.log
+    assert res.objective >= solve(inst, "ntp-pw").objective * (1 - 1e-12)

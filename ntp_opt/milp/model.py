@@ -47,8 +47,8 @@ import numpy as np
 from ..instance import Instance
 from .program import IntProgram, Row
 
-#: Largest number of configurations enumerated for one domain class.
-MAX_CONFIGS = 50_000
+#: Largest number of configurations, per domain class and in one program.
+MAX_CONFIGS = 20_000
 #: Milliwatts per watt: power enters the integer program in mW.
 MW = 1000.0
 #: Slack (mW) forgiven when rounding a draw up, so that a plan exactly at a
@@ -354,6 +354,8 @@ def build_capacity(prep: Prepared, theta: float, degrees: tuple[int, ...]) -> Ca
 
     def add_column(units: tuple[int, ...], pos: int, cfg: Config, upper: int) -> int:
         j = len(lb)
+        if j >= MAX_CONFIGS:
+            raise ModelTooLarge(f"more than {MAX_CONFIGS} domain configurations in all")
         lb.append(0)
         ub.append(upper)
         obj.append(0)

@@ -36,7 +36,7 @@ from ..plan import Plan, Replica, Stage
 from ..validate import evaluate
 from .backends import solve_program
 from .bounds import capacity_bound
-from .model import Prepared, build_capacity, iter_stages, prepare, tighten
+from .model import ModelTooLarge, Prepared, build_capacity, iter_stages, prepare, tighten
 
 #: Relative tolerance of the step-time search (and of "optimal").
 REL_TOL = 1e-6
@@ -414,6 +414,18 @@ def solve_exact(
     cases: list[tuple[tuple[int, ...], float]] = [((job.tp,), 1.0)]
     if len(job.allowed) > 1:
         cases.append((job.allowed, 1.0 + job.reshard_overhead))
+    # A case whose program is too large at its largest step time (where every
+    # configuration fits) is left out: the result is then not proven.
+    kept = []
+    left_out = False
+    for degrees, factor in cases:
+        try:
+            build_capacity(prep, _theta_range(prep, degrees)[1], degrees)
+            kept.append((degrees, factor))
+        except ModelTooLarge as err:
+            s.unproven = left_out = True
+            s.log.append(f"left out degrees {list(degrees)}: {err}")
+    cases = kept
     bound = 0.0
     timed_out = False
     try:
@@ -425,6 +437,12 @@ def solve_exact(
     except _Deadline:
         timed_out = True
         bound = math.inf
+    except ModelTooLarge as err:  # should not happen after the check above
+        s.unproven = True
+        bound = math.inf
+        s.log.append(f"exact model too large: {err}")
+    if left_out:
+        bound = math.inf  # the search bounds cover the cases searched only
     if prep.inexact:
         bound = math.inf  # the search bounds hold for fastest-first placements only
         if log:
