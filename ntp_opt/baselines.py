@@ -112,13 +112,9 @@ def _boost(instance: Instance, groups: list[tuple[int, list[Slot]]]) -> list[lis
     powers = [[1.0] * len(members) for _, members in groups]
     if alpha <= 0 or job.max_boost <= 0:
         return powers
-    used = np.zeros(a.n_gpus, dtype=bool)
-    for t, members in groups:
-        for s in members:
-            used[s.gpus[:t]] = True
-    draw = np.where(used, 1.0, np.where(a.healthy, job.idle_power_fraction, 0.0)) * a.tdp
-    rack_room = a.rack_budget - np.bincount(a.gpu_rack, weights=draw, minlength=len(a.rack_ids))
-    site_room = a.site_budget - float(draw.sum())
+    rack_draw, site_draw = _unboosted_draw(instance, groups)
+    rack_room = a.rack_budget - rack_draw
+    site_room = a.site_budget - site_draw
     target = 1.0 / job.seq_time_s  # nominal speed of a healthy full-TP replica
 
     def need(r: int, goal: float) -> tuple[list[float], np.ndarray, float]:
@@ -169,15 +165,21 @@ def _boost(instance: Instance, groups: list[tuple[int, list[Slot]]]) -> list[lis
 def _fits_unboosted(instance: Instance, groups: list[tuple[int, list[Slot]]]) -> bool:
     """Do the replicas fit every rack and the site budget at power 1?"""
     a = instance.arrays
+    rack, site = _unboosted_draw(instance, groups)
+    return bool(np.all(rack <= a.rack_budget * (1 + 1e-12)) and site <= a.site_budget * (1 + 1e-12))
+
+
+def _unboosted_draw(
+    instance: Instance, groups: list[tuple[int, list[Slot]]]
+) -> tuple[np.ndarray, float]:
+    """Watts per rack and for the site with every stage at power 1."""
+    a = instance.arrays
     used = np.zeros(a.n_gpus, dtype=bool)
     for t, members in groups:
         for s in members:
             used[s.gpus[:t]] = True
     draw = np.where(used, 1.0, np.where(a.healthy, instance.job.idle_power_fraction, 0.0)) * a.tdp
-    rack = np.bincount(a.gpu_rack, weights=draw, minlength=len(a.rack_ids))
-    return bool(
-        np.all(rack <= a.rack_budget * (1 + 1e-12)) and draw.sum() <= a.site_budget * (1 + 1e-12)
-    )
+    return np.bincount(a.gpu_rack, weights=draw, minlength=len(a.rack_ids)), float(draw.sum())
 
 
 def _plan(instance: Instance, policy: str, reduced: bool, boost: bool) -> Plan:

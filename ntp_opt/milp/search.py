@@ -52,6 +52,7 @@ class SearchOutcome:
     proven: bool
     time_limit_hit: bool
     evaluations: int
+    interrupted: bool = False
     log: list[str] = field(default_factory=list)
 
 
@@ -383,6 +384,7 @@ def solve_exact(
         starts.insert(0, initial_plan)
     job = instance.job
     sub_evaluations = 0
+    sub_interrupted = False
     if job.max_boost > 0 and job.power_exponent > 0:
         # warm start: the same search without boost has finitely many step
         # times to try and finds a good plan fast; it is valid here too
@@ -403,6 +405,7 @@ def solve_exact(
         )
         starts.insert(0, sub.plan)
         sub_evaluations = sub.evaluations
+        sub_interrupted = sub.interrupted
     best_plan, best_value = starts[1], -1.0
     for p in starts:
         ev = evaluate(instance, p)
@@ -427,8 +430,10 @@ def solve_exact(
             s.log.append(f"left out degrees {list(degrees)}: {err}")
     cases = kept
     bound = 0.0
-    timed_out = False
+    timed_out = interrupted = False
     try:
+        if sub_interrupted:
+            raise KeyboardInterrupt  # Ctrl-C during the warm start: stop here too
         if job.batch_policy == "fixed":
             for degrees, factor in cases:
                 bound = max(bound, _case_fixed(s, degrees, factor))
@@ -436,6 +441,9 @@ def solve_exact(
             bound = _elastic(s, cases)
     except _Deadline:
         timed_out = True
+        bound = math.inf
+    except KeyboardInterrupt:  # Ctrl-C: stop and return the best plan so far
+        interrupted = True
         bound = math.inf
     except ModelTooLarge as err:  # should not happen after the check above
         s.unproven = True
@@ -462,6 +470,7 @@ def solve_exact(
         bound=None if math.isinf(bound) else bound,
         proven=proven,
         time_limit_hit=timed_out,
+        interrupted=interrupted,
         evaluations=s.evaluations,
         log=s.log,
     )
