@@ -93,6 +93,8 @@ HEURISTICS: dict[str, str] = {
     "dp-drop": "ntp_opt.baselines:dp_drop",
     "ntp": "ntp_opt.baselines:ntp",
     "ntp-pw": "ntp_opt.baselines:ntp_pw",
+    "megatron-ntp": "ntp_opt.peers:megatron_ntp",
+    "megatron-ntp-reordered": "ntp_opt.peers:megatron_ntp_reordered",
 }
 
 #: Exact planners: name -> (integer-programming backend, power boost allowed).
@@ -190,7 +192,13 @@ def solve(
         )
         plan = out.plan.with_metrics(policy=solver)
         status = Status.OPTIMAL if out.proven else Status.FEASIBLE
-        limit = Limit.TIME if out.time_limit_hit else Limit.NONE
+        limit = (
+            Limit.INTERRUPTED
+            if out.interrupted
+            else Limit.TIME
+            if out.time_limit_hit
+            else Limit.NONE
+        )
         bound = out.bound
         text = "\n".join(out.log) if log else None
         if bound is not None:
