@@ -129,7 +129,9 @@ def _summary_table(rows: list[tuple[str, Result]], instance: Instance) -> Table:
         table.add_column(col, justify="left" if col in ("policy", "status") else "right")
     for name, res in rows:
         ev = res.evaluation
-        assert ev is not None
+        if ev is None:  # infeasible: no plan at all
+            table.add_row(name, *["-"] * 8, str(res.status), f"{res.runtime_s:.3f}")
+            continue
         table.add_row(
             name,
             _fmt(res.relative_objective),
@@ -189,13 +191,16 @@ def _cmd_solve(args: argparse.Namespace) -> int:
         )
         if res.log:
             con.print(res.log, markup=False)
+        if res.reason:
+            con.print(f"{name}: {res.reason}", markup=False)
         rows.append((name, res))
     con.print(_summary_table(rows, instance))
     if args.output:
         if len(rows) != 1:
             raise ValueError("-o/--output needs a single --policy, not 'all'")
         plan = rows[0][1].plan
-        assert plan is not None
+        if plan is None:
+            raise ValueError(f"{args.instance}: {rows[0][1].reason}")
         save_plan(plan, args.output)
         con.print(f"wrote {args.output}")
     return 0

@@ -15,6 +15,7 @@ import json
 import math
 import os
 import tempfile
+import zlib
 from collections.abc import Hashable
 from pathlib import Path
 from typing import Annotated, Any, Literal
@@ -33,6 +34,7 @@ PLAN_FORMAT = "ntp-opt/plan@1"
 MAX_NODES = 4_000_000
 #: Largest file accepted, in bytes (uncompressed size is checked as well).
 MAX_FILE_BYTES = 2 * 1024**3
+_CHUNK = 1 << 22
 
 NodeId = StrictStr | StrictInt
 Finite = Annotated[float, Field(allow_inf_nan=False)]
@@ -211,22 +213,42 @@ def _read_json(path: Path) -> Any:
         raise InputError(source, [("", f"cannot read file: {err.strerror}")]) from None
     if size > MAX_FILE_BYTES:
         raise InputError(source, [("", f"file is {size} bytes, more than {MAX_FILE_BYTES}")])
+    # Read in chunks, counting node declarations ("kind" keys) on the way, so that a
+    # file declaring far more than MAX_NODES nodes (or a gzip bomb) is refused after
+    # reading about MAX_NODES nodes' worth of bytes, before any JSON parsing.
+    chunks: list[bytes] = []
+    total = kinds = 0
+    tail = b""
     try:
-        if path.suffix == ".gz":
-            with gzip.open(path, "rb") as fh:
-                raw = fh.read(MAX_FILE_BYTES + 1)
-        else:
-            raw = path.read_bytes()
-    except (OSError, EOFError) as err:
+        with gzip.open(path, "rb") if path.suffix == ".gz" else path.open("rb") as fh:
+            while chunk := fh.read(_CHUNK):
+                total += len(chunk)
+                if total > MAX_FILE_BYTES:
+                    raise InputError(
+                        source, [("", f"uncompressed data exceeds {MAX_FILE_BYTES} bytes")]
+                    )
+                window = tail + chunk
+                kinds += window.count(b'"kind"') - tail.count(b'"kind"')
+                if kinds > MAX_NODES:
+                    raise InputError(
+                        source,
+                        [("cluster.nodes", f"declares more than {MAX_NODES} nodes (kind fields)")],
+                    )
+                tail = window[-5:]
+                chunks.append(chunk)
+    except (OSError, EOFError, zlib.error) as err:
         raise InputError(source, [("", f"cannot read file: {err}")]) from None
-    if len(raw) > MAX_FILE_BYTES:
-        raise InputError(source, [("", f"uncompressed data exceeds {MAX_FILE_BYTES} bytes")])
+    raw = b"".join(chunks)
+    del chunks
 
-    def reject(token: str) -> float:
-        raise ValueError(f"{token} is not valid JSON")
+    seen: list[str] = []
+
+    def constant(token: str) -> float:
+        seen.append(token)  # NaN, Infinity, -Infinity: refused below, naming the field
+        return float(token.replace("Infinity", "inf"))
 
     try:
-        return json.loads(raw, parse_constant=reject)
+        data = json.loads(raw, parse_constant=constant)
     except UnicodeDecodeError as err:
         raise InputError(source, [("", f"not UTF-8 text: {err.reason}")]) from None
     except json.JSONDecodeError as err:
@@ -235,6 +257,34 @@ def _read_json(path: Path) -> Any:
         ) from None
     except (ValueError, RecursionError) as err:
         raise InputError(source, [("", f"malformed JSON: {err}")]) from None
+    if seen:
+        try:
+            where = _nonfinite(data)
+        except RecursionError:
+            where = []
+        problems = [(_loc(loc), f"{_token(x)} is not valid JSON") for loc, x in where]
+        raise InputError(source, problems or [("", f"{seen[0]} is not valid JSON")])
+    return data
+
+
+def _token(x: float) -> str:
+    return "NaN" if math.isnan(x) else ("Infinity" if x > 0 else "-Infinity")
+
+
+def _nonfinite(
+    data: Any, loc: tuple[int | str, ...] = ()
+) -> list[tuple[tuple[int | str, ...], float]]:
+    """Paths and values of the non-finite floats in parsed JSON."""
+    if isinstance(data, float) and not math.isfinite(data):
+        return [(loc, data)]
+    out: list[tuple[tuple[int | str, ...], float]] = []
+    if isinstance(data, dict):
+        for k, v in data.items():
+            out += _nonfinite(v, (*loc, k))
+    elif isinstance(data, list):
+        for i, v in enumerate(data):
+            out += _nonfinite(v, (*loc, i))
+    return out
 
 
 def _write_json(data: Any, path: Path) -> None:

@@ -14,7 +14,7 @@ from enum import StrEnum
 
 from .instance import Instance
 from .plan import Plan
-from .validate import Evaluation, check
+from .validate import Evaluation, check, infeasibility, pause_reason
 
 
 class Status(StrEnum):
@@ -65,6 +65,9 @@ class Result:
         Solver log when asked for, else ``None``.
     evaluation
         The validator's full :class:`~ntp_opt.validate.Evaluation` of ``plan``.
+    reason
+        Why there is no plan (status ``infeasible``) or why the plan is the
+        paused job (no replicas); ``None`` otherwise.
     """
 
     status: Status
@@ -77,6 +80,7 @@ class Result:
     solver: str
     log: str | None = None
     evaluation: Evaluation | None = None
+    reason: str | None = None
 
     @property
     def gap(self) -> float | None:
@@ -171,6 +175,20 @@ def solve(
     if solver not in PLANNERS:
         raise ValueError(f"unknown solver {solver!r}; known: {', '.join(PLANNERS)}")
     start = time.perf_counter()
+    why = infeasibility(instance)
+    if why is not None:  # not even the paused job fits: no planner can return a plan
+        return Result(
+            status=Status.INFEASIBLE,
+            limit=Limit.NONE,
+            plan=None,
+            objective=None,
+            relative_objective=None,
+            bound=None,
+            runtime_s=time.perf_counter() - start,
+            solver=solver,
+            log=why if log else None,
+            reason=why,
+        )
     if solver in HEURISTICS:
         plan = _heuristic(solver)(instance)
         status, limit, bound, text = Status.FEASIBLE, Limit.NONE, None, None
@@ -216,4 +234,5 @@ def solve(
         solver=solver,
         log=text,
         evaluation=evaluation,
+        reason=None if plan.replicas else pause_reason(instance, status == Status.OPTIMAL),
     )

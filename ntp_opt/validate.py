@@ -394,3 +394,45 @@ def check(instance: Instance, plan: Plan) -> Evaluation:
     if not ev.feasible:
         raise PlanError(list(ev.violations))
     return ev
+
+
+def infeasibility(instance: Instance) -> str | None:
+    """Why no plan at all is feasible, or ``None`` when the paused job is.
+
+    The paused job (no replicas) breaks a rule only when the idle draw of the
+    healthy GPUs alone exceeds a rack or site power budget.
+    """
+    ev = evaluate(instance, Plan(instance.name, ()))
+    if ev.feasible:
+        return None
+    return "no feasible plan, not even the paused job: " + "; ".join(
+        v.message for v in ev.violations
+    )
+
+
+def pause_reason(instance: Instance, proven: bool) -> str:
+    """Why a planner returned the paused job (no replicas), for :class:`Result`."""
+    job = instance.job
+    a = instance.arrays
+    healthy = a.healthy_in_domain()
+    stages = int(sum(int(h) // job.min_tp for h in healthy))
+    if stages < job.pp:
+        why = (
+            f"the healthy GPUs of the domains hold only {stages} stage(s) of degree "
+            f">= tp_min={job.min_tp}; a replica needs pp={job.pp}"
+        )
+    elif job.batch_policy == "fixed" and job.replicas_max * job.local_batch_max < (
+        job.global_batch
+    ):
+        why = (
+            f"dp_max={job.replicas_max} replicas of at most {job.local_batch_max} sequences "
+            f"cannot carry global_batch={job.global_batch}"
+        )
+    elif job.batch_policy == "fixed":
+        why = (
+            f"no set of replicas that fits the cluster and the power budgets carries "
+            f"global_batch={job.global_batch} (fixed policy)"
+        )
+    else:
+        why = "no replica fits the cluster and the power budgets"
+    return f"paused: {why}" + (" (proven)" if proven else "")
