@@ -232,6 +232,10 @@ def _cmd_compare(args: argparse.Namespace) -> int:
         if args.verbose:
             con.print(f"{path}: loaded in {load_s:.2f} s")
     con.print(table)
+    con.print(
+        "* exact planner: best plan found, not proven optimal "
+        "(time limit, or outside its exact scope: see docs/milp.md and `solve --log`)"
+    )
     return 0
 
 
