@@ -149,3 +149,25 @@ def test_too_many_stages_per_domain_falls_back_to_heuristics():
     assert res.status == "feasible" and res.evaluation.feasible
     assert "left out degrees" in res.log
     assert res.objective >= solve(inst, "ntp-pw").objective * (1 - 1e-12)
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_larger_instances_equal_brute_force(seed):
+    # 24-32 GPUs, one spare domain pair: the brute force still enumerates them quickly
+    # (at 64 GPUs it takes minutes)
+    rng = np.random.default_rng(100 + seed)
+    nd, size, tray = [(8, 4, 2), (6, 4, 2), (4, 8, 4), (8, 4, 2)][seed]
+    g = topology.build_cluster(nd, size, tray, size // tray, rack_power_factor=1.2)
+    gpus = topology.gpus(g)
+    picks = rng.permutation(len(gpus))
+    topology.fail_gpus(g, [gpus[i] for i in picks[:3]])
+    topology.set_speed(g, [gpus[i] for i in picks[3:5]], 0.85)
+    policy = "fixed" if seed % 2 else "elastic"
+    dp = nd // 2 - 1
+    job = Job(tp=size, tp_min=size - 1, pp=2, dp=dp, global_batch=2 * dp, batch_policy=policy)
+    inst = Instance(f"larger-{seed}", g, job)
+    best, _ = brute_force(inst)
+    assert best > 0
+    res = solve(inst, "cpsat")
+    assert res.status == "optimal"
+    assert res.objective == pytest.approx(best, rel=1e-5, abs=1e-9)

@@ -414,6 +414,23 @@ def solve_exact(
     s = _Search(prep, backend, deadline, threads, seed, log, best_plan, best_value)
     s.global_bound = capacity_bound(instance)
     s.evaluations = sub_evaluations
+    # The job cannot run at all: too few stages of degree >= tp_min, or (fixed)
+    # too little batch capacity. Proven without any program.
+    stages = int((instance.arrays.healthy_in_domain() // job.min_tp).sum())
+    no_batch = job.batch_policy == "fixed" and job.replicas_max * job.local_batch_max < (
+        job.global_batch
+    )
+    if stages < job.pp or no_batch or job.replicas_max == 0:
+        s.log.append("the job cannot run: paused, proven without a program")
+        return SearchOutcome(
+            plan=s.best_plan,
+            goodput=s.best_value,
+            bound=s.best_value,
+            proven=True,
+            time_limit_hit=False,
+            evaluations=s.evaluations,
+            log=s.log,
+        )
     cases: list[tuple[tuple[int, ...], float]] = [((job.tp,), 1.0)]
     if len(job.allowed) > 1:
         cases.append((job.allowed, 1.0 + job.reshard_overhead))
