@@ -112,7 +112,7 @@ def _boost(instance: Instance, groups: list[tuple[int, list[Slot]]]) -> list[lis
     powers = [[1.0] * len(members) for _, members in groups]
     if alpha <= 0 or job.max_boost <= 0:
         return powers
-    rack_draw, site_draw = _unboosted_draw(instance, groups)
+    rack_draw, site_draw = draw_at_power_one(instance, _used_mask(instance, groups))
     rack_room = a.rack_budget - rack_draw
     site_room = a.site_budget - site_draw
     target = 1.0 / job.seq_time_s  # nominal speed of a healthy full-TP replica
@@ -162,31 +162,36 @@ def _boost(instance: Instance, groups: list[tuple[int, list[Slot]]]) -> list[lis
     return powers
 
 
-def _fits_unboosted(instance: Instance, groups: list[tuple[int, list[Slot]]]) -> bool:
-    """Do the replicas fit every rack and the site budget at power 1?"""
-    a = instance.arrays
-    rack, site = _unboosted_draw(instance, groups)
-    return bool(np.all(rack <= a.rack_budget * (1 + 1e-12)) and site <= a.site_budget * (1 + 1e-12))
-
-
-def _unboosted_draw(
-    instance: Instance, groups: list[tuple[int, list[Slot]]]
-) -> tuple[np.ndarray, float]:
-    """Watts per rack and for the site with every stage at power 1."""
-    a = instance.arrays
-    used = np.zeros(a.n_gpus, dtype=bool)
+def _used_mask(instance: Instance, groups: list[tuple[int, list[Slot]]]) -> np.ndarray:
+    used = np.zeros(instance.arrays.n_gpus, dtype=bool)
     for t, members in groups:
         for s in members:
             used[s.gpus[:t]] = True
+    return used
+
+
+def draw_at_power_one(instance: Instance, used: np.ndarray) -> tuple[np.ndarray, float]:
+    """Watts per rack and for the site when the ``used`` GPUs run at power 1.
+
+    Unused healthy GPUs draw their idle share, failed GPUs nothing.
+    """
+    a = instance.arrays
     draw = np.where(used, 1.0, np.where(a.healthy, instance.job.idle_power_fraction, 0.0)) * a.tdp
     return np.bincount(a.gpu_rack, weights=draw, minlength=len(a.rack_ids)), float(draw.sum())
+
+
+def fits_at_power_one(instance: Instance, used: np.ndarray) -> bool:
+    """Do the ``used`` GPUs at power 1 (and the idle ones) fit every rack and the site?"""
+    a = instance.arrays
+    rack, site = draw_at_power_one(instance, used)
+    return bool(np.all(rack <= a.rack_budget * (1 + 1e-12)) and site <= a.site_budget * (1 + 1e-12))
 
 
 def _plan(instance: Instance, policy: str, reduced: bool, boost: bool) -> Plan:
     a = instance.arrays
     job = instance.job
     groups = pack_replicas(instance, domain_slots(instance, reduced))
-    while groups and not _fits_unboosted(instance, groups):
+    while groups and not fits_at_power_one(instance, _used_mask(instance, groups)):
         groups.pop()  # a budget below the GPUs' TDP: drop the worst replicas
     powers = _boost(instance, groups) if boost else [[1.0] * len(m) for _, m in groups]
     speeds = [

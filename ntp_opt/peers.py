@@ -35,6 +35,7 @@ from typing import Literal, NamedTuple
 
 import numpy as np
 
+from .baselines import fits_at_power_one
 from .goodput import split_batch
 from .instance import Instance
 from .job import Job
@@ -205,16 +206,6 @@ def megatron_layout(
     return Layout(tuple(groups), tuple(domains))
 
 
-def _fits_at_nominal_power(instance: Instance, used: np.ndarray) -> bool:
-    """Do the used GPUs (at power 1) and the idle ones fit every rack and the site?"""
-    a = instance.arrays
-    draw = np.where(used, 1.0, np.where(a.healthy, instance.job.idle_power_fraction, 0.0)) * a.tdp
-    rack = np.bincount(a.gpu_rack, weights=draw, minlength=len(a.rack_ids))
-    return bool(
-        np.all(rack <= a.rack_budget * (1 + 1e-12)) and draw.sum() <= a.site_budget * (1 + 1e-12)
-    )
-
-
 def megatron_plan(
     instance: Instance, *, reordered: bool = False, rank_order: RankOrder = "tp-dp-pp"
 ) -> Plan:
@@ -278,7 +269,7 @@ def megatron_plan(
     for r in kept:
         for g in active(r):
             used[g] = True
-    while kept and not _fits_at_nominal_power(instance, used):
+    while kept and not fits_at_power_one(instance, used):
         for g in active(kept.pop()):  # a budget below the GPUs' TDP: drop the last replicas
             used[g] = False
     local = max(1, min(job.local_batch_max, job.global_batch // job.dp))
