@@ -289,6 +289,27 @@ def _cmd_schema(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_bench(args: argparse.Namespace) -> int:
+    from .bench import run_bench, summary
+
+    planners = args.planners.split(",") if args.planners else list(POLICIES)
+    seeds = [int(x) for x in args.seeds.split(",")]
+    timeout = args.timeout if args.timeout is not None else args.time_limit + 60.0
+    rows = run_bench(
+        [Path(p) for p in args.paths],
+        planners,
+        seeds,
+        Path(args.output),
+        time_limit=args.time_limit,
+        timeout=timeout,
+        workers=args.workers,
+        progress=True,
+    )
+    print(summary(rows))
+    print(f"wrote {Path(args.output) / 'results.jsonl'}, summary.md and plots")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser of ``ntp-opt`` (exposed for docs and tests)."""
     parser = argparse.ArgumentParser(
@@ -378,6 +399,20 @@ def build_parser() -> argparse.ArgumentParser:
     sc = sub.add_parser("schema", help="print the JSON Schema of instance or plan files")
     sc.add_argument("kind", choices=["instance", "plan"])
     sc.set_defaults(func=_cmd_schema)
+
+    b = sub.add_parser("bench", help="run planners x seeds on many instances; resumable")
+    b.add_argument("paths", nargs="+", help="instance files or directories of them")
+    b.add_argument("--planners", help=f"comma-separated (default {','.join(POLICIES)})")
+    b.add_argument("--seeds", default="0", help="comma-separated seeds (default 0)")
+    b.add_argument("-o", "--output", default="bench-results", help="output directory")
+    b.add_argument(
+        "--time-limit", type=float, default=30.0, help="seconds per exact solve (default 30)"
+    )
+    b.add_argument(
+        "--timeout", type=float, help="hard seconds per run, then killed (default time limit + 60)"
+    )
+    b.add_argument("--workers", type=int, default=1, help="parallel worker processes (default 1)")
+    b.set_defaults(func=_cmd_bench)
     return parser
 
 
