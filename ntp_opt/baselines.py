@@ -29,7 +29,7 @@ import numpy as np
 from .goodput import replica_speed, split_batch
 from .instance import Instance
 from .plan import Plan, Replica, Stage
-from .validate import check
+from .validate import certified
 
 #: Safety margin on power headroom so that float rounding never breaks a budget.
 _POWER_MARGIN = 1e-9
@@ -217,8 +217,7 @@ def _plan(instance: Instance, policy: str, reduced: bool, boost: bool) -> Plan:
             for (t, members), p, b in zip(groups, powers, split.batches, strict=True)
         )
     plan = Plan(instance.name, replicas, {"policy": policy, "paused": not replicas})
-    ev = check(instance, plan)
-    return plan.with_metrics(**ev.as_metrics())
+    return certified(instance, plan)
 
 
 def dp_drop(instance: Instance) -> Plan:

@@ -40,7 +40,7 @@ from .goodput import split_batch
 from .instance import Instance
 from .job import Job
 from .plan import Plan, Replica, Stage
-from .validate import check
+from .validate import certified
 
 #: Rank orders of the launcher: ``"tp-dp-pp"`` is Megatron-LM's default
 #: (``order="tp-cp-ep-dp-pp"`` with no context or expert parallelism: TP ranks
@@ -306,8 +306,7 @@ def megatron_plan(
             "dropped_replicas": job.dp - len(replicas),
         },
     )
-    ev = check(instance, plan)
-    return plan.with_metrics(**ev.as_metrics())
+    return certified(instance, plan)
 
 
 def megatron_ntp(instance: Instance) -> Plan:
