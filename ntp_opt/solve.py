@@ -14,7 +14,7 @@ from enum import StrEnum
 
 from .instance import Instance
 from .plan import Plan
-from .validate import Evaluation, check, infeasibility, pause_reason
+from .validate import Evaluation, check, evaluate, infeasibility, pause_reason
 
 
 class Status(StrEnum):
@@ -101,6 +101,12 @@ HEURISTICS: dict[str, str] = {
     "megatron-ntp-reordered": "ntp_opt.peers:megatron_ntp_reordered",
 }
 
+#: Heuristic planners that also prove an upper bound: name -> "module:function"
+#: taking an Instance, returning ``(Plan, bound)``.
+BOUNDED: dict[str, str] = {
+    "fast": "ntp_opt.fast:plan_fast",
+}
+
 #: Exact planners: name -> (integer-programming backend, power boost allowed).
 EXACT: dict[str, tuple[str, bool]] = {
     "optimal": ("cpsat", True),
@@ -111,7 +117,7 @@ EXACT: dict[str, tuple[str, bool]] = {
 }
 
 #: Every planner name :func:`solve` accepts.
-PLANNERS: tuple[str, ...] = (*HEURISTICS, *EXACT)
+PLANNERS: tuple[str, ...] = (*HEURISTICS, *BOUNDED, *EXACT)
 
 #: The policies of MODEL.md section 5, as compared by ``ntp-opt compare``.
 POLICIES: tuple[str, ...] = ("dp-drop", "ntp", "ntp-pw", "optimal-nopower", "optimal")
@@ -148,7 +154,9 @@ def solve(
     solver
         ``"optimal"`` (exact, CP-SAT), ``"optimal-nopower"`` (exact, no power
         boost), ``"cpsat"``, ``"highs"``, ``"cbc"`` (exact with that backend),
-        or a heuristic: ``"dp-drop"``, ``"ntp"``, ``"ntp-pw"``.
+        a heuristic: ``"dp-drop"``, ``"ntp"``, ``"ntp-pw"``, or ``"fast"``
+        (the best of several sort-and-pack candidates, with a proven bound;
+        for 32k-131k GPUs and re-planning).
     time_limit
         Seconds for exact planners (default 60; ``None``: run until proven
         optimal, which under the ``elastic`` policy with power boost can take
@@ -192,6 +200,15 @@ def solve(
     if solver in HEURISTICS:
         plan = _heuristic(solver)(instance)
         status, limit, bound, text = Status.FEASIBLE, Limit.NONE, None, None
+    elif solver in BOUNDED:
+        module, func = BOUNDED[solver].split(":")
+        plan, bound = getattr(importlib.import_module(module), func)(instance)
+        value = evaluate(instance, plan).goodput
+        if value > bound * (1 + 1e-9):  # a bug, never hidden
+            raise RuntimeError(f"planner {solver!r}: goodput {value} above its bound {bound}")
+        status = Status.OPTIMAL if bound <= value * (1 + 1e-6) else Status.FEASIBLE
+        limit, text = Limit.NONE, None
+        plan = plan.with_metrics(bound=bound)
     else:
         backend, power = EXACT[solver]
         try:

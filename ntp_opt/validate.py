@@ -160,7 +160,7 @@ def _check(instance: Instance, plan: Plan) -> tuple[list[Violation], list[float]
     hi_power = 1.0 + job.max_boost
     # power multiplier of every used GPU (0 = unused); first use wins
     power_of = np.zeros(a.n_gpus, dtype=float)
-    first_use: dict[int, tuple[int, int]] = {}
+    owner = np.full(a.n_gpus, -1, dtype=np.int64)  # replica * 65536 + stage of first use
     speeds: list[float] = []
     for r, rep in enumerate(plan.replicas):
         where = f"replica {r}"
@@ -226,6 +226,22 @@ def _check(instance: Instance, plan: Plan) -> tuple[list[Violation], list[float]
                         stage=k,
                     )
                 )
+            # fast path: every GPU known, healthy, in the domain and unused
+            idx = np.fromiter((a.gpu_index.get(g, -1) for g in st.gpus), np.int64, len(st.gpus))
+            if (
+                len(idx)
+                and d is not None
+                and idx.min() >= 0
+                and a.healthy[idx].all()
+                and (a.gpu_domain[idx] == d).all()
+                and (power_of[idx] == 0).all()
+                and len(np.unique(idx)) == len(idx)
+            ):
+                power_of[idx] = pw
+                owner[idx] = r * 65536 + k
+                stage_speeds.append(float(a.speed[idx].min()))
+                stage_powers.append(pw)
+                continue
             slowest = math.inf
             for g in st.gpus:
                 i = a.gpu_index.get(g)
@@ -262,8 +278,8 @@ def _check(instance: Instance, plan: Plan) -> tuple[list[Violation], list[float]
                             node=g,
                         )
                     )
-                if i in first_use:
-                    r0, k0 = first_use[i]
+                if owner[i] >= 0:
+                    r0, k0 = divmod(int(owner[i]), 65536)
                     out.append(
                         Violation(
                             "gpu-reused",
@@ -274,7 +290,7 @@ def _check(instance: Instance, plan: Plan) -> tuple[list[Violation], list[float]
                         )
                     )
                 else:
-                    first_use[i] = (r, k)
+                    owner[i] = r * 65536 + k
                     power_of[i] = pw
             stage_speeds.append(slowest if math.isfinite(slowest) else 0.0)
             stage_powers.append(pw)

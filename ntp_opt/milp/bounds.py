@@ -1,4 +1,6 @@
-"""A cheap upper bound on goodput: every healthy GPU at its best power.
+"""Cheap upper bounds on goodput, valid for every plan.
+
+:func:`gpu_bound`: every healthy GPU at its best power.
 
 A replica's speed is at most the average over its ``t pp`` GPUs of
 ``pi^alpha s`` times ``f(t) / (t pp c)``, so the total speed of any plan is at
@@ -8,6 +10,10 @@ Lagrangian duality on that budget gives a bound for every multiplier; the
 best one is found by bisection. Goodput never exceeds total speed (each
 replica's batch is at most ``theta v_r``), nor ``dp_max`` replicas at the
 fastest possible speed. Rack budgets are left out, which keeps it valid.
+
+:func:`stage_bound` adds the stage structure of each domain and the
+resharding overhead (see its docstring); :func:`capacity_bound` takes the
+smaller of the two.
 """
 
 from __future__ import annotations
@@ -19,6 +25,23 @@ from ..instance import Instance
 
 def capacity_bound(instance: Instance) -> float:
     """Upper bound on the goodput (sequences per second) of any plan.
+
+    The smaller of :func:`gpu_bound` and :func:`stage_bound`.
+
+    Parameters
+    ----------
+    instance
+        The instance.
+
+    Returns
+    -------
+    float
+    """
+    return min(gpu_bound(instance), stage_bound(instance))
+
+
+def gpu_bound(instance: Instance) -> float:
+    """Upper bound on goodput: every healthy GPU at its best power (module docstring).
 
     Parameters
     ----------
@@ -46,7 +69,9 @@ def capacity_bound(instance: Instance) -> float:
     def best_pi(lam: float) -> np.ndarray:
         if alpha <= 0 or job.max_boost <= 0 or lam <= 0:
             return np.full(len(s), hi if lam <= 0 and alpha > 0 else 1.0)
-        pi = (alpha * s / (lam * w)) ** (1.0 / (1.0 - alpha)) if alpha < 1 else np.full(len(s), hi)
+        if alpha >= 1:  # convex or linear in pi: the best is an end point
+            return np.where(s * hi**alpha - lam * w * hi > s - lam * w, hi, 1.0)
+        pi = (alpha * s / (lam * w)) ** (1.0 / (1.0 - alpha))
         return np.clip(pi, 1.0, hi)
 
     def dual(lam: float) -> tuple[float, float]:
@@ -72,3 +97,238 @@ def capacity_bound(instance: Instance) -> float:
         best = min(dual(lo)[0], dual(hi_lam)[0])
     speed_sum = best * phi / (job.pp * job.seq_time_s)
     return float(min(speed_sum, replicas_cap))
+
+
+def _usable(h: int, degrees: tuple[int, ...]) -> int:
+    """Most GPUs ``h`` healthy GPUs can give to stages of the given degrees."""
+    reach = np.zeros(h + 1, dtype=bool)
+    reach[0] = True
+    for n in range(1, h + 1):
+        reach[n] = any(t <= n and reach[n - t] for t in degrees)
+    return int(np.flatnonzero(reach).max())
+
+
+def stage_bound(instance: Instance) -> float:
+    """A tighter upper bound: per-domain stage structure and the resharding overhead.
+
+    Any plan either runs every replica at the nominal degree ``T`` (case A:
+    no resharding overhead, only ``T``-stages, at most
+    ``floor(sum_d floor(h_d / T) / pp)`` replicas) or has a reduced replica
+    (case B: every replica pays ``1 + rho``). Goodput is at most the sum of
+    replica speeds divided by that factor, and a replica's speed is at most
+    the mean over its stages of ``f(t) pi^alpha m / c`` (``m``: the stage's
+    slowest GPU). In each case the sum is bounded by a Lagrangian relaxation
+    of the site power budget (multiplier ``lambda``) and of the GPU count
+    ``dp_max pp T`` (multiplier ``mu``), solved per domain class:
+
+    * a domain that can host only one stage (fewer than ``2 min(degrees)``
+      healthy GPUs) takes the best single stage, ``m`` being the ``t``-th
+      fastest speed and its power the ``t`` smallest TDPs (exact for one
+      stage);
+    * a domain that can host several stages is relaxed per GPU, over its
+      ``u`` fastest GPUs (``u``: the most GPUs whole stages can use), each at
+      the domain's smallest TDP.
+
+    Rack budgets and batch integrality are left out, which keeps it valid.
+    Every ``(lambda, mu) >= 0`` gives a bound; the search over them only
+    tightens it.
+
+    Parameters
+    ----------
+    instance
+        The instance.
+
+    Returns
+    -------
+    float
+        Upper bound on goodput (sequences per second).
+    """
+    job = instance.job
+    a = instance.arrays
+    alpha = job.power_exponent
+    hi = 1.0 + job.max_boost if alpha > 0 else 1.0
+    idle = job.idle_power_fraction
+    c = job.seq_time_s
+    ok = a.healthy
+    if not ok.any():
+        return 0.0
+    room = a.site_budget - float((a.tdp[ok] * idle).sum())
+    if room < 0:
+        return 0.0
+    # per domain: healthy speeds descending and TDPs ascending, zero-padded
+    dom = a.gpu_domain[ok]
+    spd = a.speed[ok]
+    tdp = a.tdp[ok]
+    h = np.bincount(dom, minlength=a.n_domains)
+    width = max(int(h.max()), job.tp)  # every degree indexes a column
+    starts = np.concatenate(([0], np.cumsum(h)[:-1]))
+    by_speed = np.lexsort((-spd, dom))
+    pos = np.arange(len(dom)) - starts[dom[by_speed]]
+    speeds = np.zeros((a.n_domains, width))
+    speeds[dom[by_speed], pos] = spd[by_speed]
+    by_tdp = np.lexsort((tdp, dom))
+    tdps = np.zeros((a.n_domains, width))
+    tdps[dom[by_tdp], np.arange(len(dom)) - starts[dom[by_tdp]]] = tdp[by_tdp]
+    key = np.hstack([h[:, None].astype(float), speeds, tdps])
+    rows, counts = np.unique(key, axis=0, return_counts=True)
+    h_cls = rows[:, 0].astype(np.int64)
+    s_cls = rows[:, 1 : 1 + width]
+    w_cls = rows[:, 1 + width :]
+    cum_w = np.concatenate([np.zeros((len(rows), 1)), np.cumsum(w_cls, axis=1)], axis=1)
+    cases: list[tuple[tuple[int, ...], float]] = [((job.tp,), 1.0)]
+    reduced = tuple(t for t in job.allowed if t < job.tp)
+    if reduced:
+        cases.append((job.allowed, 1.0 + job.reshard_overhead))
+    best = 0.0
+    s_max = float(a.speed[ok].max())
+    for degrees, factor in reversed(cases):  # case B first: it usually decides
+        # a quick valid bound for the case first; refine only if it could matter
+        quick = _case_bound(
+            job, degrees, h_cls, s_cls, w_cls, cum_w, counts, room, hi, idle, refine=False
+        )
+        if quick / factor <= best:
+            continue
+        value = _case_bound(job, degrees, h_cls, s_cls, w_cls, cum_w, counts, room, hi, idle)
+        if degrees == (job.tp,):
+            slots = int((h // job.tp).sum())
+            replicas = min(job.replicas_max, slots // job.pp)
+        else:
+            replicas = job.replicas_max
+        v_top = max(job.tp_factor(t) for t in degrees) * s_max * hi**alpha / c
+        best = max(best, min(value, replicas * v_top) / factor)
+    return float(best)
+
+
+def _case_bound(
+    job: object,
+    degrees: tuple[int, ...],
+    h: np.ndarray,
+    speeds: np.ndarray,
+    tdps: np.ndarray,
+    cum_w: np.ndarray,
+    counts: np.ndarray,
+    room: float,
+    hi: float,
+    idle: float,
+    refine: bool = True,
+) -> float:
+    """Lagrangian bound on the sum of replica speeds using only ``degrees``.
+
+    ``refine=False`` skips the search over the GPU-count multiplier (a valid,
+    possibly weaker bound).
+    """
+    from ..job import Job
+
+    assert isinstance(job, Job)
+    alpha = job.power_exponent
+    scale = 1.0 / (job.pp * job.seq_time_s)
+    single = h < 2 * min(degrees)
+    # single-stage classes: options (class, degree) with value coefficient and watts
+    opt_val: list[np.ndarray] = []
+    opt_w: list[np.ndarray] = []
+    opt_n: list[int] = []
+    for t in degrees:
+        fits = single & (h >= t)
+        val = np.where(fits, job.tp_factor(t) * speeds[:, t - 1] * scale, 0.0)
+        opt_val.append(val)
+        opt_w.append(np.where(fits, cum_w[:, t], 1.0))
+        opt_n.append(t)
+    val_s = np.stack(opt_val, axis=1) if opt_val else np.zeros((len(h), 0))
+    w_s = np.stack(opt_w, axis=1) if opt_w else np.zeros((len(h), 0))
+    n_s = np.array(opt_n, dtype=float)
+    # multi-stage classes: per GPU over the u fastest, at the smallest TDP
+    phi = max(job.efficiency(t) / (job.tp * job.efficiency(job.tp)) for t in degrees) * scale
+    multi = np.flatnonzero(~single)
+    g_val: list[float] = []
+    g_w: list[float] = []
+    g_cnt: list[float] = []
+    for i in multi:
+        u = _usable(int(h[i]), degrees)
+        w_min = float(tdps[i, : int(h[i])].min())
+        for s in speeds[i, :u]:
+            g_val.append(phi * float(s))
+            g_w.append(w_min)
+            g_cnt.append(float(counts[i]))
+    gv, gw, gc = np.array(g_val), np.array(g_w), np.array(g_cnt)
+    cap_gpus = job.replicas_max * job.pp * job.tp
+    if degrees == (job.tp,):
+        slots = int((np.minimum(h, 10**9) // job.tp * counts).sum())
+        cap_gpus = min(job.replicas_max, slots // job.pp) * job.pp * job.tp
+    if cap_gpus <= 0:
+        return 0.0
+
+    def best_pi(v: np.ndarray, w: np.ndarray, lam: float) -> np.ndarray:
+        if alpha <= 0 or hi <= 1.0:
+            return np.ones_like(v)
+        if lam <= 0:
+            return np.full_like(v, hi)
+        if alpha >= 1:  # convex or linear in pi: the best is an end point
+            at_hi = v * hi**alpha - lam * w * hi
+            at_one = v - lam * w
+            return np.where(at_hi > at_one, hi, 1.0)
+        # w > 0 (TDPs are positive); v = 0 gives pi = 0, clipped to 1
+        return np.clip((alpha * v / (lam * w)) ** (1.0 / (1.0 - alpha)), 1.0, hi)
+
+    def dual(lam: float, mu: float) -> tuple[float, float, float]:
+        """Dual value and the used watts and GPUs of its maximiser."""
+        total = lam * room + mu * cap_gpus
+        watts = 0.0
+        gpus = 0.0
+        if val_s.size:
+            pi = best_pi(val_s, w_s, lam)
+            gain = val_s * pi**alpha - lam * w_s * (pi - idle) - mu * n_s[None, :]
+            gain = np.where(val_s > 0, gain, -np.inf)
+            k = np.argmax(gain, axis=1)
+            g = gain[np.arange(len(k)), k]
+            on = single & (g > 0)
+            total += float((g[on] * counts[on]).sum())
+            rows = np.flatnonzero(on)
+            watts += float((w_s[rows, k[rows]] * (pi[rows, k[rows]] - idle) * counts[rows]).sum())
+            gpus += float((n_s[k[rows]] * counts[rows]).sum())
+        if gv.size:
+            pi = best_pi(gv, gw, lam)
+            gain = gv * pi**alpha - lam * gw * (pi - idle) - mu
+            on = gain > 0
+            total += float((gain[on] * gc[on]).sum())
+            watts += float((gw[on] * (pi[on] - idle) * gc[on]).sum())
+            gpus += float(gc[on].sum())
+        return total, watts, gpus
+
+    def inner(mu: float) -> tuple[float, float]:
+        """min over lambda of the dual at ``mu``; and the GPUs used there."""
+        value, watts, gpus = dual(0.0, mu)
+        if watts <= room:
+            return value, gpus
+        lo, up = 0.0, 1e-12
+        while dual(up, mu)[1] > room:
+            up *= 4.0
+            if up > 1e12:
+                break
+        best_v, best_g = dual(up, mu)[0], dual(up, mu)[2]
+        for _ in range(40):
+            mid = 0.5 * (lo + up)
+            v, w, g = dual(mid, mu)
+            if v < best_v:
+                best_v, best_g = v, g
+            if w > room:
+                lo = mid
+            else:
+                up = mid
+        return best_v, best_g
+
+    value, gpus = inner(0.0)
+    if gpus <= cap_gpus or not refine:
+        return value
+    best = value
+    lo, up = 0.0, 1e-12
+    while inner(up)[1] > cap_gpus and up < 1e12:
+        up *= 4.0
+    for _ in range(25):
+        mid = 0.5 * (lo + up)
+        v, g = inner(mid)
+        best = min(best, v)
+        if g > cap_gpus:
+            lo = mid
+        else:
+            up = mid
+    return min(best, inner(up)[0])

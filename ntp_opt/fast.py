@@ -1,0 +1,265 @@
+"""The ``fast`` planner: sort-and-pack candidates, the best one validated, with a bound.
+
+Made for instances too large for the exact planner (32k–131k GPUs) and for
+re-planning: it builds a few candidate plans in array form, scores each with
+the exact batch split, turns only the best into a :class:`~ntp_opt.plan.Plan`
+(validated) and reports :func:`ntp_opt.milp.bounds.capacity_bound` next to it.
+
+Candidates (each packed by sorted grouping, see ``docs/milp.md``):
+
+* ``dp-drop``: full-degree slots only (no resharding overhead);
+* ``ntp``: the paper's slots (full slots plus one reduced slot per domain);
+* ``speed-aware``: each domain cut greedily into the stages of largest
+  ``f(t) * slowest speed``: a straggler is left out as a spare when a
+  smaller degree on faster GPUs is worth more, which the paper's heuristic
+  never does;
+
+each without power boost, with the boost of :func:`ntp_opt.baselines.ntp_pw`
+(slow replicas lifted to nominal speed, cheapest first) and with
+:func:`boost_floor` (every replica lifted to the highest common speed).
+Deterministic: no randomness, ties broken by index.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from .baselines import (
+    Slot,
+    _boost,
+    _used_mask,
+    domain_slots,
+    draw_at_power_one,
+    fits_at_power_one,
+)
+from .goodput import replica_speed, split_batch
+from .instance import Instance
+from .milp.bounds import capacity_bound
+from .plan import Plan, Replica, Stage
+from .validate import certified
+
+
+@dataclass(frozen=True)
+class Candidate:
+    """A plan in array form and its goodput (exact batch split)."""
+
+    name: str
+    groups: list[tuple[int, list[Slot]]]
+    powers: list[list[float]]
+    batches: tuple[int, ...]
+    goodput: float
+
+
+def speed_aware_slots(instance: Instance) -> list[Slot]:
+    """Cut each domain into the stages worth the most, fastest GPUs first.
+
+    From a domain's healthy GPUs (fastest first), repeatedly take the degree
+    ``t`` (allowed, at most what is left) maximising ``f(t) * s_t`` where
+    ``s_t`` is the ``t``-th fastest remaining speed; larger ``t`` on ties.
+
+    Parameters
+    ----------
+    instance
+        The instance.
+
+    Returns
+    -------
+    list of Slot
+    """
+    a = instance.arrays
+    job = instance.job
+    factors = {t: job.tp_factor(t) for t in job.allowed}
+    slots: list[Slot] = []
+    for d, members in enumerate(a.domain_gpus):
+        ok = members[a.healthy[members]]
+        ok = ok[np.argsort(-a.speed[ok], kind="stable")]
+        sp = a.speed[ok]
+        start = 0
+        while True:
+            left = len(ok) - start
+            best_t, best_v = 0, 0.0
+            for t in job.allowed:
+                if t <= left:
+                    v = factors[t] * float(sp[start + t - 1])
+                    if v >= best_v:
+                        best_t, best_v = t, v
+            if best_t == 0:
+                break
+            slots.append(Slot(d, ok[start : start + best_t], best_t))
+            start += best_t
+    return slots
+
+
+def pack_by_value(instance: Instance, slots: list[Slot]) -> list[tuple[int, list[Slot]]]:
+    """Group slots ``pp`` at a time by decreasing ``f(t) * slowest speed``.
+
+    Returns
+    -------
+    list of (degree, slots)
+        At most ``dp_max`` replicas; leftover slots are spares.
+    """
+    job = instance.job
+    speed = instance.arrays.speed
+    value = [job.tp_factor(s.degree) * s.speed(speed, s.degree) for s in slots]
+    order = sorted(range(len(slots)), key=lambda i: (-value[i], -slots[i].degree, i))
+    n = min(job.replicas_max, len(slots) // job.pp)
+    groups = []
+    for r in range(n):
+        members = [slots[i] for i in order[r * job.pp : (r + 1) * job.pp]]
+        groups.append((min(s.degree for s in members), members))
+    return groups
+
+
+def boost_floor(instance: Instance, groups: list[tuple[int, list[Slot]]]) -> list[list[float]]:
+    """Power multipliers raising every replica to the highest common speed the budgets allow.
+
+    Bisection on the target speed ``tau``: each stage gets the least power
+    reaching ``tau`` (capped at ``1 + max_boost``); the largest ``tau`` whose
+    extra draw fits every rack and the site is kept. Under the ``fixed``
+    policy goodput is set by the slowest replica, so this is the boost that
+    counts; it complements :func:`ntp_opt.baselines._boost`, which only lifts
+    slow replicas up to nominal speed.
+    """
+    a = instance.arrays
+    job = instance.job
+    alpha, hi = job.power_exponent, 1.0 + job.max_boost
+    ones = [[1.0] * len(m) for _, m in groups]
+    if not groups or alpha <= 0 or job.max_boost <= 0:
+        return ones
+    rack_draw, site_draw = draw_at_power_one(instance, _used_mask(instance, groups))
+    rack_room = a.rack_budget - rack_draw
+    site_room = a.site_budget - site_draw
+    gpus = [np.concatenate([s.gpus[:t] for s in m]) for t, m in groups]
+    base = np.concatenate(
+        [np.repeat([job.tp_factor(t) * s.speed(a.speed, t) for s in m], t) for t, m in groups]
+    )
+    flat = np.concatenate(gpus)
+    tdp, rack = a.tdp[flat], a.gpu_rack[flat]
+
+    def powers(tau: float) -> np.ndarray:
+        return np.clip((tau / base) ** (1.0 / alpha), 1.0, hi)
+
+    def fits(tau: float) -> bool:
+        extra = tdp * (powers(tau) - 1.0)
+        per_rack = np.bincount(rack, weights=extra, minlength=len(a.rack_ids))
+        return bool(
+            np.all(per_rack <= rack_room * (1 - 1e-9)) and extra.sum() <= site_room * (1 - 1e-9)
+        )
+
+    lo = float(base.min())
+    top = float(base.min()) * hi**alpha
+    if not fits(lo):
+        return ones
+    for _ in range(60):
+        mid = 0.5 * (lo + top)
+        if fits(mid):
+            lo = mid
+        else:
+            top = mid
+    pw = powers(lo)
+    out, k = [], 0
+    for t, m in groups:
+        out.append([float(pw[k + i * t]) for i in range(len(m))])
+        k += t * len(m)
+    return out
+
+
+def _score(
+    instance: Instance, name: str, groups: list[tuple[int, list[Slot]]], boost: str
+) -> Candidate | None:
+    a = instance.arrays
+    job = instance.job
+    groups = list(groups)
+    while groups and not fits_at_power_one(instance, _used_mask(instance, groups)):
+        groups.pop()
+    if boost == "slow":
+        powers = _boost(instance, groups)
+    elif boost == "floor":
+        powers = boost_floor(instance, groups)
+    else:
+        powers = [[1.0] * len(m) for _, m in groups]
+    speeds = [
+        replica_speed(job, t, [s.speed(a.speed, t) for s in m], p)
+        for (t, m), p in zip(groups, powers, strict=True)
+    ]
+    split = split_batch(job, speeds, [t for t, _ in groups])
+    if split is None:
+        return None
+    return Candidate(name, groups, powers, split.batches, split.goodput)
+
+
+def _to_plan(instance: Instance, c: Candidate) -> Plan:
+    a = instance.arrays
+    replicas = tuple(
+        Replica(
+            tp=t,
+            local_batch=b,
+            stages=tuple(
+                Stage(
+                    domain=a.domain_ids[s.domain],
+                    gpus=tuple(a.gpu_ids[i] for i in s.gpus[:t]),
+                    power=float(pw),
+                )
+                for s, pw in zip(members, p, strict=True)
+            ),
+        )
+        for (t, members), p, b in zip(c.groups, c.powers, c.batches, strict=True)
+        if b > 0
+    )
+    return Plan(instance.name, replicas, {"policy": "fast", "candidate": c.name})
+
+
+def candidates(instance: Instance) -> list[Candidate]:
+    """Score every candidate (see the module docstring), best first.
+
+    Parameters
+    ----------
+    instance
+        The instance.
+
+    Returns
+    -------
+    list of Candidate
+        Sorted by goodput, best first; candidates with no feasible batch
+        split (a paused ``fixed`` job) are left out.
+    """
+    from .baselines import pack_replicas
+
+    boost = instance.job.max_boost > 0 and instance.job.power_exponent > 0
+    packs = {
+        "dp-drop": pack_replicas(instance, domain_slots(instance, reduced=False)),
+        "ntp": pack_replicas(instance, domain_slots(instance, reduced=True)),
+        "speed-aware": pack_by_value(instance, speed_aware_slots(instance)),
+    }
+    out: list[Candidate] = []
+    for name, groups in packs.items():
+        for b in ("", "slow", "floor") if boost else ("",):
+            c = _score(instance, f"{name}+{b}" if b else name, groups, b)
+            if c is not None:
+                out.append(c)
+    out.sort(key=lambda c: -c.goodput)
+    return out
+
+
+def plan_fast(instance: Instance) -> tuple[Plan, float]:
+    """The best candidate plan, validated, and an upper bound on goodput.
+
+    Parameters
+    ----------
+    instance
+        The instance.
+
+    Returns
+    -------
+    (Plan, float)
+        The plan (empty when every candidate pauses) and
+        :func:`~ntp_opt.milp.bounds.capacity_bound`.
+    """
+    found = candidates(instance)
+    if found:
+        plan = _to_plan(instance, found[0])
+    else:
+        plan = Plan(instance.name, (), {"policy": "fast", "paused": True})
+    return certified(instance, plan), capacity_bound(instance)

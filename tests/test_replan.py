@@ -1,0 +1,167 @@
+"""Re-planning: events, migration counts (hand-checked), validity, speed path."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from ntp_opt import Instance, Job, Plan, Replica, Stage, check, solve, topology
+from ntp_opt.replan import ClusterEvent, apply_events, migration, replan
+from ntp_opt.simulate import Event
+
+from .strategies import instances
+
+
+def two_domains() -> Instance:
+    # 2 domains of 4 GPUs, TP 3 or 4, pp=1: d0 runs TP3 with one spare GPU
+    g = topology.build_cluster(2, 4, 2, 2)
+    job = Job(tp=4, tp_min=3, pp=1, dp=2, global_batch=4, max_boost=0.0, batch_policy="elastic")
+    return Instance("two", g, job)
+
+
+def plan_for(inst: Instance) -> Plan:
+    return Plan(
+        inst.name,
+        (
+            Replica(3, 1, (Stage("d0", ("d0.t0.g0", "d0.t0.g1", "d0.t1.g0"), 1.0),)),
+            Replica(4, 2, (Stage("d1", ("d1.t0.g0", "d1.t0.g1", "d1.t1.g0", "d1.t1.g1"), 1.0),)),
+        ),
+    )
+
+
+def test_apply_events_equals_a_fresh_build_and_leaves_the_input_alone():
+    inst = two_domains()
+    new = apply_events(
+        inst,
+        [
+            ClusterEvent("fail", ("d0.t0.g1",)),
+            {"kind": "fail", "nodes": ["d1.t1"]},
+            ClusterEvent("speed", ("d1.t0.g0",), 0.5),
+        ],
+    )
+    g = inst.cluster.copy()
+    topology.fail_gpus(g, ["d0.t0.g1", "d1.t1.g0", "d1.t1.g1"])
+    topology.set_speed(g, ["d1.t0.g0"], 0.5)
+    fresh = Instance(inst.name, g, inst.job)
+    assert new == fresh
+    assert (new.arrays.healthy == fresh.arrays.healthy).all()
+    assert (new.arrays.speed == fresh.arrays.speed).all()
+    assert (
+        inst.arrays.healthy.all()
+        and inst.cluster.nodes["d0.t0.g1"].get("state", "healthy") == "healthy"
+    )
+    back = apply_events(new, [ClusterEvent("repair", ("d0.t0.g1",))])
+    assert back.arrays.healthy.sum() == new.arrays.healthy.sum() + 1
+
+
+@pytest.mark.parametrize(
+    ("event", "message"),
+    [
+        (ClusterEvent("fail", ("nope",)), "nope"),
+        (ClusterEvent("repair", ("d0.t0.g0",)), "which is up"),
+        ({"kind": "fail", "nodes": ["d0.t0.g0"], "extra": 1}, "extra"),
+        ({"kind": "speed", "nodes": ["d0.t0.g0"], "speed": 2.0}, "speed"),
+        ({"kind": "fail", "nodes": "d0.t0.g0"}, "list"),
+    ],
+)
+def test_bad_events_are_clear_errors(event, message):
+    with pytest.raises(ValueError, match=message):
+        apply_events(two_domains(), [event])
+
+
+def test_migration_by_hand():
+    inst = two_domains()
+    old = plan_for(inst)
+    assert migration(inst, old, old) == 0
+    # swap d0's spare in for g1: g1 leaves (1), t1.g1 joins (1)
+    new = Plan(
+        inst.name,
+        (
+            Replica(3, 1, (Stage("d0", ("d0.t0.g0", "d0.t1.g1", "d0.t1.g0"), 1.0),)),
+            old.replicas[1],
+        ),
+    )
+    assert migration(inst, old, new) == 2
+    # swapping the replicas' order moves every used GPU (3 + 4)
+    assert migration(inst, old, Plan(inst.name, old.replicas[::-1])) == 7
+
+
+def test_failure_refilled_from_the_spare_moves_one_gpu():
+    inst = two_domains()
+    out = replan(inst, plan_for(inst), [ClusterEvent("fail", ("d0.t0.g1",))], tolerance=1.0)
+    assert out.choice == "local"
+    assert out.moved == 1  # the spare d0.t1.g1 joins; the failed GPU is not counted
+    assert "d0.t1.g1" in out.plan.replicas[0].stages[0].gpus
+    check(out.instance, out.plan)
+
+
+def test_no_event_and_a_spare_failure_move_nothing():
+    inst = two_domains()
+    plan = plan_for(inst)
+    # with a loose tolerance the running plan stays as it is
+    assert replan(inst, plan, [], tolerance=1.0).moved == 0
+    out = replan(inst, plan, [Event(1.0, "fail", ("d0.t1.g1",), "hardware")])
+    assert out.choice == "local" and out.moved == 0
+
+
+def test_a_plan_far_from_the_bound_is_upgraded():
+    # d0 runs TP3 although all 4 GPUs are healthy: goodput (1 + 2) / (2 * 1.01);
+    # TP4 everywhere gives 2 replicas x 2 sequences / 2 s = 2.0, moving one GPU
+    inst = two_domains()
+    out = replan(inst, plan_for(inst), [])
+    assert out.local_goodput == pytest.approx(3 / 2.02, rel=1e-12)
+    assert out.choice == "global" and out.goodput == pytest.approx(2.0, rel=1e-12)
+    assert out.moved == 1 and out.gap == pytest.approx(0.0, abs=1e-12)
+
+
+def test_global_mode_is_the_fast_plan_renumbered():
+    inst = two_domains()
+    out = replan(inst, plan_for(inst), [ClusterEvent("fail", ("d1.t0.g0",))], mode="global")
+    fast = solve(out.instance, "fast")
+    assert out.choice == "global"
+    assert out.goodput == pytest.approx(fast.objective, rel=1e-12)
+    assert out.moved <= migration(out.instance, plan_for(inst), fast.plan)
+
+
+def test_replan_rejects_a_bad_plan_and_bad_settings():
+    inst = two_domains()
+    bad = Plan(inst.name, (Replica(4, 1, (Stage("d0", ("d0.t0.g0",) * 4, 1.0),)),))
+    with pytest.raises(Exception, match=r"gpu-reused|stage"):
+        replan(inst, bad, [])
+    with pytest.raises(ValueError, match="tolerance"):
+        replan(inst, plan_for(inst), [], tolerance=-1)
+    with pytest.raises(ValueError, match="mode"):
+        replan(inst, plan_for(inst), [], mode="best")  # type: ignore[arg-type]
+
+
+@given(instances(), st.data())
+@settings(deadline=None)
+def test_replanned_plans_are_valid_on_a_fresh_instance(inst, data):
+    plan = solve(inst, "fast").plan
+    assert plan is not None
+    a = inst.arrays
+    healthy = [g for g, ok in zip(a.gpu_ids, a.healthy, strict=True) if ok]
+    failed = [g for g, ok in zip(a.gpu_ids, a.healthy, strict=True) if not ok]
+    kind = data.draw(st.sampled_from(["fail", "repair", "speed"] if failed else ["fail", "speed"]))
+    pool = failed if kind == "repair" else healthy
+    if not pool:
+        return
+    node = data.draw(st.sampled_from(pool))
+    event = ClusterEvent(kind, (node,), 0.6 if kind == "speed" else None)
+    mode = data.draw(st.sampled_from(["auto", "local", "global"]))
+    out = replan(inst, plan, [event], mode=mode)
+    g = inst.cluster.copy()
+    if kind == "fail":
+        topology.fail_gpus(g, [node])
+    elif kind == "repair":
+        topology.repair_gpus(g, [node])
+    else:
+        topology.set_speed(g, [node], 0.6)
+    fresh = Instance(inst.name, g, inst.job)
+    ev = check(fresh, out.plan)
+    assert ev.goodput == pytest.approx(out.goodput, rel=1e-12)
+    assert out.goodput <= out.bound * (1 + 1e-9)
+    assert 0 <= out.moved <= int(fresh.arrays.healthy.sum())
+    if out.choice == "local":
+        assert out.goodput == out.local_goodput
