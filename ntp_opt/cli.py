@@ -206,6 +206,75 @@ def _cmd_solve(args: argparse.Namespace) -> int:
     return 0
 
 
+def parse_event(text: str) -> dict[str, Any]:
+    """``fail:NODE[,NODE...]``, ``repair:NODE[,...]`` or ``speed:NODE[,...]=SPEED``."""
+    kind, sep, rest = text.partition(":")
+    if not sep or kind not in ("fail", "repair", "speed") or not rest:
+        raise ValueError(
+            f"--event {text!r}: expected fail:NODE[,NODE], repair:NODE[,NODE] or "
+            "speed:NODE[,NODE]=SPEED"
+        )
+    speed = None
+    if kind == "speed":
+        rest, eq, value = rest.rpartition("=")
+        if not eq:
+            raise ValueError(f"--event {text!r}: a speed event ends with =SPEED")
+        try:
+            speed = float(value)
+        except ValueError:
+            raise ValueError(f"--event {text!r}: speed {value!r} is not a number") from None
+    event: dict[str, Any] = {"kind": kind, "nodes": [n for n in rest.split(",") if n]}
+    if speed is not None:
+        event["speed"] = speed
+    return event
+
+
+def _cmd_replan(args: argparse.Namespace) -> int:
+    from .replan import replan
+
+    instance = load_instance(args.instance)
+    plan = load_plan(args.plan)
+    events: list[Any] = []
+    if args.events:
+        try:
+            data = json.loads(Path(args.events).read_text())
+        except json.JSONDecodeError as err:
+            raise ValueError(f"{args.events}: not valid JSON ({err})") from None
+        if not isinstance(data, list):
+            raise ValueError(f"{args.events}: expected a JSON list of events")
+        events.extend(data)
+    events.extend(parse_event(e) for e in args.event or [])
+    try:
+        out = replan(instance, plan, events, tolerance=args.tolerance, mode=args.mode)
+    except ValueError as err:
+        where = args.events or "--event"
+        raise ValueError(f"{where}: {err}") from None
+    con = _console()
+    con.print(
+        f"{instance.name}: kept the {out.choice} plan, {out.moved} GPUs move; relative goodput "
+        f"{out.relative_goodput:.6f} (local {out.local_goodput * _rel(instance):.6f}"
+        + (
+            f", global {out.global_goodput * _rel(instance):.6f} moving {out.global_moved}"
+            if out.global_goodput is not None
+            else ""
+        )
+        + f"), bound {out.bound * _rel(instance):.6f}, gap {100 * out.gap:.3f} %, "
+        f"{1000 * out.runtime_s:.0f} ms",
+        markup=False,
+    )
+    if args.output:
+        save_plan(out.plan, args.output)
+        con.print(f"wrote {args.output}")
+    if args.instance_out:
+        save_instance(out.instance, args.instance_out)
+        con.print(f"wrote {args.instance_out}")
+    return 0
+
+
+def _rel(instance: Instance) -> float:
+    return instance.job.seq_time_s / instance.job.dp
+
+
 def _cmd_compare(args: argparse.Namespace) -> int:
     con = _console()
     policies = args.policies.split(",") if args.policies else list(POLICIES)
@@ -375,6 +444,32 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--log", action="store_true", help="print the exact search log")
     s.add_argument("--seed", type=int, default=0)
     s.set_defaults(func=_cmd_solve)
+
+    rp = sub.add_parser(
+        "replan", help="re-plan a running plan after failures, repairs or stragglers"
+    )
+    rp.add_argument("instance", help="the instance the plan was made for")
+    rp.add_argument("plan", help="the running plan")
+    rp.add_argument(
+        "--event",
+        action="append",
+        metavar="EVENT",
+        help="fail:NODE[,NODE], repair:NODE[,NODE] or speed:NODE[,NODE]=SPEED "
+        "(GPU or tray ids; repeatable, applied after --events)",
+    )
+    rp.add_argument(
+        "--events", metavar="FILE", help='JSON list of {"kind", "nodes", "speed"?} events'
+    )
+    rp.add_argument(
+        "--tolerance",
+        type=float,
+        default=1e-3,
+        help="relative goodput traded to avoid migration (default 0.001)",
+    )
+    rp.add_argument("--mode", choices=["auto", "local", "global"], default="auto")
+    rp.add_argument("-o", "--output", help="write the new plan here")
+    rp.add_argument("--instance-out", help="write the instance after the events here")
+    rp.set_defaults(func=_cmd_replan)
 
     c = sub.add_parser("compare", help="relative goodput of several policies on instances")
     c.add_argument("instances", nargs="+")

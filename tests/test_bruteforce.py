@@ -85,7 +85,10 @@ def test_tiny() -> None:
         value, plan = _solve(tiny, **kw)
         assert value == pytest.approx(expected, rel=1e-12 if "method" not in kw else 1e-9)
     value, plan = _solve(tiny)
-    assert sorted(r.tp for r in plan.replicas) == [3, 4]
+    # ties: the TP4 replica on d2 (v = 1) or a second boosted TP3 replica
+    # (also v = V3 < 1) give the same step time 4 / V3 * 1.01; which one the
+    # enumeration meets first depends on float rounding, so both are accepted
+    assert sorted(r.tp for r in plan.replicas) in ([3, 4], [3, 3])
     assert sorted(r.local_batch for r in plan.replicas) == [4, 4]
     assert plan.metrics["relative_goodput"] == pytest.approx(expected / 2)
 
@@ -389,11 +392,13 @@ def test_optimal_powers_are_tight() -> None:
     lengthens the step time, so the scorer picked the smallest multipliers."""
     tiny = load_instance(ROOT / "instances" / "tiny.json")
     value, plan = brute_force(tiny)
-    (k,) = [j for j, r in enumerate(plan.replicas) if r.stages[0].power > 1.0]
-    rep = plan.replicas[k]
-    stage = replace(rep.stages[0], power=rep.stages[0].power * (1 - 1e-6))
-    replicas = list(plan.replicas)
-    replicas[k] = replace(rep, stages=(stage,))
-    own, problems = plan_figures(tiny, Plan(plan.instance, tuple(replicas)))
-    assert not problems
-    assert own < value
+    boosted = [j for j, r in enumerate(plan.replicas) if r.stages[0].power > 1.0]
+    assert boosted  # one or two boosted TP3 replicas, depending on the tie-break
+    for k in boosted:
+        rep = plan.replicas[k]
+        stage = replace(rep.stages[0], power=rep.stages[0].power * (1 - 1e-6))
+        replicas = list(plan.replicas)
+        replicas[k] = replace(rep, stages=(stage,))
+        own, problems = plan_figures(tiny, Plan(plan.instance, tuple(replicas)))
+        assert not problems
+        assert own < value

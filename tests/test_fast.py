@@ -31,9 +31,23 @@ def test_stage_bound_by_hand():
     # Case B: stage values (4 + 4 + 4 + 3) / 4 = 3.75, divided by 1 + rho.
     g = topology.build_cluster(4, 4, 2, 2)
     topology.fail_gpus(g, ["d3.t0.g0"])
-    job = Job(tp=4, tp_min=3, pp=1, dp=4, global_batch=8, max_boost=0.0, reshard_overhead=0.01)
+    job = Job(
+        tp=4,
+        tp_min=3,
+        pp=1,
+        dp=4,
+        global_batch=8,
+        max_boost=0.0,
+        reshard_overhead=0.01,
+        batch_policy="elastic",
+    )
     inst = Instance("hand", g, job)
     assert stage_bound(inst) == pytest.approx(3.75 / 1.01, rel=1e-12)
+    # fixed: B = 8 with b <= 2 needs all 4 replicas at b = 2, the slowest is
+    # the TP3 one (0.75): theta >= 2 * 1.01 / 0.75, goodput <= 8 * 0.75 / 2.02
+    fixed = Instance("hand", g, job.model_copy(update={"batch_policy": "fixed"}))
+    assert stage_bound(fixed) == pytest.approx(8 * 0.75 / 2.02, rel=1e-9)
+    assert solve(fixed, "fast").objective == pytest.approx(8 * 0.75 / 2.02, rel=1e-9)
     # with rho = 0.3, case A wins: 3 replicas at full speed
     job3 = job.model_copy(update={"reshard_overhead": 0.3})
     assert stage_bound(Instance("hand", g, job3)) == pytest.approx(3.0, rel=1e-12)

@@ -9,6 +9,7 @@ from hypothesis import strategies as st
 from ntp_opt import Instance, Job, Plan, Replica, Stage, check, solve, topology
 from ntp_opt.replan import ClusterEvent, apply_events, migration, replan
 from ntp_opt.simulate import Event
+from ntp_opt.validate import certified
 
 from .strategies import instances
 
@@ -165,3 +166,55 @@ def test_replanned_plans_are_valid_on_a_fresh_instance(inst, data):
     assert 0 <= out.moved <= int(fresh.arrays.healthy.sum())
     if out.choice == "local":
         assert out.goodput == out.local_goodput
+
+
+def test_cli_replan_writes_a_valid_plan_and_instance(tmp_path, capsys):
+    from ntp_opt import load_instance, load_plan, save_instance, save_plan
+    from ntp_opt.cli import main
+
+    inst = two_domains()
+    save_instance(inst, tmp_path / "i.json")
+    save_plan(certified(inst, plan_for(inst)), tmp_path / "p.json")
+    events = tmp_path / "events.json"
+    events.write_text('[{"kind": "fail", "nodes": ["d1.t0.g0"]}]')
+    argv = [
+        "replan",
+        str(tmp_path / "i.json"),
+        str(tmp_path / "p.json"),
+        "--events",
+        str(events),
+        "--event",
+        "speed:d0.t0.g0=0.9",
+        "-o",
+        str(tmp_path / "new.json"),
+        "--instance-out",
+        str(tmp_path / "after.json"),
+    ]
+    assert main(argv) == 0
+    after = load_instance(tmp_path / "after.json")
+    assert not after.arrays.healthy[after.arrays.gpu_index["d1.t0.g0"]]
+    assert after.arrays.speed[after.arrays.gpu_index["d0.t0.g0"]] == 0.9
+    check(after, load_plan(tmp_path / "new.json"))
+    assert "GPUs move" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize(
+    ("event", "message"),
+    [
+        ("explode:d0", "expected fail:NODE"),
+        ("speed:d0.t0.g0", "=SPEED"),
+        ("speed:d0.t0.g0=fast", "not a number"),
+        ("fail:nope", "not a GPU or tray"),
+    ],
+)
+def test_cli_replan_bad_events(tmp_path, capsys, event, message):
+    from ntp_opt import save_instance, save_plan
+    from ntp_opt.cli import main
+
+    inst = two_domains()
+    save_instance(inst, tmp_path / "i.json")
+    save_plan(certified(inst, plan_for(inst)), tmp_path / "p.json")
+    assert (
+        main(["replan", str(tmp_path / "i.json"), str(tmp_path / "p.json"), "--event", event]) == 2
+    )
+    assert message in capsys.readouterr().err

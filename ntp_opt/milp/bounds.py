@@ -18,9 +18,12 @@ smaller of the two.
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 
 from ..instance import Instance
+from ..job import Job
 
 
 def capacity_bound(instance: Instance) -> float:
@@ -195,12 +198,127 @@ def stage_bound(instance: Instance) -> float:
         else:
             replicas = job.replicas_max
         v_top = max(job.tp_factor(t) for t in degrees) * s_max * hi**alpha / c
-        best = max(best, min(value, replicas * v_top) / factor)
+        case = min(value, replicas * v_top) / factor
+        if job.batch_policy == "fixed" and case > best:
+            case = min(
+                case,
+                _fixed_case_bound(
+                    job, degrees, factor, replicas, h_cls, s_cls, w_cls, cum_w, counts, room
+                ),
+            )
+        best = max(best, case)
     return float(best)
 
 
+def _fixed_case_bound(
+    job: Job,
+    degrees: tuple[int, ...],
+    factor: float,
+    replicas: int,
+    h: np.ndarray,
+    speeds: np.ndarray,
+    tdps: np.ndarray,
+    cum_w: np.ndarray,
+    counts: np.ndarray,
+    room: float,
+) -> float:
+    """Bound for the ``fixed`` policy from the speed of the ``k``-th fastest replica.
+
+    Goodput is ``B / theta`` with ``sum_r min(b_max, theta v_r / F) >= B``.
+    The ``k``-th fastest replica runs at speed ``tau`` only if ``k pp``
+    stages run at ``tau`` or faster, all at once: the cheapest ``k pp``
+    stage candidates lifted to ``tau`` must fit the site's power room. That
+    bounds ``v_(k)`` by ``u_k`` (bisection on ``tau``), on a grid of ``k``
+    (``u`` is non-increasing in ``k``, so a grid point bounds the ranks above
+    it). Stage candidates: a single-stage domain offers its best degree-``t``
+    stage (``t``-th fastest speed, ``t`` smallest TDPs); a domain with room
+    for several stages offers ``h // min(degrees)`` stages at its fastest
+    speed and smallest TDP (an over-estimate, so still valid).
+    """
+    alpha = job.power_exponent
+    hi = 1.0 + job.max_boost if alpha > 0 else 1.0
+    idle = job.idle_power_fraction
+    single = h < 2 * min(degrees)
+    val = np.stack(
+        [np.where(single & (h >= t), job.tp_factor(t) * speeds[:, t - 1], 0.0) for t in degrees],
+        axis=1,
+    )
+    watts = np.stack([cum_w[:, t] for t in degrees], axis=1)
+    multi = ~single
+    m_val = max(job.tp_factor(t) for t in degrees) * speeds[:, 0]
+    m_w = min(degrees) * np.where(multi, tdps[:, 0], 1.0)
+    m_cnt = np.where(multi, counts * (h // min(degrees)), 0)
+    top = float(max(val.max(initial=0.0), m_val[multi].max(initial=0.0))) * hi**alpha
+
+    def cost(v: np.ndarray, w: np.ndarray, tau: float) -> np.ndarray:
+        with np.errstate(divide="ignore", invalid="ignore"):
+            if alpha > 0 and hi > 1.0:
+                pi = np.maximum(1.0, (tau / v) ** (1.0 / alpha))
+            else:
+                pi = np.where(v >= tau, 1.0, np.inf)
+        pi = np.where(v > 0, pi, np.inf)
+        return np.where(pi <= hi * (1 + 1e-12), w * (np.minimum(pi, hi) - idle), np.inf)
+
+    def feasible(tau: float, n: int) -> bool:
+        c1 = cost(val, watts, tau).min(axis=1)
+        c2 = cost(m_val, m_w, tau)
+        c = np.concatenate([c1[single], c2[multi]])
+        k = np.concatenate([counts[single], m_cnt[multi]]).astype(float)
+        fin = np.isfinite(c)
+        c, k = c[fin], k[fin]
+        if k.sum() < n:
+            return False
+        order = np.argsort(c, kind="stable")
+        c, k = c[order], k[order]
+        before = np.concatenate(([0.0], np.cumsum(k)[:-1]))
+        take = np.clip(n - before, 0.0, k)
+        return float((c * take).sum()) <= room * (1 + 1e-12)
+
+    def u(k: int) -> float:
+        n = k * job.pp
+        if not feasible(0.0, n):
+            return 0.0
+        lo, up = 0.0, top
+        for _ in range(50):
+            mid = 0.5 * (lo + up)
+            if feasible(mid, n):
+                lo = mid
+            else:
+                up = mid
+        return up  # feasible below up: a valid upper bound on the speed
+
+    if replicas <= 0:
+        return 0.0
+    grid = sorted(
+        {2**i for i in range(replicas.bit_length())}
+        | set(range(max(1, replicas - 16), replicas + 1))
+    )
+    u_grid = {k: u(k) for k in grid}
+    ranks = np.arange(1, replicas + 1)
+    at = np.array([max(g for g in grid if g <= k) for k in ranks])
+    u_rank = np.array([u_grid[int(k)] for k in at]) / job.seq_time_s  # sequences per second
+    b_max = min(job.local_batch_max, job.global_batch)
+    big_b = job.global_batch
+    if b_max * int((u_rank > 0).sum()) < big_b:
+        return 0.0  # no replica set can carry B: the job pauses
+
+    def carried(theta: float) -> float:
+        return float(np.minimum(b_max, theta * u_rank / factor).sum())
+
+    lo, up = 0.0, 1.0
+    while carried(up) < big_b:
+        up *= 2.0
+    for _ in range(100):
+        mid = 0.5 * (lo + up)
+        if carried(mid) >= big_b:
+            up = mid
+        else:
+            lo = mid
+    return big_b / lo if lo > 0 else math.inf
+
+
 def _case_bound(
-    job: object,
+    job: Job,
     degrees: tuple[int, ...],
     h: np.ndarray,
     speeds: np.ndarray,
@@ -217,9 +335,6 @@ def _case_bound(
     ``refine=False`` skips the search over the GPU-count multiplier (a valid,
     possibly weaker bound).
     """
-    from ..job import Job
-
-    assert isinstance(job, Job)
     alpha = job.power_exponent
     scale = 1.0 / (job.pp * job.seq_time_s)
     single = h < 2 * min(degrees)
