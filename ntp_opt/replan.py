@@ -3,20 +3,25 @@
 :func:`replan` takes the instance a plan was made for, the plan, and what
 happened since (GPU or tray failures, repairs, speed changes), and returns
 the new instance and a validated plan for it, with the number of GPUs that
-migrate. Two plans are compared:
+migrate. Up to three plans are compared:
 
 * **local**: the running plan after the deterministic recourse of
   :func:`ntp_opt.recourse.adapt` (failed GPUs replaced from in-domain spares,
   degrees reduced, batches re-split), with its power boosts redone by
-  :func:`reboost`. It moves only the GPUs the events force to move.
+  :func:`reboost` when recourse reset them or speeds changed. It moves only
+  the GPUs the events force to move.
+* **swap**: the local plan improved by a few stage swaps around the replicas
+  the events touched (:func:`ntp_opt.swaps.improve`): a damaged domain joins
+  an already reduced replica, a spare domain comes in, a repaired replica
+  returns to a higher degree. Each swap moves about two stages.
 * **global**: the :func:`ntp_opt.fast.plan_fast` plan of the new instance,
   with its replicas and stages renumbered to overlap the running plan as
-  much as possible.
+  much as possible (:func:`align`).
 
-The local plan is kept when its goodput is within ``tolerance`` (default
-0.1 %) of the proven bound :func:`ntp_opt.milp.bounds.stage_bound`: no
-plan can be much better, so nothing needs to move. Otherwise the global plan
-is computed and kept if it beats the local one by more than ``tolerance``.
+They are tried in that order, each only while the best so far is more than
+``tolerance`` (default 0.1 %) below the proven bound
+:func:`ntp_opt.milp.bounds.stage_bound`. Among the plans tried, the one moving
+the fewest GPUs within ``tolerance`` of the best goodput is kept.
 
 Migration counts the GPUs, healthy after the events, whose assignment
 (replica index, stage index, or unused) differs between the running plan and
@@ -40,7 +45,8 @@ import numpy as np
 from .instance import ClusterArrays, Instance
 from .milp.bounds import stage_bound
 from .plan import Plan, Replica, Stage
-from .recourse import adapt
+from .recourse import _adapt, plan_indices
+from .swaps import improve
 from .validate import check, evaluate
 
 EventKind = Literal["fail", "repair", "speed"]
@@ -339,7 +345,7 @@ class Replanned:
     plan
         The new plan (validated against ``instance``).
     choice
-        ``"local"`` or ``"global"``: which plan was kept.
+        ``"local"``, ``"swap"`` or ``"global"``: which plan was kept.
     moved
         GPUs that migrate (see :func:`migration`).
     goodput, relative_goodput
@@ -353,6 +359,8 @@ class Replanned:
         Migration of the global plan, when computed.
     runtime_s
         Wall-clock seconds, events applied included.
+    details
+        Goodput and migration of every plan tried, by name.
     """
 
     instance: Instance
@@ -393,12 +401,11 @@ def replan(
     events
         What happened since (see :func:`apply_events`).
     tolerance
-        Relative goodput the local plan may give up to avoid migration: it
-        is kept when within ``tolerance`` of the bound, or of the global
-        plan.
+        Relative goodput that may be given up to avoid migration (module
+        docstring).
     mode
-        ``"auto"`` (above), ``"local"`` (recourse only) or ``"global"``
-        (always the aligned global plan).
+        ``"auto"`` (module docstring), ``"local"`` (recourse only) or
+        ``"global"`` (always the aligned global plan).
 
     Returns
     -------
@@ -414,35 +421,77 @@ def replan(
     new_inst = apply_events(instance, evs)
     a = instance.arrays
     failed_now = a.healthy & ~new_inst.arrays.healthy
-    local = adapt(new_inst, plan, failed_now)
+    reps = plan_indices(instance, plan)
+    local = _adapt(new_inst, plan, failed_now, reps)
     if local.metrics.get("reduced_power") or any(e.kind == "speed" for e in evs):
         local = reboost(new_inst, local)  # recourse reset boosts, or speeds changed
     local_ev = check(new_inst, local)
     bound = stage_bound(new_inst)
-    chosen, choice = local, "local"
-    global_value: float | None = None
-    global_moved: int | None = None
-    value = local_ev.goodput
-    near = value >= bound * (1 - tolerance)
-    if mode == "global" or (mode == "auto" and not near):
+    before = np.full(a.n_gpus, -1, dtype=np.int64)
+    for r, stages in enumerate(reps):
+        for k, idx in enumerate(stages):
+            before[idx] = r * 65536 + k
+    healthy = new_inst.arrays.healthy
+
+    def moved_by(p: Plan) -> int:
+        return int(((assignment(new_inst, p) != before) & healthy).sum())
+
+    options: dict[str, tuple[Plan, float, int]] = {
+        "local": (local, local_ev.goodput, moved_by(local))
+    }
+    evals = {"local": local_ev}
+
+    def settled() -> bool:
+        best = max(v for _, v, _ in options.values())
+        return mode == "auto" and best >= bound * (1 - tolerance)
+
+    if mode != "local" and not settled():
+        touched = {
+            int(a.gpu_domain[i]) for e in evs for node in e.nodes for i in _gpus_of(instance, node)
+        }
+        focus = {
+            r
+            for r, rep in enumerate(local.replicas)
+            if any(a.domain_index[st.domain] in touched for st in rep.stages)
+        }
+        better = improve(new_inst, local, focus)
+        if better is not None:
+            better = reboost(new_inst, better)
+            ev = evaluate(new_inst, better)
+            if ev.feasible:
+                evals["swap"] = ev
+                options["swap"] = (
+                    better.with_metrics(**ev.as_metrics()),
+                    ev.goodput,
+                    moved_by(better),
+                )
+    if mode == "global" or (mode == "auto" and not settled()):
         from .fast import plan_fast
 
         fresh, _ = plan_fast(new_inst)
         fresh = align(new_inst, plan, fresh)
         fresh_ev = check(new_inst, fresh)
-        global_value = fresh_ev.goodput
-        global_moved = migration(new_inst, plan, fresh)
-        if mode == "global" or global_value > value * (1 + tolerance):
-            chosen, choice, value = (
-                fresh.with_metrics(**fresh_ev.as_metrics()),
-                "global",
-                global_value,
-            )
+        evals["global"] = fresh_ev
+        options["global"] = (
+            fresh.with_metrics(**fresh_ev.as_metrics()),
+            fresh_ev.goodput,
+            moved_by(fresh),
+        )
+    if mode == "global":
+        choice = "global"
+    else:  # fewest moves among the plans within tolerance of the best
+        top = max(v for _, v, _ in options.values())
+        choice = min(
+            (name for name, (_, v, _) in options.items() if v >= top * (1 - tolerance)),
+            key=lambda name: (options[name][2], -options[name][1]),
+        )
+    chosen, value, moved = options[choice]
     if value > bound * (1 + 1e-9):  # a bug, never hidden
         raise RuntimeError(f"re-planned goodput {value} above the bound {bound}")
-    moved = migration(new_inst, plan, chosen) if choice == "local" else int(global_moved or 0)
     chosen = chosen.with_metrics(policy=f"replan-{choice}", moved=moved, bound=bound)
-    ev = check(new_inst, chosen) if choice == "global" else local_ev
+    ev = evals[choice]  # the chosen plan was checked above; only its metrics changed
+    global_value = options["global"][1] if "global" in options else None
+    global_moved = options["global"][2] if "global" in options else None
     return Replanned(
         instance=new_inst,
         plan=chosen,
@@ -455,4 +504,5 @@ def replan(
         global_goodput=global_value,
         global_moved=global_moved,
         runtime_s=time.perf_counter() - start,
+        details={name: {"goodput": v, "moved": m} for name, (_, v, m) in options.items()},
     )

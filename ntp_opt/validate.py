@@ -139,6 +139,38 @@ def _fmt(x: float) -> str:
     return f"{x:.6g}"
 
 
+def _clean_stages(
+    instance: Instance, plan: Plan
+) -> tuple[np.ndarray, list[float], np.ndarray, np.ndarray] | None:
+    """Vectorised look at every stage's GPUs at once.
+
+    Returns the slowest speed of every stage (plan order), an empty list for
+    their power multipliers, the GPU indices and the stage sizes, when every
+    GPU of the plan is known, healthy, in its stage's domain, used once and no
+    stage is empty or names an unknown domain; ``None`` otherwise (then the
+    per-GPU checks find and name each problem).
+    """
+    a = instance.arrays
+    stages = [st for rep in plan.replicas for st in rep.stages]
+    if not stages:
+        return None
+    lengths = np.fromiter((len(st.gpus) for st in stages), np.int64, len(stages))
+    dom = np.fromiter((a.domain_index.get(st.domain, -1) for st in stages), np.int64, len(stages))
+    if lengths.min() == 0 or dom.min() < 0:
+        return None
+    total = int(lengths.sum())
+    get = a.gpu_index.get
+    idx = np.fromiter((get(g, -1) for st in stages for g in st.gpus), np.int64, total)
+    if idx.min() < 0 or not a.healthy[idx].all():
+        return None
+    if not (a.gpu_domain[idx] == np.repeat(dom, lengths)).all():
+        return None
+    if np.bincount(idx, minlength=a.n_gpus).max() > 1:
+        return None
+    starts = np.concatenate(([0], np.cumsum(lengths)[:-1]))
+    return np.minimum.reduceat(a.speed[idx], starts), [], idx, lengths
+
+
 def _check(instance: Instance, plan: Plan) -> tuple[list[Violation], list[float], np.ndarray]:
     """Check every rule; return violations, replica speeds and per-GPU use."""
     job = instance.job
@@ -161,6 +193,8 @@ def _check(instance: Instance, plan: Plan) -> tuple[list[Violation], list[float]
     # power multiplier of every used GPU (0 = unused); first use wins
     power_of = np.zeros(a.n_gpus, dtype=float)
     owner = np.full(a.n_gpus, -1, dtype=np.int64)  # replica * 65536 + stage of first use
+    clean = _clean_stages(instance, plan)  # per-stage slowest speeds when every GPU is fine
+    stage_no = 0
     speeds: list[float] = []
     for r, rep in enumerate(plan.replicas):
         where = f"replica {r}"
@@ -226,21 +260,11 @@ def _check(instance: Instance, plan: Plan) -> tuple[list[Violation], list[float]
                         stage=k,
                     )
                 )
-            # fast path: every GPU known, healthy, in the domain and unused
-            idx = np.fromiter((a.gpu_index.get(g, -1) for g in st.gpus), np.int64, len(st.gpus))
-            if (
-                len(idx)
-                and d is not None
-                and idx.min() >= 0
-                and a.healthy[idx].all()
-                and (a.gpu_domain[idx] == d).all()
-                and (power_of[idx] == 0).all()
-                and len(np.unique(idx)) == len(idx)
-            ):
-                power_of[idx] = pw
-                owner[idx] = r * 65536 + k
-                stage_speeds.append(float(a.speed[idx].min()))
+            stage_no += 1
+            if clean is not None:  # every GPU known, healthy, in its domain, used once
+                stage_speeds.append(float(clean[0][stage_no - 1]))
                 stage_powers.append(pw)
+                clean[1].append(pw)
                 continue
             slowest = math.inf
             for g in st.gpus:
@@ -295,6 +319,9 @@ def _check(instance: Instance, plan: Plan) -> tuple[list[Violation], list[float]
             stage_speeds.append(slowest if math.isfinite(slowest) else 0.0)
             stage_powers.append(pw)
         speeds.append(gp.replica_speed(job, rep.tp, stage_speeds, stage_powers))
+    if clean is not None:
+        _, pws, idx, lengths = clean
+        power_of[idx] = np.repeat(np.asarray(pws, dtype=float), lengths)
     total = sum(int(rep.local_batch) for rep in plan.replicas)
     if plan.replicas:
         if job.batch_policy == "fixed" and total != job.global_batch:

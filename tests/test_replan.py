@@ -218,3 +218,51 @@ def test_cli_replan_bad_events(tmp_path, capsys, event, message):
         main(["replan", str(tmp_path / "i.json"), str(tmp_path / "p.json"), "--event", event]) == 2
     )
     assert message in capsys.readouterr().err
+
+
+def four_domains() -> tuple[Instance, Plan]:
+    # 4 domains of 4 GPUs, PP2, DP2: replica A on (d0, d1), B on (d2, d3)
+    g = topology.build_cluster(4, 4, 2, 2)
+    job = Job(tp=4, tp_min=3, pp=2, dp=2, global_batch=8, max_boost=0.0, batch_policy="elastic")
+    inst = Instance("four", g, job)
+
+    def stage(d: str) -> Stage:
+        return Stage(d, tuple(f"{d}.t{t}.g{k}" for t in range(2) for k in range(2)), 1.0)
+
+    plan = Plan(
+        inst.name,
+        (Replica(4, 4, (stage("d0"), stage("d1"))), Replica(4, 4, (stage("d2"), stage("d3")))),
+    )
+    return inst, plan
+
+
+def test_a_swap_packs_two_damaged_domains_into_one_replica():
+    # d0 and d2 each lose a GPU: recourse runs both replicas at TP3
+    # (goodput (3 + 3) / (4 * 1.01) = 1.485). Swapping d0 with d3 (or d2
+    # with d1) leaves one full replica: b = (4, 3), theta = 4 * 1.01,
+    # goodput 7 / 4.04 = 1.733, moving 4 + 3 GPUs.
+    inst, plan = four_domains()
+    out = replan(inst, plan, [ClusterEvent("fail", ("d0.t0.g0", "d2.t0.g0"))])
+    assert out.details["local"]["goodput"] == pytest.approx(6 / 4.04, rel=1e-12)
+    assert out.choice == "swap"
+    assert out.goodput == pytest.approx(7 / 4.04, rel=1e-12)
+    assert out.moved == 7
+    groups = sorted(sorted(st.domain for st in r.stages) for r in out.plan.replicas)
+    assert groups in ([["d0", "d2"], ["d1", "d3"]],)
+    check(out.instance, out.plan)
+    # with a loose tolerance only what recourse needs moves: at TP3, d1 and d3
+    # each leave one GPU unused
+    loose = replan(inst, plan, [ClusterEvent("fail", ("d0.t0.g0", "d2.t0.g0"))], tolerance=0.5)
+    assert loose.choice == "local" and loose.moved == 2
+
+
+def test_a_repaired_replica_returns_to_full_degree():
+    inst, plan = four_domains()
+    first = replan(inst, plan, [ClusterEvent("fail", ("d0.t0.g0",))], tolerance=0.5)
+    assert {r.tp for r in first.plan.replicas} == {3, 4}
+    back = replan(first.instance, first.plan, [ClusterEvent("repair", ("d0.t0.g0",))])
+    assert {r.tp for r in back.plan.replicas} == {4}
+    assert back.goodput == pytest.approx(2.0, rel=1e-12)
+    # two GPUs rejoin replica A: the repaired one (d0) and the one d1 left
+    # unused at TP3
+    assert back.choice == "swap" and back.moved == 2
