@@ -45,7 +45,11 @@ class Slot:
 
     def speed(self, speed: np.ndarray, t: int) -> float:
         """Speed of the slowest of the ``t`` GPUs a stage of degree ``t`` uses."""
-        return float(speed[self.gpus[:t]].min())
+        cache = self.__dict__.get("_prefix_min")  # (speed array, prefix minima)
+        if cache is None or cache[0] is not speed:
+            cache = (speed, np.minimum.accumulate(speed[self.gpus]))
+            self.__dict__["_prefix_min"] = cache  # a cache, not state: frozen is kept
+        return float(cache[1][t - 1])
 
 
 def domain_slots(instance: Instance, reduced: bool) -> list[Slot]:

@@ -136,13 +136,19 @@ def boost_floor(instance: Instance, groups: list[tuple[int, list[Slot]]]) -> lis
         [np.repeat([job.tp_factor(t) * s.speed(a.speed, t) for s in m], t) for t, m in groups]
     )
     flat = np.concatenate(gpus)
-    tdp, rack = a.tdp[flat], a.gpu_rack[flat]
-
-    def powers(tau: float) -> np.ndarray:
-        return np.clip((tau / base) ** (1.0 / alpha), 1.0, hi)
+    # aggregate per (stage, rack): one power multiplier per stage
+    sizes = np.concatenate([np.full(len(m), t) for t, m in groups])
+    stage = np.repeat(np.arange(len(sizes)), sizes)
+    n_racks = len(a.rack_ids)
+    key, inverse = np.unique(stage * n_racks + a.gpu_rack[flat], return_inverse=True)
+    tdp = np.bincount(inverse, weights=a.tdp[flat], minlength=len(key))  # watts per group
+    rack = key % n_racks
+    u_base = base[np.searchsorted(stage, key // n_racks)]  # the group's stage's base
+    def powers(tau: float, b: np.ndarray) -> np.ndarray:
+        return np.clip((tau / b) ** (1.0 / alpha), 1.0, hi)
 
     def fits(tau: float) -> bool:
-        extra = tdp * (powers(tau) - 1.0)
+        extra = tdp * (powers(tau, u_base) - 1.0)  # tdp here: total watts of the group
         per_rack = np.bincount(rack, weights=extra, minlength=len(a.rack_ids))
         return bool(
             np.all(per_rack <= rack_room * (1 - 1e-9)) and extra.sum() <= site_room * (1 - 1e-9)
@@ -158,7 +164,7 @@ def boost_floor(instance: Instance, groups: list[tuple[int, list[Slot]]]) -> lis
             lo = mid
         else:
             top = mid
-    pw = powers(lo)
+    pw = powers(lo, base)
     out, k = [], 0
     for t, m in groups:
         out.append([float(pw[k + i * t]) for i in range(len(m))])
@@ -243,13 +249,17 @@ def candidates(instance: Instance) -> list[Candidate]:
     return out
 
 
-def plan_fast(instance: Instance) -> tuple[Plan, float]:
+def plan_fast(instance: Instance, *, validate: bool = True) -> tuple[Plan, float]:
     """The best candidate plan, validated, and an upper bound on goodput.
 
     Parameters
     ----------
     instance
         The instance.
+    validate
+        Check the plan and attach the validator's metrics (default). Only
+        :func:`ntp_opt.solve.solve`, which checks every plan itself, turns it
+        off.
 
     Returns
     -------
@@ -262,4 +272,4 @@ def plan_fast(instance: Instance) -> tuple[Plan, float]:
         plan = _to_plan(instance, found[0])
     else:
         plan = Plan(instance.name, (), {"policy": "fast", "paused": True})
-    return certified(instance, plan), capacity_bound(instance)
+    return (certified(instance, plan) if validate else plan), capacity_bound(instance)

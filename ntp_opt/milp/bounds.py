@@ -57,14 +57,17 @@ def gpu_bound(instance: Instance) -> float:
     """
     job = instance.job
     a = instance.arrays
-    s = a.speed[a.healthy]
-    w = a.tdp[a.healthy]
-    if len(s) == 0:
+    if not a.healthy.any():
         return 0.0
+    # GPUs with the same speed and TDP are interchangeable: aggregate them
+    s_vals, s_idx = np.unique(a.speed[a.healthy], return_inverse=True)
+    w_vals, w_idx = np.unique(a.tdp[a.healthy], return_inverse=True)
+    keys, n = np.unique(s_idx * len(w_vals) + w_idx, return_counts=True)
+    s, w, n = s_vals[keys // len(w_vals)], w_vals[keys % len(w_vals)], n.astype(float)
     alpha = job.power_exponent
     hi = 1.0 + job.max_boost
     idle = job.idle_power_fraction
-    room = a.site_budget - float((w * idle).sum())
+    room = a.site_budget - float((w * n * idle).sum())
     phi = max(job.tp_factor(t) / t for t in job.allowed)
     v_max = max(job.tp_factor(t) for t in job.allowed) * float(s.max()) * hi**alpha
     replicas_cap = job.replicas_max * v_max / job.seq_time_s
@@ -81,7 +84,8 @@ def gpu_bound(instance: Instance) -> float:
         pi = best_pi(lam)
         gain = s * pi**alpha - lam * w * (pi - idle)
         on = gain > 0
-        return lam * room + float(gain[on].sum()), room - float((w * (pi - idle))[on].sum())
+        used = float((n * w * (pi - idle))[on].sum())
+        return lam * room + float((n * gain)[on].sum()), room - used
 
     # D is convex in lambda; its slope is `room - used watts`, increasing in lambda
     value, slope = dual(0.0)
@@ -91,7 +95,7 @@ def gpu_bound(instance: Instance) -> float:
         lo, hi_lam = 0.0, 1.0
         while dual(hi_lam)[1] < 0:
             hi_lam *= 2
-        for _ in range(200):
+        for _ in range(100):
             mid = 0.5 * (lo + hi_lam)
             if dual(mid)[1] < 0:
                 lo = mid
