@@ -144,6 +144,7 @@ def boost_floor(instance: Instance, groups: list[tuple[int, list[Slot]]]) -> lis
     tdp = np.bincount(inverse, weights=a.tdp[flat], minlength=len(key))  # watts per group
     rack = key % n_racks
     u_base = base[np.searchsorted(stage, key // n_racks)]  # the group's stage's base
+
     def powers(tau: float, b: np.ndarray) -> np.ndarray:
         return np.clip((tau / b) ** (1.0 / alpha), 1.0, hi)
 
