@@ -25,12 +25,13 @@ from __future__ import annotations
 import logging
 import math
 import threading
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
+from fastapi.openapi.utils import get_openapi
 from fastapi.responses import JSONResponse
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, WithJsonSchema
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
@@ -53,6 +54,28 @@ DEFAULT_MAX_CONCURRENT = 2
 
 Planner = Literal[PLANNERS]  # type: ignore[valid-type]
 
+# Instances and plans are taken as plain JSON objects and validated once, by
+# ntp_opt.files (as files are), which names the field of every problem; the
+# OpenAPI description still shows their full schemas (see _openapi below).
+InstanceJSON = Annotated[
+    dict[str, Any],
+    WithJsonSchema(
+        {
+            "allOf": [{"$ref": "#/components/schemas/InstanceFile"}],
+            "description": "an ntp-opt/instance@1 document",
+        }
+    ),
+]
+PlanJSON = Annotated[
+    dict[str, Any],
+    WithJsonSchema(
+        {
+            "allOf": [{"$ref": "#/components/schemas/PlanFile"}],
+            "description": "an ntp-opt/plan@1 document",
+        }
+    ),
+]
+
 
 # --- request and response bodies -------------------------------------------
 
@@ -64,7 +87,7 @@ class _Body(BaseModel):
 class SolveRequest(_Body):
     """``POST /solve``."""
 
-    instance: InstanceFile
+    instance: InstanceJSON
     solver: Planner = Field(default="optimal", description="planner name")
     time_limit: float | None = Field(
         default=None,
@@ -78,15 +101,15 @@ class SolveRequest(_Body):
 class PlanRequest(_Body):
     """``POST /validate`` and ``POST /evaluate``."""
 
-    instance: InstanceFile
-    plan: PlanFile
+    instance: InstanceJSON
+    plan: PlanJSON
 
 
 class ExportRequest(_Body):
     """``POST /export/megatron-ntp``."""
 
-    instance: InstanceFile
-    plan: PlanFile
+    instance: InstanceJSON
+    plan: PlanJSON
     reorder: bool = Field(default=False, description="move reduced replicas first")
     uniform_batch: bool = Field(default=False, description="require one local batch")
 
@@ -182,22 +205,22 @@ def _loc(loc: tuple[Any, ...]) -> str:
     return "".join(parts)
 
 
-def _instance(model: InstanceFile) -> Instance:
-    data = model.model_dump(mode="json", exclude_unset=True)
-    data["format"] = model.format
+def _prefixed(name: str, problems: list[tuple[str, str]]) -> list[tuple[str, str]]:
+    return [(f"{name}.{f}" if f else name, m) for f, m in problems]
+
+
+def _instance(data: dict[str, Any]) -> Instance:
     try:
         return instance_from_dict(data, "instance")
     except InputError as err:
-        raise _Reject(422, "invalid instance", err.problems) from None
+        raise _Reject(422, "invalid instance", _prefixed("instance", err.problems)) from None
 
 
-def _plan(model: PlanFile) -> Plan:
-    data = model.model_dump(mode="json", exclude_unset=True)
-    data["format"] = model.format
+def _plan(data: dict[str, Any]) -> Plan:
     try:
         return plan_from_dict(data, "plan")
     except InputError as err:
-        raise _Reject(422, "invalid plan", err.problems) from None
+        raise _Reject(422, "invalid plan", _prefixed("plan", err.problems)) from None
 
 
 def _violations(vs: tuple[Violation, ...] | list[Violation]) -> list[ViolationData]:
@@ -297,6 +320,24 @@ def create_app(
         },
     )
     app.add_middleware(BodyLimit, max_bytes=max_body_bytes)
+
+    def _openapi() -> dict[str, Any]:
+        if app.openapi_schema is None:
+            schema = get_openapi(
+                title=app.title,
+                version=app.version,
+                description=app.description,
+                routes=app.routes,
+            )
+            components = schema.setdefault("components", {}).setdefault("schemas", {})
+            for model in (InstanceFile, PlanFile):
+                sub = model.model_json_schema(ref_template="#/components/schemas/{model}")
+                components.update(sub.pop("$defs", {}))
+                components[model.__name__] = sub
+            app.openapi_schema = schema
+        return app.openapi_schema
+
+    app.openapi = _openapi  # type: ignore[method-assign]
     slots = threading.BoundedSemaphore(max_concurrent)
 
     @app.exception_handler(RequestValidationError)

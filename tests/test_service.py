@@ -219,7 +219,7 @@ def test_bad_values_are_422_naming_them(client: httpx.Client, tiny: dict[str, An
     inst["cluster"]["edges"] = [e for e in inst["cluster"]["edges"] if "g0" not in str(e)]
     r = client.post("/solve", json={"instance": inst})
     assert r.status_code == 422 and r.json()["error"] == "invalid instance"
-    assert all(f == "cluster" for f in _problems(r))
+    assert _problems(r) and all(f == "instance.cluster" for f in _problems(r))
 
 
 def test_bad_plan_is_422(client: httpx.Client, tiny: dict[str, Any]) -> None:
