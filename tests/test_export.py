@@ -428,3 +428,12 @@ def test_cli_export(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     cfg = json.loads((tmp_path / "out" / CONFIG_NAME).read_text())
     assert cfg["nonuniform_tp"]["tp_spares"] == 2 and cfg["world_size"] == 8
     assert math.isclose(cfg["metrics"]["goodput"], 1.0, rel_tol=1e-6)
+
+
+def test_optimal_megatron_tiny_time_limit() -> None:
+    # a limit too short for any search: the heuristic fallback, still expressible
+    inst = load_instance(ROOT / "instances" / "default.json")
+    res = solve(inst, "optimal-megatron", time_limit=0.01)
+    assert res.status == "feasible" and res.limit == "time_limit" and res.bound is None
+    assert res.plan is not None and evaluate(inst, res.plan).feasible
+    assert megatron_compatible(inst, res.plan) == []
