@@ -42,6 +42,8 @@ examples:
   ntp-opt validate my.json plan.json         exit 1 if the plan breaks a rule
   ntp-opt evaluate my.json plan.json --json  recomputed goodput
   ntp-opt schema instance                    the JSON Schema of instance files
+  ntp-opt export --to megatron-ntp plan.json --instance my.json -o launch/
+  ntp-opt serve --port 8000                  HTTP/JSON service on 127.0.0.1
 """
 
 
@@ -379,6 +381,41 @@ def _cmd_bench(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_export(args: argparse.Namespace) -> int:
+    from .export import export_megatron
+    from .megatron import MegatronError
+    from .validate import PlanError
+
+    instance = load_instance(args.instance)
+    plan = load_plan(args.plan)
+    try:
+        config, ranks = export_megatron(
+            instance, plan, args.output, reorder=args.reorder, uniform_batch=args.uniform_batch
+        )
+    except (PlanError, MegatronError) as err:
+        print(f"ntp-opt: error: {args.plan}: {err}", file=sys.stderr)
+        return 1
+    print(f"wrote {config} and {ranks}")
+    return 0
+
+
+def _cmd_serve(args: argparse.Namespace) -> int:
+    try:
+        from .service import serve
+    except ImportError as err:
+        raise ValueError(f"serve needs {err.name}: pip install 'ntp-opt[serve]'") from None
+    if args.host not in ("127.0.0.1", "localhost", "::1"):
+        print(f"ntp-opt: warning: listening on {args.host}, not loopback", file=sys.stderr)
+    serve(
+        args.host,
+        args.port,
+        max_body_bytes=int(args.max_body_mb * 1024**2),
+        max_time_limit=args.max_time_limit,
+        max_concurrent=args.max_concurrent,
+    )
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser of ``ntp-opt`` (exposed for docs and tests)."""
     parser = argparse.ArgumentParser(
@@ -508,6 +545,34 @@ def build_parser() -> argparse.ArgumentParser:
     )
     b.add_argument("--workers", type=int, default=1, help="parallel worker processes (default 1)")
     b.set_defaults(func=_cmd_bench)
+
+    x = sub.add_parser("export", help="write a plan's launch configuration for a runtime")
+    x.add_argument("plan", help="plan file")
+    x.add_argument("--to", choices=["megatron-ntp"], required=True, help="target runtime")
+    x.add_argument("--instance", required=True, help="the plan's instance file")
+    x.add_argument("-o", "--output", required=True, help="output directory")
+    x.add_argument("--reorder", action="store_true", help="move reduced replicas first")
+    x.add_argument(
+        "--uniform-batch", action="store_true", help="require one local batch for every replica"
+    )
+    x.set_defaults(func=_cmd_export)
+
+    sv = sub.add_parser("serve", help="HTTP/JSON service: solve, validate, evaluate, export")
+    sv.add_argument("--host", default="127.0.0.1", help="address (default 127.0.0.1, loopback)")
+    sv.add_argument("--port", type=int, default=8000, help="port (default 8000)")
+    sv.add_argument(
+        "--max-body-mb", type=float, default=64.0, help="largest request body, MiB (default 64)"
+    )
+    sv.add_argument(
+        "--max-time-limit",
+        type=float,
+        default=60.0,
+        help="cap on a solve's time limit, seconds (default 60)",
+    )
+    sv.add_argument(
+        "--max-concurrent", type=int, default=2, help="solves at once; more get 503 (default 2)"
+    )
+    sv.set_defaults(func=_cmd_serve)
     return parser
 
 

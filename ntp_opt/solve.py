@@ -114,7 +114,13 @@ EXACT: dict[str, tuple[str, bool]] = {
     "cpsat": ("cpsat", True),
     "highs": ("highs", True),
     "cbc": ("cbc", True),
+    "optimal-megatron": ("cpsat", True),
+    "optimal-megatron-nopower": ("cpsat", False),
 }
+
+#: Exact planners restricted to plans Megatron-LM's NTP runtime can run
+#: (one reduced degree, reduced replicas first): :func:`ntp_opt.megatron.solve_megatron`.
+MEGATRON_RUNTIME: frozenset[str] = frozenset({"optimal-megatron", "optimal-megatron-nopower"})
 
 #: Every planner name :func:`solve` accepts.
 PLANNERS: tuple[str, ...] = (*HEURISTICS, *BOUNDED, *EXACT)
@@ -154,6 +160,8 @@ def solve(
     solver
         ``"optimal"`` (exact, CP-SAT), ``"optimal-nopower"`` (exact, no power
         boost), ``"cpsat"``, ``"highs"``, ``"cbc"`` (exact with that backend),
+        ``"optimal-megatron"`` / ``"optimal-megatron-nopower"`` (exact, restricted to
+        plans Megatron-LM's NTP runtime can run: see :mod:`ntp_opt.megatron`),
         a heuristic: ``"dp-drop"``, ``"ntp"``, ``"ntp-pw"``, or ``"fast"``
         (the best of several sort-and-pack candidates, with a proven bound;
         for 32k-131k GPUs and re-planning).
@@ -213,8 +221,13 @@ def solve(
             from .milp.search import solve_exact
         except ImportError as err:  # pragma: no cover - depends on the environment
             raise ImportError(f"solver {solver!r} needs {err.name}") from err
+        search = solve_exact
+        if solver in MEGATRON_RUNTIME:
+            from .megatron import solve_megatron
+
+            search = solve_megatron
         target = instance if power else without_power(instance)
-        out = solve_exact(
+        out = search(
             target,
             backend,
             time_limit=time_limit,

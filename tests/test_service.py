@@ -1,0 +1,242 @@
+"""The HTTP/JSON service: a real ``ntp-opt serve`` process on loopback, a real client.
+
+The server runs as a subprocess of the command line (``python -m ntp_opt.cli
+serve``) on a free port of 127.0.0.1, with a 3 MiB body limit and a 5 s cap
+on time limits; httpx talks to it. Expected figures come from the package's
+validator run here, on the client side, or from the brute-force reference.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from ntp_opt.files import instance_from_dict, plan_from_dict
+from ntp_opt.validate import evaluate
+
+from .bruteforce import brute_force
+
+ROOT = Path(__file__).resolve().parent.parent
+MAX_BODY = 3 * 1024**2
+CAP = 5.0
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@pytest.fixture(scope="module")
+def client(tmp_path_factory: pytest.TempPathFactory) -> Iterator[httpx.Client]:
+    port = _free_port()
+    log = tmp_path_factory.mktemp("serve") / "server.log"
+    cmd = [sys.executable, "-m", "ntp_opt.cli", "serve", "--port", str(port)]
+    cmd += ["--max-body-mb", "3", "--max-time-limit", str(CAP)]
+    with log.open("w") as out:
+        proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT)
+    base = f"http://127.0.0.1:{port}"
+    try:
+        with httpx.Client(base_url=base, timeout=60.0) as c:
+            deadline = time.monotonic() + 30
+            while True:
+                try:
+                    if c.get("/health").status_code == 200:
+                        break
+                except httpx.TransportError:
+                    pass
+                if proc.poll() is not None or time.monotonic() > deadline:
+                    pytest.fail(f"server did not start:\n{log.read_text()}")
+                time.sleep(0.1)
+            yield c
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+    assert "Traceback" not in log.read_text()  # no request crashed the server
+
+
+def _load(name: str) -> dict[str, Any]:
+    data: dict[str, Any] = json.loads((ROOT / "instances" / name).read_text())
+    return data
+
+
+@pytest.fixture(scope="module")
+def tiny() -> dict[str, Any]:
+    return _load("tiny.json")
+
+
+@pytest.fixture(scope="module")
+def default() -> dict[str, Any]:
+    return _load("default.json")
+
+
+def _problems(r: httpx.Response) -> list[str]:
+    return [p["field"] for p in r.json()["problems"]]
+
+
+# --- the documented behaviour --------------------------------------------------------
+
+
+def test_health_and_openapi(client: httpx.Client) -> None:
+    h = client.get("/health").json()
+    assert h["status"] == "ok"
+    assert "optimal" in h["planners"] and "optimal-megatron" in h["planners"]
+    assert h["max_body_bytes"] == MAX_BODY and h["max_time_limit"] == CAP
+    spec = client.get("/openapi.json").json()
+    assert {"/health", "/solve", "/validate", "/evaluate", "/export/megatron-ntp"} <= set(
+        spec["paths"]
+    )
+    schemas = spec["components"]["schemas"]
+    assert "SolveRequest" in schemas and "InstanceFile" in schemas and "PlanFile" in schemas
+
+
+def test_solve_tiny_matches_brute_force(client: httpx.Client, tiny: dict[str, Any]) -> None:
+    r = client.post("/solve", json={"instance": tiny, "solver": "optimal", "time_limit": 5})
+    assert r.status_code == 200, r.text
+    body = r.json()
+    assert body["status"] == "optimal" and body["time_limit"] == 5.0
+    inst = instance_from_dict(tiny)
+    plan = plan_from_dict(body["plan"])
+    ev = evaluate(inst, plan)  # the client's own check of the returned plan
+    assert ev.feasible
+    best, _ = brute_force(inst)
+    assert ev.goodput == pytest.approx(best, rel=1e-5)
+    assert body["objective"] == pytest.approx(ev.goodput)
+    v = client.post("/validate", json={"instance": tiny, "plan": body["plan"]})
+    assert v.status_code == 200 and v.json() == {"feasible": True, "violations": []}
+
+
+def test_solve_default_caps_time_limit(client: httpx.Client, default: dict[str, Any]) -> None:
+    r = client.post("/solve", json={"instance": default, "solver": "optimal", "time_limit": 600})
+    assert r.status_code == 200, r.text
+    body = r.json()
+    assert body["time_limit"] == CAP  # capped by --max-time-limit
+    assert body["runtime_s"] < CAP + 20
+    inst = instance_from_dict(default)
+    ev = evaluate(inst, plan_from_dict(body["plan"]))
+    assert ev.feasible and body["relative_objective"] == pytest.approx(ev.relative_goodput)
+    assert body["bound"] is None or body["bound"] >= ev.goodput * (1 - 1e-9)
+
+
+def test_validate_and_evaluate_default(client: httpx.Client, default: dict[str, Any]) -> None:
+    r = client.post("/solve", json={"instance": default, "solver": "ntp-pw"})
+    assert r.status_code == 200
+    plan = r.json()["plan"]
+    inst = instance_from_dict(default)
+    ev = evaluate(inst, plan_from_dict(plan))
+    e = client.post("/evaluate", json={"instance": default, "plan": plan})
+    assert e.status_code == 200
+    got = e.json()
+    assert got["feasible"] and got["goodput"] == pytest.approx(ev.goodput)
+    assert got["gpus_used"] == ev.gpus_used and got["replicas"] == ev.n_replicas
+    # the same GPU twice: replica 1 stage 0 reuses replica 0 stage 0's first GPU
+    bad = copy.deepcopy(plan)
+    first = bad["replicas"][0]["stages"][0]["gpus"][0]
+    bad["replicas"][1]["stages"][0]["gpus"][0] = first
+    v = client.post("/validate", json={"instance": default, "plan": bad})
+    assert v.status_code == 200
+    body = v.json()
+    assert not body["feasible"]
+    assert any(x["rule"] == "gpu-reused" and x["node"] == first for x in body["violations"])
+
+
+def test_export(client: httpx.Client, tiny: dict[str, Any]) -> None:
+    r = client.post("/solve", json={"instance": tiny, "solver": "optimal-megatron"})
+    plan = r.json()["plan"]
+    x = client.post("/export/megatron-ntp", json={"instance": tiny, "plan": plan})
+    assert x.status_code == 200, x.text
+    body = x.json()
+    # tiny: TP4 job with one reduced replica at TP3 -> tp_spares 1; 2 replicas x 4 ranks
+    assert body["config"]["nonuniform_tp"]["tp_spares"] == 1
+    assert len(body["ranks"]) == 8 and body["config"]["world_size"] == 8
+    assert body["rank_file"].count("\n") == 9  # header + 8 ranks
+    # reduced replica last: not expressible without reordering
+    swapped = copy.deepcopy(plan)
+    swapped["replicas"].reverse()
+    x = client.post("/export/megatron-ntp", json={"instance": tiny, "plan": swapped})
+    assert x.status_code == 422
+    assert _problems(x) == ["megatron-order"]
+    x = client.post(
+        "/export/megatron-ntp", json={"instance": tiny, "plan": swapped, "reorder": True}
+    )
+    assert x.status_code == 200
+
+
+# --- bad input: 4xx naming the field, never a 500 --------------------------------------
+
+
+def test_malformed_json_is_400(client: httpx.Client) -> None:
+    r = client.post(
+        "/solve", content=b'{"instance": {', headers={"content-type": "application/json"}
+    )
+    assert r.status_code == 400
+    assert r.json()["error"] == "malformed JSON"
+    assert "malformed JSON at character" in r.json()["problems"][0]["message"]
+
+
+def test_unknown_fields_are_422_naming_them(client: httpx.Client, tiny: dict[str, Any]) -> None:
+    r = client.post("/solve", json={"instance": tiny, "colour": "blue"})
+    assert r.status_code == 422 and _problems(r) == ["colour"]
+    inst = copy.deepcopy(tiny)
+    inst["cluster"]["nodes"][0]["colour"] = "blue"
+    r = client.post("/solve", json={"instance": inst})
+    assert r.status_code == 422 and _problems(r) == ["instance.cluster.nodes[0].colour"]
+    assert "Extra inputs" in r.json()["problems"][0]["message"]
+
+
+def test_bad_values_are_422_naming_them(client: httpx.Client, tiny: dict[str, Any]) -> None:
+    cases: list[tuple[dict[str, Any], str]] = [
+        ({"instance": tiny, "time_limit": -1}, "time_limit"),
+        ({"instance": tiny, "time_limit": "soon"}, "time_limit"),
+        ({"instance": tiny, "solver": "magic"}, "solver"),
+        ({"solver": "ntp"}, "instance"),
+        ({"instance": {**tiny, "format": "ntp-opt/instance@9"}}, "instance.format"),
+        ({"instance": {**tiny, "job": {**tiny["job"], "tp": 0}}}, "instance.job.tp"),
+    ]
+    for body, field in cases:
+        r = client.post("/solve", json=body)
+        assert r.status_code == 422, (field, r.text)
+        assert field in _problems(r), (field, r.json())
+    # valid JSON that is not an object
+    r = client.post("/solve", json=[1, 2])
+    assert r.status_code == 422
+    # schema-valid, topologically wrong: a GPU with no tray
+    inst = copy.deepcopy(tiny)
+    inst["cluster"]["edges"] = [e for e in inst["cluster"]["edges"] if "g0" not in str(e)]
+    r = client.post("/solve", json={"instance": inst})
+    assert r.status_code == 422 and r.json()["error"] == "invalid instance"
+    assert _problems(r) and all(f == "instance.cluster" for f in _problems(r))
+
+
+def test_bad_plan_is_422(client: httpx.Client, tiny: dict[str, Any]) -> None:
+    plan = {"format": "ntp-opt/plan@1", "instance": "tiny", "replicas": [], "metrics": {}}
+    r = client.post("/validate", json={"instance": tiny, "plan": plan})
+    assert r.status_code == 422 and "plan.metrics.goodput" in _problems(r)
+
+
+def test_oversize_is_413(client: httpx.Client) -> None:
+    big = b" " * (MAX_BODY + 1)
+    r = client.post("/solve", content=big, headers={"content-type": "application/json"})
+    assert r.status_code == 413
+    assert "larger than" in r.json()["error"]
+
+    def chunks() -> Iterator[bytes]:  # no Content-Length: counted while reading
+        for _ in range(MAX_BODY // 65536 + 2):
+            yield b" " * 65536
+
+    r = client.post("/solve", content=chunks(), headers={"content-type": "application/json"})
+    assert r.status_code == 413
