@@ -35,7 +35,6 @@ from .plan import Plan, Replica, Stage
 from .validate import POWER_TOL
 
 
-
 def _mask(instance: Instance, failed_mask: np.ndarray | None) -> np.ndarray:
     n = instance.arrays.n_gpus
     if failed_mask is None:
