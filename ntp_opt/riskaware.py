@@ -41,7 +41,6 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Callable
 from dataclasses import dataclass
 
 import networkx as nx
@@ -256,6 +255,133 @@ def gpu_risk(instance: Instance, blast_radius: str = "gpu", scale: float = 1.0) 
     return np.where(a.healthy, -np.expm1(log_ok), 0.0)
 
 
+def _fastest_first(speed: np.ndarray, gpus: np.ndarray) -> np.ndarray:
+    """``gpus`` sorted fastest first, ties by index (the recourse's pool order)."""
+    return gpus[np.lexsort((gpus, -speed[gpus]))]
+
+
+class _FastScorer:
+    """The training objective of a state, replica by replica (``docs/risk.md``).
+
+    Exact, not an approximation, under two conditions it checks: every domain
+    lies in one rack with one TDP (then a refill never raises a rack's draw,
+    so the power rule of the recourse cannot fire on a feasible plan) and no
+    domain hosts stages of two replicas (then a replica's recourse depends
+    only on the failures inside its own domains). Replica outcomes (degree and
+    speed, or dropped) are cached across candidate plans by the replica and
+    its failures, and scenario goodputs by the tuple of replica outcomes, so
+    a move that changes two replicas re-adapts only those two.
+    """
+
+    def __init__(self, instance: Instance, scenarios: Scenarios) -> None:
+        a = instance.arrays
+        self.instance = instance
+        self.job = instance.job
+        self.weights = scenarios.weights
+        self.by_domain: list[dict[int, np.ndarray]] = []
+        for g in scenarios.gpus:
+            doms = a.gpu_domain[g]
+            self.by_domain.append({int(d): g[doms == d] for d in np.unique(doms)})
+        self.domain_ok = all(
+            len(np.unique(a.gpu_rack[m])) <= 1 and len(np.unique(a.tdp[m])) <= 1
+            for m in a.domain_gpus
+        )
+        self._dead = np.zeros(a.n_gpus, dtype=bool)
+        self.replica_memo: dict[tuple[object, ...], tuple[int, float] | None] = {}
+        self.value_memo: dict[tuple[tuple[int, float] | None, ...], float] = {}
+
+    def eligible(self, state: _State) -> bool:
+        """Whether :meth:`value` is exact for ``state``."""
+        if not self.domain_ok:
+            return False
+        owner: dict[int, int] = {}
+        for r, (_, st) in enumerate(state):
+            for d, _, _ in st:
+                if owner.setdefault(d, r) != r:
+                    return False
+        return True
+
+    def _replica(
+        self, t_r: int, stages: list[_Stage], failed: np.ndarray
+    ) -> tuple[int, float] | None:
+        """Recourse of one replica whose domains no other replica uses (recourse.py, step 2-3)."""
+        a, job = self.instance.arrays, self.job
+        speed = a.speed
+        powers = [p for _, _, p in stages]
+        dead = self._dead
+        dead[failed] = True
+        try:
+            survivors = [g[~dead[g]] for _, g, _ in stages]
+            if all(len(sv) == t_r for sv in survivors):
+                mins = [float(speed[sv].min()) for sv in survivors]
+                return t_r, gp.replica_speed(job, t_r, mins, powers)
+            for _, g, _ in stages:
+                dead[g] = True  # in use: not in a pool
+            pools: dict[int, np.ndarray] = {}
+            for d, _, _ in stages:
+                if d not in pools:
+                    m = a.domain_gpus[d]
+                    pools[d] = _fastest_first(speed, m[a.healthy[m] & ~dead[m]])
+        finally:
+            dead[failed] = False
+            for _, g, _ in stages:
+                dead[g] = False
+        t_new = None
+        for t in reversed(job.allowed):
+            if t > t_r:
+                continue
+            need: dict[int, int] = {}
+            for (d, _, _), s in zip(stages, survivors, strict=True):
+                need[d] = need.get(d, 0) + max(0, t - len(s))
+            if all(n <= len(pools[d]) for d, n in need.items()):
+                t_new = t
+                break
+        if t_new is None:
+            return None
+        mins = []
+        for (d, _, _), s in zip(stages, survivors, strict=True):
+            if len(s) == t_new:
+                mins.append(float(speed[s].min()))
+            elif len(s) > t_new:
+                order = np.argsort(-speed[s], kind="stable")
+                pools[d] = _fastest_first(speed, np.concatenate([pools[d], s[order[t_new:]]]))
+                mins.append(float(speed[s[order[:t_new]]].min()))
+            else:
+                take = t_new - len(s)
+                mins.append(float(speed[np.concatenate([s, pools[d][:take]])].min()))
+                pools[d] = pools[d][take:]
+        return t_new, gp.replica_speed(job, t_new, mins, powers)
+
+    def value(self, state: _State) -> float:
+        """Weighted goodput after recourse over the scenarios (``eligible(state)`` must hold)."""
+        job = self.job
+        reps = []
+        for t, st in state:
+            sig = (t, tuple((d, g.tobytes(), p) for d, g, p in st))
+            doms = sorted({d for d, _, _ in st})
+            reps.append((sig, doms, t, st))
+        total = 0.0
+        for hits, w in zip(self.by_domain, self.weights, strict=True):
+            outs: list[tuple[int, float] | None] = []
+            for sig, doms, t, st in reps:
+                parts = [hits[d] for d in doms if d in hits]
+                failed = np.concatenate(parts) if parts else np.empty(0, dtype=np.int64)
+                key = (sig, failed.tobytes())
+                if key not in self.replica_memo:
+                    self.replica_memo[key] = self._replica(t, st, failed)
+                outs.append(self.replica_memo[key])
+            okey = tuple(outs)
+            value = self.value_memo.get(okey)
+            if value is None:
+                live = [o for o in outs if o is not None]
+                tps, speeds = [o[0] for o in live], [o[1] for o in live]
+                split = gp.split_batch(job, speeds, tps) if live else None
+                value = gp.goodput(job, tps, list(split.batches), speeds) if split else 0.0
+                self.value_memo[okey] = value
+            total += w * value
+        return total
+
+
 class _Search:
     """Plans built from states, checked for power and nominal goodput, scored on scenarios."""
 
@@ -274,6 +400,7 @@ class _Search:
         self.risk = risk
         self.min_nominal = min_nominal
         self.deadline = deadline
+        self.fast = _FastScorer(instance, scenarios)
         self.evaluations = 0
         self.timed_out = False
 
@@ -321,8 +448,10 @@ class _Search:
             and per.sum() <= a.site_budget * (1 + POWER_TOL) + 1e-9
         )
 
-    def score(self, plan: Plan) -> float:
+    def score(self, plan: Plan, state: _State) -> float:
         self.evaluations += 1
+        if self.fast.eligible(state):
+            return self.fast.value(state)
         return objective(self.instance, plan, self.scenarios)
 
     def stage_risk(self, stage: _Stage) -> float:
@@ -353,7 +482,7 @@ def _copy(state: _State) -> _State:
     return [(t, list(st)) for t, st in state]
 
 
-def _regroup(s: _Search, state: _State) -> list[_State]:
+def _regroup(s: _Search, state: _State) -> _State:
     """Inside each degree, stages sorted by risk (riskiest first) and grouped ``pp`` at a time."""
     pp = s.job.pp
     by_tp: dict[int, list[_Stage]] = {}
@@ -366,7 +495,7 @@ def _regroup(s: _Search, state: _State) -> list[_State]:
             key=lambda x: (-s.stage_risk(x), -float(s.a.speed[x[1]].min()), x[0], int(x[1][0])),
         )
         out.extend((t, stages[i : i + pp]) for i in range(0, len(stages), pp))
-    return [out]
+    return out
 
 
 def _free(s: _Search, state: _State) -> np.ndarray:
@@ -377,16 +506,36 @@ def _free(s: _Search, state: _State) -> np.ndarray:
     return s.a.healthy & ~used
 
 
-def _moves_stage(s: _Search, state: _State) -> list[_State]:
-    """Move a stage to the least risky free GPUs of another domain (riskiest stages first)."""
+@dataclass(frozen=True)
+class _Move:
+    """What to change; :func:`_apply` turns it into a new state.
+
+    ``regroup``; ``stage`` (stage ``k`` of replica ``r`` moves to ``stage``);
+    ``gpu`` (GPU ``old`` of that stage swapped for the free GPU ``new``);
+    ``swap`` (stages ``(r, k)`` and ``(r2, k2)`` of different replicas exchanged).
+    """
+
+    kind: str
+    r: int = 0
+    k: int = 0
+    r2: int = 0
+    k2: int = 0
+    old: int = 0
+    new: int = 0
+    stage: _Stage | None = None
+
+
+def _moves(s: _Search, state: _State) -> list[_Move]:
+    """Every move of one pass, most promising first within each family."""
     a = s.a
     free = _free(s, state)
-    spots = []
-    for r, (_, st) in enumerate(state):
-        for k, stage in enumerate(st):
-            spots.append((-s.stage_risk(stage), r, k))
-    spots.sort()
-    out = []
+    moves: list[_Move] = [_Move("regroup")]
+    # 1. move a risky stage to the least risky free GPUs of another domain
+    spots = sorted(
+        (-s.stage_risk(stage), r, k)
+        for r, (_, st) in enumerate(state)
+        for k, stage in enumerate(st)
+    )
     for neg_risk, r, k in spots:
         if neg_risk == 0:
             break
@@ -396,31 +545,18 @@ def _moves_stage(s: _Search, state: _State) -> list[_State]:
         for d in range(a.n_domains):
             members = a.domain_gpus[d]
             pool = members[free[members]]
-            if d == d0:
-                continue
-            if len(pool) < t:
+            if d == d0 or len(pool) < t:
                 continue
             order = np.lexsort((pool, -a.speed[pool], s.risk[pool]))
-            pick = np.sort(pool[order[:t]])
-            new: _Stage = (d, pick, p0)
+            new: _Stage = (d, np.sort(pool[order[:t]]), p0)
             risk = s.stage_risk(new)
             if risk < -neg_risk:
                 cands.append((risk, d, new))
         cands.sort(key=lambda c: (c[0], c[1]))
-        for _, _, new in cands[:3]:
-            nxt = _copy(state)
-            nxt[r][1][k] = new
-            out.append(nxt)
-    return out
-
-
-def _moves_gpu(s: _Search, state: _State) -> list[_State]:
-    """Swap a used GPU with a free, less risky GPU of the same domain."""
-    a = s.a
-    free = _free(s, state)
-    out = []
+        moves.extend(_Move("stage", r, k, stage=new) for _, _, new in cands[:3])
+    # 2. swap a used GPU for a free, less risky one of the same domain
     for r, (_, st) in enumerate(state):
-        for k, (d, g, p) in enumerate(st):
+        for k, (d, g, _) in enumerate(st):
             members = a.domain_gpus[d]
             pool = members[free[members]]
             if len(pool) == 0:
@@ -431,57 +567,62 @@ def _moves_gpu(s: _Search, state: _State) -> list[_State]:
                 if len(better) == 0:
                     continue
                 order = np.lexsort((better, -a.speed[better], s.risk[better]))
-                new = int(better[order[0]])
-                gg = g.copy()
-                gg[j] = new
-                nxt = _copy(state)
-                nxt[r][1][k] = (d, np.sort(gg), p)
-                out.append(nxt)
-    return out
-
-
-def _moves_swap(s: _Search, state: _State) -> list[_State]:
-    """Swap two stages of different replicas with the same degree (one of them risky)."""
-    spots = [(r, k) for r, (_, st) in enumerate(state) for k in range(len(st))]
-    out = []
-    for i, (r1, k1) in enumerate(spots):
-        for r2, k2 in spots[i + 1 :]:
+                moves.append(_Move("gpu", r, k, old=old, new=int(better[order[0]])))
+    # 3. swap two stages of different replicas with the same degree (one of them risky)
+    spots2 = [(r, k) for r, (_, st) in enumerate(state) for k in range(len(st))]
+    for i, (r1, k1) in enumerate(spots2):
+        for r2, k2 in spots2[i + 1 :]:
             if r1 == r2 or state[r1][0] != state[r2][0]:
                 continue
-            st1, st2 = state[r1][1][k1], state[r2][1][k2]
-            if s.stage_risk(st1) == 0 and s.stage_risk(st2) == 0:
+            if s.stage_risk(state[r1][1][k1]) == 0 and s.stage_risk(state[r2][1][k2]) == 0:
                 continue
-            nxt = _copy(state)
-            nxt[r1][1][k1], nxt[r2][1][k2] = st2, st1
-            out.append(nxt)
-    return out
+            moves.append(_Move("swap", r1, k1, r2, k2))
+    return moves
+
+
+def _apply(s: _Search, state: _State, move: _Move) -> _State | None:
+    """``move`` applied to ``state``, or ``None`` when it no longer applies."""
+    if move.kind == "regroup":
+        return _regroup(s, state)
+    nxt = _copy(state)
+    r, k = move.r, move.k
+    if move.kind == "stage":
+        assert move.stage is not None
+        d, g, _ = move.stage
+        if state[r][1][k][0] == d or not _free(s, state)[g].all():
+            return None
+        nxt[r][1][k] = move.stage
+        return nxt
+    if move.kind == "gpu":
+        d, g, p = state[r][1][k]
+        if move.old not in g or not _free(s, state)[move.new]:
+            return None
+        nxt[r][1][k] = (d, np.sort(np.where(g == move.old, move.new, g)), p)
+        return nxt
+    nxt[r][1][k], nxt[move.r2][1][move.k2] = state[move.r2][1][move.k2], state[r][1][k]
+    return nxt
 
 
 def _local_search(s: _Search, state: _State, plan: Plan, value: float) -> tuple[Plan, float]:
-    """First-improvement descent over the move families until none improves or time runs out."""
-    families: list[Callable[[_Search, _State], list[_State]]] = [
-        _regroup,
-        _moves_stage,
-        _moves_gpu,
-        _moves_swap,
-    ]
+    """Passes over the moves of the pass's starting state, each applied to the current
+    state and kept when it strictly improves the objective, until a pass improves nothing
+    or time runs out."""
     improved = True
     while improved and not s.expired():
         improved = False
-        for family in families:
-            for cand in family(s, state):
-                if s.expired():
-                    return plan, value
-                p = s.plan(cand)
-                if p is None:
-                    continue
-                v = s.score(p)
-                if v > value + _IMPROVE_TOL * max(1.0, abs(value)):
-                    state, plan, value = cand, p, v
-                    improved = True
-                    break
-            if improved:
-                break
+        for move in _moves(s, state):
+            if s.expired():
+                return plan, value
+            cand = _apply(s, state, move)
+            if cand is None:
+                continue
+            p = s.plan(cand)
+            if p is None:
+                continue
+            v = s.score(p, cand)
+            if v > value + _IMPROVE_TOL * max(1.0, abs(value)):
+                state, plan, value = cand, p, v
+                improved = True
     return plan, value
 
 
@@ -609,7 +750,7 @@ def plan_risk_aware(
     plan0 = s.plan(state)
     if plan0 is None or evaluate(instance, plan0).goodput < nominal.goodput:
         plan0 = blind  # keep the given batches when the re-split cannot match them
-    value0 = s.score(plan0)
+    value0 = s.score(plan0, _state_of(instance, plan0))
     plan, value = _local_search(s, state, plan0, value0)
     metrics: dict[str, object] = {
         "policy": "risk-aware",

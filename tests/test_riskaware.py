@@ -208,3 +208,44 @@ def test_unknown_instance_name():
     with pytest.raises(ValueError, match="name must be one of"):
         risk_instance("nope")
     assert len(RISK_INSTANCES) == 5
+
+
+@pytest.mark.parametrize("name", ["pack", "mixed", "mixed-fixed"])
+def test_fast_scorer_equals_recourse(name):
+    # The search scores candidates replica by replica; it must agree with the
+    # reference recourse (ntp_opt.recourse.adapt) scenario for scenario.
+    from ntp_opt.riskaware import _FastScorer, _state_of, objective
+
+    inst = risk_instance(name)
+    res = solve(inst, "ntp", time_limit=5)
+    scen = training_scenarios(inst, samples=150, seed=2)
+    fast = _FastScorer(inst, scen)
+    for plan in (res.plan, plan_risk_aware(inst, time_limit=20, fresh_samples=0).plan):
+        state = _state_of(inst, plan)
+        assert fast.eligible(state)
+        assert fast.value(state) == pytest.approx(objective(inst, plan, scen), rel=1e-12)
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_fast_scorer_on_random_instances(seed):
+    from ntp_opt.riskaware import _FastScorer, _state_of, objective
+
+    inst = _random_risky(seed)
+    for name in ("ntp", "dp-drop"):
+        plan = solve(inst, name).plan
+        if plan is None:
+            continue
+        scen = training_scenarios(inst, exact_units=20)
+        fast = _FastScorer(inst, scen)
+        state = _state_of(inst, plan)
+        if fast.eligible(state):
+            assert fast.value(state) == pytest.approx(objective(inst, plan, scen), rel=1e-12)
+
+
+def test_fast_scorer_declines_domains_across_racks():
+    g = topology.nvl36x2(2)
+    inst = Instance("x", g, risk_instance("mixed").job)
+    from ntp_opt.riskaware import _FastScorer
+
+    fast = _FastScorer(inst, training_scenarios(inst, samples=5))
+    assert not fast.domain_ok
