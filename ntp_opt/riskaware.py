@@ -525,12 +525,26 @@ class _Move:
     stage: _Stage | None = None
 
 
-def _moves(s: _Search, state: _State) -> list[_Move]:
-    """Every move of one pass, most promising first within each family."""
+#: Move families in the order the search tries them.
+FAMILIES: tuple[str, ...] = ("regroup", "stage", "gpu", "swap")
+
+
+def _moves(s: _Search, state: _State, family: str) -> list[_Move]:
+    """The moves of one family from ``state``, most promising first."""
+    if family == "regroup":
+        return [_Move("regroup")]
+    if family == "stage":
+        return _moves_stage(s, state)
+    if family == "gpu":
+        return _moves_gpu(s, state)
+    return _moves_swap(s, state)
+
+
+def _moves_stage(s: _Search, state: _State) -> list[_Move]:
+    """Move a risky stage to the least risky free GPUs of another domain."""
     a = s.a
     free = _free(s, state)
-    moves: list[_Move] = [_Move("regroup")]
-    # 1. move a risky stage to the least risky free GPUs of another domain
+    moves: list[_Move] = []
     spots = sorted(
         (-s.stage_risk(stage), r, k)
         for r, (_, st) in enumerate(state)
@@ -554,7 +568,14 @@ def _moves(s: _Search, state: _State) -> list[_Move]:
                 cands.append((risk, d, new))
         cands.sort(key=lambda c: (c[0], c[1]))
         moves.extend(_Move("stage", r, k, stage=new) for _, _, new in cands[:3])
-    # 2. swap a used GPU for a free, less risky one of the same domain
+    return moves
+
+
+def _moves_gpu(s: _Search, state: _State) -> list[_Move]:
+    """Swap a used GPU for a free, less risky one of the same domain."""
+    a = s.a
+    free = _free(s, state)
+    moves: list[_Move] = []
     for r, (_, st) in enumerate(state):
         for k, (d, g, _) in enumerate(st):
             members = a.domain_gpus[d]
@@ -568,7 +589,12 @@ def _moves(s: _Search, state: _State) -> list[_Move]:
                     continue
                 order = np.lexsort((better, -a.speed[better], s.risk[better]))
                 moves.append(_Move("gpu", r, k, old=old, new=int(better[order[0]])))
-    # 3. swap two stages of different replicas with the same degree (one of them risky)
+    return moves
+
+
+def _moves_swap(s: _Search, state: _State) -> list[_Move]:
+    """Swap two stages of different replicas with the same degree (one of them risky)."""
+    moves: list[_Move] = []
     spots2 = [(r, k) for r, (_, st) in enumerate(state) for k in range(len(st))]
     for i, (r1, k1) in enumerate(spots2):
         for r2, k2 in spots2[i + 1 :]:
@@ -603,14 +629,27 @@ def _apply(s: _Search, state: _State, move: _Move) -> _State | None:
     return nxt
 
 
+def _used_risk(s: _Search, state: _State) -> float:
+    """Sum of the failure probabilities of the GPUs in use (the tie-breaker)."""
+    return float(sum(s.risk[g].sum() for _, st in state for _, g, _ in st))
+
+
 def _local_search(s: _Search, state: _State, plan: Plan, value: float) -> tuple[Plan, float]:
-    """Passes over the moves of the pass's starting state, each applied to the current
-    state and kept when it strictly improves the objective, until a pass improves nothing
-    or time runs out."""
-    improved = True
-    while improved and not s.expired():
+    """Passes over one move family at a time, each move applied to the current state.
+
+    A move is kept when it strictly improves the objective, or does not lower
+    it at all and lowers the summed failure probability
+    of the GPUs in use: on a sample, risk that no sampled scenario exercised
+    is still risk. Lexicographic improvement cannot cycle. A pass of a family
+    generates its moves from the state it starts in; a pass that keeps a move
+    restarts from the first family (the cheap ones); the search ends when no
+    family keeps a move, or at the deadline.
+    """
+    used_risk = _used_risk(s, state)
+    family = 0
+    while family < len(FAMILIES) and not s.expired():
         improved = False
-        for move in _moves(s, state):
+        for move in _moves(s, state, FAMILIES[family]):
             if s.expired():
                 return plan, value
             cand = _apply(s, state, move)
@@ -621,8 +660,15 @@ def _local_search(s: _Search, state: _State, plan: Plan, value: float) -> tuple[
                 continue
             v = s.score(p, cand)
             if v > value + _IMPROVE_TOL * max(1.0, abs(value)):
+                keep = True
+            else:  # a tie never lowers the objective, not even by rounding
+                keep = v >= value and _used_risk(s, cand) < used_risk - 1e-12
+            if keep:
                 state, plan, value = cand, p, v
+                used_risk = _used_risk(s, state)
                 improved = True
+        # a family that kept a move sends the search back to the first family
+        family = 0 if improved and family > 0 else family + 1
     return plan, value
 
 
