@@ -18,8 +18,9 @@ which domains and GPUs are spares (recourse never brings a spare *domain*
 into the job, and a failed spare GPU costs nothing), and which domains share a
 replica (a replica is as slow as its slowest stage, and drops out as a
 whole, so risky domains packed into one replica hit fewer replicas). The
-search therefore uses three kinds of moves, each scored by the training
-objective and accepted only when it strictly improves it:
+search therefore uses four kinds of moves, each scored by the training
+objective and kept when it strictly improves it (or ties it and lowers the
+summed failure probability of the GPUs in use):
 
 1. *regroup*: inside each TP degree, sort the stages by risk and group them
    ``pp`` at a time (risky stages together);
