@@ -483,18 +483,28 @@ def _copy(state: _State) -> _State:
     return [(t, list(st)) for t, st in state]
 
 
-def _regroup(s: _Search, state: _State) -> _State:
-    """Inside each degree, stages sorted by risk (riskiest first) and grouped ``pp`` at a time."""
+def _regroup(s: _Search, state: _State, speed_first: bool) -> _State:
+    """Inside each degree, stages sorted and grouped ``pp`` at a time.
+
+    Sorted by risk (riskiest first), or with ``speed_first`` by effective speed
+    ``pi^alpha * slowest GPU`` (fastest first) and then risk, which keeps the
+    nominal speeds of a plan whose stages differ in speed or power.
+    """
     pp = s.job.pp
+    alpha = s.job.power_exponent
     by_tp: dict[int, list[_Stage]] = {}
     for t, st in state:
         by_tp.setdefault(t, []).extend(st)
+
+    def key(x: _Stage) -> tuple[float, ...]:
+        eff = float(x[2]) ** alpha * float(s.a.speed[x[1]].min())
+        risk = s.stage_risk(x)
+        head = (-eff, -risk) if speed_first else (-risk, -eff)
+        return (*head, x[0], int(x[1][0]))
+
     out: _State = []
     for t in sorted(by_tp, reverse=True):
-        stages = sorted(
-            by_tp[t],
-            key=lambda x: (-s.stage_risk(x), -float(s.a.speed[x[1]].min()), x[0], int(x[1][0])),
-        )
+        stages = sorted(by_tp[t], key=key)
         out.extend((t, stages[i : i + pp]) for i in range(0, len(stages), pp))
     return out
 
@@ -511,7 +521,8 @@ def _free(s: _Search, state: _State) -> np.ndarray:
 class _Move:
     """What to change; :func:`_apply` turns it into a new state.
 
-    ``regroup``; ``stage`` (stage ``k`` of replica ``r`` moves to ``stage``);
+    ``regroup`` (by risk; with ``r=1`` by speed, then risk); ``stage`` (stage
+    ``k`` of replica ``r`` moves to ``stage``);
     ``gpu`` (GPU ``old`` of that stage swapped for the free GPU ``new``);
     ``swap`` (stages ``(r, k)`` and ``(r2, k2)`` of different replicas exchanged).
     """
@@ -533,7 +544,7 @@ FAMILIES: tuple[str, ...] = ("regroup", "stage", "gpu", "swap")
 def _moves(s: _Search, state: _State, family: str) -> list[_Move]:
     """The moves of one family from ``state``, most promising first."""
     if family == "regroup":
-        return [_Move("regroup")]
+        return [_Move("regroup"), _Move("regroup", r=1)]
     if family == "stage":
         return _moves_stage(s, state)
     if family == "gpu":
@@ -610,7 +621,7 @@ def _moves_swap(s: _Search, state: _State) -> list[_Move]:
 def _apply(s: _Search, state: _State, move: _Move) -> _State | None:
     """``move`` applied to ``state``, or ``None`` when it no longer applies."""
     if move.kind == "regroup":
-        return _regroup(s, state)
+        return _regroup(s, state, speed_first=move.r == 1)
     nxt = _copy(state)
     r, k = move.r, move.k
     if move.kind == "stage":
@@ -819,14 +830,10 @@ def plan_risk_aware(
         vals = scenario_goodputs(instance, plan, fresh, deadline=end)
         hit = hit or len(vals) < fresh_samples
         mean = float(vals.mean())
-        half = Z95 * float(vals.std(ddof=1)) / math.sqrt(len(vals)) if len(vals) > 1 else math.inf
-        metrics.update(
-            expected_goodput=mean,
-            expected_method="mc",
-            expected_samples=len(vals),
-            expected_ci_low=mean - half,
-            expected_ci_high=mean + half,
-        )
+        metrics.update(expected_goodput=mean, expected_method="mc", expected_samples=len(vals))
+        if len(vals) > 1:  # no interval from one scenario (and JSON has no infinity)
+            half = Z95 * float(vals.std(ddof=1)) / math.sqrt(len(vals))
+            metrics.update(expected_ci_low=mean - half, expected_ci_high=mean + half)
     if bound is not None:
         metrics["bound"] = bound
     out = certified(instance, plan.with_metrics(**metrics))
