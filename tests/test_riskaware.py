@@ -249,3 +249,13 @@ def test_fast_scorer_declines_domains_across_racks():
 
     fast = _FastScorer(inst, training_scenarios(inst, samples=5))
     assert not fast.domain_ok
+
+
+@pytest.mark.parametrize("seed", [1, 4])
+def test_nominal_tolerance_bounds_the_nominal_loss(seed):
+    inst = _random_risky(seed)
+    res = solve(inst, "optimal", time_limit=10)
+    out = plan_risk_aware(inst, time_limit=20, blind=res.plan, nominal_tolerance=0.2)
+    nominal = check(inst, out.plan).goodput
+    assert nominal >= 0.8 * res.objective * (1 - 1e-9)
+    assert _exact(inst, out.plan) >= _exact(inst, res.plan) - 1e-12
