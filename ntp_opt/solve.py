@@ -122,8 +122,14 @@ EXACT: dict[str, tuple[str, bool]] = {
 #: (one reduced degree, reduced replicas first): :func:`ntp_opt.megatron.solve_megatron`.
 MEGATRON_RUNTIME: frozenset[str] = frozenset({"optimal-megatron", "optimal-megatron-nopower"})
 
+#: Planners that use the time limit, seed and threads: name -> "module:function"
+#: returning an object with ``plan``, ``bound`` and ``time_limit_hit``.
+SEARCHES: dict[str, str] = {
+    "risk-aware": "ntp_opt.riskaware:plan_risk_aware",
+}
+
 #: Every planner name :func:`solve` accepts.
-PLANNERS: tuple[str, ...] = (*HEURISTICS, *BOUNDED, *EXACT)
+PLANNERS: tuple[str, ...] = (*HEURISTICS, *BOUNDED, *EXACT, *SEARCHES)
 
 #: The policies of MODEL.md section 5, as compared by ``ntp-opt compare``.
 POLICIES: tuple[str, ...] = ("dp-drop", "ntp", "ntp-pw", "optimal-nopower", "optimal")
@@ -162,9 +168,10 @@ def solve(
         boost), ``"cpsat"``, ``"highs"``, ``"cbc"`` (exact with that backend),
         ``"optimal-megatron"`` / ``"optimal-megatron-nopower"`` (exact, restricted to
         plans Megatron-LM's NTP runtime can run: see :mod:`ntp_opt.megatron`),
-        a heuristic: ``"dp-drop"``, ``"ntp"``, ``"ntp-pw"``, or ``"fast"``
+        a heuristic: ``"dp-drop"``, ``"ntp"``, ``"ntp-pw"``, ``"fast"``
         (the best of several sort-and-pack candidates, with a proven bound;
-        for 32k-131k GPUs and re-planning).
+        for 32k-131k GPUs and re-planning), or ``"risk-aware"`` (maximises
+        expected goodput after recourse; see ``docs/risk.md``).
     time_limit
         Seconds for exact planners (default 60; ``None``: run until proven
         optimal, which under the ``elastic`` policy with power boost can take
@@ -215,6 +222,13 @@ def solve(
         status = Status.FEASIBLE  # OPTIMAL below if the checked goodput reaches the bound
         limit, text = Limit.NONE, None
         plan = plan.with_metrics(bound=bound)
+    elif solver in SEARCHES:
+        module, func = SEARCHES[solver].split(":")
+        search = getattr(importlib.import_module(module), func)
+        found = search(instance, time_limit=time_limit, seed=seed, threads=threads)
+        plan, bound, text = found.plan, found.bound, None
+        status = Status.FEASIBLE
+        limit = Limit.TIME if found.time_limit_hit else Limit.NONE
     else:
         backend, power = EXACT[solver]
         try:
