@@ -9,6 +9,7 @@ Endpoints take and return the JSON formats of :mod:`ntp_opt.files`
 * ``POST /validate`` -- instance + plan -> feasible, violations.
 * ``POST /evaluate`` -- instance + plan -> recomputed metrics and violations.
 * ``POST /export/megatron-ntp`` -- instance + plan -> Megatron-LM NTP config and rank table.
+* ``POST /replan`` -- instance + running plan + events -> new plan, GPUs moved, bound.
 
 Limits: request bodies above ``max_body_bytes`` get 413 (checked on the
 ``Content-Length`` header and again while reading, for chunked bodies); the
@@ -36,7 +37,14 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from . import __version__
-from .files import InputError, InstanceFile, PlanFile, instance_from_dict, plan_from_dict
+from .files import (
+    InputError,
+    InstanceFile,
+    PlanFile,
+    instance_from_dict,
+    instance_to_dict,
+    plan_from_dict,
+)
 from .files import plan_to_dict as _plan_to_dict
 from .instance import Instance
 from .megatron import MegatronError
@@ -112,6 +120,52 @@ class ExportRequest(_Body):
     plan: PlanJSON
     reorder: bool = Field(default=False, description="move reduced replicas first")
     uniform_batch: bool = Field(default=False, description="require one local batch")
+
+
+class EventData(_Body):
+    """One event of ``POST /replan`` (see :class:`ntp_opt.replan.ClusterEvent`)."""
+
+    kind: Literal["fail", "repair", "speed"]
+    nodes: list[str | int] = Field(min_length=1, description="GPU or tray ids")
+    speed: float | None = Field(
+        default=None, gt=0.0, le=1.0, allow_inf_nan=False, description="speed events only"
+    )
+
+
+class ReplanRequest(_Body):
+    """``POST /replan``: the instance the plan was made for, the plan, the events."""
+
+    instance: InstanceJSON
+    plan: PlanJSON
+    events: list[EventData] = Field(default_factory=list)
+    tolerance: float = Field(
+        default=1e-3,
+        ge=0.0,
+        le=1.0,
+        allow_inf_nan=False,
+        description="relative goodput traded to avoid migration",
+    )
+    mode: Literal["auto", "local", "global"] = "auto"
+    return_instance: bool = Field(
+        default=False, description="also return the instance after the events"
+    )
+
+
+class ReplanResponse(BaseModel):
+    """What ``POST /replan`` returns (see :class:`ntp_opt.replan.Replanned`)."""
+
+    choice: str = Field(description="local, swap or global: which plan was kept")
+    moved: int = Field(description="GPUs whose replica or stage changed")
+    plan: dict[str, Any] = Field(description="ntp-opt/plan@1, for the instance after the events")
+    goodput: float
+    relative_goodput: float
+    bound: float
+    gap: float
+    runtime_s: float
+    tried: dict[str, dict[str, float]] = Field(description="goodput and moves of each plan tried")
+    instance: dict[str, Any] | None = Field(
+        default=None, description="ntp-opt/instance@1 after the events, if asked for"
+    )
 
 
 class ViolationData(BaseModel):
@@ -449,14 +503,38 @@ def create_app(
             config=config, ranks=[r.as_dict() for r in rows], rank_file=rank_file_text(rows)
         )
 
-    # --- POST /replan ---------------------------------------------------------
-    # Reserved for the lead: a POST /replan endpoint wrapping
-    # ntp_opt.replan.replan(instance, plan, events). Take the instance and the
-    # running plan as InstanceFile / PlanFile (like PlanRequest), the events in
-    # their own model, convert with _instance() / _plan(), cap any time limit
-    # with max_time_limit, take a solve slot (slots.acquire) as /solve does,
-    # and return the new plan with _plan_to_dict like SolveResponse.
-    # ---------------------------------------------------------------------------
+    @app.post("/replan", response_model=ReplanResponse)
+    def replan_endpoint(req: ReplanRequest) -> ReplanResponse:
+        """Re-plan a running plan after failures, repairs or stragglers (few GPUs move)."""
+        from .replan import ClusterEvent, replan
+
+        instance, plan = _instance(req.instance), _plan(req.plan)
+        events = [ClusterEvent(e.kind, tuple(e.nodes), e.speed) for e in req.events]
+        if not slots.acquire(blocking=False):
+            raise _Reject(503, f"busy: {max_concurrent} solves already running; retry later")
+        try:
+            out = replan(instance, plan, events, tolerance=req.tolerance, mode=req.mode)
+        except PlanError as err:
+            problems = [(f"plan: {v.rule}", v.message) for v in err.violations]
+            raise _Reject(
+                422, "the running plan is not feasible for the instance", problems
+            ) from None
+        except ValueError as err:
+            raise _Reject(422, "invalid events", [("events", str(err))]) from None
+        finally:
+            slots.release()
+        return ReplanResponse(
+            choice=out.choice,
+            moved=out.moved,
+            plan=_plan_to_dict(out.plan),
+            goodput=out.goodput,
+            relative_goodput=out.relative_goodput,
+            bound=out.bound,
+            gap=out.gap,
+            runtime_s=out.runtime_s,
+            tried={k: {kk: float(vv) for kk, vv in v.items()} for k, v in out.details.items()},
+            instance=instance_to_dict(out.instance) if req.return_instance else None,
+        )
 
     return app
 

@@ -97,9 +97,14 @@ def test_health_and_openapi(client: httpx.Client) -> None:
     assert "optimal" in h["planners"] and "optimal-megatron" in h["planners"]
     assert h["max_body_bytes"] == MAX_BODY and h["max_time_limit"] == CAP
     spec = client.get("/openapi.json").json()
-    assert {"/health", "/solve", "/validate", "/evaluate", "/export/megatron-ntp"} <= set(
-        spec["paths"]
-    )
+    assert {
+        "/health",
+        "/solve",
+        "/validate",
+        "/evaluate",
+        "/export/megatron-ntp",
+        "/replan",
+    } <= set(spec["paths"])
     schemas = spec["components"]["schemas"]
     assert "SolveRequest" in schemas and "InstanceFile" in schemas and "PlanFile" in schemas
 
@@ -152,6 +157,46 @@ def test_validate_and_evaluate_default(client: httpx.Client, default: dict[str, 
     body = v.json()
     assert not body["feasible"]
     assert any(x["rule"] == "gpu-reused" and x["node"] == first for x in body["violations"])
+
+
+def test_replan_default_after_a_failure(client: httpx.Client, default: dict[str, Any]) -> None:
+    r = client.post("/solve", json={"instance": default, "solver": "fast"})
+    assert r.status_code == 200, r.text
+    plan = r.json()["plan"]
+    gpu = plan["replicas"][0]["stages"][0]["gpus"][0]
+    req = {
+        "instance": default,
+        "plan": plan,
+        "events": [{"kind": "fail", "nodes": [gpu]}],
+        "return_instance": True,
+    }
+    x = client.post("/replan", json=req)
+    assert x.status_code == 200, x.text
+    body = x.json()
+    after = instance_from_dict(body["instance"])  # the client's own check
+    assert not after.arrays.healthy[after.arrays.gpu_index[gpu]]
+    ev = evaluate(after, plan_from_dict(body["plan"]))
+    assert ev.feasible and body["goodput"] == pytest.approx(ev.goodput)
+    assert gpu not in {
+        g for rep in body["plan"]["replicas"] for st in rep["stages"] for g in st["gpus"]
+    }
+    assert body["choice"] in body["tried"] and body["moved"] >= 0
+    assert body["goodput"] <= body["bound"] * (1 + 1e-9)
+
+
+def test_replan_bad_events_are_422(client: httpx.Client, tiny: dict[str, Any]) -> None:
+    plan = client.post("/solve", json={"instance": tiny, "solver": "fast"}).json()["plan"]
+    cases = [
+        ({"kind": "fail", "nodes": ["nope"]}, "events"),  # unknown node
+        ({"kind": "fail", "nodes": ["d0.t0.g0"]}, "events"),  # already failed in tiny
+        ({"kind": "melt", "nodes": ["d1.t0.g0"]}, "events[0].kind"),
+        ({"kind": "speed", "nodes": ["d1.t0.g0"], "speed": 3}, "events[0].speed"),
+        ({"kind": "fail", "nodes": []}, "events[0].nodes"),
+    ]
+    for event, field in cases:
+        x = client.post("/replan", json={"instance": tiny, "plan": plan, "events": [event]})
+        assert x.status_code == 422, (event, x.text)
+        assert any(field in f for f in _problems(x)), (event, x.json())
 
 
 def test_export(client: httpx.Client, tiny: dict[str, Any]) -> None:
