@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from ntp_opt import baselines, topology
 from ntp_opt.failures import failed_instance
@@ -14,6 +16,7 @@ from ntp_opt.recourse import adapt, goodput_after
 from ntp_opt.validate import check
 
 from .helpers import make_instance
+from .strategies import instances
 from .test_milp import exact_instance
 
 
@@ -188,3 +191,25 @@ def test_no_failure_keeps_plan_and_goodput():
         out = adapt(inst, plan, None)
         assert [r.stages for r in out.replicas] == [r.stages for r in plan.replicas]
         assert out.metrics["goodput"] == pytest.approx(plan.metrics["goodput"])
+
+
+@given(instances(), st.sampled_from(["dp-drop", "ntp", "ntp-pw", "fast"]), st.data())
+@settings(deadline=None)
+def test_recourse_plans_are_feasible_and_below_the_bound(inst, planner, data):
+    """Any planner's plan, any set of further failures: the recourse plan
+    passes the validator on the failed instance, its goodput is what
+    goodput_after reports, and no more than the failed instance's bound."""
+    from ntp_opt import solve
+    from ntp_opt.milp.bounds import capacity_bound
+
+    plan = solve(inst, planner).plan
+    assert plan is not None
+    a = inst.arrays
+    mask = np.array(
+        data.draw(st.lists(st.booleans(), min_size=a.n_gpus, max_size=a.n_gpus)), dtype=bool
+    )
+    mask &= a.healthy
+    after = failed_instance(inst, mask)
+    ev = check(after, adapt(inst, plan, mask))
+    assert ev.goodput == pytest.approx(goodput_after(inst, plan, mask), rel=1e-12, abs=1e-12)
+    assert ev.goodput <= capacity_bound(after) * (1 + 1e-9)
