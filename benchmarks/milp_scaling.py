@@ -7,7 +7,8 @@ Usage::
 
 For NVL32 (TP32, PP8) and GB200 NVL72 (TP64, PP4) clusters of about 1k, 4k and
 32k GPUs with 0.1 % and 1 % failed GPUs and 0.05 % stragglers (seeded), it
-prints one row per instance: the ``ntp`` heuristic's relative goodput, and
+prints one row per instance: the ``ntp`` heuristic's relative goodput, the
+``fast`` planner's (with its gap to its own bound and its time), and
 for each backend the exact planner's relative goodput, relative bound, gap,
 status and wall time, and the ratio optimum / ntp measured in the same run.
 Figures are relative goodput (1.0 = the job with no failures).
@@ -51,7 +52,7 @@ def main() -> None:
     ap.add_argument("--backends", default="cpsat,highs")
     args = ap.parse_args()
     backends = args.backends.split(",")
-    head = ["instance", "GPUs", "failed", "ntp"]
+    head = ["instance", "GPUs", "failed", "ntp", "fast", "fast gap", "fast s"]
     for b in backends:
         head += [f"{b} rel", f"{b} bound", f"{b} gap", f"{b} status", f"{b} s", f"{b}/ntp"]
     print(f"policy {args.policy}, time limit {args.time_limit:g} s, threads 1")
@@ -63,7 +64,13 @@ def main() -> None:
                 inst = make(kind, size, failed, args.policy)
                 s = inst.summary()
                 ntp = solve(inst, "ntp")
+                fast = solve(inst, "fast")
                 row = [inst.name, str(s["gpus"]), str(s["failed"]), f"{ntp.relative_objective:.6f}"]
+                row += [
+                    f"{fast.relative_objective or 0.0:.6f}",
+                    f"{fast.gap or 0.0:.1e}",
+                    f"{fast.runtime_s:.2f}",
+                ]
                 for b in backends:
                     start = time.perf_counter()
                     res = solve(inst, b, time_limit=args.time_limit)
