@@ -449,3 +449,11 @@ def test_bad_workload_sets() -> None:
         solve_multi(multi, time_limit=TL)
     with pytest.raises(ValueError, match="time_limit"):
         solve_multi(tiny([], (CHAT,)), time_limit=0)
+
+
+def test_cpsat_backend_agrees_on_a_tiny_instance() -> None:
+    multi = _tiny(TINY_CASES[1])
+    highs = solve_multi(multi, time_limit=TL)
+    cpsat = solve_multi(multi, time_limit=TL, backend="cpsat")
+    assert cpsat.objective == pytest.approx(highs.objective, rel=1e-6)
+    assert cpsat.objective == pytest.approx(brute_force(multi), rel=1e-6)

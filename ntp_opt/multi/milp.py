@@ -46,8 +46,9 @@ from ..plan import Plan, Replica, Stage
 from .validate import MultiEvaluation, check_multi, evaluate_multi
 from .workloads import MultiInstance, MultiPlan, ServingReplica
 
-#: Units of a fleet's normalised throughput (1 = its whole demand).
-UNITS = 10**6
+#: Units of a fleet's normalised throughput (1 = its whole demand): each replica's share
+#: is rounded down to 1e-8 of the demand.
+UNITS = 10**8
 #: Scale of weights in the integer objective.
 WEIGHT_SCALE = 10**3
 #: Largest number of training configurations of one domain class.
@@ -483,7 +484,7 @@ def solve_multi(
     time_limit: float | None = 60.0,
     seed: int = 0,
     threads: int = 1,
-    backend: str = "cpsat",
+    backend: str = "highs",
     share_domains: bool = True,
 ) -> MultiResult:
     """Plan every workload together, maximising weighted goodput.
@@ -497,7 +498,10 @@ def solve_multi(
     seed, threads
         Passed to the backend (one thread: deterministic).
     backend
-        Integer-programming backend (``"cpsat"``, ``"highs"``, ``"cbc"``).
+        Integer-programming backend: ``"highs"`` (default), ``"cpsat"`` or
+        ``"cbc"``. CP-SAT finds good solutions but can stall proving them
+        optimal on the serving-throughput rows, whose coefficients are large
+        (``docs/workloads.md``); HiGHS's LP bound closes them at once.
     share_domains
         Let serving replicas use the GPUs that training leaves idle inside its
         domains (default). ``False`` splits whole domains only (an ablation).

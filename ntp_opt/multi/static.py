@@ -1,14 +1,19 @@
 """The baseline: a fixed static partition of the domains among the workloads.
 
 Each workload gets a contiguous block of domains (in cluster order, decided
-before any failure is known), sized in proportion to its *nominal GPU need*:
+before any failure is known): training first takes the domains its nominal
+replicas need, the serving fleets share the rest in proportion to their
+nominal needs. Nominal needs in domains (``S`` = GPUs per domain, the
+largest domain's size):
 
-* training: ``tp * pp * dp`` GPUs;
-* a serving fleet: its demand at its most GPU-efficient degree ``t*``
-  (largest ``throughput[t] / t``, the smaller degree on ties), i.e.
-  ``ceil(demand / throughput[t*]) * t*`` GPUs, at most ``max_replicas * t*``.
+* training: ``ceil(dp * pp / floor(S / tp))`` domains, the domains its
+  nominal replicas occupy;
+* a serving fleet: the GPUs its demand needs at its most GPU-efficient degree
+  ``t*`` (largest ``throughput[t] / t``, the smaller degree on ties),
+  ``ceil(demand / throughput[t*]) * t*`` (at most ``max_replicas * t*``, at
+  least ``min_replicas * t*``), divided by ``S``.
 
-Domains are apportioned by largest remainders. Inside its block the training
+Fleet blocks are apportioned by largest remainders. Inside its block the training
 job is planned with :func:`ntp_opt.solve` (default ``optimal-nopower``, with a
 time limit) and every fleet greedily: domain by domain, replicas of the most
 efficient degree that fits the free GPUs, until the demand or
@@ -29,15 +34,16 @@ from .workloads import MultiInstance, MultiPlan, ServingReplica, ServingWorkload
 
 
 def nominal_need(multi: MultiInstance) -> dict[str, float]:
-    """Nominal GPU need of every workload (``"training"`` first), see the module docstring."""
+    """Nominal need in domains of every workload (``"training"`` first); see the module doc."""
     job = multi.instance.job
-    out: dict[str, float] = {"training": float(job.tp * job.pp * job.dp)}
+    size = max((len(g) for g in multi.instance.arrays.domain_gpus), default=1)
+    out: dict[str, float] = {"training": float(math.ceil(job.dp * job.pp / (size // job.tp)))}
     for fleet in multi.workloads.serving:
         t = _best_degree(fleet)
         n = math.ceil(fleet.demand / fleet.rate(t))
         if fleet.max_replicas is not None:
             n = min(n, fleet.max_replicas)
-        out[fleet.name] = float(max(n, fleet.min_replicas) * t)
+        out[fleet.name] = max(n, fleet.min_replicas) * t / size
     return out
 
 
@@ -46,23 +52,32 @@ def _best_degree(fleet: ServingWorkload) -> int:
 
 
 def partition(multi: MultiInstance) -> dict[str, list[int]]:
-    """Domain indices of every workload's block (largest-remainder apportionment)."""
+    """Domain indices of every workload's block.
+
+    Training first takes its nominal domains (or all of them, if fewer); the
+    serving fleets share the rest in proportion to their nominal needs,
+    apportioned by largest remainders.
+    """
     need = nominal_need(multi)
     n_dom = multi.instance.arrays.n_domains
-    total = sum(need.values())
     names = list(need)
-    if total <= 0:
-        return {name: [] for name in names}
-    quota = [need[k] / total * n_dom for k in names]
-    count = [math.floor(q) for q in quota]
-    order = sorted(range(len(names)), key=lambda i: (-(quota[i] - count[i]), i))
-    for i in order[: n_dom - sum(count)]:
-        count[i] += 1
+    count = dict.fromkeys(names, 0)
+    count["training"] = min(n_dom, int(need["training"]))
+    rest = n_dom - count["training"]
+    fleets = names[1:]
+    total = sum(need[k] for k in fleets)
+    if fleets and total > 0 and rest > 0:
+        quota = {k: need[k] / total * rest for k in fleets}
+        for k in fleets:
+            count[k] = math.floor(quota[k])
+        order = sorted(fleets, key=lambda k: (-(quota[k] - count[k]), fleets.index(k)))
+        for k in order[: rest - sum(count[k] for k in fleets)]:
+            count[k] += 1
     out: dict[str, list[int]] = {}
     pos = 0
-    for name, k in zip(names, count, strict=True):
-        out[name] = list(range(pos, pos + k))
-        pos += k
+    for name in names:
+        out[name] = list(range(pos, pos + count[name]))
+        pos += count[name]
     return out
 
 
