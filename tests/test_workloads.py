@@ -457,3 +457,55 @@ def test_cpsat_backend_agrees_on_a_tiny_instance() -> None:
     cpsat = solve_multi(multi, time_limit=TL, backend="cpsat")
     assert cpsat.objective == pytest.approx(highs.objective, rel=1e-6)
     assert cpsat.objective == pytest.approx(brute_force(multi), rel=1e-6)
+
+
+def test_docs_example_runs() -> None:
+    import re
+    from pathlib import Path
+
+    doc = Path(__file__).resolve().parent.parent / "docs" / "workloads.md"
+    block = re.search(r"```python\n(.*?)```", doc.read_text(), re.S)
+    assert block is not None
+    scope: dict[str, object] = {}
+    exec(compile(block.group(1), "workloads.md", "exec"), scope)
+    res, ev = scope["res"], scope["ev"]
+    assert res.status == "optimal"  # type: ignore[attr-defined]
+    assert res.objective >= ev.weighted_goodput  # type: ignore[attr-defined]
+
+
+@pytest.mark.parametrize("seed", range(8))
+def test_milp_matches_brute_force_random(seed: int) -> None:
+    import random
+
+    rng = random.Random(seed)
+    fleets = []
+    for k in range(rng.choice((1, 2))):
+        degrees = rng.sample((1, 2, 4), 2)
+        fleets.append(
+            ServingWorkload(
+                name=f"f{k}",
+                throughput={t: round(rng.uniform(0.5, 1.2) * t, 2) for t in degrees},
+                demand=round(rng.uniform(1.0, 8.0), 1),
+                weight=rng.choice((0.5, 1.0, 2.0)),
+                min_replicas=rng.choice((0, 0, 1)),
+                min_fraction=rng.choice((0.0, 0.0, 0.25)),
+                max_replicas=rng.choice((None, 3)),
+            )
+        )
+    healthy = [f"d{d}.t{j}.g{k}" for d in range(3) for j in range(2) for k in range(2)]
+    multi = tiny(
+        rng.sample(healthy, rng.choice((0, 1, 2))),
+        tuple(fleets),
+        training_weight=rng.choice((0.5, 1.0, 3.0)),
+        batch_policy=rng.choice(("fixed", "elastic")),
+        pp=rng.choice((1, 2)),
+        dp=2,
+        global_batch=rng.choice((2, 3, 4)),
+    )
+    res = solve_multi(multi, time_limit=TL)
+    expected = brute_force(multi)
+    if expected == -math.inf:
+        assert res.status == "infeasible"
+        return
+    assert res.objective == pytest.approx(expected, rel=1e-6, abs=1e-9)
+    assert res.status == "optimal"

@@ -464,6 +464,8 @@ def _candidates(multi: MultiInstance, degrees: tuple[int, ...]) -> list[float]:
     a = multi.instance.arrays
     cap = min(job.local_batch_max, job.global_batch)
     speeds = {float(s) for s in a.speed[a.healthy].tolist()}
+    if not speeds or not degrees:
+        return []
     values = {
         b * job.seq_time_s / (job.tp_factor(t) * s)
         for t in degrees
