@@ -413,6 +413,10 @@ def build_parser() -> argparse.ArgumentParser:
     )
     b.add_argument("--workers", type=int, default=1, help="parallel worker processes (default 1)")
     b.set_defaults(func=_cmd_bench)
+
+    from .multi.cli import add_parser as add_multi_parser  # several workloads (issue 7)
+
+    add_multi_parser(sub)
     return parser
 
 

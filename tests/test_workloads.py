@@ -509,3 +509,54 @@ def test_milp_matches_brute_force_random(seed: int) -> None:
         return
     assert res.objective == pytest.approx(expected, rel=1e-6, abs=1e-9)
     assert res.status == "optimal"
+
+
+# --------------------------------------------------------------------------------------
+# files and the command line
+# --------------------------------------------------------------------------------------
+
+
+def test_files_round_trip_and_cli(tmp_path, capsys) -> None:  # type: ignore[no-untyped-def]
+    from ntp_opt import save_instance
+    from ntp_opt.cli import main
+    from ntp_opt.files import InputError
+    from ntp_opt.multi.files import (
+        load_multi_plan,
+        load_workloads,
+        save_multi_plan,
+        save_workloads,
+    )
+
+    multi = _tiny(TINY_CASES[1])
+    save_workloads(multi.workloads, tmp_path / "wl.json")
+    assert load_workloads(tmp_path / "wl.json") == multi.workloads
+    res = solve_multi(multi, time_limit=TL)
+    assert res.plan is not None
+    save_multi_plan(multi, res.plan, tmp_path / "plan.json")
+    back = load_multi_plan(tmp_path / "plan.json")
+    assert back.serving == res.plan.serving
+    assert back.training.replicas == res.plan.training.replicas
+    assert check_multi(multi, back).weighted_goodput == pytest.approx(res.objective)
+
+    bad = tmp_path / "bad.json"
+    bad.write_text('{"format": "ntp-opt/workloads@1", "serving": [{"name": "x", "demand": 1}]}')
+    with pytest.raises(InputError, match=r"serving\[0\]\.throughput"):
+        load_workloads(bad)
+
+    save_instance(multi.instance, tmp_path / "inst.json")
+    out = tmp_path / "cli-plan.json"
+    code = main(
+        [
+            "multi",
+            str(tmp_path / "inst.json"),
+            str(tmp_path / "wl.json"),
+            "--static",
+            "-o",
+            str(out),
+        ]
+    )
+    assert code == 0 and out.exists()
+    text = capsys.readouterr().out
+    assert "milp" in text and "static" in text and "optimal" in text
+    assert main(["multi", str(tmp_path / "inst.json"), str(bad)]) == 2
+    assert "throughput" in capsys.readouterr().err
