@@ -326,7 +326,8 @@ def _build(
                 v = var(0, min(count_cap, total_gpus // t), 0, f"M[{fleet.name},{t},{sp}]")
                 m_vars[(i, t, sp)] = v
                 mine.append(v)
-                units.append(math.floor(fleet.rate(t, sp) / fleet.demand * UNITS))
+                # one replica never counts for more than the whole demand
+                units.append(min(UNITS, math.floor(fleet.rate(t, sp) / fleet.demand * UNITS)))
         w_int = round(fleet.weight * WEIGHT_SCALE)
         u = var(0, UNITS, w_int, f"U[{fleet.name}]")
         # floor of each replica's units, and the weight's rounding
@@ -459,25 +460,31 @@ def _expand(multi: MultiInstance, classes: list[_Class], built: _Built, x: np.nd
     return MultiPlan(training, tuple(serving), {"policy": "multi-milp"})
 
 
-def _candidates(multi: MultiInstance, degrees: tuple[int, ...]) -> list[float]:
+def _candidates(multi: MultiInstance, degrees: tuple[int, ...]) -> list[tuple[int, float]]:
+    """Step times where the training capacity can change: ``(priority, theta')``.
+
+    Priority 0 for those a stage on the fastest GPUs reaches (searched first:
+    they are the likely optimum), 1 for those only slower GPUs reach.
+    """
     job = multi.instance.job
     a = multi.instance.arrays
     cap = min(job.local_batch_max, job.global_batch)
-    speeds = {float(s) for s in a.speed[a.healthy].tolist()}
+    speeds = sorted({float(s) for s in a.speed[a.healthy].tolist()}, reverse=True)
     if not speeds or not degrees:
         return []
-    values = {
-        b * job.seq_time_s / (job.tp_factor(t) * s)
-        for t in degrees
-        for s in speeds
-        for b in range(1, cap + 1)
-    }
+    lo = 0.0
     if job.batch_policy == "fixed":
         # some replica carries at least ceil(B / dp_max) sequences
         need = math.ceil(job.global_batch / max(1, job.replicas_max))
-        lo = need * job.seq_time_s / (max(job.tp_factor(t) for t in degrees) * max(speeds))
-        values = {v for v in values if v >= lo * (1 - 1e-12)}
-    return sorted(values)
+        lo = need * job.seq_time_s / (max(job.tp_factor(t) for t in degrees) * speeds[0])
+    out: dict[float, int] = {}
+    for rank, sp in enumerate(speeds):
+        for t in degrees:
+            for b in range(1, cap + 1):
+                theta = b * job.seq_time_s / (job.tp_factor(t) * sp)
+                if theta >= lo * (1 - 1e-12) and theta not in out:
+                    out[theta] = min(rank, 1)
+    return sorted((p, th) for th, p in out.items())
 
 
 def solve_multi(
@@ -588,20 +595,20 @@ def solve_multi(
     if len(job.allowed) > 1:
         cases.append((job.allowed, 1.0 + job.reshard_overhead))
     cap_b = min(job.global_batch, job.replicas_max * job.local_batch_max)
-    for degrees, factor in cases:
-        if timed_out:
-            break
-        for theta in _candidates(multi, degrees):
-            train_ub = wl.training_weight * job.seq_time_s * cap_b / (job.dp * theta * factor)
-            ub_here = train_ub + (serving_alone if serving_alone is not None else math.inf)
-            current = best[1].weighted_goodput if best is not None else -math.inf
-            if ub_here <= current * (1 + REL_TOL) + 1e-12:
-                break  # larger step times only lower the training term
-            got = run(degrees, theta, factor)
-            if got is None:
-                bound = math.inf
-                break
-            bound = max(bound, min(got, ub_here))
+    todo = sorted(
+        (prio, theta, degrees, factor)
+        for degrees, factor in cases
+        for prio, theta in _candidates(multi, degrees)
+    )
+    for _, theta, degrees, factor in todo:
+        train_ub = wl.training_weight * job.seq_time_s * cap_b / (job.dp * theta * factor)
+        ub_here = train_ub + (serving_alone if serving_alone is not None else math.inf)
+        current = best[1].weighted_goodput if best is not None else -math.inf
+        if ub_here <= current * (1 + REL_TOL) + 1e-12:
+            continue  # cannot beat the best plan: the serving part is at most serving_alone
+        got = None if timed_out else run(degrees, theta, factor)
+        # a program not solved is bounded by ub_here
+        bound = max(bound, ub_here if got is None else min(got, ub_here))
     runtime = time.perf_counter() - start
     if best is None:
         status = (
