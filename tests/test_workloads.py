@@ -560,3 +560,25 @@ def test_files_round_trip_and_cli(tmp_path, capsys) -> None:  # type: ignore[no-
     assert "milp" in text and "static" in text and "optimal" in text
     assert main(["multi", str(tmp_path / "inst.json"), str(bad)]) == 2
     assert "throughput" in capsys.readouterr().err
+
+
+def test_minimum_share_met_exactly_is_feasible() -> None:
+    # one TP2 replica serves 1.9 of 3.8 requests/s: exactly min_fraction = 0.5
+    fleet = ServingWorkload(
+        name="edge", throughput={2: 1.9}, demand=3.8, min_fraction=0.5, max_replicas=1
+    )
+    multi = tiny([], (fleet,), training_weight=1.0)
+    res = solve_multi(multi, time_limit=TL)
+    assert res.plan is not None and res.evaluation is not None
+    assert res.evaluation.fleets["edge"].served == pytest.approx(0.5)
+    assert res.objective == pytest.approx(brute_force(multi), rel=1e-9)
+
+
+def test_time_limit_never_returns_an_invalid_plan() -> None:
+    multi = _medium(3, 6)
+    res = solve_multi(multi, time_limit=0.02)
+    assert res.status in ("feasible", "optimal", "no_solution")
+    if res.plan is not None:
+        assert check_multi(multi, res.plan).feasible
+    if res.status != "optimal":
+        assert res.reason

@@ -326,8 +326,10 @@ def _build(
                 v = var(0, min(count_cap, total_gpus // t), 0, f"M[{fleet.name},{t},{sp}]")
                 m_vars[(i, t, sp)] = v
                 mine.append(v)
-                # one replica never counts for more than the whole demand
-                units.append(min(UNITS, math.floor(fleet.rate(t, sp) / fleet.demand * UNITS)))
+                # rounded down (1e-12 forgives float noise, well inside the
+                # validator's 1e-9); one replica never counts for more than the demand
+                share = fleet.rate(t, sp) / fleet.demand * UNITS * (1 + 1e-12)
+                units.append(min(UNITS, math.floor(share)))
         w_int = round(fleet.weight * WEIGHT_SCALE)
         u = var(0, UNITS, w_int, f"U[{fleet.name}]")
         # floor of each replica's units, and the weight's rounding
