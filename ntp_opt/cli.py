@@ -557,7 +557,9 @@ def build_parser() -> argparse.ArgumentParser:
     )
     x.set_defaults(func=_cmd_export)
 
-    sv = sub.add_parser("serve", help="HTTP/JSON service: solve, validate, evaluate, export")
+    sv = sub.add_parser(
+        "serve", help="HTTP/JSON service: solve, replan, validate, evaluate, export"
+    )
     sv.add_argument("--host", default="127.0.0.1", help="address (default 127.0.0.1, loopback)")
     sv.add_argument("--port", type=int, default=8000, help="port (default 8000)")
     sv.add_argument(
@@ -573,6 +575,10 @@ def build_parser() -> argparse.ArgumentParser:
         "--max-concurrent", type=int, default=2, help="solves at once; more get 503 (default 2)"
     )
     sv.set_defaults(func=_cmd_serve)
+
+    from .multi.cli import add_parser as add_multi_parser  # several workloads (issue 7)
+
+    add_multi_parser(sub)
     return parser
 
 

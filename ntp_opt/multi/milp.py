@@ -1,0 +1,671 @@
+"""The multi-workload planner: an integer program over domain classes.
+
+The training job's pre-overhead step time ``theta'`` is fixed by an outer
+enumeration, as in :mod:`ntp_opt.milp.search` (no power boost here, so every
+step time where the training capacity can change is one of the finitely many
+breakpoints ``b c / (f(t) s)``). At a fixed ``theta'`` every stage of degree
+``t`` on a block of GPUs whose slowest has speed ``s`` carries at most
+``beta = min(max_local_batch, floor(theta' f(t) s / c))`` sequences, and the
+rest is linear:
+
+* every domain class (domains with the same healthy-GPU speed profile) picks,
+  for each of its domains, a *configuration*: a multiset of training stage
+  degrees, on the domain's fastest GPUs; the GPUs left over form a *bin* for
+  serving replicas (``x[c, j]`` counts domains of class ``c`` in config ``j``);
+* training replicas ``n[t, b]`` of degree ``t`` and batch ``b`` need ``pp``
+  stages of degree ``t`` and capability ``>= b`` each; since capabilities are
+  nested this is exactly ``pp * sum_{b >= beta} n[t, b] <= #stages(t, >= beta)``
+  for every level ``beta`` (Hall's condition);
+* serving replicas ``M[i, t, g]`` of fleet ``i``, degree ``t``, in bins of
+  speed group ``g``: when all serving degrees form a divisibility chain
+  (1, 2, 4, 8, ...), replicas fit into bins of sizes ``L_k`` exactly when for
+  every degree ``s`` of the chain
+  ``sum_{t >= s} t M[., t, g] <= sum_k s floor(L_k / s)`` (placing the largest
+  first always succeeds), so bins need no individual variables;
+* objective: ``w_T (c / R) Y / (theta' (1 + rho [reduced])) + sum_i w_i U_i``
+  with ``Y <= sum b n`` the training batch (``Y = B z`` under ``fixed``) and
+  ``U_i = min(1, X_i / D_i)``.
+
+``docs/workloads.md`` states what is exact and what is not.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+import time
+from dataclasses import dataclass
+from enum import StrEnum
+
+import numpy as np
+
+from ..goodput import replica_speed, split_batch
+from ..milp.backends import solve_program
+from ..milp.program import IntProgram, Row
+from ..plan import Plan, Replica, Stage
+from .validate import MultiEvaluation, check_multi, evaluate_multi
+from .workloads import MultiInstance, MultiPlan, ServingReplica
+
+#: Units of a fleet's normalised throughput (1 = its whole demand): each replica's share
+#: is rounded down to 1e-8 of the demand.
+UNITS = 10**8
+#: Scale of weights in the integer objective.
+WEIGHT_SCALE = 10**3
+#: Largest number of training configurations of one domain class.
+MAX_CONFIGS = 5_000
+#: Relative tolerance of "optimal".
+REL_TOL = 1e-6
+
+
+class MultiStatus(StrEnum):
+    """What is known about the returned plan."""
+
+    OPTIMAL = "optimal"
+    FEASIBLE = "feasible"
+    INFEASIBLE = "infeasible"
+    NO_SOLUTION = "no_solution"
+
+
+@dataclass(frozen=True)
+class MultiResult:
+    """Outcome of :func:`solve_multi`.
+
+    Attributes
+    ----------
+    status
+        :class:`MultiStatus`.
+    time_limit_hit
+        The time limit stopped the search.
+    plan
+        The validated plan, or ``None``.
+    objective
+        Its weighted goodput, recomputed by the validator.
+    bound
+        Upper bound on the weighted goodput of any plan of this model (see
+        ``docs/workloads.md``), or ``None``.
+    runtime_s
+        Wall-clock seconds.
+    programs
+        Integer programs solved.
+    evaluation
+        The validator's :class:`~ntp_opt.multi.validate.MultiEvaluation`.
+    reason
+        Why there is no plan, or why the result is not proven optimal.
+    log
+        One line per program solved.
+    """
+
+    status: MultiStatus
+    time_limit_hit: bool
+    plan: MultiPlan | None
+    objective: float | None
+    bound: float | None
+    runtime_s: float
+    programs: int
+    evaluation: MultiEvaluation | None = None
+    reason: str | None = None
+    log: tuple[str, ...] = ()
+
+    @property
+    def gap(self) -> float | None:
+        """Relative gap ``(bound - objective) / bound``, or ``None``."""
+        if self.bound is None or self.objective is None:
+            return None
+        if self.bound <= 0:
+            return 0.0
+        return max(0.0, (self.bound - self.objective) / self.bound)
+
+
+@dataclass(frozen=True)
+class _Config:
+    """Training stages of one domain: ``(degree, capability, first position)``."""
+
+    stages: tuple[tuple[int, int, int], ...]
+    used: int
+
+
+@dataclass(frozen=True)
+class _Class:
+    """Domains whose healthy GPUs have the same speeds (each: GPU indices, fastest first)."""
+
+    domains: tuple[int, ...]
+    gpus: tuple[np.ndarray, ...]
+    speed: np.ndarray
+
+
+def _classes(multi: MultiInstance) -> list[_Class]:
+    a = multi.instance.arrays
+    groups: dict[tuple[float, ...], list[tuple[int, np.ndarray]]] = {}
+    for d, members in enumerate(a.domain_gpus):
+        ok = members[a.healthy[members]]
+        if len(ok) == 0:
+            continue
+        ok = ok[np.argsort(-a.speed[ok], kind="stable")]
+        groups.setdefault(tuple(a.speed[ok].tolist()), []).append((d, ok))
+    return [
+        _Class(tuple(d for d, _ in ms), tuple(g for _, g in ms), np.array(key))
+        for key, ms in groups.items()
+    ]
+
+
+def _capability(multi: MultiInstance, t: int, slowest: float, theta: float) -> int:
+    job = multi.instance.job
+    cap = min(job.local_batch_max, job.global_batch)
+    b = math.floor(theta * job.tp_factor(t) * slowest / job.seq_time_s * (1 + 1e-12))
+    return min(cap, b)
+
+
+def _configs(
+    multi: MultiInstance, speed: np.ndarray, degrees: tuple[int, ...], theta: float
+) -> list[_Config]:
+    """Every multiset of training stage degrees the domain holds (empty first)."""
+    h = len(speed)
+    out = [_Config((), 0)]
+    desc = sorted(degrees, reverse=True)
+
+    def extend(start: int, first: int, stages: list[tuple[int, int, int]]) -> None:
+        for k in range(first, len(desc)):
+            t = desc[k]
+            if start + t > h:
+                continue
+            b = _capability(multi, t, float(speed[start + t - 1]), theta)
+            if b < 1:
+                continue
+            new = [*stages, (t, b, start)]
+            out.append(_Config(tuple(new), start + t))
+            if len(out) > MAX_CONFIGS:
+                raise ValueError(
+                    f"more than {MAX_CONFIGS} training configurations per domain: "
+                    "job.tp_allowed is too fine for the domain size"
+                )
+            extend(start + t, k, new)
+
+    if degrees:
+        extend(0, 0, [])
+    return out
+
+
+def _check_supported(multi: MultiInstance) -> None:
+    """Raise ``ValueError`` on inputs the planner does not model (see the docs)."""
+    chain = multi.workloads.serving_degrees
+    for lo, hi in itertools.pairwise(chain):
+        if hi % lo:
+            raise ValueError(
+                f"workloads.serving: TP degrees {list(chain)} must form a divisibility chain "
+                "(each divides the next, e.g. 1, 2, 4, 8) for the multi-workload planner"
+            )
+    a = multi.instance.arrays
+    full = np.where(a.healthy, a.tdp, 0.0)
+    rack_full = np.bincount(a.gpu_rack, weights=full, minlength=len(a.rack_ids))
+    if np.any(rack_full > a.rack_budget * (1 + 1e-12)) or full.sum() > a.site_budget * (1 + 1e-12):
+        raise ValueError(
+            "power budgets: the multi-workload planner needs rack and site budgets that "
+            "admit every healthy GPU at TDP (the default); it plans without power boost"
+        )
+
+
+@dataclass
+class _Built:
+    program: IntProgram
+    cls_cols: list[list[tuple[int, _Config, int, float]]]  # (var, config, leftover, speed)
+    n_vars: dict[tuple[int, int], int]
+    m_vars: dict[tuple[int, int, float], int]
+    z_var: int | None
+    value_scale: float  # program objective units per unit of weighted goodput
+    slack: float  # rounding: true optimum of this program's model <= bound + slack
+
+
+def _build(
+    multi: MultiInstance,
+    classes: list[_Class],
+    degrees: tuple[int, ...],
+    theta: float,
+    factor: float,
+    share_domains: bool,
+) -> _Built | None:
+    """The program at step time ``theta`` (``degrees`` empty: training off)."""
+    inst = multi.instance
+    job = inst.job
+    wl = multi.workloads
+    lb: list[int] = []
+    ub: list[int] = []
+    obj: list[int] = []
+    names: list[str] = []
+    rows: list[Row] = []
+
+    def var(lo: int, hi: int, c: int, name: str) -> int:
+        lb.append(lo)
+        ub.append(hi)
+        obj.append(c)
+        names.append(name)
+        return len(lb) - 1
+
+    stage_terms: dict[tuple[int, int], dict[int, int]] = {}  # (t, level) -> {x var: count}
+    bin_terms: dict[tuple[float, int], dict[int, int]] = {}  # (speed, s) -> {x var: cap}
+    chain = wl.serving_degrees
+    cls_cols: list[list[tuple[int, _Config, int, float]]] = []
+    for c, klass in enumerate(classes):
+        cols = []
+        n = len(klass.domains)
+        h = len(klass.speed)
+        for j, cfg in enumerate(_configs(multi, klass.speed, degrees, theta)):
+            left = h - cfg.used if (share_domains or not cfg.stages) else 0
+            sp = float(klass.speed[h - 1]) if left else 0.0
+            v = var(0, n, 0, f"x[{c},{j}]")
+            cols.append((v, cfg, left, sp))
+            for t, b, _ in cfg.stages:
+                stage_terms.setdefault((t, b), {})
+                stage_terms[(t, b)][v] = stage_terms[(t, b)].get(v, 0) + 1
+            for s in chain:
+                k = s * (left // s)
+                if k:
+                    bin_terms.setdefault((sp, s), {})[v] = k
+        rows.append(Row(tuple(v for v, *_ in cols), (1,) * len(cols), n, n, f"class{c}"))
+        cls_cols.append(cols)
+    # training: replicas n[t, b]; Hall's condition per degree and capability level
+    levels: dict[int, list[int]] = {}
+    for t, b in stage_terms:
+        levels.setdefault(t, []).append(b)
+    n_vars: dict[tuple[int, int], int] = {}
+    for t in sorted(levels):
+        for b in sorted(levels[t]):
+            n_vars[(t, b)] = var(0, job.replicas_max, 0, f"n[{t},{b}]")
+        for beta in levels[t]:
+            cap: dict[int, int] = {}
+            for b2 in levels[t]:
+                if b2 >= beta:
+                    for v, k in stage_terms[(t, b2)].items():
+                        cap[v] = cap.get(v, 0) + k
+            reps = [n_vars[(t, b2)] for b2 in levels[t] if b2 >= beta]
+            rows.append(
+                Row(
+                    (*reps, *cap),
+                    (job.pp,) * len(reps) + tuple(-k for k in cap.values()),
+                    None,
+                    0,
+                    f"hall[{t},{beta}]",
+                )
+            )
+    z_var = None
+    big_b = job.global_batch
+    need = wl.training_min_relative_goodput
+    slack = 0.0
+    if n_vars:
+        nv = tuple(n_vars.values())
+        rows.append(Row(nv, (1,) * len(nv), None, job.replicas_max, "dp_max"))
+        per_seq = wl.training_weight * job.seq_time_s / (job.dp * theta * factor)
+        coef = round(per_seq * WEIGHT_SCALE * UNITS)
+        slack += abs(coef - per_seq * WEIGHT_SCALE * UNITS) * big_b / (WEIGHT_SCALE * UNITS)
+        y_lo = 0
+        if need > 0:
+            y_lo = math.ceil(need * job.dp * theta * factor / job.seq_time_s * (1 - 1e-12))
+            if y_lo > big_b:
+                return None
+        y = var(y_lo, big_b, coef, "Y")
+        rows.append(Row((y, *nv), (1, *(-b for _, b in n_vars)), None, 0, "Y <= sum b n"))
+        if job.batch_policy == "fixed":
+            z_var = var(1 if need > 0 else 0, 1, 0, "z")
+            rows.append(Row((y, z_var), (1, -big_b), 0, 0, "Y = B z"))
+    elif need > 0:
+        return None
+    # serving
+    m_vars: dict[tuple[int, int, float], int] = {}
+    speeds = sorted({sp for (sp, _) in bin_terms})
+    total_gpus = inst.arrays.n_gpus
+    for i, fleet in enumerate(wl.serving):
+        mine: list[int] = []
+        units: list[int] = []
+        # more replicas than this reach the demand with any degree and speed:
+        # a plan never needs them (dropping the excess keeps its value)
+        slowest = min((fleet.rate(t, sp) for t in fleet.degrees for sp in speeds), default=1.0)
+        count_cap = max(fleet.min_replicas, math.ceil(fleet.demand / slowest))
+        if fleet.max_replicas is not None:
+            count_cap = min(count_cap, fleet.max_replicas)
+        for t in fleet.degrees:
+            for sp in speeds:
+                v = var(0, min(count_cap, total_gpus // t), 0, f"M[{fleet.name},{t},{sp}]")
+                m_vars[(i, t, sp)] = v
+                mine.append(v)
+                # rounded down (1e-12 forgives float noise, well inside the
+                # validator's 1e-9); one replica never counts for more than the demand
+                share = fleet.rate(t, sp) / fleet.demand * UNITS * (1 + 1e-12)
+                units.append(min(UNITS, math.floor(share)))
+        w_int = round(fleet.weight * WEIGHT_SCALE)
+        u = var(0, UNITS, w_int, f"U[{fleet.name}]")
+        # floor of each replica's units, and the weight's rounding
+        slack += fleet.weight * count_cap / UNITS + abs(w_int / WEIGHT_SCALE - fleet.weight)
+        rows.append(Row((u, *mine), (1, *(-k for k in units)), None, 0, f"U<=X[{fleet.name}]"))
+        lo_units = math.ceil(fleet.min_fraction * UNITS)
+        if mine:
+            rows.append(
+                Row(
+                    tuple(mine),
+                    (1,) * len(mine),
+                    fleet.min_replicas or None,
+                    count_cap,
+                    f"count[{fleet.name}]",
+                )
+            )
+            if lo_units:
+                rows.append(Row(tuple(mine), tuple(units), lo_units, None, f"min[{fleet.name}]"))
+        elif fleet.min_replicas or lo_units:
+            return None
+    for sp in speeds:
+        for s in chain:
+            use = {m_vars[(i, t, sp)]: t for (i, t, g) in m_vars if g == sp and t >= s}
+            room = bin_terms.get((sp, s), {})
+            if use:
+                rows.append(
+                    Row(
+                        (*use, *room),
+                        (*use.values(), *(-k for k in room.values())),
+                        None,
+                        0,
+                        f"bins[{sp},{s}]",
+                    )
+                )
+    program = IntProgram(
+        lb=np.array(lb, dtype=np.int64),
+        ub=np.array(ub, dtype=np.int64),
+        obj=np.array(obj, dtype=np.int64),
+        rows=tuple(rows),
+        names=tuple(names),
+    )
+    return _Built(program, cls_cols, n_vars, m_vars, z_var, float(WEIGHT_SCALE * UNITS), slack)
+
+
+def _expand(multi: MultiInstance, classes: list[_Class], built: _Built, x: np.ndarray) -> MultiPlan:
+    """Turn a program solution into a plan (GPU ids, replicas, exact batch split)."""
+    inst = multi.instance
+    a = inst.arrays
+    job = inst.job
+    stages: dict[int, list[tuple[int, int, np.ndarray]]] = {}  # t -> (cap, domain, gpus)
+    bins: dict[float, list[tuple[int, list[int]]]] = {}
+    for klass, cols in zip(classes, built.cls_cols, strict=True):
+        pos = 0
+        for v, cfg, left, sp in cols:
+            for _ in range(int(x[v])):
+                d, gpus = klass.domains[pos], klass.gpus[pos]
+                pos += 1
+                for t, b, start in cfg.stages:
+                    stages.setdefault(t, []).append((b, d, gpus[start : start + t]))
+                if left:
+                    bins.setdefault(sp, []).append((d, [int(g) for g in gpus[cfg.used :]]))
+    replicas: list[tuple[int, list[Stage]]] = []
+    training_on = built.z_var is None or int(x[built.z_var]) == 1
+    if training_on:
+        for t in sorted(stages, reverse=True):
+            pool = sorted(stages[t], key=lambda s: -s[0])
+            k = 0
+            wanted = sorted(
+                ((b, v) for (t2, b), v in built.n_vars.items() if t2 == t), reverse=True
+            )
+            for b, v in wanted:
+                for _ in range(int(x[v])):
+                    members = pool[k : k + job.pp]
+                    k += job.pp
+                    if len(members) < job.pp or min(m[0] for m in members) < b:
+                        raise RuntimeError("training stages do not cover the replicas (bug)")
+                    replicas.append(
+                        (
+                            t,
+                            [
+                                Stage(a.domain_ids[d], tuple(a.gpu_ids[g] for g in gs), 1.0)
+                                for _, d, gs in members
+                            ],
+                        )
+                    )
+    speeds = [
+        replica_speed(
+            job,
+            t,
+            [min(float(a.speed[a.gpu_index[g]]) for g in st.gpus) for st in sts],
+            [1.0] * len(sts),
+        )
+        for t, sts in replicas
+    ]
+    split = split_batch(job, speeds, [t for t, _ in replicas])
+    if split is None or not replicas:
+        training = Plan(inst.name, (), {"policy": "multi"})
+    else:
+        training = Plan(
+            inst.name,
+            tuple(
+                Replica(t, int(b), tuple(sts))
+                for (t, sts), b in zip(replicas, split.batches, strict=True)
+            ),
+            {"policy": "multi"},
+        )
+    serving: list[ServingReplica] = []
+    fleets = multi.workloads.serving
+    for sp, group in bins.items():
+        wanted_s = sorted(
+            ((t, i, int(x[v])) for (i, t, g), v in built.m_vars.items() if g == sp),
+            key=lambda r: (-r[0], r[1]),
+        )
+        for t, i, count in wanted_s:
+            for _ in range(count):
+                for d, free in group:
+                    if len(free) >= t:
+                        gs, free[:] = free[:t], free[t:]
+                        serving.append(
+                            ServingReplica(
+                                fleets[i].name,
+                                t,
+                                a.domain_ids[d],
+                                tuple(a.gpu_ids[g] for g in gs),
+                            )
+                        )
+                        break
+                else:
+                    raise RuntimeError("serving replicas do not fit their bins (bug)")
+    return MultiPlan(training, tuple(serving), {"policy": "multi-milp"})
+
+
+def _candidates(multi: MultiInstance, degrees: tuple[int, ...]) -> list[tuple[int, float]]:
+    """Step times where the training capacity can change: ``(priority, theta')``.
+
+    Priority 0 for those a stage on the fastest GPUs reaches (searched first:
+    they are the likely optimum), 1 for those only slower GPUs reach.
+    """
+    job = multi.instance.job
+    a = multi.instance.arrays
+    cap = min(job.local_batch_max, job.global_batch)
+    speeds = sorted({float(s) for s in a.speed[a.healthy].tolist()}, reverse=True)
+    if not speeds or not degrees:
+        return []
+    lo = 0.0
+    if job.batch_policy == "fixed":
+        # some replica carries at least ceil(B / dp_max) sequences
+        need = math.ceil(job.global_batch / max(1, job.replicas_max))
+        lo = need * job.seq_time_s / (max(job.tp_factor(t) for t in degrees) * speeds[0])
+    out: dict[float, int] = {}
+    for rank, sp in enumerate(speeds):
+        for t in degrees:
+            for b in range(1, cap + 1):
+                theta = b * job.seq_time_s / (job.tp_factor(t) * sp)
+                if theta >= lo * (1 - 1e-12) and theta not in out:
+                    out[theta] = min(rank, 1)
+    return sorted((p, th) for th, p in out.items())
+
+
+def solve_multi(
+    multi: MultiInstance,
+    *,
+    time_limit: float | None = 60.0,
+    seed: int = 0,
+    threads: int = 1,
+    backend: str = "highs",
+    share_domains: bool = True,
+) -> MultiResult:
+    """Plan every workload together, maximising weighted goodput.
+
+    Parameters
+    ----------
+    multi
+        The instance and its workloads.
+    time_limit
+        Seconds for the whole search (``None``: none; tests always set one).
+    seed, threads
+        Passed to the backend (one thread: deterministic).
+    backend
+        Integer-programming backend: ``"highs"`` (default), ``"cpsat"`` or
+        ``"cbc"``. CP-SAT finds good solutions but can stall proving them
+        optimal on the serving-throughput rows, whose coefficients are large
+        (``docs/workloads.md``); HiGHS's LP bound closes them at once.
+    share_domains
+        Let serving replicas use the GPUs that training leaves idle inside its
+        domains (default). ``False`` splits whole domains only (an ablation).
+
+    Returns
+    -------
+    MultiResult
+        Its plan, if any, has passed :func:`~ntp_opt.multi.validate.check_multi`.
+
+    Raises
+    ------
+    ValueError
+        On inputs the planner does not model: serving degrees that are not a
+        divisibility chain, or power budgets below the healthy GPUs' TDP.
+    """
+    if time_limit is not None and not time_limit > 0:
+        raise ValueError(f"time_limit must be positive, got {time_limit!r}")
+    _check_supported(multi)
+    start = time.perf_counter()
+    deadline = None if time_limit is None else start + time_limit
+    inst = multi.instance
+    job = inst.job
+    wl = multi.workloads
+    classes = _classes(multi)
+    a = inst.arrays
+    exact = len({float(s) for s in a.speed[a.healthy].tolist()}) <= 1
+    log: list[str] = []
+    best: tuple[MultiPlan, MultiEvaluation] | None = None
+    bound = 0.0
+    timed_out = False
+    infeasible_all = True
+    unproven = False
+    programs = 0
+    serving_alone: float | None = None
+    resolution = 0.0  # largest rounding slack of a program solved
+
+    def run(degrees: tuple[int, ...], theta: float, factor: float) -> float | None:
+        """Solve one program; return its bound in weighted-goodput units (None: timed out)."""
+        nonlocal best, infeasible_all, unproven, programs, timed_out, resolution
+        built = _build(multi, classes, degrees, theta, factor, share_domains)
+        if built is None:
+            return 0.0
+        resolution = max(resolution, built.slack)
+        remaining = None
+        if deadline is not None:
+            remaining = deadline - time.perf_counter()
+            if remaining <= 0.01:
+                timed_out = True
+                return None
+        sol = solve_program(
+            built.program, backend, time_limit=remaining, threads=threads, seed=seed
+        )
+        programs += 1
+        log.append(
+            f"degrees={list(degrees)} theta'={theta:.9g} vars={built.program.n_vars} "
+            f"status={sol.status} obj={sol.objective} {sol.runtime_s:.3f}s"
+        )
+        if sol.status == "infeasible":
+            return 0.0
+        infeasible_all = False
+        if sol.x is not None:
+            plan = _expand(multi, classes, built, sol.x)
+            ev = evaluate_multi(multi, plan)
+            if not ev.feasible:
+                raise RuntimeError(f"multi-workload plan broke rules (bug): {ev.violations[:3]}")
+            if best is None or ev.weighted_goodput > best[1].weighted_goodput:
+                best = (plan, ev)
+        if sol.status != "optimal":
+            unproven = True
+            if sol.time_limit_hit:
+                timed_out = True
+        if sol.bound is None:
+            return math.inf
+        return sol.bound / built.value_scale + built.slack
+
+    # training off: serving alone; it bounds the serving part of every program
+    off = run((), 1.0, 1.0)
+    if off is not None:
+        serving_alone = off
+        bound = max(bound, off)
+    cases: list[tuple[tuple[int, ...], float]] = [((job.tp,), 1.0)]
+    if len(job.allowed) > 1:
+        cases.append((job.allowed, 1.0 + job.reshard_overhead))
+    cap_b = min(job.global_batch, job.replicas_max * job.local_batch_max)
+    todo = sorted(
+        (prio, theta, degrees, factor)
+        for degrees, factor in cases
+        for prio, theta in _candidates(multi, degrees)
+    )
+    for _, theta, degrees, factor in todo:
+        train_ub = wl.training_weight * job.seq_time_s * cap_b / (job.dp * theta * factor)
+        ub_here = train_ub + (serving_alone if serving_alone is not None else math.inf)
+        current = best[1].weighted_goodput if best is not None else -math.inf
+        if ub_here <= current * (1 + REL_TOL) + 1e-12:
+            continue  # cannot beat the best plan: the serving part is at most serving_alone
+        got = None if timed_out else run(degrees, theta, factor)
+        # a program not solved is bounded by ub_here
+        bound = max(bound, ub_here if got is None else min(got, ub_here))
+    runtime = time.perf_counter() - start
+    if best is None:
+        status = (
+            MultiStatus.INFEASIBLE
+            if (infeasible_all and not timed_out)
+            else (MultiStatus.NO_SOLUTION)
+        )
+        return MultiResult(
+            status,
+            timed_out,
+            None,
+            None,
+            None,
+            runtime,
+            programs,
+            reason="minimum shares cannot all be met" if status == "infeasible" else "time limit",
+            log=tuple(log),
+        )
+    plan, _ = best
+    ev = check_multi(multi, plan)  # never trust the planner
+    value = ev.weighted_goodput
+    reason = None
+    if not exact:
+        reason = "stragglers: training takes each domain's fastest GPUs (not proven optimal)"
+        bound = math.inf
+    # optimal up to the model's rounding (serving throughput in 1e-6 of demand)
+    proven = (
+        (not timed_out)
+        and (not unproven)
+        and exact
+        and bound <= value * (1 + REL_TOL) + resolution + 1e-9
+    )
+    if timed_out:
+        reason = "time limit"
+    final_bound = None if math.isinf(bound) else max(bound, value)
+    plan = plan.with_metrics(
+        **ev.as_metrics(), **({"bound": final_bound} if final_bound is not None else {})
+    )
+    return MultiResult(
+        MultiStatus.OPTIMAL if proven else MultiStatus.FEASIBLE,
+        timed_out,
+        plan,
+        value,
+        final_bound,
+        runtime,
+        programs,
+        evaluation=ev,
+        reason=reason,
+        log=tuple(log),
+    )
+
+
+def gpus_by_owner(plan: MultiPlan) -> dict[str, int]:
+    """GPUs used per workload (``"training"`` and every fleet with replicas)."""
+    out: dict[str, int] = {"training": sum(1 for _ in plan.training.used_gpus())}
+    for rep in plan.serving:
+        out[rep.workload] = out.get(rep.workload, 0) + len(rep.gpus)
+    return out

@@ -1,0 +1,325 @@
+"""The independent validator and evaluator of multi-workload plans.
+
+:func:`evaluate_multi` recomputes the weighted goodput of a
+:class:`~ntp_opt.multi.workloads.MultiPlan` from the instance and the plan
+alone and lists every broken rule (:data:`MULTI_RULES`); the training plan is
+judged by :func:`ntp_opt.validate.evaluate` except for power, which is
+recomputed here over the GPUs of every workload. Planners never bypass it:
+every plan they return went through :func:`check_multi`.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Hashable
+from dataclasses import dataclass
+
+import numpy as np
+
+from ..validate import POWER_TOL, Evaluation, PlanError, Violation, evaluate
+from .workloads import MultiInstance, MultiPlan
+
+#: Rule codes added to :data:`ntp_opt.validate.RULES` for multi-workload plans.
+MULTI_RULES: dict[str, str] = {
+    "serving-workload": "a serving replica names no serving workload",
+    "serving-tp": "a serving replica's TP degree is not one its workload allows",
+    "serving-size": "a serving replica does not have exactly its TP degree of GPUs",
+    "domain-unknown": "a serving replica names a node that is not a domain",
+    "gpu-unknown": "a serving replica names a node that is not a GPU",
+    "gpu-failed": "a serving replica uses a failed GPU",
+    "gpu-outside-domain": "a serving replica uses a GPU of another domain",
+    "gpu-reused": "a GPU is used twice (by any two replicas of any workloads)",
+    "max-replicas": "a serving workload has more than max_replicas replicas",
+    "min-replicas": "a serving workload has fewer than min_replicas replicas",
+    "min-fraction": "a serving workload serves less than min_fraction of its demand",
+    "training-min": "training's relative goodput is below training_min_relative_goodput",
+    "rack-power": "a rack draws more than its budget (all workloads together)",
+    "site-power": "the site draws more than its budget (all workloads together)",
+    "metrics": "the plan's reported weighted goodput differs from the recomputed one",
+}
+
+#: Relative tolerance on minimum shares and on the claimed weighted goodput.
+SHARE_TOL = 1e-9
+METRIC_TOL = 1e-6
+
+
+@dataclass(frozen=True)
+class FleetFigures:
+    """Figures of one serving fleet.
+
+    Attributes
+    ----------
+    replicas
+        Number of replicas.
+    gpus
+        GPUs they use.
+    throughput
+        Requests/s, ``sum throughput[t] * slowest speed``.
+    served
+        ``min(1, throughput / demand)``.
+    """
+
+    replicas: int
+    gpus: int
+    throughput: float
+    served: float
+
+
+@dataclass(frozen=True)
+class MultiEvaluation:
+    """Figures of a multi-workload plan, recomputed from the instance and the plan.
+
+    Attributes
+    ----------
+    feasible
+        No rule is broken.
+    violations
+        The broken rules.
+    weighted_goodput
+        ``w_T * relative_goodput_T + sum_i w_i * served_i``.
+    training
+        The training plan's :class:`~ntp_opt.validate.Evaluation` (its power
+        figures count training GPUs only; see ``site_power_w`` here).
+    fleets
+        :class:`FleetFigures` by serving workload name (every workload listed).
+    gpus_used
+        GPUs used by any workload.
+    idle_healthy
+        Healthy GPUs no workload uses.
+    site_power_w
+        Site draw of all workloads together, in watts.
+    """
+
+    feasible: bool
+    violations: tuple[Violation, ...]
+    weighted_goodput: float
+    training: Evaluation
+    fleets: dict[str, FleetFigures]
+    gpus_used: int
+    idle_healthy: int
+    site_power_w: float
+
+    def as_metrics(self) -> dict[str, float | int]:
+        """Flat figures for a plan's ``metrics`` and for reports."""
+        out: dict[str, float | int] = {
+            "weighted_goodput": self.weighted_goodput,
+            "training_relative_goodput": self.training.relative_goodput,
+            "gpus_used": self.gpus_used,
+            "idle_healthy": self.idle_healthy,
+        }
+        for name, f in self.fleets.items():
+            out[f"{name}_served"] = f.served
+            out[f"{name}_replicas"] = f.replicas
+        return out
+
+
+def _fmt(x: float) -> str:
+    return f"{x:.6g}"
+
+
+def evaluate_multi(multi: MultiInstance, plan: MultiPlan) -> MultiEvaluation:
+    """Check every rule and recompute the weighted goodput of ``plan``.
+
+    Parameters
+    ----------
+    multi
+        The instance and its workloads.
+    plan
+        The plan; its ``metrics`` are checked, never used.
+
+    Returns
+    -------
+    MultiEvaluation
+    """
+    inst = multi.instance
+    wl = multi.workloads
+    a = inst.arrays
+    job = inst.job
+    train = evaluate(inst, plan.training)
+    out = [v for v in train.violations if v.rule not in ("rack-power", "site-power")]
+    # per-GPU power multiplier of used GPUs (0 = unused); training first
+    power_of = np.zeros(a.n_gpus, dtype=float)
+    owner: dict[int, str] = {}
+    for r, rep in enumerate(plan.training.replicas):
+        for st in rep.stages:
+            for g in st.gpus:
+                i = a.gpu_index.get(g)
+                if i is not None and i not in owner:
+                    owner[i] = f"training replica {r}"
+                    power_of[i] = min(max(float(st.power), 1.0), 1.0 + job.max_boost)
+    fleets = wl.by_name()
+    through = dict.fromkeys(fleets, 0.0)
+    count = dict.fromkeys(fleets, 0)
+    gpus = dict.fromkeys(fleets, 0)
+    for k, srv in enumerate(plan.serving):
+        where = f"serving replica {k} ({srv.workload!r})"
+        fleet = fleets.get(srv.workload)
+        if fleet is None:
+            out.append(
+                Violation(
+                    "serving-workload",
+                    f"{where}: no serving workload named {srv.workload!r} "
+                    f"(known: {sorted(fleets)})",
+                )
+            )
+        elif srv.tp not in fleet.throughput:
+            out.append(
+                Violation(
+                    "serving-tp",
+                    f"{where}: TP degree {srv.tp} not in allowed {list(fleet.degrees)}",
+                )
+            )
+        if len(srv.gpus) != srv.tp:
+            out.append(
+                Violation("serving-size", f"{where}: {len(srv.gpus)} GPUs for TP degree {srv.tp}")
+            )
+        d = a.domain_index.get(srv.domain)
+        if d is None:
+            out.append(
+                Violation(
+                    "domain-unknown",
+                    f"{where}: {srv.domain!r} is not a domain of the cluster",
+                    node=srv.domain,
+                )
+            )
+        slowest = math.inf
+        for g in srv.gpus:
+            i = a.gpu_index.get(g)
+            if i is None:
+                out.append(
+                    Violation("gpu-unknown", f"{where}: {g!r} is not a GPU of the cluster", node=g)
+                )
+                continue
+            slowest = min(slowest, float(a.speed[i]))
+            if not a.healthy[i]:
+                out.append(Violation("gpu-failed", f"{where}: GPU {g!r} has failed", node=g))
+            if d is not None and a.gpu_domain[i] != d:
+                out.append(
+                    Violation(
+                        "gpu-outside-domain",
+                        f"{where}: GPU {g!r} belongs to domain "
+                        f"{a.domain_ids[a.gpu_domain[i]]!r}, not {srv.domain!r}",
+                        node=g,
+                    )
+                )
+            if i in owner:
+                out.append(
+                    Violation(
+                        "gpu-reused", f"{where}: GPU {g!r} is already used by {owner[i]}", node=g
+                    )
+                )
+            else:
+                owner[i] = where
+                power_of[i] = 1.0
+        if fleet is not None:
+            count[fleet.name] += 1
+            gpus[fleet.name] += len(srv.gpus)
+            if srv.tp in fleet.throughput and srv.gpus and math.isfinite(slowest):
+                through[fleet.name] += fleet.rate(srv.tp, slowest)
+    figures: dict[str, FleetFigures] = {}
+    value = wl.training_weight * train.relative_goodput
+    for name, fleet in fleets.items():
+        served = min(1.0, through[name] / fleet.demand)
+        figures[name] = FleetFigures(count[name], gpus[name], through[name], served)
+        value += fleet.weight * served
+        if fleet.max_replicas is not None and count[name] > fleet.max_replicas:
+            out.append(
+                Violation(
+                    "max-replicas",
+                    f"serving workload {name!r}: {count[name]} replicas > max_replicas="
+                    f"{fleet.max_replicas}",
+                )
+            )
+        if count[name] < fleet.min_replicas:
+            out.append(
+                Violation(
+                    "min-replicas",
+                    f"serving workload {name!r}: {count[name]} replicas < min_replicas="
+                    f"{fleet.min_replicas}",
+                )
+            )
+        if through[name] < fleet.min_fraction * fleet.demand * (1 - SHARE_TOL):
+            out.append(
+                Violation(
+                    "min-fraction",
+                    f"serving workload {name!r}: serves {_fmt(through[name])} req/s < "
+                    f"min_fraction={fleet.min_fraction} of demand {_fmt(fleet.demand)}",
+                )
+            )
+    need = wl.training_min_relative_goodput
+    if train.relative_goodput < need * (1 - SHARE_TOL):
+        out.append(
+            Violation(
+                "training-min",
+                f"training relative goodput {_fmt(train.relative_goodput)} < "
+                f"training_min_relative_goodput={need}",
+            )
+        )
+    # power over all workloads: used at tdp * pi, idle healthy at the idle share
+    per_gpu = (
+        np.where(power_of > 0, power_of, np.where(a.healthy, job.idle_power_fraction, 0.0)) * a.tdp
+    )
+    rack_w = np.bincount(a.gpu_rack, weights=per_gpu, minlength=len(a.rack_ids))
+    for ri in np.flatnonzero(rack_w > a.rack_budget * (1 + POWER_TOL) + 1e-9).tolist():
+        out.append(
+            Violation(
+                "rack-power",
+                f"rack {a.rack_ids[ri]!r} draws {_fmt(float(rack_w[ri]))} W, budget "
+                f"{_fmt(float(a.rack_budget[ri]))} W",
+                node=a.rack_ids[ri],
+            )
+        )
+    site_w = float(per_gpu.sum())
+    if site_w > a.site_budget * (1 + POWER_TOL) + 1e-9:
+        out.append(
+            Violation("site-power", f"site draws {_fmt(site_w)} W, budget {_fmt(a.site_budget)} W")
+        )
+    claimed = plan.metrics.get("weighted_goodput")
+    if isinstance(claimed, int | float) and not math.isclose(
+        float(claimed), value, rel_tol=METRIC_TOL, abs_tol=1e-12
+    ):
+        out.append(
+            Violation(
+                "metrics",
+                f"plan reports weighted goodput {_fmt(float(claimed))}, recomputed {_fmt(value)}",
+            )
+        )
+    used = np.zeros(a.n_gpus, dtype=bool)
+    used[list(owner)] = True
+    return MultiEvaluation(
+        feasible=not out,
+        violations=tuple(out),
+        weighted_goodput=value,
+        training=train,
+        fleets=figures,
+        gpus_used=int(used.sum()),
+        idle_healthy=int((a.healthy & ~used).sum()),
+        site_power_w=site_w,
+    )
+
+
+def validate_multi(multi: MultiInstance, plan: MultiPlan) -> list[Violation]:
+    """Every rule ``plan`` breaks (empty if feasible)."""
+    return list(evaluate_multi(multi, plan).violations)
+
+
+def check_multi(multi: MultiInstance, plan: MultiPlan) -> MultiEvaluation:
+    """Evaluate ``plan`` and raise :class:`~ntp_opt.validate.PlanError` if it breaks a rule."""
+    ev = evaluate_multi(multi, plan)
+    if not ev.feasible:
+        raise PlanError(list(ev.violations))
+    return ev
+
+
+def certified_multi(multi: MultiInstance, plan: MultiPlan) -> MultiPlan:
+    """``plan`` checked by :func:`check_multi`, with the validator's figures as metrics."""
+    return plan.with_metrics(**check_multi(multi, plan).as_metrics())
+
+
+def gpu_owner_map(plan: MultiPlan) -> dict[Hashable, str]:
+    """Which workload uses each GPU (``"training"`` or the fleet name); for reports."""
+    out: dict[Hashable, str] = {g: "training" for g in plan.training.used_gpus()}
+    for rep in plan.serving:
+        for g in rep.gpus:
+            out.setdefault(g, rep.workload)
+    return out
