@@ -601,12 +601,12 @@ def spares_search(
     start|)`` restricted traces; a good guess for ``start`` (e.g. the peak
     count of domains with a GPU down, for ``dp-drop``) makes it two probes.
     That more spares never hurt holds for ``dp-drop`` and for exact planners
-    proven optimal (more domains only add plans, and, when
-    ``dp_max`` grows with ``k``, more replicas); for the other heuristics it is
-    an assumption, checked against the linear scan in the tests. A trace is
-    planned state by state with early exit at the first stall, states with the
-    most GPUs down first, and ``prune`` skips states that cannot stall when a
-    state with more failures does not:
+    proven optimal (more domains only add plans, and, when ``dp_max`` grows
+    with ``k``, more replicas); for the other heuristics it is an assumption,
+    checked against the linear scan in the tests. A trace is planned state by
+    state with early exit at the first stall, states with the most GPUs down
+    first, and ``prune`` skips states that cannot stall when a state with more
+    failures does not:
 
     * ``"none"``: plan every distinct state;
     * ``"maximal"``: plan only states whose set of GPUs down is maximal under
