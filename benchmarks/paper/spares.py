@@ -416,10 +416,11 @@ def render(data: dict[str, Any], out: Path, plot_path: Path | None) -> int:
             "(`--from-json benchmarks/paper/spares.json --plot` redraws it without planning).",
             data["settings"] + ".",
             table,
-            "Spare domains needed so that no state of the trace stalls; *pause*: no plan "
-            "carries B (MODEL.md section 3); *full speed*: relative goodput below "
-            f"1 / (1 + ρ) = {data['threshold']:.4f}, i.e. the step is slower than "
-            "nominal beyond the resharding overhead. Mean / max over the traces, then "
+            "Spare domains needed so that no state of the trace stalls. A state stalls "
+            "under *pause* when no plan carries B (MODEL.md section 3), under *full "
+            f"speed* when its relative goodput is below 1 / (1 + ρ) = {data['threshold']:.4f}, "
+            "i.e. the step is slower than nominal beyond the resharding overhead. "
+            "Mean / max over the traces, then "
             "the value of each trace. Paper: spares for no pause, fixed minibatch.",
             check,
             "Traces (on the cluster with the most spares):",
