@@ -7,7 +7,7 @@ INSTANCE ?= instances/default.json
 PAPER := instances/paper-nvl32-32k-0.1pct.json.gz instances/paper-nvl32-32k-0.4pct.json.gz \
          instances/gb200-nvl72-9k-trays.json.gz
 
-.PHONY: install run compare test pytest lint format clean
+.PHONY: install run compare figures test pytest lint format clean
 
 install: $(VENV)/.installed
 
@@ -23,6 +23,11 @@ run: install  ## solve the default instance with every policy, then the paper in
 
 compare: install  ## every policy on every bundled instance
 	$(BIN)/ntp-opt compare instances/*.json instances/*.json.gz
+
+figures: install  ## regenerate the paper's results in benchmarks/paper (~20 min on 2 cores)
+	$(BIN)/python benchmarks/paper/availability.py --plot
+	$(BIN)/python benchmarks/paper/throughput_loss.py --plot
+	$(BIN)/python benchmarks/paper/spares.py --plot
 
 test: install lint pytest  ## lint, type-check and run the test suite
 

@@ -17,6 +17,9 @@ import sys
 import tempfile
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
+
+import networkx as nx
 
 from ntp_opt import topology
 from ntp_opt.files import save_instance
@@ -49,21 +52,40 @@ def default() -> Instance:
     )
 
 
+#: NVL32 domains of the paper's simulated cluster (1,024 x 32 = 32,768 GPUs).
+PAPER_DOMAINS = 1024
+
+
+def paper_cluster(num_domains: int = PAPER_DOMAINS) -> nx.Graph:
+    """The paper's B200 cluster: ``num_domains`` NVL32 domains, rack power factor 1.3."""
+    return topology.nvl32(num_domains, rack_power_factor=1.3)
+
+
+def paper_job(**overrides: Any) -> Job:
+    """The paper's job: TP32 (30, 28), PP8, DP128, 2,048 sequences, elastic by default.
+
+    480B model, 16M-token batch of 8k-token sequences: 2,048 sequences.
+    ``overrides`` replace fields (e.g. ``batch_policy="fixed"``, ``dp_max``).
+    """
+    spec: dict[str, Any] = {
+        "tp": 32,
+        "tp_allowed": (28, 30, 32),
+        "pp": 8,
+        "dp": 128,
+        "global_batch": 2048,
+        "batch_policy": "elastic",
+    }
+    spec.update(overrides)
+    return Job(**spec)
+
+
 def paper(fraction: float) -> Callable[[], Instance]:
     """The paper's simulated cluster: 32,768 B200 GPUs, NVL32, TP32 (30, 28), PP8."""
 
     def make() -> Instance:
-        g = topology.nvl32(1024, rack_power_factor=1.3)
+        g = paper_cluster()
         topology.fail_random(g, fraction=fraction, seed=2504)
-        # 480B model, 16M-token batch of 8k-token sequences: 2,048 sequences.
-        job = Job(
-            tp=32,
-            tp_allowed=(28, 30, 32),
-            pp=8,
-            dp=128,
-            global_batch=2048,
-            batch_policy="elastic",
-        )
+        job = paper_job()
         pct = f"{fraction * 100:g}pct"
         return Instance(
             f"paper-nvl32-32k-{pct}",

@@ -1,7 +1,7 @@
 """Recourse: how a running plan reacts to failures (MODEL.md section 4).
 
 :func:`adapt` is the deterministic NTP reaction documented in
-``docs/failures.md``:
+``docs/failures.md`` (step 5 only with ``boost=True``):
 
 1. GPUs of the plan that failed leave their stages. The *pool* of a domain is
    its healthy, non-failed GPUs that no stage of the plan uses, fastest first
@@ -18,7 +18,13 @@
    stage with a GPU in such a rack goes back to power 1; if the site is still
    over budget, every stage does; if a budget still fails (possible only when
    a budget is below the GPUs' TDP), the last replicas drop until it holds.
-5. Local batches are re-split exactly with :func:`ntp_opt.goodput.split_batch`
+5. Only with ``boost=True`` (default off): the replicas whose degree dropped
+   in step 2 raise the power of their stages toward the nominal speed
+   ``1 / c`` (never above ``1 + max_boost``, never below their current
+   power), the one needing the fewest extra watts first, each as far as the
+   remaining rack and site budgets allow (the reachable speed is found by
+   bisection) — MODEL.md's "its racks boost".
+6. Local batches are re-split exactly with :func:`ntp_opt.goodput.split_batch`
    under the job's policy; under ``fixed`` a set of replicas that cannot carry
    ``B`` pauses the job (empty plan).
 
@@ -27,12 +33,17 @@ The result is feasible for :func:`ntp_opt.failures.failed_instance`.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import numpy as np
 
 from . import goodput as gp
 from .instance import Instance
 from .plan import Plan, Replica, Stage
 from .validate import POWER_TOL
+
+#: Share of the remaining budgets a boost leaves unspent, so rounding never breaks one.
+_BOOST_MARGIN = 1e-9
 
 
 def _mask(instance: Instance, failed_mask: np.ndarray | None) -> np.ndarray:
@@ -65,7 +76,9 @@ def _over(instance: Instance, rack: np.ndarray, site: float) -> tuple[np.ndarray
     return racks, bool(site > a.site_budget * (1 + POWER_TOL) + 1e-9)
 
 
-def adapt(instance: Instance, plan: Plan, failed_mask: np.ndarray | None) -> Plan:
+def adapt(
+    instance: Instance, plan: Plan, failed_mask: np.ndarray | None, *, boost: bool = False
+) -> Plan:
     """The plan after recourse to the failures in ``failed_mask``.
 
     Parameters
@@ -76,6 +89,10 @@ def adapt(instance: Instance, plan: Plan, failed_mask: np.ndarray | None) -> Pla
         A feasible plan for ``instance``.
     failed_mask
         Bool per GPU (``instance.arrays`` order): True = failed in the horizon.
+    boost
+        Let the replicas whose degree dropped boost their racks (step 5 of the
+        module docstring) instead of only taking a smaller batch. Default
+        ``False``: the documented recourse, which never raises a power.
 
     Returns
     -------
@@ -83,9 +100,11 @@ def adapt(instance: Instance, plan: Plan, failed_mask: np.ndarray | None) -> Pla
         Feasible for ``failed_instance(instance, failed_mask)``; empty when
         the job pauses. ``metrics`` holds ``goodput``, ``relative_goodput``,
         ``paused``, ``policy="recourse"``, ``dropped`` (replicas that dropped
-        out), ``reduced_power`` (the power rule of step 4 fired).
+        out), ``reduced_power`` (the power rule of step 4 fired) and, with
+        ``boost``, ``boosted`` (replicas whose power step 5 raised).
     """
-    return _adapt(instance, plan, _mask(instance, failed_mask), plan_indices(instance, plan))
+    mask = _mask(instance, failed_mask)
+    return _adapt(instance, plan, mask, plan_indices(instance, plan), boost=boost)
 
 
 def plan_indices(instance: Instance, plan: Plan) -> list[list[np.ndarray]]:
@@ -97,7 +116,14 @@ def plan_indices(instance: Instance, plan: Plan) -> list[list[np.ndarray]]:
     ]
 
 
-def _adapt(instance: Instance, plan: Plan, mask: np.ndarray, reps: list[list[np.ndarray]]) -> Plan:
+def _adapt(
+    instance: Instance,
+    plan: Plan,
+    mask: np.ndarray,
+    reps: list[list[np.ndarray]],
+    *,
+    boost: bool = False,
+) -> Plan:
     """:func:`adapt` with the plan's stage indices precomputed."""
     a = instance.arrays
     job = instance.job
@@ -121,6 +147,7 @@ def _adapt(instance: Instance, plan: Plan, mask: np.ndarray, reps: list[list[np.
         return pools[d]
 
     new_reps: list[tuple[int, list[np.ndarray], list[float], int]] = []  # (t, gpus, powers, r)
+    reduced: set[int] = set()  # plan indices of the replicas whose degree dropped
     dropped = 0
     for r, (rep, stages) in enumerate(zip(plan.replicas, reps, strict=True)):
         doms = [a.domain_index[st.domain] for st in rep.stages]
@@ -158,6 +185,7 @@ def _adapt(instance: Instance, plan: Plan, mask: np.ndarray, reps: list[list[np.
                 out.append(np.concatenate([s, np.array(p[:take], dtype=np.int64)]))
                 pools[d] = p[take:]
         new_reps.append((t_new, out, [float(st.power) for st in rep.stages], r))
+        reduced.add(r)
 
     # power (step 4)
     reduced_power = False
@@ -184,7 +212,9 @@ def _adapt(instance: Instance, plan: Plan, mask: np.ndarray, reps: list[list[np.
         dropped += 1
         racks_over, site_over = _over(instance, *_draw(instance, alive, flat()))
 
-    # batches (step 5)
+    boosted = _boost(instance, alive, new_reps, reduced, flat) if boost else 0
+
+    # batches (step 6)
     tps = [t for t, _, _, _ in new_reps]
     speeds = [
         gp.replica_speed(job, t, [float(speed[g].min()) for g in gs], pws)
@@ -219,8 +249,72 @@ def _adapt(instance: Instance, plan: Plan, mask: np.ndarray, reps: list[list[np.
             "relative_goodput": gp.relative_goodput(job, value),
             "dropped": dropped,
             "reduced_power": reduced_power,
+            **({"boosted": boosted} if boost else {}),
         },
     )
+
+
+def _boost(
+    instance: Instance,
+    alive: np.ndarray,
+    new_reps: list[tuple[int, list[np.ndarray], list[float], int]],
+    reduced: set[int],
+    flat: Callable[[], list[tuple[np.ndarray, float]]],
+) -> int:
+    """Step 5: raise the power of reduced replicas toward nominal speed; count them."""
+    a = instance.arrays
+    job = instance.job
+    alpha = job.power_exponent
+    hi = 1.0 + job.max_boost
+    if alpha <= 0 or job.max_boost <= 0:
+        return 0
+    rack_draw, site_draw = _draw(instance, alive, flat())
+    rack_room = a.rack_budget - rack_draw
+    site_room = a.site_budget - site_draw
+    target = 1.0 / job.seq_time_s
+    margin = 1.0 - _BOOST_MARGIN
+
+    def need(i: int, goal: float) -> tuple[list[float], np.ndarray, float]:
+        t, gs, pws, _ = new_reps[i]
+        factor = job.tp_factor(t) / job.seq_time_s
+        mult, extra_rack, extra = [], np.zeros(len(a.rack_ids)), 0.0
+        for g, pw in zip(gs, pws, strict=True):
+            pi = (goal / (factor * float(a.speed[g].min()))) ** (1.0 / alpha)
+            pi = min(max(pi, pw), max(hi, pw))
+            watts = a.tdp[g] * (pi - pw)
+            np.add.at(extra_rack, a.gpu_rack[g], watts)
+            extra += float(watts.sum())
+            mult.append(pi)
+        return mult, extra_rack, extra
+
+    def fits(extra_rack: np.ndarray, extra: float) -> bool:
+        return bool(np.all(extra_rack <= rack_room * margin) and extra <= site_room * margin)
+
+    def speed(i: int) -> float:
+        t, gs, pws, _ = new_reps[i]
+        return gp.replica_speed(job, t, [float(a.speed[g].min()) for g in gs], pws)
+
+    slow = [i for i, rep in enumerate(new_reps) if rep[3] in reduced and speed(i) < target]
+    slow.sort(key=lambda i: (need(i, target)[2], i))
+    boosted = 0
+    for i in slow:
+        mult, extra_rack, extra = need(i, target)
+        if not fits(extra_rack, extra):
+            lo, up = speed(i), target  # bisect on the reachable speed
+            for _ in range(60):
+                mid = 0.5 * (lo + up)
+                if fits(*need(i, mid)[1:]):
+                    lo = mid
+                else:
+                    up = mid
+            mult, extra_rack, extra = need(i, lo)
+            if not fits(extra_rack, extra) or extra <= 0:
+                continue
+        new_reps[i][2][:] = mult
+        rack_room = rack_room - extra_rack
+        site_room -= extra
+        boosted += 1
+    return boosted
 
 
 def goodput_after(instance: Instance, plan: Plan, failed_mask: np.ndarray | None) -> float:

@@ -213,3 +213,71 @@ def test_recourse_plans_are_feasible_and_below_the_bound(inst, planner, data):
     ev = check(after, adapt(inst, plan, mask))
     assert ev.goodput == pytest.approx(goodput_after(inst, plan, mask), rel=1e-12, abs=1e-12)
     assert ev.goodput <= capacity_bound(after) * (1 + 1e-9)
+
+
+def _three_nvl8(site_w: float | None = None) -> tuple[Instance, Plan]:
+    """Three NVL8 domains, one rack each (budget 1.3 x TDP), TP8 PP1 R = 3, B = 24 fixed."""
+    g = topology.build_cluster(3, 8, 4, 2, rack_power_factor=1.3)
+    if site_w is not None:
+        g.graph["power_budget_w"] = site_w
+    inst = Instance("boost", g, Job(tp=8, pp=1, dp=3, global_batch=24))
+    full = [[(f"d{d}", [f"d{d}.t{t}.g{k}" for t in range(2) for k in range(4)])] for d in range(3)]
+    return inst, _plan(inst, full, 8, [8, 8, 8])
+
+
+def test_boost_spends_the_freed_power_on_the_reduced_replica():
+    # d0.t0.g0 fails: d0 runs TP7 (speed 7/8). Without boost: relative (7/8) / 1.01.
+    # The site budget is the TDP sum: the failed GPU frees exactly one TDP, so the
+    # 7 GPUs of d0 can reach pi = 1 + 1/7 = 8/7 (rack room 10.4 - 7 TDP is larger):
+    # speed (7/8) * (8/7)^0.65 = (7/8)^0.35, relative (7/8)^0.35 / 1.01.
+    inst, plan = _three_nvl8()
+    mask = _mask(inst, ["d0.t0.g0"])
+    plain = adapt(inst, plan, mask)
+    assert plain == adapt(inst, plan, mask, boost=False)  # the default is unchanged
+    assert "boosted" not in plain.metrics
+    assert plain.metrics["relative_goodput"] == pytest.approx((7 / 8) / 1.01)
+    out = adapt(inst, plan, mask, boost=True)
+    ev = check(failed_instance(inst, mask), out)
+    assert ev.relative_goodput == pytest.approx((7 / 8) ** 0.35 / 1.01, rel=1e-7)
+    assert out.replicas[0].stages[0].power == pytest.approx(8 / 7, rel=1e-7)
+    assert [r.stages[0].power for r in out.replicas[1:]] == [1.0, 1.0]
+    assert out.metrics["boosted"] == 1
+
+
+def test_boost_reaches_nominal_speed_with_site_headroom():
+    # A site budget of 30 TDP leaves room: pi = (8/7)^(1/0.65) < 1.3 gives TP7 the
+    # nominal speed 1; only the resharding overhead remains: relative 1 / 1.01.
+    tdp = float(_three_nvl8()[0].arrays.tdp[0])
+    inst, plan = _three_nvl8(site_w=30 * tdp)
+    mask = _mask(inst, ["d0.t0.g0"])
+    out = adapt(inst, plan, mask, boost=True)
+    ev = check(failed_instance(inst, mask), out)
+    assert ev.relative_goodput == pytest.approx(1 / 1.01, rel=1e-9)
+    assert out.replicas[0].stages[0].power == pytest.approx((8 / 7) ** (1 / 0.65), rel=1e-9)
+    # No power to give (max_boost = 0): boost changes nothing.
+    job = inst.job.model_copy(update={"max_boost": 0.0})
+    flat = Instance("flat", inst.cluster, job)
+    flat_plan = _plan(
+        flat, [[(st.domain, st.gpus) for st in r.stages] for r in plan.replicas], 8, [8, 8, 8]
+    )
+    assert adapt(flat, flat_plan, mask, boost=True).metrics["boosted"] == 0
+
+
+@pytest.mark.parametrize("seed", range(12))
+def test_boost_output_passes_validator_and_never_hurts(seed):
+    rng = np.random.default_rng(100 + seed)
+    inst = make_instance(
+        failed=seed % 4,
+        stragglers=seed % 3,
+        seed=seed,
+        rack_power_factor=float(rng.choice([1.0, 1.2, 1.4])),
+        batch_policy=str(rng.choice(["fixed", "elastic"])),
+    )
+    for planner in (baselines.ntp, baselines.ntp_pw):
+        plan = planner(inst)
+        for frac in (0.05, 0.2):
+            mask = rng.random(inst.arrays.n_gpus) < frac
+            out = adapt(inst, plan, mask, boost=True)
+            ev = check(failed_instance(inst, mask), out)
+            assert ev.goodput == pytest.approx(out.metrics["goodput"])
+            assert ev.goodput >= adapt(inst, plan, mask).metrics["goodput"] * (1 - 1e-9)
