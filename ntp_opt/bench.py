@@ -74,11 +74,22 @@ def run_key(file: Path, planner: str, seed: int) -> str:
 
 
 def expand_paths(paths: list[Path]) -> list[Path]:
-    """Files as given; a directory becomes its ``*.json`` and ``*.json.gz`` files, sorted."""
+    """Files as given; a directory becomes its ``*.json`` and ``*.json.gz`` files, sorted.
+
+    A directory's best-known table (``best_known.json``) is not an instance and is left out.
+    """
+    from .best_known import FILENAME
+
     out: list[Path] = []
     for p in map(Path, paths):
         if p.is_dir():
-            out.extend(sorted(q for q in p.iterdir() if q.name.endswith((".json", ".json.gz"))))
+            out.extend(
+                sorted(
+                    q
+                    for q in p.iterdir()
+                    if q.name.endswith((".json", ".json.gz")) and q.name != FILENAME
+                )
+            )
         else:
             out.append(p)
     return out

@@ -7,7 +7,8 @@ improves:
   (by more than :data:`TOLERANCE`) of a plan the validator has checked
   (rows with ``validated: true``);
 - the best bound is replaced only by a strictly lower relative bound from an
-  exact planner of :data:`ntp_opt.solve.EXACT`, the planners that prove one.
+  exact planner of :data:`ntp_opt.solve.EXACT` that solves the instance as it
+  is (not ``optimal-nopower``, whose bound holds without power boost only).
 
 Each entry carries the SHA-256 of the instance file it is about. A row counts
 only if it was computed on the file as it is now; if the file has changed
@@ -170,7 +171,7 @@ def merge(
             changes.append(f"{name}: goodput {_fmt(old)} -> {goodput:.6f} ({row['planner']})")
         bound = row.get("bound")
         if (
-            row.get("planner") in EXACT
+            EXACT.get(str(row.get("planner")), ("", False))[1]  # solves this instance
             and isinstance(bound, int | float)
             and _better(float(bound), entry["bound"], higher=False)
         ):

@@ -11,6 +11,7 @@ from typing import Any
 import pytest
 
 from ntp_opt import best_known as bk
+from ntp_opt.bench import read_rows
 from ntp_opt.cli import main
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -72,6 +73,7 @@ def test_only_improves(lib: Path) -> None:
         _row(f, "ntp", 0.99, sha256="0" * 64),  # computed on another version of the file
         _row(f, "ntp", None, bound=0.5),  # a heuristic proves no bound
         _row(f, "tests.x:planner", None, bound=0.5),  # nor does a custom planner
+        _row(f, "optimal-nopower", 0.6, bound=0.6),  # a bound without boost only
     ]
     assert bk.update(path, rejected) == []
     assert path.read_bytes() == before  # nothing changed: not even rewritten
@@ -137,6 +139,8 @@ def test_cli_bench_updates_the_default_table(lib: Path, tmp_path: Path, capsys) 
     assert bk.load(table)["instances"] == {}
     assert main([*argv, "-o", str(tmp_path / "b")]) == 0
     assert "3 improvements" in capsys.readouterr().out  # ntp, then optimal and its bound
+    rows = read_rows(tmp_path / "b" / "results.jsonl")
+    assert [r["instance"] for r in rows] == ["tiny", "tiny"]  # the table is not an instance
     entry = bk.load(table)["instances"]["tiny"]
     assert entry["goodput"] == pytest.approx(TINY_OPT, rel=1e-9)
     assert entry["goodput_planner"] == "optimal"
