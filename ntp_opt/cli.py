@@ -299,6 +299,11 @@ def _cmd_bench(args: argparse.Namespace) -> int:
         None if args.no_best_known else Path(args.best_known) if args.best_known else "auto"
     )
     workers = args.workers if args.workers is not None else (None if args.backend == "ray" else 1)
+    if args.backend == "ray":
+        try:
+            import ray  # noqa: F401
+        except ImportError:
+            raise ValueError("--backend ray needs ray: pip install 'ntp-opt[ray]'") from None
     rows = run_bench(
         [Path(p) for p in args.paths],
         planners,
