@@ -306,7 +306,7 @@ def run_bench(
         row: dict[str, Any] = dict.fromkeys(FIELDS)
         row.update(
             key=item.key,
-            instance=Path(item.file).name.split(".")[0],
+            instance=Path(item.file).name.removesuffix(".gz").removesuffix(".json"),
             file=str(item.file),
             planner=item.planner,
             seed=item.seed,
@@ -366,7 +366,7 @@ def update_best_known(
     tables: dict[Path, list[dict[str, Any]]] = {}
     for row in rows:
         if best_known == "auto":
-            path = bk.default_path(str(row["file"]))
+            path = bk.default_path(bk.row_file(row))
             if path is None:
                 continue
         else:

@@ -107,6 +107,14 @@ def _rel(path: Path, base: Path) -> str:
         return path.resolve().as_posix()
 
 
+def row_file(row: dict[str, Any]) -> str:
+    """The instance file of a bench row: the resolved path of its key, else its ``file``."""
+    key = row.get("key")
+    if isinstance(key, str) and key.count("|") >= 2:
+        return key.rsplit("|", 2)[0]
+    return str(row.get("file"))
+
+
 def merge(
     table: dict[str, Any], rows: list[dict[str, Any]], base: Path, sha: dict[str, str]
 ) -> list[str]:
@@ -121,16 +129,16 @@ def merge(
     base
         Folder of the table; file paths are stored relative to it.
     sha
-        Current SHA-256 of every instance file, by the row's ``file`` field;
-        rows whose file is missing here, or whose ``sha256`` differs, are
-        skipped (the file changed since the run).
+        Current SHA-256 of every instance file, by :func:`row_file`; rows
+        whose file is missing here, or whose ``sha256`` differs, are skipped
+        (the file changed since the run).
     """
     from .solve import EXACT
 
     entries: dict[str, Any] = table["instances"]
     changes: list[str] = []
     for row in rows:
-        current = sha.get(str(row.get("file")))
+        current = sha.get(row_file(row))
         if current is None or row.get("sha256") != current:
             continue
         if str(row.get("status")) not in _GOOD_STATUS:
@@ -142,7 +150,7 @@ def merge(
             entry = None
         if entry is None:
             entry = {
-                "file": _rel(Path(str(row["file"])), base),
+                "file": _rel(Path(row_file(row)), base),
                 "sha256": current,
                 "gpus": row.get("gpus"),
                 "failed": row.get("failed"),
@@ -263,7 +271,7 @@ def update(path: str | os.PathLike[str], rows: list[dict[str, Any]]) -> list[str
     p = Path(path)
     p.parent.mkdir(parents=True, exist_ok=True)
     sha: dict[str, str] = {}
-    for f in dict.fromkeys(str(r.get("file")) for r in rows):
+    for f in dict.fromkeys(row_file(r) for r in rows):
         if f and Path(f).is_file():
             sha[f] = file_sha256(f)
     with _locked(p):
