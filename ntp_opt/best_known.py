@@ -15,7 +15,7 @@ only if it was computed on the file as it is now; if the file has changed
 since the entry was written (the instance was regenerated differently), the
 entry starts afresh from the new rows. The JSON table and its rendering,
 ``best_known.md`` beside it, are written to temporary files and renamed, under
-an exclusive lock (``.best_known.json.lock``) so that two benches sharing a
+an exclusive lock (``.best_known.lock``) so that two benches sharing a
 table do not lose each other's updates. See ``docs/bench.md``.
 """
 
@@ -247,7 +247,7 @@ def _atomic_write(path: Path, text: str) -> None:
 
 @contextlib.contextmanager
 def _locked(path: Path) -> Iterator[None]:
-    lock = path.with_name(f".{path.name}.lock")
+    lock = path.with_name(f".{path.stem}.lock")  # not *.json*: no glob takes it for an instance
     with open(lock, "a+b") as f:
         try:
             import fcntl

@@ -13,7 +13,9 @@ from ntp_opt.solve import HEURISTICS, solve
 
 ROOT = Path(__file__).resolve().parent.parent
 BUNDLED = sorted(
-    p.name for p in (ROOT / "instances").glob("*.json*") if p.name != "best_known.json"
+    p.name
+    for p in (ROOT / "instances").glob("*.json*")
+    if p.name != "best_known.json" and not p.name.startswith(".")
 )
 
 sys.path.insert(0, str(ROOT / "instances"))
