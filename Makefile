@@ -7,7 +7,7 @@ INSTANCE ?= instances/default.json
 PAPER := instances/paper-nvl32-32k-0.1pct.json.gz instances/paper-nvl32-32k-0.4pct.json.gz \
          instances/gb200-nvl72-9k-trays.json.gz
 
-.PHONY: install run compare figures test pytest lint format clean
+.PHONY: install run compare figures instances test pytest lint format clean
 
 install: $(VENV)/.installed
 
@@ -22,7 +22,10 @@ run: install  ## solve the default instance with every policy, then the paper in
 	$(BIN)/ntp-opt compare $(PAPER) --time-limit 20
 
 compare: install  ## every policy on every bundled instance
-	$(BIN)/ntp-opt compare instances/*.json instances/*.json.gz
+	$(BIN)/ntp-opt compare $(filter-out instances/best_known.json,$(wildcard instances/*.json)) instances/*.json.gz
+
+instances: install  ## build the large library instances (32k-131k GPUs) into instances/large/
+	$(BIN)/python instances/generate.py --large
 
 figures: install  ## regenerate the paper's results in benchmarks/paper (~20 min on 2 cores)
 	$(BIN)/python benchmarks/paper/availability.py --plot

@@ -13,7 +13,7 @@ import sys
 import time
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from rich.console import Console
 from rich.table import Table
@@ -361,11 +361,20 @@ def _cmd_schema(args: argparse.Namespace) -> int:
 
 
 def _cmd_bench(args: argparse.Namespace) -> int:
-    from .bench import run_bench, summary
+    from .bench import run_bench, summary, update_best_known
 
     planners = args.planners.split(",") if args.planners else list(POLICIES)
     seeds = [int(x) for x in args.seeds.split(",")]
     timeout = args.timeout if args.timeout is not None else args.time_limit + 60.0
+    best_known: Path | Literal["auto"] | None = (
+        None if args.no_best_known else Path(args.best_known) if args.best_known else "auto"
+    )
+    workers = args.workers if args.workers is not None else (None if args.backend == "ray" else 1)
+    if args.backend == "ray":
+        try:
+            import ray  # noqa: F401
+        except ImportError:
+            raise ValueError("--backend ray needs ray: pip install 'ntp-opt[ray]'") from None
     rows = run_bench(
         [Path(p) for p in args.paths],
         planners,
@@ -373,11 +382,19 @@ def _cmd_bench(args: argparse.Namespace) -> int:
         Path(args.output),
         time_limit=args.time_limit,
         timeout=timeout,
-        workers=args.workers,
+        workers=workers,
         progress=True,
+        backend=args.backend,
+        ray_address=args.ray_address,
+        best_known=None,
     )
     print(summary(rows))
     print(f"wrote {Path(args.output) / 'results.jsonl'}, summary.md and plots")
+    if best_known is not None:
+        for table, changes in update_best_known(rows, best_known).items():
+            print(f"{table}: {len(changes)} improvement{'s' if len(changes) != 1 else ''}")
+            for line in changes:
+                print(f"  {line}")
     return 0
 
 
@@ -543,7 +560,32 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument(
         "--timeout", type=float, help="hard seconds per run, then killed (default time limit + 60)"
     )
-    b.add_argument("--workers", type=int, default=1, help="parallel worker processes (default 1)")
+    b.add_argument(
+        "--workers",
+        type=int,
+        help="runs in flight at once (default 1; with --backend ray the cluster's CPUs)",
+    )
+    b.add_argument(
+        "--backend",
+        choices=["process", "ray"],
+        default="process",
+        help="local process pool (default) or a Ray cluster (needs ntp-opt[ray])",
+    )
+    b.add_argument(
+        "--ray-address",
+        help="ray.init address for --backend ray ('auto': this machine's cluster; "
+        "default: a new local Ray)",
+    )
+    bk = b.add_mutually_exclusive_group()
+    bk.add_argument(
+        "--best-known",
+        metavar="PATH",
+        help="best-known table to update (default: best_known.json beside the instance "
+        "files or one folder up, e.g. instances/best_known.json, if it exists)",
+    )
+    bk.add_argument(
+        "--no-best-known", action="store_true", help="do not update any best-known table"
+    )
     b.set_defaults(func=_cmd_bench)
 
     x = sub.add_parser("export", help="write a plan's launch configuration for a runtime")

@@ -61,6 +61,8 @@ def test_rows_summary_plots(tmp_path: Path, small: Path) -> None:
     assert len((out / "results.csv").read_text().splitlines()) == 5
     assert (out / "goodput.png").stat().st_size > 0
     assert (out / "time_vs_size.png").stat().st_size > 0
+    assert (out / "gap.png").stat().st_size > 0
+    assert opt["validated"] is True and len(opt["sha256"]) == 64
 
 
 def test_resume_after_kill_mid_write(tmp_path: Path, small: Path) -> None:
@@ -137,7 +139,7 @@ def test_cli_killed_mid_run_resumes(tmp_path: Path) -> None:
     """SIGKILL the whole ``ntp-opt bench`` process group mid-run, then rerun it."""
     out = tmp_path / "res"
     cmd = [sys.executable, "-m", "ntp_opt.cli", "bench", str(TINY), "-o", str(out)]
-    cmd += ["--planners", "ntp,tests.test_bench:sleepy", "--time-limit", "1"]
+    cmd += ["--planners", "ntp,tests.test_bench:sleepy", "--time-limit", "1", "--no-best-known"]
     proc = subprocess.Popen(
         [*cmd, "--timeout", "60"],
         cwd=ROOT,
