@@ -6,9 +6,10 @@ improves:
 - the best goodput is replaced only by a strictly higher relative goodput
   (by more than :data:`TOLERANCE`) of a plan the validator has checked
   (rows with ``validated: true``);
-- the best bound is replaced only by a strictly lower relative bound from an
-  exact planner of :data:`ntp_opt.solve.EXACT` that solves the instance as it
-  is (not ``optimal-nopower``, whose bound holds without power boost only).
+- the best bound is replaced only by a strictly lower relative bound from a
+  planner of :data:`ntp_opt.solve.INSTANCE_BOUNDS`, whose bounds hold for the
+  instance as it is (the exact planners and ``fast``; not ``optimal-nopower``
+  or ``optimal-megatron``, which bound restricted problems).
 
 Each entry carries the SHA-256 of the instance file it is about. A row counts
 only if it was computed on the file as it is now; if the file has changed
@@ -133,7 +134,7 @@ def merge(
         whose file is missing here, or whose ``sha256`` differs, are skipped
         (the file changed since the run).
     """
-    from .solve import EXACT
+    from .solve import INSTANCE_BOUNDS
 
     entries: dict[str, Any] = table["instances"]
     changes: list[str] = []
@@ -179,7 +180,7 @@ def merge(
             changes.append(f"{name}: goodput {_fmt(old)} -> {goodput:.6f} ({row['planner']})")
         bound = row.get("bound")
         if (
-            EXACT.get(str(row.get("planner")), ("", False))[1]  # solves this instance
+            str(row.get("planner")) in INSTANCE_BOUNDS  # bounds this instance as it is
             and isinstance(bound, int | float)
             and _better(float(bound), entry["bound"], higher=False)
         ):

@@ -128,6 +128,11 @@ SEARCHES: dict[str, str] = {
     "risk-aware": "ntp_opt.riskaware:plan_risk_aware",
 }
 
+#: Planners whose :attr:`Result.bound` holds for the instance as it is. The
+#: others bound a restricted problem (``optimal-nopower``: no boost;
+#: ``optimal-megatron``: one reduced degree) or have no bound.
+INSTANCE_BOUNDS: frozenset[str] = frozenset({"optimal", "cpsat", "highs", "cbc", *BOUNDED})
+
 #: Every planner name :func:`solve` accepts.
 PLANNERS: tuple[str, ...] = (*HEURISTICS, *BOUNDED, *EXACT, *SEARCHES)
 

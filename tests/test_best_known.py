@@ -74,6 +74,7 @@ def test_only_improves(lib: Path) -> None:
         _row(f, "ntp", None, bound=0.5),  # a heuristic proves no bound
         _row(f, "tests.x:planner", None, bound=0.5),  # nor does a custom planner
         _row(f, "optimal-nopower", 0.6, bound=0.6),  # a bound without boost only
+        _row(f, "optimal-megatron", 0.6, bound=0.6),  # a bound of one reduced degree only
     ]
     assert bk.update(path, rejected) == []
     assert path.read_bytes() == before  # nothing changed: not even rewritten
@@ -83,6 +84,9 @@ def test_only_improves(lib: Path) -> None:
     assert (entry["goodput"], entry["goodput_planner"], entry["bound"]) == (0.85, "highs", 0.90)
     md = (lib / "best_known.md").read_text()
     assert "| tiny | 12 | 1 | 0.850000 | highs | 0.900000 | highs | 5.56e-02 |" in md
+    # the fast planner's bound is proven for the instance as it is: it counts
+    assert len(bk.update(path, [_row(f, "fast", 0.84, bound=0.89)])) == 1
+    assert bk.load(path)["instances"]["tiny"]["bound_planner"] == "fast"
 
 
 def test_changed_instance_file_starts_afresh(lib: Path) -> None:
