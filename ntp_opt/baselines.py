@@ -85,8 +85,14 @@ def domain_slots(instance: Instance, reduced: bool) -> list[Slot]:
     return slots
 
 
-def pack_replicas(instance: Instance, slots: list[Slot]) -> list[tuple[int, list[Slot]]]:
+def pack_replicas(
+    instance: Instance, slots: list[Slot], by_value: bool = False
+) -> list[tuple[int, list[Slot]]]:
     """Group slots into replicas: best slots first, ``pp`` at a time.
+
+    "Best" is the highest degree, then the fastest slowest GPU (the paper's
+    packing); with ``by_value``, the largest ``f(t) * slowest speed``, then
+    the highest degree. Ties keep slot order.
 
     Returns
     -------
@@ -95,10 +101,12 @@ def pack_replicas(instance: Instance, slots: list[Slot]) -> list[tuple[int, list
     """
     job = instance.job
     speed = instance.arrays.speed
-    order = sorted(
-        range(len(slots)),
-        key=lambda i: (-slots[i].degree, -slots[i].speed(speed, slots[i].degree), i),
-    )
+    fast = [s.speed(speed, s.degree) for s in slots]
+    if by_value:
+        value = [job.tp_factor(s.degree) * v for s, v in zip(slots, fast, strict=True)]
+        order = sorted(range(len(slots)), key=lambda i: (-value[i], -slots[i].degree, i))
+    else:
+        order = sorted(range(len(slots)), key=lambda i: (-slots[i].degree, -fast[i], i))
     n = min(job.replicas_max, len(slots) // job.pp)
     groups = []
     for r in range(n):

@@ -33,6 +33,7 @@ from .baselines import (
     domain_slots,
     draw_at_power_one,
     fits_at_power_one,
+    pack_replicas,
 )
 from .goodput import replica_speed, split_batch
 from .instance import Instance
@@ -90,26 +91,6 @@ def speed_aware_slots(instance: Instance) -> list[Slot]:
             slots.append(Slot(d, ok[start : start + best_t], best_t))
             start += best_t
     return slots
-
-
-def pack_by_value(instance: Instance, slots: list[Slot]) -> list[tuple[int, list[Slot]]]:
-    """Group slots ``pp`` at a time by decreasing ``f(t) * slowest speed``.
-
-    Returns
-    -------
-    list of (degree, slots)
-        At most ``dp_max`` replicas; leftover slots are spares.
-    """
-    job = instance.job
-    speed = instance.arrays.speed
-    value = [job.tp_factor(s.degree) * s.speed(speed, s.degree) for s in slots]
-    order = sorted(range(len(slots)), key=lambda i: (-value[i], -slots[i].degree, i))
-    n = min(job.replicas_max, len(slots) // job.pp)
-    groups = []
-    for r in range(n):
-        members = [slots[i] for i in order[r * job.pp : (r + 1) * job.pp]]
-        groups.append((min(s.degree for s in members), members))
-    return groups
 
 
 def boost_floor(instance: Instance, groups: list[tuple[int, list[Slot]]]) -> list[list[float]]:
@@ -232,13 +213,11 @@ def candidates(instance: Instance) -> list[Candidate]:
         Sorted by goodput, best first; candidates with no feasible batch
         split (a paused ``fixed`` job) are left out.
     """
-    from .baselines import pack_replicas
-
     boost = instance.job.max_boost > 0 and instance.job.power_exponent > 0
     packs = {
         "dp-drop": pack_replicas(instance, domain_slots(instance, reduced=False)),
         "ntp": pack_replicas(instance, domain_slots(instance, reduced=True)),
-        "speed-aware": pack_by_value(instance, speed_aware_slots(instance)),
+        "speed-aware": pack_replicas(instance, speed_aware_slots(instance), by_value=True),
     }
     out: list[Candidate] = []
     for name, groups in packs.items():
