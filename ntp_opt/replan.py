@@ -278,14 +278,15 @@ def align(instance: Instance, old: Plan, new: Plan) -> Plan:
     return Plan(new.instance, tuple(reps), dict(new.metrics))
 
 
-def reboost(instance: Instance, plan: Plan) -> Plan:
+def reboost(instance: Instance, plan: Plan, *, validate: bool = True) -> Plan:
     """The same replicas and GPUs with the best power boost and batch split.
 
-    Tries the plan's own multipliers, none, :func:`ntp_opt.baselines._boost`
-    and :func:`ntp_opt.fast.boost_floor`; keeps the best feasible one. No GPU
-    moves. Used after recourse, whose power rule (every boost of an
-    over-budget rack or site back to 1) is blunt: a repaired GPU's idle draw
-    alone can trigger it.
+    Tries the plan's own multipliers, :func:`ntp_opt.baselines._boost` and
+    :func:`ntp_opt.fast.boost_floor`; keeps the best (checked by the validator
+    unless ``validate=False``, for a caller that checks it). No GPU moves.
+    Used after recourse, whose power rule (every boost of an over-budget rack
+    or site back to 1) is blunt: a repaired GPU's idle draw alone can trigger
+    it.
     """
     from .baselines import Slot, _boost
     from .fast import boost_floor
@@ -306,32 +307,41 @@ def reboost(instance: Instance, plan: Plan) -> Plan:
         )
         for rep in plan.replicas
     ]
-    best, best_value = plan, evaluate(instance, plan).goodput
-    for powers in (_boost(instance, groups), boost_floor(instance, groups)):
+    tps = [t for t, _ in groups]
+
+    def split_for(powers: list[list[float]]) -> tuple[float, tuple[int, ...]] | None:
         speeds = [
             replica_speed(job, t, [s.speed(a.speed, t) for s in m], p)
             for (t, m), p in zip(groups, powers, strict=True)
         ]
-        split = split_batch(job, speeds, [t for t, _ in groups])
-        if split is None or split.goodput <= best_value * (1 + 1e-12):
-            continue
-        reps = tuple(
-            Replica(
-                tp=rep.tp,
-                local_batch=b,
-                stages=tuple(
-                    Stage(st.domain, st.gpus, float(pw))
-                    for st, pw in zip(rep.stages, p, strict=True)
-                ),
-            )
-            for rep, p, b in zip(plan.replicas, powers, split.batches, strict=True)
-            if b > 0
+        split = split_batch(job, speeds, tps)
+        return None if split is None else (split.goodput, split.batches)
+
+    keep = split_for([[st.power for st in rep.stages] for rep in plan.replicas])
+    value = -1.0 if keep is None else keep[0]
+    best: tuple[float, list[list[float]], tuple[int, ...]] | None = None
+    for powers in (_boost(instance, groups), boost_floor(instance, groups)):
+        got = split_for(powers)
+        if got is not None and got[0] > value * (1 + 1e-12) and (best is None or got[0] > best[0]):
+            best = (got[0], powers, got[1])
+    if best is None:
+        return plan
+    _, powers, batches = best
+    reps = tuple(
+        Replica(
+            tp=rep.tp,
+            local_batch=b,
+            stages=tuple(
+                Stage(st.domain, st.gpus, float(pw)) for st, pw in zip(rep.stages, p, strict=True)
+            ),
         )
-        cand = Plan(plan.instance, reps, {"policy": "reboost"})
-        ev = evaluate(instance, cand)
-        if ev.feasible and ev.goodput > best_value:
-            best, best_value = cand, ev.goodput
-    return best
+        for rep, p, b in zip(plan.replicas, powers, batches, strict=True)
+        if b > 0
+    )
+    cand = Plan(plan.instance, reps, {"policy": "reboost"})
+    if not validate:
+        return cand  # the caller checks it
+    return cand if evaluate(instance, cand).feasible else plan  # one check, of the winner
 
 
 @dataclass(frozen=True)
@@ -423,9 +433,16 @@ def replan(
     failed_now = a.healthy & ~new_inst.arrays.healthy
     reps = plan_indices(instance, plan)
     local = _adapt(new_inst, plan, failed_now, reps)
+    local_ev = None
     if local.metrics.get("reduced_power") or any(e.kind == "speed" for e in evs):
-        local = reboost(new_inst, local)  # recourse reset boosts, or speeds changed
-    local_ev = check(new_inst, local)
+        # recourse reset boosts, or speeds changed: redo the boosts
+        boosted = reboost(new_inst, local, validate=False)
+        if boosted is not local:
+            ev = evaluate(new_inst, boosted)
+            if ev.feasible:
+                local, local_ev = boosted, ev
+    if local_ev is None:
+        local_ev = check(new_inst, local)
     bound = stage_bound(new_inst)
     before = np.full(a.n_gpus, -1, dtype=np.int64)
     for r, stages in enumerate(reps):

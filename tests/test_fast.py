@@ -42,7 +42,8 @@ def test_stage_bound_by_hand():
         batch_policy="elastic",
     )
     inst = Instance("hand", g, job)
-    assert stage_bound(inst) == pytest.approx(3.75 / 1.01, rel=1e-12)
+    # (rel 1e-8: the bounds allow the validator's 1e-9 power slack)
+    assert stage_bound(inst) == pytest.approx(3.75 / 1.01, rel=1e-8)
     # fixed: B = 8 with b <= 2 needs all 4 replicas at b = 2, the slowest is
     # the TP3 one (0.75): theta >= 2 * 1.01 / 0.75, goodput <= 8 * 0.75 / 2.02
     fixed = Instance("hand", g, job.model_copy(update={"batch_policy": "fixed"}))
@@ -50,9 +51,9 @@ def test_stage_bound_by_hand():
     assert solve(fixed, "fast").objective == pytest.approx(8 * 0.75 / 2.02, rel=1e-9)
     # with rho = 0.3, case A wins: 3 replicas at full speed
     job3 = job.model_copy(update={"reshard_overhead": 0.3})
-    assert stage_bound(Instance("hand", g, job3)) == pytest.approx(3.0, rel=1e-12)
+    assert stage_bound(Instance("hand", g, job3)) == pytest.approx(3.0, rel=1e-8)
     # the per-GPU bound ignores both effects: 15 healthy GPUs / 4
-    assert gpu_bound(inst) == pytest.approx(15 / 4, rel=1e-12)
+    assert gpu_bound(inst) == pytest.approx(15 / 4, rel=1e-8)
 
 
 def test_stage_bound_straggler_by_hand():
@@ -62,7 +63,7 @@ def test_stage_bound_straggler_by_hand():
     topology.set_speed(g, ["d0.t0.g0"], 0.5)
     job = Job(tp=4, tp_min=3, pp=1, dp=1, global_batch=2, max_boost=0.0, reshard_overhead=0.0)
     inst = Instance("strag", g, job)
-    assert stage_bound(inst) == pytest.approx(0.75, rel=1e-12)
+    assert stage_bound(inst) == pytest.approx(0.75, rel=1e-8)
     plan, bound = plan_fast(inst)
     assert plan.replicas[0].tp == 3 and "d0.t0.g0" not in set(plan.used_gpus())
     # b = 2 at speed 0.75: step 2 / 0.75, goodput 0.75 = the bound, so proven optimal

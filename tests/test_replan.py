@@ -113,7 +113,7 @@ def test_a_plan_far_from_the_bound_is_upgraded():
     out = replan(inst, plan_for(inst), [])
     assert out.local_goodput == pytest.approx(3 / 2.02, rel=1e-12)
     assert out.choice == "global" and out.goodput == pytest.approx(2.0, rel=1e-12)
-    assert out.moved == 1 and out.gap == pytest.approx(0.0, abs=1e-12)
+    assert out.moved == 1 and out.gap == pytest.approx(0.0, abs=1e-8)  # validator slack
 
 
 def test_global_mode_is_the_fast_plan_renumbered():

@@ -24,6 +24,7 @@ import numpy as np
 
 from ..instance import Instance
 from ..job import Job
+from ..validate import POWER_TOL
 
 
 def capacity_bound(instance: Instance) -> float:
@@ -67,7 +68,8 @@ def gpu_bound(instance: Instance) -> float:
     alpha = job.power_exponent
     hi = 1.0 + job.max_boost
     idle = job.idle_power_fraction
-    room = a.site_budget - float((w * n * idle).sum())
+    room = a.site_budget - float((w * n * idle).sum()) + _slack(a.site_budget)
+    hi = hi * (1 + POWER_TOL)
     phi = max(job.tp_factor(t) / t for t in job.allowed)
     v_max = max(job.tp_factor(t) for t in job.allowed) * float(s.max()) * hi**alpha
     replicas_cap = job.replicas_max * v_max / job.seq_time_s
@@ -104,6 +106,15 @@ def gpu_bound(instance: Instance) -> float:
         best = min(dual(lo)[0], dual(hi_lam)[0])
     speed_sum = best * phi / (job.pp * job.seq_time_s)
     return float(min(speed_sum, replicas_cap))
+
+
+def _slack(site_budget: float) -> float:
+    """Watts over the site budget the validator forgives (its power tolerance).
+
+    The bounds must hold for every plan the validator accepts, so they give
+    the site budget and the largest multiplier the same slack.
+    """
+    return site_budget * POWER_TOL + 1e-9
 
 
 def _usable(h: int, degrees: tuple[int, ...]) -> int:
@@ -159,7 +170,8 @@ def stage_bound(instance: Instance) -> float:
     ok = a.healthy
     if not ok.any():
         return 0.0
-    room = a.site_budget - float((a.tdp[ok] * idle).sum())
+    room = a.site_budget - float((a.tdp[ok] * idle).sum()) + _slack(a.site_budget)
+    hi = hi * (1 + POWER_TOL)
     if room < 0:
         return 0.0
     # per domain: healthy speeds descending and TDPs ascending, zero-padded
@@ -240,7 +252,7 @@ def _fixed_case_bound(
     speed and smallest TDP (an over-estimate, so still valid).
     """
     alpha = job.power_exponent
-    hi = 1.0 + job.max_boost if alpha > 0 else 1.0
+    hi = (1.0 + job.max_boost if alpha > 0 else 1.0) * (1 + POWER_TOL)  # validator slack
     idle = job.idle_power_fraction
     single = h < 2 * min(degrees)
     val = np.stack(
@@ -435,19 +447,21 @@ def _case_bound(
                 up = mid
         return best_v, best_g
 
-    value, gpus = inner(0.0)
-    if gpus <= cap_gpus or not refine:
-        return value
+    value, _ = inner(0.0)
+    if not refine or dual(0.0, 0.0)[2] <= cap_gpus:
+        return value  # (the second: the GPU count can never bind, mu = 0 is optimal)
+    # D(mu) = min over lambda is convex in mu: ternary search on its values
+    # (not on a subgradient, which ties between domain classes make unreliable).
+    # Beyond mu_hi every option's gain is negative, so the minimum is below it.
+    per_gpu = [val_s.max(initial=0.0) / min(degrees), gv.max(initial=0.0)]
+    lo, up = 0.0, max(per_gpu) * hi**alpha * 1.01
     best = value
-    lo, up = 0.0, 1e-12
-    while inner(up)[1] > cap_gpus and up < 1e12:
-        up *= 4.0
-    for _ in range(25):
-        mid = 0.5 * (lo + up)
-        v, g = inner(mid)
-        best = min(best, v)
-        if g > cap_gpus:
-            lo = mid
+    for _ in range(24):
+        m1, m2 = lo + (up - lo) / 3, up - (up - lo) / 3
+        v1, v2 = inner(m1)[0], inner(m2)[0]
+        best = min(best, v1, v2)
+        if v1 <= v2:
+            up = m2
         else:
-            up = mid
-    return min(best, inner(up)[0])
+            lo = m1
+    return best
