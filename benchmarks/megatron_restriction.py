@@ -58,8 +58,10 @@ def main() -> None:
     ap.add_argument("--time-limit", type=float, default=20.0, help="seconds per solve")
     args = ap.parse_args()
     files = args.files or sorted(
-        glob.glob(str(ROOT / "instances" / "*.json"))
+        f
+        for f in glob.glob(str(ROOT / "instances" / "*.json"))
         + glob.glob(str(ROOT / "instances" / "*.json.gz"))
+        if not f.endswith("best_known.json")  # the table, not an instance
     )
     print(f"## Megatron-LM NTP restriction (time limit {args.time_limit:g} s per solve)\n")
     print(
