@@ -184,6 +184,42 @@ def test_replan_default_after_a_failure(client: httpx.Client, default: dict[str,
     assert body["goodput"] <= body["bound"] * (1 + 1e-9)
 
 
+LIBRARY = [
+    "dgx-256-2gpu-elastic",
+    "nvl32-1k-0.4pct-elastic",
+    "nvl36x2-144-tp72-tray-fixed",
+    "nvl72-1k-tp72-trays-fixed",
+    "nvl72-576-tp36-0.4pct-elastic",
+]
+
+
+@pytest.mark.parametrize("name", LIBRARY)
+def test_solve_validate_replan_on_library_instances(client: httpx.Client, name: str) -> None:
+    """Every endpoint a scheduler loop needs, on instances of the library."""
+    import gzip
+
+    data = json.loads(gzip.decompress((ROOT / "instances" / f"{name}.json.gz").read_bytes()))
+    r = client.post("/solve", json={"instance": data, "solver": "fast"})
+    assert r.status_code == 200, r.text
+    plan = r.json()["plan"]
+    inst = instance_from_dict(data)
+    assert evaluate(inst, plan_from_dict(plan)).feasible  # the client's own check
+    v = client.post("/validate", json={"instance": data, "plan": plan})
+    assert v.status_code == 200 and v.json()["feasible"]
+    used = [g for rep in plan["replicas"] for st in rep["stages"] for g in st["gpus"]]
+    if not used:
+        return  # a paused job: nothing to fail
+    x = client.post(
+        "/replan",
+        json={"instance": data, "plan": plan, "events": [{"kind": "fail", "nodes": [used[0]]}]},
+    )
+    assert x.status_code == 200, x.text
+    body = x.json()
+    new_plan = plan_from_dict(body["plan"])
+    assert used[0] not in set(new_plan.used_gpus())
+    assert body["goodput"] <= body["bound"] * (1 + 1e-9)
+
+
 def test_replan_bad_events_are_422(client: httpx.Client, tiny: dict[str, Any]) -> None:
     plan = client.post("/solve", json={"instance": tiny, "solver": "fast"}).json()["plan"]
     cases = [
