@@ -505,8 +505,10 @@ def replan(
     chosen, value, moved = options[choice]
     if value > bound * (1 + 1e-9):  # a bug, never hidden
         raise RuntimeError(f"re-planned goodput {value} above the bound {bound}")
-    chosen = chosen.with_metrics(policy=f"replan-{choice}", moved=moved, bound=bound)
-    ev = evals[choice]  # the chosen plan was checked above; only its metrics changed
+    ev = evals[choice]  # the chosen plan was checked above; only its metrics change
+    chosen = chosen.with_metrics(
+        **ev.as_metrics(), policy=f"replan-{choice}", moved=moved, bound=bound
+    )
     global_value = options["global"][1] if "global" in options else None
     global_moved = options["global"][2] if "global" in options else None
     return Replanned(

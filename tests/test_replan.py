@@ -266,3 +266,21 @@ def test_a_repaired_replica_returns_to_full_degree():
     # two GPUs rejoin replica A: the repaired one (d0) and the one d1 left
     # unused at TP3
     assert back.choice == "swap" and back.moved == 2
+
+
+def test_replanned_plans_carry_the_validators_metrics(tmp_path):
+    # a straggler makes replan redo the boosts: the plan it returns must still
+    # be savable (its metrics are the validator's) and reload to the same plan
+    from ntp_opt import load_plan, save_plan
+
+    base, plan = four_domains()
+    g = topology.build_cluster(4, 4, 2, 2, rack_power_factor=1.5)
+    g.graph["power_budget_w"] = 1.5 * float(base.arrays.tdp.sum())  # room to boost
+    inst = Instance("four", g, base.job.model_copy(update={"max_boost": 0.3}))
+    out = replan(inst, plan, [ClusterEvent("speed", ("d0.t0.g0",), 0.8)], mode="local")
+    assert max(st.power for r in out.plan.replicas for st in r.stages) > 1.0  # re-boosted
+    save_plan(out.plan, tmp_path / "p.json")
+    again = load_plan(tmp_path / "p.json")
+    assert again.replicas == out.plan.replicas
+    assert out.plan.metrics["goodput"] == pytest.approx(out.goodput)
+    assert out.plan.metrics["moved"] == out.moved
