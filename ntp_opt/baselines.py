@@ -26,7 +26,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .goodput import replica_speed, split_batch
+from .goodput import BatchSplit, replica_speed, split_batch
 from .instance import Instance
 from .plan import Plan, Replica, Stage
 from .validate import certified
@@ -199,35 +199,63 @@ def fits_at_power_one(instance: Instance, used: np.ndarray) -> bool:
     return bool(np.all(rack <= a.rack_budget * (1 + 1e-12)) and site <= a.site_budget * (1 + 1e-12))
 
 
-def _plan(instance: Instance, policy: str, reduced: bool, boost: bool) -> Plan:
+Groups = list[tuple[int, list[Slot]]]
+
+
+def fit_power(instance: Instance, groups: Groups) -> Groups:
+    """``groups`` without its last (worst) replicas until all fit the budgets at power 1.
+
+    Only a budget below the GPUs' TDP makes this drop anything.
+    """
+    groups = list(groups)
+    while groups and not fits_at_power_one(instance, _used_mask(instance, groups)):
+        groups.pop()
+    return groups
+
+
+def split_groups(
+    instance: Instance, groups: Groups, powers: list[list[float]]
+) -> BatchSplit | None:
+    """The exact batch split of replicas ``groups`` at stage multipliers ``powers``."""
     a = instance.arrays
     job = instance.job
-    groups = pack_replicas(instance, domain_slots(instance, reduced))
-    while groups and not fits_at_power_one(instance, _used_mask(instance, groups)):
-        groups.pop()  # a budget below the GPUs' TDP: drop the worst replicas
-    powers = _boost(instance, groups) if boost else [[1.0] * len(m) for _, m in groups]
     speeds = [
         replica_speed(job, t, [s.speed(a.speed, t) for s in m], p)
         for (t, m), p in zip(groups, powers, strict=True)
     ]
-    split = split_batch(job, speeds, [t for t, _ in groups])
+    return split_batch(job, speeds, [t for t, _ in groups])
+
+
+def to_replicas(
+    instance: Instance, groups: Groups, powers: list[list[float]], batches: tuple[int, ...]
+) -> tuple[Replica, ...]:
+    """Replicas of the plan: each stage on its slot's fastest ``t`` GPUs (zero batches left out)."""
+    a = instance.arrays
+    return tuple(
+        Replica(
+            tp=t,
+            local_batch=b,
+            stages=tuple(
+                Stage(
+                    domain=a.domain_ids[s.domain],
+                    gpus=tuple(a.gpu_ids[i] for i in s.gpus[:t]),
+                    power=float(pw),
+                )
+                for s, pw in zip(members, p, strict=True)
+            ),
+        )
+        for (t, members), p, b in zip(groups, powers, batches, strict=True)
+        if b > 0
+    )
+
+
+def _plan(instance: Instance, policy: str, reduced: bool, boost: bool) -> Plan:
+    groups = fit_power(instance, pack_replicas(instance, domain_slots(instance, reduced)))
+    powers = _boost(instance, groups) if boost else [[1.0] * len(m) for _, m in groups]
+    split = split_groups(instance, groups, powers)
     replicas: tuple[Replica, ...] = ()
     if split is not None:
-        replicas = tuple(
-            Replica(
-                tp=t,
-                local_batch=b,
-                stages=tuple(
-                    Stage(
-                        domain=a.domain_ids[s.domain],
-                        gpus=tuple(a.gpu_ids[i] for i in s.gpus[:t]),
-                        power=float(pw),
-                    )
-                    for s, pw in zip(members, p, strict=True)
-                ),
-            )
-            for (t, members), p, b in zip(groups, powers, split.batches, strict=True)
-        )
+        replicas = to_replicas(instance, groups, powers, split.batches)
     plan = Plan(instance.name, replicas, {"policy": policy, "paused": not replicas})
     return certified(instance, plan)
 

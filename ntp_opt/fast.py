@@ -32,13 +32,14 @@ from .baselines import (
     _used_mask,
     domain_slots,
     draw_at_power_one,
-    fits_at_power_one,
+    fit_power,
     pack_replicas,
+    split_groups,
+    to_replicas,
 )
-from .goodput import replica_speed, split_batch
 from .instance import Instance
 from .milp.bounds import capacity_bound
-from .plan import Plan, Replica, Stage
+from .plan import Plan
 from .validate import certified
 
 
@@ -157,45 +158,21 @@ def boost_floor(instance: Instance, groups: list[tuple[int, list[Slot]]]) -> lis
 def _score(
     instance: Instance, name: str, groups: list[tuple[int, list[Slot]]], boost: str
 ) -> Candidate | None:
-    a = instance.arrays
-    job = instance.job
-    groups = list(groups)
-    while groups and not fits_at_power_one(instance, _used_mask(instance, groups)):
-        groups.pop()
+    groups = fit_power(instance, groups)
     if boost == "slow":
         powers = _boost(instance, groups)
     elif boost == "floor":
         powers = boost_floor(instance, groups)
     else:
         powers = [[1.0] * len(m) for _, m in groups]
-    speeds = [
-        replica_speed(job, t, [s.speed(a.speed, t) for s in m], p)
-        for (t, m), p in zip(groups, powers, strict=True)
-    ]
-    split = split_batch(job, speeds, [t for t, _ in groups])
+    split = split_groups(instance, groups, powers)
     if split is None:
         return None
     return Candidate(name, groups, powers, split.batches, split.goodput)
 
 
 def _to_plan(instance: Instance, c: Candidate) -> Plan:
-    a = instance.arrays
-    replicas = tuple(
-        Replica(
-            tp=t,
-            local_batch=b,
-            stages=tuple(
-                Stage(
-                    domain=a.domain_ids[s.domain],
-                    gpus=tuple(a.gpu_ids[i] for i in s.gpus[:t]),
-                    power=float(pw),
-                )
-                for s, pw in zip(members, p, strict=True)
-            ),
-        )
-        for (t, members), p, b in zip(c.groups, c.powers, c.batches, strict=True)
-        if b > 0
-    )
+    replicas = to_replicas(instance, c.groups, c.powers, c.batches)
     return Plan(instance.name, replicas, {"policy": "fast", "candidate": c.name})
 
 

@@ -288,9 +288,8 @@ def reboost(instance: Instance, plan: Plan, *, validate: bool = True) -> Plan:
     or site back to 1) is blunt: a repaired GPU's idle draw alone can trigger
     it.
     """
-    from .baselines import Slot, _boost
+    from .baselines import Slot, _boost, split_groups
     from .fast import boost_floor
-    from .goodput import replica_speed, split_batch
 
     a = instance.arrays
     job = instance.job
@@ -307,14 +306,9 @@ def reboost(instance: Instance, plan: Plan, *, validate: bool = True) -> Plan:
         )
         for rep in plan.replicas
     ]
-    tps = [t for t, _ in groups]
 
     def split_for(powers: list[list[float]]) -> tuple[float, tuple[int, ...]] | None:
-        speeds = [
-            replica_speed(job, t, [s.speed(a.speed, t) for s in m], p)
-            for (t, m), p in zip(groups, powers, strict=True)
-        ]
-        split = split_batch(job, speeds, tps)
+        split = split_groups(instance, groups, powers)
         return None if split is None else (split.goodput, split.batches)
 
     keep = split_for([[st.power for st in rep.stages] for rep in plan.replicas])
