@@ -14,7 +14,10 @@ Candidates (each packed by sorted grouping, see ``docs/milp.md``):
   smaller degree on faster GPUs is worth more, which the paper's heuristic
   never does;
 
-each without power boost, with the boost of :func:`ntp_opt.baselines.ntp_pw`
+each also in a *degree-fit* variant when the budgets force replicas out
+(:func:`fit_power_by_degree`: one replica fewer dropped, degrees lowered
+instead), and each without power boost, with the boost of
+:func:`ntp_opt.baselines.ntp_pw`
 (slow replicas lifted to nominal speed, cheapest first) and with
 :func:`boost_floor` (every replica lifted to the highest common speed).
 Deterministic: no randomness, ties broken by index.
@@ -33,6 +36,7 @@ from .baselines import (
     domain_slots,
     draw_at_power_one,
     fit_power,
+    fits_at_power_one,
     pack_replicas,
     split_groups,
     to_replicas,
@@ -155,6 +159,54 @@ def boost_floor(instance: Instance, groups: list[tuple[int, list[Slot]]]) -> lis
     return out
 
 
+def fit_power_by_degree(
+    instance: Instance, groups: list[tuple[int, list[Slot]]]
+) -> list[tuple[int, list[Slot]]] | None:
+    """Fit the budgets at power 1 by dropping whole replicas, then one fewer plus lower degrees.
+
+    :func:`ntp_opt.baselines.fit_power` drops the worst replicas until the
+    used GPUs (and the idle draw of the others) fit; the last drop usually
+    frees more watts than needed. This keeps one more replica and instead
+    lowers the degree of replicas, worst first, one allowed step at a time,
+    until the draw fits: a degree step frees ``pp (t - t')`` GPUs. Returns
+    ``None`` when :func:`fit_power` drops nothing (nothing to refine) or the
+    degree steps cannot make it fit.
+    """
+    kept = fit_power(instance, groups)
+    if len(kept) == len(groups):
+        return None
+    a = instance.arrays
+    job = instance.job
+    out = [(t, list(m)) for t, m in groups[: len(kept) + 1]]
+    lower = {t: max((u for u in job.allowed if u < t), default=None) for t in job.allowed}
+    rack, site = draw_at_power_one(instance, _used_mask(instance, out))
+    saving = a.tdp * (1.0 - job.idle_power_fraction)  # a GPU going from used to idle
+
+    def over() -> bool:
+        return bool(
+            np.any(rack > a.rack_budget * (1 + 1e-12)) or site > a.site_budget * (1 + 1e-12)
+        )
+
+    r = len(out) - 1  # worst replica first, one degree step each, round after round
+    stuck = 0
+    while over():
+        t, members = out[r]
+        step = lower.get(t)
+        if step is not None:
+            freed = np.concatenate([slot.gpus[step:t] for slot in members])
+            rack -= np.bincount(a.gpu_rack[freed], weights=saving[freed], minlength=len(rack))
+            site -= float(saving[freed].sum())
+            out[r] = (step, members)
+            stuck = 0
+        else:
+            stuck += 1
+            if stuck >= len(out):
+                return None  # every replica at the smallest degree and still over budget
+        r = r - 1 if r > 0 else len(out) - 1
+    # the running sums drift by rounding only: confirm with the exact check
+    return out if fits_at_power_one(instance, _used_mask(instance, out)) else None
+
+
 def _score(
     instance: Instance, name: str, groups: list[tuple[int, list[Slot]]], boost: str
 ) -> Candidate | None:
@@ -196,6 +248,10 @@ def candidates(instance: Instance) -> list[Candidate]:
         "ntp": pack_replicas(instance, domain_slots(instance, reduced=True)),
         "speed-aware": pack_replicas(instance, speed_aware_slots(instance), by_value=True),
     }
+    for name in list(packs):  # tight budgets: lower degrees instead of a whole replica
+        fitted = fit_power_by_degree(instance, packs[name])
+        if fitted is not None:
+            packs[f"{name}+degree-fit"] = fitted
     out: list[Candidate] = []
     for name, groups in packs.items():
         for b in ("", "slow", "floor") if boost else ("",):

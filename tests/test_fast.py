@@ -124,3 +124,20 @@ def test_fast_on_a_paused_instance():
     if not res.plan.replicas:
         assert res.objective == 0.0 and res.reason
     assert math.isfinite(res.bound or 0.0)
+
+
+def test_tight_site_budget_lowers_a_degree_instead_of_dropping_a_replica():
+    # 2 domains of 4 GPUs, TP 4 or 3, pp=1, dp=2, B=8 elastic, no boost; the site
+    # budget is 7.1 TDP: 8 GPUs at power 1 do not fit. Dropping a replica leaves
+    # 4 used + 4 idle (4.4 TDP): goodput 4 / 4 = 1. Running one replica at TP3
+    # instead draws 7 + 0.1 = 7.1 TDP: b = (4, 3), theta = 4 * 1.01, goodput
+    # 7 / 4.04 = 1.733, which is also the bound's case B value (4 + 3) / 4 / 1.01.
+    g = topology.build_cluster(2, 4, 2, 2)
+    g.graph["power_budget_w"] = 7.1 * 1000.0
+    job = Job(tp=4, tp_min=3, pp=1, dp=2, global_batch=8, max_boost=0.0, batch_policy="elastic")
+    inst = Instance("tight", g, job)
+    assert solve(inst, "ntp").objective == pytest.approx(1.0, rel=1e-12)
+    res = solve(inst, "fast")
+    assert res.objective == pytest.approx(7 / 4.04, rel=1e-12)
+    assert sorted(r.tp for r in res.plan.replicas) == [3, 4]
+    assert "degree-fit" in res.plan.metrics["candidate"]
