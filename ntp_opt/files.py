@@ -14,7 +14,6 @@ import gzip
 import json
 import math
 import os
-import tempfile
 import zlib
 from collections.abc import Hashable
 from pathlib import Path
@@ -26,6 +25,7 @@ from pydantic import BaseModel, ConfigDict, Field, StrictInt, StrictStr, Validat
 from .instance import Instance
 from .job import Job
 from .plan import Plan, Replica, Stage
+from .safeio import atomic_open
 from .topology import DEFAULT_TDP_W, TopologyError
 
 INSTANCE_FORMAT = "ntp-opt/instance@1"
@@ -288,25 +288,15 @@ def _nonfinite(
 
 
 def _write_json(data: Any, path: Path) -> None:
-    """Write atomically: temp file in the same folder, then rename."""
+    """Write through :func:`ntp_opt.safeio.atomic_open` (temp file, fsync, rename)."""
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
     text = json.dumps(data, indent=None if path.suffix == ".gz" else 1, allow_nan=False)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "wb") as fh:
-            if path.suffix == ".gz":
-                with gzip.GzipFile(fileobj=fh, mode="wb", mtime=0) as gz:
-                    gz.write(text.encode())
-            else:
-                fh.write(text.encode() + b"\n")
-        umask = os.umask(0)
-        os.umask(umask)
-        os.chmod(tmp, 0o666 & ~umask)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    with atomic_open(path) as fh:
+        if path.suffix == ".gz":
+            with gzip.GzipFile(fileobj=fh, mode="wb", mtime=0) as gz:
+                gz.write(text.encode())
+        else:
+            fh.write(text.encode() + b"\n")
 
 
 # --- instances ---------------------------------------------------------------
