@@ -30,6 +30,7 @@ from pathlib import Path
 
 from ntp_opt import __version__, solve
 from ntp_opt.files import load_instance
+from ntp_opt.safeio import atomic_write
 
 HERE = Path(__file__).resolve().parent
 INSTANCES = HERE.parent / "instances"
@@ -136,7 +137,7 @@ def main(argv: list[str] | None = None) -> int:
             f"({_geomean(ratios[b]):.2f} over all {n})"
         )
     if args.out:
-        args.out.write_text("\n".join(out) + "\n", encoding="utf-8")
+        atomic_write(args.out, "\n".join(out) + "\n")
     return 0
 
 

@@ -24,6 +24,7 @@ import numpy as np
 
 from ntp_opt import Instance, Job, solve, topology
 from ntp_opt.replan import ClusterEvent, replan
+from ntp_opt.safeio import atomic_write
 
 HERE = Path(__file__).resolve().parent
 
@@ -156,7 +157,7 @@ def main() -> None:
     lines = ["# Large instances and re-planning", "", "`python benchmarks/large.py`", ""]
     lines += ["## The fast planner", "", *plan_rows(sizes), ""]
     lines += ["## Re-planning one event", "", *replan_rows(5 if args.quick else 20), ""]
-    args.output.write_text("\n".join(lines) + "\n")
+    atomic_write(args.output, "\n".join(lines) + "\n")
     print(f"wrote {args.output}")
 
 

@@ -26,10 +26,13 @@ from __future__ import annotations
 
 import csv
 import importlib
+import io
 import json
 import math
 import multiprocessing as mp
 import os
+import signal
+import sys
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -41,8 +44,14 @@ from typing import Any, Literal
 
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
+from .best_known import md_cell
+from .safeio import atomic_append, atomic_write, check_target, locked, save_figure
+
 RESULTS = "results.jsonl"
 """Name of the results file inside the output directory."""
+
+LOCK = ".bench.lock"
+"""Lock file inside the output directory: one runner at a time per folder."""
 
 FIELDS: tuple[str, ...] = (
     "key",
@@ -161,45 +170,130 @@ def _steps(
     yield ("row", row)
 
 
-def _worker(conn: Connection, file: str, planner: str, seed: int, time_limit: float) -> None:
+def _die_with_parent(parent: int) -> None:
+    """Ask Linux to SIGKILL this process when its parent (the driver) dies.
+
+    Elsewhere a no-op: the driver's ``finally`` still kills its workers on any
+    exit it survives (exceptions, SIGINT, SIGTERM).
+    """
+    if not sys.platform.startswith("linux"):
+        return
+    try:
+        import ctypes
+
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(1, signal.SIGKILL, 0, 0, 0)  # PR_SET_PDEATHSIG = 1
+    except (OSError, AttributeError):  # pragma: no cover - no prctl
+        return
+    if os.getppid() != parent:  # the driver died before prctl took effect
+        os._exit(1)
+
+
+def _worker(
+    conn: Connection,
+    file: str,
+    planner: str,
+    seed: int,
+    time_limit: float,
+    parent: int | None = None,
+) -> None:
     """Body of a worker process: sends what :func:`_steps` yields through ``conn``."""
+    if parent is not None:
+        _die_with_parent(parent)
     for message in _steps(file, planner, seed, time_limit):
         conn.send(message)
     conn.close()
 
 
-def read_rows(path: Path) -> list[dict[str, Any]]:
+#: Fields a stored row must have, and their JSON types, to be reused on resume.
+_ROW_TYPES: dict[str, tuple[type, ...]] = {
+    "key": (str,),
+    "instance": (str,),
+    "planner": (str,),
+    "status": (str,),
+}
+
+
+def _row_problem(row: Any) -> str | None:
+    """Why a parsed results line cannot be used as a row, or ``None``."""
+    if not isinstance(row, dict):
+        return f"expected a JSON object, got {type(row).__name__}"
+    for name, types in _ROW_TYPES.items():
+        if not isinstance(row.get(name), types):
+            got = "missing" if name not in row else type(row[name]).__name__
+            return f"field {name!r}: expected a string, got {got}"
+    for name in ("gpus", "failed", "seed"):
+        x = row.get(name)
+        if x is not None and (isinstance(x, bool) or not isinstance(x, int)):
+            return f"field {name!r}: expected an integer, got {type(x).__name__}"
+    for name in ("relative_goodput", "bound", "gap", "runtime_s", "wall_s"):
+        x = row.get(name)
+        if x is not None and (isinstance(x, bool) or not isinstance(x, int | float)):
+            return f"field {name!r}: expected a number, got {type(x).__name__}"
+    return None
+
+
+def read_rows(path: Path, problems: list[str] | None = None) -> list[dict[str, Any]]:
     """Rows of a results file; a truncated last line is cut off the file itself.
 
-    Lines that do not parse (only possible after a crash mid-write) are
-    ignored. Returns the rows in file order.
+    A line that is not a usable row (not JSON, NaN or Infinity, not an object,
+    a missing or mistyped ``key``, ``instance``, ``planner`` or ``status``, a
+    non-numeric figure) is skipped, so its run is done again, and reported in
+    ``problems`` as ``FILE:LINE: reason``. Returns the rows in file order.
+
+    Raises
+    ------
+    ntp_opt.safeio.UnsafeTargetError
+        When ``path`` exists and is not a regular file.
     """
-    if not path.exists():
+    if check_target(path) is None:
         return []
     data = path.read_bytes()
     end = data.rfind(b"\n") + 1
     if end < len(data):  # killed mid-write: drop the partial line so appends stay clean
-        with path.open("r+b") as f:
-            f.truncate(end)
-            f.flush()
-            os.fsync(f.fileno())
-    rows = []
-    for line in data[:end].splitlines():
+        fd = os.open(path, os.O_WRONLY | getattr(os, "O_NOFOLLOW", 0))
         try:
-            row = json.loads(line)
-        except json.JSONDecodeError:
+            os.ftruncate(fd, end)
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+
+    def constant(token: str) -> float:
+        raise ValueError(f"{token} is not valid JSON")
+
+    rows = []
+    for n, line in enumerate(data[:end].splitlines(), start=1):
+        if not line.strip():
             continue
-        if isinstance(row, dict) and "key" in row:
-            rows.append(row)
+        try:
+            row = json.loads(line, parse_constant=constant)
+        except (ValueError, RecursionError) as err:  # JSONDecodeError, bad UTF-8, NaN
+            reason: str | None = f"not a JSON row ({str(err).splitlines()[0][:80]})"
+        else:
+            reason = _row_problem(row)
+        if reason is not None:
+            if problems is not None:
+                problems.append(f"{path}:{n}: skipped: {reason}")
+            continue
+        rows.append(row)
     return rows
 
 
+def _clean(row: dict[str, Any]) -> dict[str, Any]:
+    """``row`` with every NaN or infinite figure replaced by ``None`` (and said in ``message``)."""
+    dropped = []
+    for k, v in row.items():
+        if isinstance(v, float) and not math.isfinite(v):
+            dropped.append(f"{k} {v!r} dropped")
+            row[k] = None
+    if dropped:
+        note = "; ".join(dropped)
+        row["message"] = f"{row['message']}; {note}" if row.get("message") else note
+    return row
+
+
 def _append(path: Path, row: dict[str, Any]) -> None:
-    line = json.dumps(row, sort_keys=False) + "\n"
-    with path.open("a", encoding="utf-8") as f:
-        f.write(line)
-        f.flush()
-        os.fsync(f.fileno())
+    atomic_append(path, json.dumps(row, sort_keys=False, allow_nan=False) + "\n")
 
 
 def _context() -> Any:
@@ -275,9 +369,12 @@ def run_bench(
         One row per requested run (already recorded or new), in instance,
         planner, seed order. Also writes ``out/results.csv``,
         ``out/summary.md`` and, with matplotlib, the plots of :func:`plot`.
-    """
-    from . import __version__
 
+    Raises
+    ------
+    ntp_opt.safeio.LockedError
+        When another runner holds ``out``'s lock (:data:`LOCK`).
+    """
     if backend not in BACKENDS:
         raise ValueError(f"backend must be one of {', '.join(BACKENDS)}, got {backend!r}")
     if workers is None and backend == "process":
@@ -293,10 +390,44 @@ def run_bench(
         raise ValueError("no instance files given")
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
+    with locked(out / LOCK, wait=False, what="another ntp-opt bench is writing to this folder"):
+        return _run_locked(
+            files,
+            planners,
+            seeds,
+            out,
+            time_limit,
+            timeout,
+            workers,
+            progress,
+            backend,
+            ray_address,
+            best_known,
+        )
+
+
+def _run_locked(
+    files: list[Path],
+    planners: list[str],
+    seeds: list[int],
+    out: Path,
+    time_limit: float,
+    timeout: float,
+    workers: int | None,
+    progress: bool,
+    backend: Backend,
+    ray_address: str | None,
+    best_known: Path | Literal["auto"] | None,
+) -> list[dict[str, Any]]:
+    from . import __version__
+
     results = out / RESULTS
     done: dict[str, dict[str, Any]] = {}
-    for row in read_rows(results):
+    problems: list[str] = []
+    for row in read_rows(results, problems):
         done.setdefault(row["key"], row)
+    for line in problems:
+        print(f"ntp-opt bench: warning: {line}", file=sys.stderr)
     wanted = [(run_key(f, p, s), f, p, s) for f in files for p in planners for s in seeds]
     todo = [_Todo(*w) for w in dict((w[0], w) for w in wanted).values() if w[0] not in done]
 
@@ -318,6 +449,7 @@ def run_bench(
         row.update(info)
         row.update(result)
         row["wall_s"] = wall
+        _clean(row)
         done[item.key] = row
         _append(results, row)
 
@@ -345,7 +477,7 @@ def run_bench(
             _execute_local(todo, time_limit, timeout, workers or 1, started, finished)
     rows = [done[k] for k in dict.fromkeys(w[0] for w in wanted)]
     write_csv(rows, out / "results.csv")
-    (out / "summary.md").write_text(summary(rows) + "\n", encoding="utf-8")
+    atomic_write(out / "summary.md", summary(rows) + "\n")
     plot(rows, out)
     if best_known is not None:
         update_best_known(rows, best_known)
@@ -402,7 +534,7 @@ def _execute_local(
                 recv, send = ctx.Pipe(duplex=False)
                 proc = ctx.Process(
                     target=_worker,
-                    args=(send, str(item.file), item.planner, item.seed, time_limit),
+                    args=(send, str(item.file), item.planner, item.seed, time_limit, os.getpid()),
                     daemon=True,
                 )
                 now = time.monotonic()
@@ -459,12 +591,11 @@ def _collect(run: _Run) -> dict[str, Any] | None:
 
 def write_csv(rows: list[dict[str, Any]], path: Path) -> None:
     """All rows as CSV, written to a temporary file and renamed (atomic)."""
-    tmp = path.with_name(path.name + ".tmp")
-    with tmp.open("w", newline="", encoding="utf-8") as f:
-        w = csv.DictWriter(f, fieldnames=list(FIELDS), extrasaction="ignore")
-        w.writeheader()
-        w.writerows(rows)
-    os.replace(tmp, path)
+    buf = io.StringIO(newline="")
+    w = csv.DictWriter(buf, fieldnames=list(FIELDS), extrasaction="ignore")
+    w.writeheader()
+    w.writerows(rows)
+    atomic_write(path, buf.getvalue())
 
 
 def _mean(xs: list[float]) -> float | None:
@@ -496,10 +627,11 @@ def summary(rows: list[dict[str, Any]]) -> str:
         statuses: dict[str, int] = {}
         for r in rs:
             statuses[str(r["status"])] = statuses.get(str(r["status"]), 0) + 1
-        status = ", ".join(f"{k} x{v}" if v > 1 else k for k, v in statuses.items())
+        status = md_cell(", ".join(f"{k} x{v}" if v > 1 else k for k, v in statuses.items()))
         lines.append(
-            f"| {inst} | {_num(rs[0].get('gpus'), 'd')} | {_num(rs[0].get('failed'), 'd')} "
-            f"| {planner} | {len(rs)} | {_num(goodput, '.4f')} "
+            f"| {md_cell(inst)} | {_num(rs[0].get('gpus'), 'd')} "
+            f"| {_num(rs[0].get('failed'), 'd')} | {md_cell(planner)} | {len(rs)} "
+            f"| {_num(goodput, '.4f')} "
             f"| {_num(max(gaps) if gaps else None, '.1e')} | {_num(_mean(times), '.3f')} "
             f"| {status} |"
         )
@@ -546,7 +678,7 @@ def plot(rows: list[dict[str, Any]], out: Path) -> list[Path]:
     ax.legend(fontsize="small")
     fig.tight_layout()
     written.append(out / "goodput.png")
-    fig.savefig(written[-1], dpi=100)
+    save_figure(fig, written[-1], dpi=100)
     plt.close(fig)
 
     fig, ax = plt.subplots(figsize=(5, 4))
@@ -566,7 +698,7 @@ def plot(rows: list[dict[str, Any]], out: Path) -> list[Path]:
         ax.legend(fontsize="small")
     fig.tight_layout()
     written.append(out / "time_vs_size.png")
-    fig.savefig(written[-1], dpi=100)
+    save_figure(fig, written[-1], dpi=100)
     plt.close(fig)
     written.append(plot_gap(rows, out / "gap.png", plt))
     return written
@@ -619,6 +751,6 @@ def plot_gap(rows: list[dict[str, Any]], path: Path, plt: Any) -> Path:
         left.legend(fontsize="small")
         right.legend(fontsize="small")
     fig.tight_layout()
-    fig.savefig(path, dpi=100)
+    save_figure(fig, path, dpi=100)
     plt.close(fig)
     return path

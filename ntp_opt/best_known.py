@@ -25,11 +25,13 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import json
+import math
 import os
-import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
+
+from .safeio import atomic_write, locked
 
 FORMAT = "ntp-opt/best-known@1"
 """``format`` field of the table file."""
@@ -82,10 +84,16 @@ def load(path: str | os.PathLike[str]) -> dict[str, Any]:
     p = Path(path)
     if not p.exists():
         return empty()
+
+    def constant(token: str) -> float:
+        raise ValueError(f"{p}: {token} is not valid JSON")
+
     try:
-        data = json.loads(p.read_text(encoding="utf-8"))
+        data = json.loads(p.read_text(encoding="utf-8"), parse_constant=constant)
     except json.JSONDecodeError as err:
         raise ValueError(f"{p}: not JSON: {err}") from None
+    except (UnicodeDecodeError, RecursionError) as err:
+        raise ValueError(f"{p}: not a JSON table: {err}") from None
     if not isinstance(data, dict) or data.get("format") != FORMAT:
         got = data.get("format") if isinstance(data, dict) else type(data).__name__
         raise ValueError(f"{p}: format: expected {FORMAT!r}, got {got!r}")
@@ -164,10 +172,10 @@ def merge(
                 "bound_at": None,
             }
             entries[name] = entry
-        goodput = row.get("relative_goodput")
+        goodput = _finite(row.get("relative_goodput"))
         if (
             row.get("validated") is True
-            and isinstance(goodput, int | float)
+            and goodput is not None
             and _better(float(goodput), entry["goodput"], higher=True)
         ):
             old = entry["goodput"]
@@ -178,10 +186,12 @@ def merge(
                 goodput_at=row.get("started_at"),
             )
             changes.append(f"{name}: goodput {_fmt(old)} -> {goodput:.6f} ({row['planner']})")
-        bound = row.get("bound")
+        bound = _finite(row.get("bound"))
+        if row.get("bound") is not None and bound is None:
+            changes.append(f"{name}: {row.get('planner')}: bound {row.get('bound')!r} dropped")
         if (
             str(row.get("planner")) in INSTANCE_BOUNDS  # bounds this instance as it is
-            and isinstance(bound, int | float)
+            and bound is not None
             and _better(float(bound), entry["bound"], higher=False)
         ):
             old = entry["bound"]
@@ -195,6 +205,25 @@ def merge(
         sorted(entries.items(), key=lambda kv: (kv[1].get("gpus") or 0, kv[0]))
     )
     return changes
+
+
+def _finite(x: Any) -> float | None:
+    """``x`` as a float if it is a finite number (not a bool), else ``None``."""
+    if isinstance(x, bool) or not isinstance(x, int | float):
+        return None
+    try:
+        value = float(x)
+    except OverflowError:  # a huge int
+        return None
+    return value if math.isfinite(value) else None
+
+
+def md_cell(text: Any) -> str:
+    """``text`` safe inside a Markdown table cell: no ``|``, line breaks or HTML."""
+    out = str(text)
+    for a, b in (("&", "&amp;"), ("<", "&lt;"), (">", "&gt;"), ("|", "\\|")):
+        out = out.replace(a, b)
+    return " ".join(out.split())
 
 
 def gap(entry: dict[str, Any]) -> float | None:
@@ -224,42 +253,23 @@ def render(table: dict[str, Any]) -> str:
     for name, e in table["instances"].items():
         g = gap(e)
         lines.append(
-            f"| {name} | {_fmt(e.get('gpus'), 'd')} | {_fmt(e.get('failed'), 'd')} "
-            f"| {_fmt(e.get('goodput'))} | {e.get('goodput_planner') or '-'} "
-            f"| {_fmt(e.get('bound'))} | {e.get('bound_planner') or '-'} "
+            f"| {md_cell(name)} | {_fmt(e.get('gpus'), 'd')} | {_fmt(e.get('failed'), 'd')} "
+            f"| {_fmt(e.get('goodput'))} | {md_cell(e.get('goodput_planner') or '-')} "
+            f"| {_fmt(e.get('bound'))} | {md_cell(e.get('bound_planner') or '-')} "
             f"| {'-' if g is None else format(g, '.2e')} |"
         )
     return "\n".join(lines) + "\n"
 
 
 def _atomic_write(path: Path, text: str) -> None:
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(text)
-            f.flush()
-            os.fsync(f.fileno())
-        os.chmod(tmp, 0o644)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    atomic_write(path, text)
 
 
 @contextlib.contextmanager
 def _locked(path: Path) -> Iterator[None]:
     lock = path.with_name(f".{path.stem}.lock")  # not *.json*: no glob takes it for an instance
-    with open(lock, "a+b") as f:
-        try:
-            import fcntl
-        except ImportError:  # pragma: no cover - no advisory locks (Windows)
-            yield
-            return
-        fcntl.flock(f.fileno(), fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(f.fileno(), fcntl.LOCK_UN)
+    with locked(lock, what="best-known table"):
+        yield
 
 
 def update(path: str | os.PathLike[str], rows: list[dict[str, Any]]) -> list[str]:
@@ -279,6 +289,6 @@ def update(path: str | os.PathLike[str], rows: list[dict[str, Any]]) -> list[str
         table = load(p)
         changes = merge(table, rows, p.parent, sha)
         if changes or not p.exists():
-            _atomic_write(p, json.dumps(table, indent=1) + "\n")
+            _atomic_write(p, json.dumps(table, indent=1, allow_nan=False) + "\n")
             _atomic_write(p.with_suffix(".md"), render(table))
     return changes

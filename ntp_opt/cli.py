@@ -9,7 +9,9 @@ from __future__ import annotations
 
 import argparse
 import json
+import signal
 import sys
+import threading
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -29,6 +31,7 @@ from .files import (
 )
 from .instance import Instance
 from .job import Job
+from .safeio import check_target
 from .solve import EXACT, PLANNERS, POLICIES, Result, solve
 from .validate import Evaluation, evaluate
 
@@ -177,6 +180,8 @@ def _cmd_info(args: argparse.Namespace) -> int:
 
 
 def _cmd_solve(args: argparse.Namespace) -> int:
+    if args.output:  # refuse an unsafe output before any work
+        check_target(args.output, [args.instance])
     instance = load_instance(args.instance)
     con = _console()
     con.print(_instance_line(instance))
@@ -203,7 +208,7 @@ def _cmd_solve(args: argparse.Namespace) -> int:
         plan = rows[0][1].plan
         if plan is None:
             raise ValueError(f"{args.instance}: {rows[0][1].reason}")
-        save_plan(plan, args.output)
+        save_plan(plan, args.output, inputs=[args.instance])
         con.print(f"wrote {args.output}")
     return 0
 
@@ -234,6 +239,12 @@ def parse_event(text: str) -> dict[str, Any]:
 def _cmd_replan(args: argparse.Namespace) -> int:
     from .replan import replan
 
+    inputs = [p for p in (args.instance, args.plan, args.events) if p]
+    outputs = [p for p in (args.output, args.instance_out) if p]
+    for target in outputs:  # refuse unsafe outputs before any work
+        check_target(target, inputs)
+    if len(outputs) == 2 and Path(outputs[0]).resolve() == Path(outputs[1]).resolve():
+        raise ValueError(f"{args.output}: -o and --instance-out name the same file")
     instance = load_instance(args.instance)
     plan = load_plan(args.plan)
     events: list[Any] = []
@@ -265,10 +276,10 @@ def _cmd_replan(args: argparse.Namespace) -> int:
         markup=False,
     )
     if args.output:
-        save_plan(out.plan, args.output)
+        save_plan(out.plan, args.output, inputs=inputs)
         con.print(f"wrote {args.output}")
     if args.instance_out:
-        save_instance(out.instance, args.instance_out)
+        save_instance(out.instance, args.instance_out, inputs=inputs)
         con.print(f"wrote {args.instance_out}")
     return 0
 
@@ -407,7 +418,12 @@ def _cmd_export(args: argparse.Namespace) -> int:
     plan = load_plan(args.plan)
     try:
         config, ranks = export_megatron(
-            instance, plan, args.output, reorder=args.reorder, uniform_batch=args.uniform_batch
+            instance,
+            plan,
+            args.output,
+            reorder=args.reorder,
+            uniform_batch=args.uniform_batch,
+            inputs=[args.instance, args.plan],
         )
     except (PlanError, MegatronError) as err:
         print(f"ntp-opt: error: {args.plan}: {err}", file=sys.stderr)
@@ -624,10 +640,34 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+class _Terminated(BaseException):
+    """Raised by the SIGTERM handler so that every ``finally`` (temp files) runs."""
+
+
+def _on_sigterm(signum: int, frame: object) -> None:
+    raise _Terminated(signum)
+
+
+def _error_text(err: BaseException) -> str:
+    if isinstance(err, OSError) and err.filename is not None and err.strerror:
+        return f"{err.filename}: {err.strerror}"
+    if isinstance(err, KeyError) and err.args:
+        return str(err.args[0])
+    return str(err)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-    """Run ``ntp-opt``; returns the exit status."""
+    """Run ``ntp-opt``; returns the exit status.
+
+    SIGTERM and SIGINT end the command cleanly (exit 143 / 130): the
+    temporary file of a save in progress is removed, no output is left
+    half-written (``serve`` handles its own signals).
+    """
     parser = build_parser()
     args = parser.parse_args(argv)
+    previous = None
+    if args.command != "serve" and threading.current_thread() is threading.main_thread():
+        previous = signal.signal(signal.SIGTERM, _on_sigterm)
     try:
         status: int = args.func(args)
         return status
@@ -638,12 +678,17 @@ def main(argv: Sequence[str] | None = None) -> int:
             print(f"  {line}", file=sys.stderr)
         return 2
     except (ValueError, KeyError, OSError) as err:
-        msg = err.args[0] if isinstance(err, KeyError) and err.args else err
-        print(f"ntp-opt: error: {msg}", file=sys.stderr)
+        print(f"ntp-opt: error: {_error_text(err)}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         print("ntp-opt: interrupted", file=sys.stderr)
         return 130
+    except _Terminated:
+        print("ntp-opt: terminated", file=sys.stderr)
+        return 128 + signal.SIGTERM
+    finally:
+        if previous is not None:
+            signal.signal(signal.SIGTERM, previous)
 
 
 if __name__ == "__main__":  # pragma: no cover

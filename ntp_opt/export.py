@@ -23,7 +23,7 @@ from __future__ import annotations
 import json
 import math
 import os
-from collections.abc import Hashable, Iterator
+from collections.abc import Hashable, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -34,6 +34,7 @@ from .files import InputError, _write_json
 from .instance import Instance
 from .megatron import MegatronError, megatron_compatible, megatron_order
 from .plan import Plan, Replica, Stage
+from .safeio import atomic_write, check_target
 from .validate import check
 
 #: ``format`` field of the configuration file.
@@ -356,6 +357,7 @@ def export_megatron(
     *,
     reorder: bool = False,
     uniform_batch: bool = False,
+    inputs: Iterable[str | os.PathLike[str]] = (),
 ) -> tuple[Path, Path]:
     """Write ``megatron-ntp.json`` and ``ranks.txt`` for ``plan`` into ``out_dir``.
 
@@ -369,6 +371,10 @@ def export_megatron(
         Output directory (created if missing).
     reorder, uniform_batch
         As for :func:`megatron_config`.
+    inputs
+        Files the command read; neither output may be one of them. Both files
+        are written by :func:`ntp_opt.safeio.atomic_write` (random ``O_EXCL``
+        temporary names: a planted file or symlink is never followed).
 
     Returns
     -------
@@ -385,10 +391,11 @@ def export_megatron(
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     config_path, ranks_path = out / CONFIG_NAME, out / RANKS_NAME
-    _write_json(config, config_path)
-    tmp = ranks_path.with_name(f".{RANKS_NAME}.tmp")
-    tmp.write_text(rank_file_text(rows))
-    os.replace(tmp, ranks_path)
+    inputs = list(inputs)
+    for target in (config_path, ranks_path):  # refuse before writing either file
+        check_target(target, inputs)
+    _write_json(config, config_path, inputs)
+    atomic_write(ranks_path, rank_file_text(rows), inputs)
     return config_path, ranks_path
 
 

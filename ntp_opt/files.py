@@ -15,7 +15,7 @@ import json
 import math
 import os
 import zlib
-from collections.abc import Hashable
+from collections.abc import Hashable, Iterable
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
@@ -287,11 +287,14 @@ def _nonfinite(
     return out
 
 
-def _write_json(data: Any, path: Path) -> None:
-    """Write through :func:`ntp_opt.safeio.atomic_open` (temp file, fsync, rename)."""
+def _write_json(data: Any, path: Path, inputs: Iterable[str | os.PathLike[str]] = ()) -> None:
+    """Write through :func:`ntp_opt.safeio.atomic_open` (temp file, fsync, rename).
+
+    ``inputs`` are the files the command read: writing onto one is refused.
+    """
     path = Path(path)
     text = json.dumps(data, indent=None if path.suffix == ".gz" else 1, allow_nan=False)
-    with atomic_open(path) as fh:
+    with atomic_open(path, inputs) as fh:
         if path.suffix == ".gz":
             with gzip.GzipFile(fileobj=fh, mode="wb", mtime=0) as gz:
                 gz.write(text.encode())
@@ -403,9 +406,17 @@ def load_instance(path: str | os.PathLike[str]) -> Instance:
     return instance_from_dict(_read_json(p), str(p))
 
 
-def save_instance(instance: Instance, path: str | os.PathLike[str]) -> None:
-    """Write ``instance`` to ``path`` atomically (gzip if it ends in ``.gz``)."""
-    _write_json(instance_to_dict(instance), Path(path))
+def save_instance(
+    instance: Instance,
+    path: str | os.PathLike[str],
+    inputs: Iterable[str | os.PathLike[str]] = (),
+) -> None:
+    """Write ``instance`` to ``path`` atomically (gzip if it ends in ``.gz``).
+
+    ``inputs``: files the command read; writing onto one of them is refused
+    (:class:`ntp_opt.safeio.UnsafeTargetError`).
+    """
+    _write_json(instance_to_dict(instance), Path(path), inputs)
 
 
 # --- plans -------------------------------------------------------------------
@@ -471,9 +482,11 @@ def load_plan(path: str | os.PathLike[str]) -> Plan:
     return plan_from_dict(_read_json(p), str(p))
 
 
-def save_plan(plan: Plan, path: str | os.PathLike[str]) -> None:
-    """Write ``plan`` to ``path`` atomically."""
-    _write_json(plan_to_dict(plan), Path(path))
+def save_plan(
+    plan: Plan, path: str | os.PathLike[str], inputs: Iterable[str | os.PathLike[str]] = ()
+) -> None:
+    """Write ``plan`` to ``path`` atomically (never onto one of ``inputs``)."""
+    _write_json(plan_to_dict(plan), Path(path), inputs)
 
 
 def json_schema(kind: Literal["instance", "plan"]) -> dict[str, Any]:

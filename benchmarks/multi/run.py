@@ -47,6 +47,7 @@ from ntp_opt.multi import (
     solve_multi,
     solve_static,
 )
+from ntp_opt.safeio import atomic_write
 
 HERE = Path(__file__).resolve().parent
 DEFAULT_TABLE = HERE / "results.md"
@@ -173,7 +174,7 @@ def main(argv: list[str] | None = None) -> int:
             "",
         ]
     )
-    args.out.write_text(text)
+    atomic_write(args.out, text)
     print(f"wrote {args.out}")
     return 0
 

@@ -25,6 +25,7 @@ from ntp_opt.availability import (
     availability_sampled,
     availability_table,
 )
+from ntp_opt.safeio import save_figure
 
 DEFAULT_PLOT = Path(__file__).resolve().parent / "availability.png"
 TPS = (8, 16, 32, 64)
@@ -111,7 +112,7 @@ def plot(path: Path, samples: int, seed: int) -> None:
     ax.legend(handles=handles, fontsize=8, loc="lower left", ncol=2)
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path)
+    save_figure(fig, path)
     plt.close(fig)
 
 

@@ -42,6 +42,7 @@ from typing import Any
 import numpy as np
 
 from ntp_opt import Instance
+from ntp_opt.safeio import atomic_write, save_figure
 from ntp_opt.simulate import Trace, generate_trace, restrict_trace, spares_search
 
 HERE = Path(__file__).resolve().parent
@@ -243,7 +244,7 @@ def plot(
     )
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path)
+    save_figure(fig, path)
     plt.close(fig)
 
 
@@ -372,7 +373,7 @@ def main(argv: list[str] | None = None) -> int:
         ],
     }
     args.json.parent.mkdir(parents=True, exist_ok=True)
-    args.json.write_text(json.dumps(data) + "\n", encoding="utf-8")
+    atomic_write(args.json, json.dumps(data) + "\n")
     print(f"raw results written to {args.json}")
     return render(data, args.out, args.plot)
 
@@ -432,7 +433,7 @@ def render(data: dict[str, Any], out: Path, plot_path: Path | None) -> int:
     print()
     print(check)
     out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(text + "\n", encoding="utf-8")
+    atomic_write(out, text + "\n")
     print(f"\ntable written to {out}")
     if plot_path is not None:
         plot(plot_path, stats[0], seeds[0], results, max_spares)

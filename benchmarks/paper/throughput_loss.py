@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ntp_opt import Instance, Job, solve, topology
+from ntp_opt.safeio import atomic_write, save_figure
 
 HERE = Path(__file__).resolve().parent
 DEFAULT_PLOT = HERE / "throughput_loss.png"
@@ -247,7 +248,7 @@ def plot(
     ax.legend(fontsize=8, loc="upper left", ncol=2)
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path)
+    save_figure(fig, path)
     plt.close(fig)
 
 
@@ -359,7 +360,7 @@ def main(argv: list[str] | None = None) -> int:
     print()
     print(bounds)
     args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(text + "\n", encoding="utf-8")
+    atomic_write(args.out, text + "\n")
     print(f"\ntable written to {args.out}")
     if args.plot is not None:
         plot(args.plot, args.fractions, results, policies)

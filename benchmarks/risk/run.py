@@ -31,6 +31,7 @@ from ntp_opt.riskaware import (
     risk_instance,
     scenario_goodputs,
 )
+from ntp_opt.safeio import atomic_write
 from ntp_opt.validate import check
 
 HERE = Path(__file__).resolve().parent
@@ -129,7 +130,7 @@ def main() -> None:
         *(_line(r) for r in rows),
         "",
     ]
-    args.out.write_text("\n".join(text))
+    atomic_write(args.out, "\n".join(text))
     print(f"wrote {args.out}")
 
 

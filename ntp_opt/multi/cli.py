@@ -13,6 +13,7 @@ from rich.console import Console
 from rich.table import Table
 
 from ..files import load_instance
+from ..safeio import check_target
 from .files import load_workloads, save_multi_plan
 from .milp import solve_multi
 from .static import solve_static
@@ -29,6 +30,8 @@ def _row(name: str, ev: MultiEvaluation, status: str, seconds: float) -> list[st
 
 def cmd_multi(args: argparse.Namespace) -> int:
     """Run ``ntp-opt multi``."""
+    if args.output:
+        check_target(args.output, [args.instance, args.workloads])  # refuse before solving
     multi = MultiInstance(load_instance(args.instance), load_workloads(args.workloads))
     con = Console(highlight=False, width=160)
     table = Table(title=f"{multi.name}: weighted goodput")
@@ -53,7 +56,7 @@ def cmd_multi(args: argparse.Namespace) -> int:
         table.add_row(*_row("static", ev, ok, time.perf_counter() - t0))
     con.print(table)
     if args.output:
-        save_multi_plan(multi, res.plan, args.output)
+        save_multi_plan(multi, res.plan, args.output, inputs=[args.instance, args.workloads])
         con.print(f"wrote {args.output}")
     return 0
 

@@ -16,6 +16,7 @@ serving replicas::
 from __future__ import annotations
 
 import os
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any, Literal
 
@@ -78,9 +79,13 @@ def load_workloads(path: str | os.PathLike[str]) -> Workloads:
     return workloads_from_dict(_read_json(p), str(p))
 
 
-def save_workloads(workloads: Workloads, path: str | os.PathLike[str]) -> None:
-    """Write ``workloads`` to ``path`` atomically."""
-    _write_json(workloads_to_dict(workloads), Path(path))
+def save_workloads(
+    workloads: Workloads,
+    path: str | os.PathLike[str],
+    inputs: Iterable[str | os.PathLike[str]] = (),
+) -> None:
+    """Write ``workloads`` to ``path`` atomically (never onto one of ``inputs``)."""
+    _write_json(workloads_to_dict(workloads), Path(path), inputs)
 
 
 def multi_plan_to_dict(multi: MultiInstance, plan: MultiPlan) -> dict[str, Any]:
@@ -113,9 +118,14 @@ def multi_plan_from_dict(data: Any, source: str = "<multi-plan>") -> MultiPlan:
     return MultiPlan(training, serving, model.metrics)
 
 
-def save_multi_plan(multi: MultiInstance, plan: MultiPlan, path: str | os.PathLike[str]) -> None:
-    """Write ``plan`` to ``path`` atomically."""
-    _write_json(multi_plan_to_dict(multi, plan), Path(path))
+def save_multi_plan(
+    multi: MultiInstance,
+    plan: MultiPlan,
+    path: str | os.PathLike[str],
+    inputs: Iterable[str | os.PathLike[str]] = (),
+) -> None:
+    """Write ``plan`` to ``path`` atomically (never onto one of ``inputs``)."""
+    _write_json(multi_plan_to_dict(multi, plan), Path(path), inputs)
 
 
 def load_multi_plan(path: str | os.PathLike[str]) -> MultiPlan:
