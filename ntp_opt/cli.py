@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import signal
 import sys
 import threading
@@ -17,12 +18,14 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, Literal
 
+from pydantic import ValidationError
 from rich.console import Console
 from rich.table import Table
 
 from . import topology
 from .files import (
     InputError,
+    _read_json,
     json_schema,
     load_instance,
     load_plan,
@@ -51,6 +54,8 @@ examples:
 
 
 EXACT_NAMES = set(EXACT)
+MAX_NAME = 200
+"""Longest instance name (the instance file schema's limit)."""
 
 
 def _console() -> Console:
@@ -65,7 +70,25 @@ def _fmt(x: float | None, digits: int = 4) -> str:
     return "-" if x is None else f"{x:.{digits}f}"
 
 
+_GEN_FLAGS = {
+    "tp": "--tp",
+    "pp": "--pp",
+    "dp": "--dp",
+    "global_batch": "--global-batch",
+    "seq_time_s": "--seq-time",
+    "batch_policy": "--batch-policy",
+}
+
+
 def _cmd_gen(args: argparse.Namespace) -> int:
+    check_target(args.output)  # refuse an unsafe output before any work
+    name = args.name if args.name is not None else Path(args.output).name.split(".")[0]
+    if not name or len(name) > MAX_NAME:
+        where = "--name" if args.name is not None else f"{args.output}: the file name"
+        raise ValueError(
+            f"{where}: an instance name has 1 to {MAX_NAME} characters, got {len(name)}"
+            + ("" if args.name is not None else " (give --name)")
+        )
     kw: dict[str, Any] = {"rack_power_factor": args.rack_power_factor}
     if args.tdp_w is not None:
         kw["tdp_w"] = args.tdp_w
@@ -95,15 +118,17 @@ def _cmd_gen(args: argparse.Namespace) -> int:
     domains = topology.domains(graph)
     per_domain = graph.nodes[domains[0]]["size"] // args.tp if domains else 0
     dp = args.dp if args.dp is not None else max(1, len(domains) * per_domain // args.pp)
-    job = Job(
-        tp=args.tp,
-        pp=args.pp,
-        dp=dp,
-        global_batch=args.global_batch if args.global_batch is not None else 16 * dp,
-        batch_policy=args.batch_policy,
-        seq_time_s=args.seq_time,
-    )
-    name = args.name or Path(args.output).name.split(".")[0]
+    try:
+        job = Job(
+            tp=args.tp,
+            pp=args.pp,
+            dp=dp,
+            global_batch=args.global_batch if args.global_batch is not None else 16 * dp,
+            batch_policy=args.batch_policy,
+            seq_time_s=args.seq_time,
+        )
+    except ValidationError as err:
+        raise ValueError(_validation_text(err, _GEN_FLAGS)) from None
     instance = Instance(name, graph, job, meta)
     save_instance(instance, args.output)
     s = instance.summary()
@@ -236,8 +261,56 @@ def parse_event(text: str) -> dict[str, Any]:
     return event
 
 
+def load_events(path: str) -> list[Any]:
+    """Read a replan events file: a JSON list of ``{"kind", "nodes", "speed"?}``.
+
+    Raises
+    ------
+    InputError
+        Naming the file and the event (``[i].nodes``) of every problem.
+    """
+    from .replan import ClusterEvent
+
+    data = _read_json(Path(path))
+    if not isinstance(data, list):
+        raise InputError(path, [("", f"expected a JSON list of events, got {_kind(data)}")])
+    events: list[Any] = []
+    problems: list[tuple[str, str]] = []
+    for i, e in enumerate(data):
+        if not isinstance(e, dict):
+            problems.append((f"[{i}]", f'expected an object {{"kind", "nodes"}}, got {_kind(e)}'))
+            continue
+        nodes = e.get("nodes")
+        if not isinstance(nodes, list):
+            problems.append((f"[{i}].nodes", f"expected a list of node ids, got {_kind(nodes)}"))
+            continue
+        bad = [n for n in nodes if isinstance(n, bool) or not isinstance(n, str | int)]
+        if bad:
+            problems.append(
+                (f"[{i}].nodes", f"node ids are strings or integers, got {_kind(bad[0])}")
+            )
+            continue
+        speed = e.get("speed")
+        if speed is not None and (isinstance(speed, bool) or not isinstance(speed, int | float)):
+            problems.append((f"[{i}].speed", f"expected a number, got {_kind(speed)}"))
+            continue
+        try:
+            events.append(ClusterEvent.from_dict(e))
+        except ValueError as err:
+            problems.append((f"[{i}]", str(err)))
+    if problems:
+        raise InputError(path, problems)
+    return events
+
+
+def _kind(x: Any) -> str:
+    names = {dict: "an object", list: "a list", str: "a string", bool: "a boolean"}
+    return "null" if x is None else names.get(type(x), f"a {type(x).__name__}")
+
+
 def _cmd_replan(args: argparse.Namespace) -> int:
-    from .replan import replan
+    from .replan import ClusterEvent, replan
+    from .validate import PlanError, check
 
     inputs = [p for p in (args.instance, args.plan, args.events) if p]
     outputs = [p for p in (args.output, args.instance_out) if p]
@@ -245,20 +318,29 @@ def _cmd_replan(args: argparse.Namespace) -> int:
         check_target(target, inputs)
     if len(outputs) == 2 and Path(outputs[0]).resolve() == Path(outputs[1]).resolve():
         raise ValueError(f"{args.output}: -o and --instance-out name the same file")
+    if not (math.isfinite(args.tolerance) and args.tolerance >= 0):
+        raise ValueError(f"--tolerance: must be a finite number >= 0, got {args.tolerance!r}")
     instance = load_instance(args.instance)
     plan = load_plan(args.plan)
+    try:
+        check(instance, plan)
+    except PlanError as err:
+        raise ValueError(f"{args.plan}: not a valid running plan: {err}") from None
     events: list[Any] = []
     if args.events:
+        events.extend(load_events(args.events))
+    for text in args.event or []:
         try:
-            data = json.loads(Path(args.events).read_text())
-        except json.JSONDecodeError as err:
-            raise ValueError(f"{args.events}: not valid JSON ({err})") from None
-        if not isinstance(data, list):
-            raise ValueError(f"{args.events}: expected a JSON list of events")
-        events.extend(data)
-    events.extend(parse_event(e) for e in args.event or [])
+            events.append(ClusterEvent.from_dict(parse_event(text)))
+        except ValueError as err:
+            msg = str(err)
+            raise ValueError(
+                msg if msg.startswith("--event") else f"--event {text!r}: {msg}"
+            ) from None
     try:
         out = replan(instance, plan, events, tolerance=args.tolerance, mode=args.mode)
+    except PlanError:
+        raise
     except ValueError as err:
         where = args.events or "--event"
         raise ValueError(f"{where}: {err}") from None
@@ -449,6 +531,26 @@ def _cmd_serve(args: argparse.Namespace) -> int:
     return 0
 
 
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
+    return value
+
+
+def _port(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
+    if not 0 <= value <= 65535:
+        raise argparse.ArgumentTypeError(f"a port is in 0..65535, got {value}")
+    return value
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser of ``ntp-opt`` (exposed for docs and tests)."""
     parser = argparse.ArgumentParser(
@@ -469,7 +571,9 @@ def build_parser() -> argparse.ArgumentParser:
         default="nvl32",
         help="cluster kind (default nvl32)",
     )
-    g.add_argument("--gpus", type=int, required=True, help="number of GPUs (whole domains)")
+    g.add_argument(
+        "--gpus", type=_positive_int, required=True, help="number of GPUs (whole domains)"
+    )
     g.add_argument("--fail-fraction", type=float, help="fraction of GPUs (or trays) failed")
     g.add_argument("--fail-count", type=int, help="number of GPUs (or trays) failed")
     g.add_argument("--fail-unit", choices=["gpu", "tray"], default="gpu")
@@ -483,10 +587,14 @@ def build_parser() -> argparse.ArgumentParser:
         help="rack budget as a multiple of its GPUs' TDP (default 1.0)",
     )
     g.add_argument("--tdp-w", type=float, help="GPU TDP in watts (builder default)")
-    g.add_argument("--tp", type=int, required=True, help="nominal TP degree")
-    g.add_argument("--pp", type=int, default=1, help="pipeline stages per replica")
-    g.add_argument("--dp", type=int, help="replicas (default: as many as the cluster holds)")
-    g.add_argument("--global-batch", type=int, help="sequences per step (default 16 x dp)")
+    g.add_argument("--tp", type=_positive_int, required=True, help="nominal TP degree")
+    g.add_argument("--pp", type=_positive_int, default=1, help="pipeline stages per replica")
+    g.add_argument(
+        "--dp", type=_positive_int, help="replicas (default: as many as the cluster holds)"
+    )
+    g.add_argument(
+        "--global-batch", type=_positive_int, help="sequences per step (default 16 x dp)"
+    )
     g.add_argument("--batch-policy", choices=["fixed", "elastic"], default="fixed")
     g.add_argument("--seq-time", type=float, default=1.0, help="seconds per sequence (c)")
     g.add_argument("--seed", type=int, default=0)
@@ -619,7 +727,7 @@ def build_parser() -> argparse.ArgumentParser:
         "serve", help="HTTP/JSON service: solve, replan, validate, evaluate, export"
     )
     sv.add_argument("--host", default="127.0.0.1", help="address (default 127.0.0.1, loopback)")
-    sv.add_argument("--port", type=int, default=8000, help="port (default 8000)")
+    sv.add_argument("--port", type=_port, default=8000, help="port (default 8000)")
     sv.add_argument(
         "--max-body-mb", type=float, default=64.0, help="largest request body, MiB (default 64)"
     )
@@ -648,6 +756,16 @@ def _on_sigterm(signum: int, frame: object) -> None:
     raise _Terminated(signum)
 
 
+def _validation_text(err: ValidationError, flags: dict[str, str] | None = None) -> str:
+    problems = err.errors(include_url=False)
+    first = problems[0]
+    field = ".".join(str(x) for x in first["loc"])
+    field = (flags or {}).get(field, field)
+    msg = first["msg"].removeprefix("Value error, ")
+    more = f" (and {len(problems) - 1} more)" if len(problems) > 1 else ""
+    return f"{field}: {msg}{more}" if field else f"{msg}{more}"
+
+
 def _error_text(err: BaseException) -> str:
     if isinstance(err, OSError) and err.filename is not None and err.strerror:
         return f"{err.filename}: {err.strerror}"
@@ -672,10 +790,16 @@ def main(argv: Sequence[str] | None = None) -> int:
         status: int = args.func(args)
         return status
     except (InputError, topology.TopologyError) as err:
-        lines = str(err).splitlines()
-        print(f"ntp-opt: error: {lines[0]}", file=sys.stderr)
-        for line in lines[1:]:
-            print(f"  {line}", file=sys.stderr)
+        if isinstance(err, InputError):
+            first = str(err).splitlines()[0]
+        else:
+            first = f"invalid cluster topology: {err.problems[0] if err.problems else err}"
+        n = len(err.problems)
+        more = f" (and {n - 1} more problem{'s' if n > 2 else ''})" if n > 1 else ""
+        print(f"ntp-opt: error: {first}{more}", file=sys.stderr)
+        return 2
+    except ValidationError as err:  # a model built from flags: no pydantic URLs
+        print(f"ntp-opt: error: {_validation_text(err)}", file=sys.stderr)
         return 2
     except (ValueError, KeyError, OSError) as err:
         print(f"ntp-opt: error: {_error_text(err)}", file=sys.stderr)

@@ -14,12 +14,14 @@ import gzip
 import json
 import math
 import os
+import re
 import zlib
 from collections.abc import Hashable, Iterable
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
 import networkx as nx
+import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, StrictInt, StrictStr, ValidationError
 
 from .instance import Instance
@@ -30,10 +32,18 @@ from .topology import DEFAULT_TDP_W, TopologyError
 
 INSTANCE_FORMAT = "ntp-opt/instance@1"
 PLAN_FORMAT = "ntp-opt/plan@1"
-#: Largest number of cluster nodes a file may declare.
-MAX_NODES = 4_000_000
-#: Largest file accepted, in bytes (uncompressed size is checked as well).
-MAX_FILE_BYTES = 2 * 1024**3
+#: Largest number of cluster nodes a file may declare (about 900k GPUs).
+MAX_NODES = 1_000_000
+#: Largest file accepted, in bytes, uncompressed (a pretty-printed file takes
+#: about 330 bytes per node).
+MAX_FILE_BYTES = 512 * 1024**2
+#: JSON values (counted as ``,``, ``{`` and ``[`` bytes) allowed per node of
+#: :data:`MAX_NODES`: real instances have about 10.
+TOKENS_PER_NODE = 12
+#: JSON values allowed on top of ``TOKENS_PER_NODE * MAX_NODES``.
+TOKENS_EXTRA = 100_000
+#: Longest string (raw bytes between two quotes) accepted anywhere in a file.
+MAX_STRING_BYTES = 1 << 20
 _CHUNK = 1 << 22
 
 NodeId = StrictStr | StrictInt
@@ -158,8 +168,8 @@ class StageData(_Strict):
 class ReplicaData(_Strict):
     """One replica of a plan."""
 
-    tp: int
-    local_batch: int
+    tp: int = Field(ge=1, le=1_000_000)
+    local_batch: int = Field(ge=0, le=1_000_000_000_000)
     stages: list[StageData]
 
 
@@ -205,41 +215,129 @@ def _problems(err: ValidationError) -> list[tuple[str, str]]:
     return [(_loc(tuple(e["loc"])), e["msg"]) for e in err.errors(include_url=False)]
 
 
-def _read_json(path: Path) -> Any:
-    source = str(path)
-    try:
-        size = path.stat().st_size
-    except OSError as err:
-        raise InputError(source, [("", f"cannot read file: {err.strerror}")]) from None
-    if size > MAX_FILE_BYTES:
-        raise InputError(source, [("", f"file is {size} bytes, more than {MAX_FILE_BYTES}")])
-    # Read in chunks, counting node declarations ("kind" keys) on the way, so that a
-    # file declaring far more than MAX_NODES nodes (or a gzip bomb) is refused after
-    # reading about MAX_NODES nodes' worth of bytes, before any JSON parsing.
-    chunks: list[bytes] = []
-    total = kinds = 0
-    tail = b""
-    try:
-        with gzip.open(path, "rb") if path.suffix == ".gz" else path.open("rb") as fh:
-            while chunk := fh.read(_CHUNK):
-                total += len(chunk)
-                if total > MAX_FILE_BYTES:
-                    raise InputError(
-                        source, [("", f"uncompressed data exceeds {MAX_FILE_BYTES} bytes")]
+def _limits() -> tuple[int, int, int]:
+    """(bytes, tokens, string bytes) a file may have, from the module's caps.
+
+    Read at each call, so that tests and the service can lower :data:`MAX_NODES`
+    and the others.
+    """
+    return MAX_FILE_BYTES, TOKENS_PER_NODE * MAX_NODES + TOKENS_EXTRA, MAX_STRING_BYTES
+
+
+class _Scan:
+    """Counts, chunk by chunk of the decompressed bytes, what bounds parsing memory.
+
+    ``,``, ``{`` and ``[`` bound the number of JSON values (strings containing
+    them only over-count), and the longest run of bytes between two ``"``
+    bounds every string's length (escapes only make the raw run longer than
+    the decoded string). No escape or encoding can hide from either count:
+    the bytes are the raw UTF-8 that will be parsed (anything else is refused).
+    """
+
+    def __init__(self, source: str):
+        self.source = source
+        self.max_bytes, self.max_tokens, self.max_string = _limits()
+        self.total = self.tokens = self.kinds = 0
+        self.run = 0  # bytes since the last quote
+        self.tail = b""
+
+    def feed(self, chunk: bytes) -> None:
+        self.total += len(chunk)
+        if self.total > self.max_bytes:
+            raise InputError(
+                self.source, [("", f"uncompressed data exceeds {self.max_bytes} bytes")]
+            )
+        # "kind" keys written plainly: a fast early refusal of plain node bombs (an
+        # escaped key such as "\\u006bind" is caught by the value count below).
+        window = self.tail + chunk
+        self.kinds += window.count(b'"kind"') - self.tail.count(b'"kind"')
+        self.tail = window[-5:]
+        if self.kinds > MAX_NODES:
+            raise InputError(
+                self.source,
+                [("cluster.nodes", f"declares more than {MAX_NODES} nodes (kind fields)")],
+            )
+        self.tokens += chunk.count(b",") + chunk.count(b"{") + chunk.count(b"[")
+        if self.tokens > self.max_tokens:
+            raise InputError(
+                self.source,
+                [
+                    (
+                        "",
+                        f"more than {self.max_tokens} JSON values: more than "
+                        f"{MAX_NODES} nodes' worth of data",
                     )
-                window = tail + chunk
-                kinds += window.count(b'"kind"') - tail.count(b'"kind"')
-                if kinds > MAX_NODES:
-                    raise InputError(
-                        source,
-                        [("cluster.nodes", f"declares more than {MAX_NODES} nodes (kind fields)")],
-                    )
-                tail = window[-5:]
-                chunks.append(chunk)
-    except (OSError, EOFError, zlib.error) as err:
-        raise InputError(source, [("", f"cannot read file: {err}")]) from None
-    raw = b"".join(chunks)
-    del chunks
+                ],
+            )
+        quotes = np.flatnonzero(np.frombuffer(chunk, dtype=np.uint8) == 0x22)
+        if quotes.size == 0:
+            longest = self.run + len(chunk)
+            self.run = longest
+        else:
+            inner = int(np.diff(quotes).max()) - 1 if quotes.size > 1 else 0
+            longest = max(self.run + int(quotes[0]), inner)
+            self.run = len(chunk) - int(quotes[-1]) - 1
+        if longest > self.max_string:
+            raise InputError(
+                self.source,
+                [("", f"a string or value is longer than {self.max_string} bytes")],
+            )
+
+
+class _DuplicateKey(ValueError):
+    pass
+
+
+def _object(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    obj = dict(pairs)
+    if len(obj) != len(pairs):
+        seen: set[str] = set()
+        for k, _ in pairs:
+            if k in seen:
+                raise _DuplicateKey(k)
+            seen.add(k)
+    return obj
+
+
+def parse_json(raw: bytes, source: str) -> Any:
+    """Parse untrusted JSON bytes with the file rules; errors are :class:`InputError`.
+
+    The rules: at most :data:`MAX_FILE_BYTES` bytes, :data:`TOKENS_PER_NODE`
+    times :data:`MAX_NODES` values and :data:`MAX_STRING_BYTES` bytes per
+    string (all counted on the raw bytes, before parsing); UTF-8 only, no
+    byte-order mark; no duplicate keys; no ``NaN``, ``Infinity`` or numbers
+    that overflow a float (``1e999``), anywhere, ``meta`` included; nesting
+    deeper than Python's recursion limit is refused.
+
+    Parameters
+    ----------
+    raw
+        The bytes (already decompressed).
+    source
+        Name used in error messages.
+
+    Returns
+    -------
+    Any
+        The parsed value.
+    """
+    scan = _Scan(source)
+    for i in range(0, len(raw), _CHUNK):
+        scan.feed(raw[i : i + _CHUNK])
+    return _parse(raw, source)
+
+
+def _parse(raw: bytes, source: str) -> Any:
+    if raw.startswith((b"\xef\xbb\xbf", b"\xff\xfe", b"\xfe\xff")):
+        raise InputError(source, [("", "starts with a byte-order mark; save as UTF-8 without")])
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as err:
+        raise InputError(
+            source, [("", f"not UTF-8 text: {err.reason} at byte {err.start}")]
+        ) from None
+    if "\x00" in text:
+        raise InputError(source, [("", "not UTF-8 JSON text: it holds NUL bytes (UTF-16?)")])
 
     seen: list[str] = []
 
@@ -247,24 +345,65 @@ def _read_json(path: Path) -> Any:
         seen.append(token)  # NaN, Infinity, -Infinity: refused below, naming the field
         return float(token.replace("Infinity", "inf"))
 
+    def number(token: str) -> float:
+        x = float(token)
+        if not math.isfinite(x):
+            seen.append(token)
+        return x
+
     try:
-        data = json.loads(raw, parse_constant=constant)
-    except UnicodeDecodeError as err:
-        raise InputError(source, [("", f"not UTF-8 text: {err.reason}")]) from None
+        data = json.loads(
+            text, parse_constant=constant, parse_float=number, object_pairs_hook=_object
+        )
+    except _DuplicateKey as err:
+        raise InputError(source, [("", f"duplicate key {err.args[0]!r}")]) from None
     except json.JSONDecodeError as err:
         raise InputError(
             source, [("", f"malformed JSON at line {err.lineno} column {err.colno}: {err.msg}")]
         ) from None
-    except (ValueError, RecursionError) as err:
+    except RecursionError:
+        raise InputError(source, [("", "malformed JSON: nested too deeply")]) from None
+    except ValueError as err:  # e.g. an integer of more than 4300 digits
         raise InputError(source, [("", f"malformed JSON: {err}")]) from None
+    del text
     if seen:
         try:
             where = _nonfinite(data)
         except RecursionError:
             where = []
         problems = [(_loc(loc), f"{_token(x)} is not valid JSON") for loc, x in where]
-        raise InputError(source, problems or [("", f"{seen[0]} is not valid JSON")])
+        raise InputError(
+            source, problems or [("", f"{seen[0]} is not valid JSON (not a finite number)")]
+        )
     return data
+
+
+def _read_json(path: Path) -> Any:
+    """Read a ``.json`` or ``.json.gz`` file under the rules of :func:`parse_json`.
+
+    Decompression is streamed and the caps are checked chunk by chunk, so a
+    gzip bomb is refused after reading at most :data:`MAX_FILE_BYTES` bytes.
+    """
+    source = str(path)
+    max_bytes = _limits()[0]
+    try:
+        st = path.stat()
+    except OSError as err:
+        raise InputError(source, [("", f"cannot read file: {err.strerror}")]) from None
+    if st.st_size > max_bytes:
+        raise InputError(source, [("", f"file is {st.st_size} bytes, more than {max_bytes}")])
+    scan = _Scan(source)
+    chunks: list[bytes] = []
+    try:
+        with gzip.open(path, "rb") if path.suffix == ".gz" else path.open("rb") as fh:
+            while chunk := fh.read(_CHUNK):
+                scan.feed(chunk)
+                chunks.append(chunk)
+    except (OSError, EOFError, zlib.error) as err:
+        raise InputError(source, [("", f"cannot read file: {err}")]) from None
+    raw = b"".join(chunks)
+    del chunks
+    return _parse(raw, source)
 
 
 def _token(x: float) -> str:
@@ -313,6 +452,45 @@ def _check_format(data: Any, expected: str, source: str) -> None:
         raise InputError(source, [("format", f"expected {expected!r}, got {fmt!r}")])
 
 
+def _check_counts(data: dict[str, Any], source: str) -> None:
+    """Refuse more than :data:`MAX_NODES` nodes (4x as many edges) before building objects."""
+    cluster = data.get("cluster")
+    if not isinstance(cluster, dict):
+        return
+    for key, cap in (("nodes", MAX_NODES), ("edges", 4 * MAX_NODES)):
+        items = cluster.get(key)
+        if isinstance(items, list) and len(items) > cap:
+            raise InputError(
+                source, [(f"cluster.{key}", f"declares more than {cap} {key} ({len(items)})")]
+            )
+
+
+_DIGITS = re.compile(r"[0-9]{1,9}")
+
+
+def _strict_ready(data: dict[str, Any]) -> dict[str, Any]:
+    """``data`` with the two JSON forms strict validation cannot take as they are.
+
+    ``job.tp_allowed`` (a JSON array) becomes a tuple and the keys of
+    ``job.tp_efficiency`` (JSON object keys are strings) that are plain decimal
+    integers become ints; any other key is left a string and refused. The rest
+    is validated strictly: ``true`` or ``"1.0"`` is not a number, ``"4"`` not
+    an integer, as the published schema says.
+    """
+    job = data.get("job")
+    if not isinstance(job, dict):
+        return data
+    job = dict(job)
+    if isinstance(job.get("tp_allowed"), list):
+        job["tp_allowed"] = tuple(job["tp_allowed"])
+    eff = job.get("tp_efficiency")
+    if isinstance(eff, dict):
+        job["tp_efficiency"] = {
+            int(k) if isinstance(k, str) and _DIGITS.fullmatch(k) else k: v for k, v in eff.items()
+        }
+    return {**data, "job": job}
+
+
 def instance_from_dict(data: Any, source: str = "<instance>") -> Instance:
     """Build an :class:`Instance` from parsed JSON, validating everything.
 
@@ -333,8 +511,9 @@ def instance_from_dict(data: Any, source: str = "<instance>") -> Instance:
         On any schema or topology problem, naming ``source`` and the field.
     """
     _check_format(data, INSTANCE_FORMAT, source)
+    _check_counts(data, source)
     try:
-        model = InstanceFile.model_validate(data)
+        model = InstanceFile.model_validate(_strict_ready(data), strict=True)
     except ValidationError as err:
         raise InputError(source, _problems(err)) from None
     graph = nx.Graph()
@@ -430,7 +609,7 @@ def plan_from_dict(data: Any, source: str = "<plan>") -> Plan:
     """
     _check_format(data, PLAN_FORMAT, source)
     try:
-        model = PlanFile.model_validate(data)
+        model = PlanFile.model_validate(data, strict=True)
     except ValidationError as err:
         raise InputError(source, _problems(err)) from None
     replicas = tuple(

@@ -20,6 +20,9 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 BatchPolicy = Literal["fixed", "elastic"]
 
+#: Range of a ``tp_efficiency`` value (so that derived speeds stay finite).
+ETA_MIN, ETA_MAX = 1e-6, 1e6
+
 
 class Job(BaseModel):
     """A data-parallel training job with tensor and pipeline parallelism.
@@ -54,7 +57,7 @@ class Job(BaseModel):
     pp: int = Field(ge=1, le=4096)
     dp: int = Field(ge=1, le=1_000_000)
     global_batch: int = Field(ge=1, le=1_000_000_000)
-    seq_time_s: float = Field(default=1.0, gt=0.0, allow_inf_nan=False)
+    seq_time_s: float = Field(default=1.0, ge=1e-9, le=1e9, allow_inf_nan=False)
     tp_min: int | None = Field(default=None, ge=1)
     tp_allowed: tuple[int, ...] | None = None
     dp_max: int | None = Field(default=None, ge=0, le=1_000_000)
@@ -83,8 +86,12 @@ class Job(BaseModel):
             if self.tp not in allowed:
                 raise ValueError(f"tp_allowed must contain the nominal degree tp={self.tp}")
         for t, eta in self.tp_efficiency.items():
-            if not (math.isfinite(eta) and eta > 0):
-                raise ValueError(f"tp_efficiency[{t}] must be a positive finite number")
+            # bounded so that t * eta(t) / (T * eta(T)) and goodputs stay finite
+            if not (math.isfinite(eta) and ETA_MIN <= eta <= ETA_MAX):
+                raise ValueError(
+                    f"tp_efficiency[{t}] must be a number in "
+                    f"[{ETA_MIN:g}, {ETA_MAX:g}], got {eta!r}"
+                )
         dp_max = self.dp if self.dp_max is None else self.dp_max
         mlb = (
             self.max_local_batch

@@ -14,6 +14,7 @@ replicas of ``throughput_i[t] * (speed of the replica's slowest GPU)``, and
 from __future__ import annotations
 
 import math
+from collections import Counter
 from collections.abc import Hashable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -59,7 +60,7 @@ class ServingWorkload(BaseModel):
 
     name: str = Field(min_length=1, max_length=100)
     throughput: dict[int, float]
-    demand: float = Field(gt=0.0, allow_inf_nan=False)
+    demand: float = Field(ge=1e-6, le=1e12, allow_inf_nan=False)
     weight: float = Field(default=1.0, ge=0.0, le=1e6, allow_inf_nan=False)
     min_replicas: int = Field(default=0, ge=0, le=10_000_000)
     min_fraction: float = Field(default=0.0, ge=0.0, le=1.0, allow_inf_nan=False)
@@ -74,9 +75,9 @@ class ServingWorkload(BaseModel):
         for t, rate in self.throughput.items():
             if t < 1:
                 raise ValueError(f"throughput of {self.name!r}: TP degree {t} must be >= 1")
-            if not (math.isfinite(rate) and rate > 0):
+            if not (math.isfinite(rate) and 0 < rate <= 1e12):
                 raise ValueError(
-                    f"throughput of {self.name!r}[{t}]: {rate!r} must be a positive finite number"
+                    f"throughput of {self.name!r}[{t}]: {rate!r} must be a number in (0, 1e12]"
                 )
         if self.max_replicas is not None and self.max_replicas < self.min_replicas:
             raise ValueError(
@@ -116,8 +117,8 @@ class Workloads(BaseModel):
 
     @model_validator(mode="after")
     def _unique(self) -> Workloads:
-        names = [s.name for s in self.serving]
-        dup = sorted({n for n in names if names.count(n) > 1})
+        counts = Counter(s.name for s in self.serving)  # linear: 100k fleets load in seconds
+        dup = sorted(n for n, c in counts.items() if c > 1)
         if dup:
             raise ValueError(f"serving: workload names must be unique, repeated: {dup}")
         return self
