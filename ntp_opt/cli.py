@@ -304,7 +304,14 @@ def load_events(path: str) -> list[Any]:
 
 
 def _kind(x: Any) -> str:
-    names = {dict: "an object", list: "a list", str: "a string", bool: "a boolean"}
+    names = {
+        dict: "an object",
+        list: "a list",
+        str: "a string",
+        bool: "a boolean",
+        int: "an integer",
+        float: "a number",
+    }
     return "null" if x is None else names.get(type(x), f"a {type(x).__name__}")
 
 

@@ -212,7 +212,10 @@ def _loc(loc: tuple[int | str, ...]) -> str:
 
 
 def _problems(err: ValidationError) -> list[tuple[str, str]]:
-    return [(_loc(tuple(e["loc"])), e["msg"]) for e in err.errors(include_url=False)]
+    return [
+        (_loc(tuple(e["loc"])), e["msg"].removeprefix("Value error, "))
+        for e in err.errors(include_url=False)
+    ]
 
 
 def _limits() -> tuple[int, int, int]:
@@ -329,7 +332,9 @@ def parse_json(raw: bytes, source: str) -> Any:
 
 def _parse(raw: bytes, source: str) -> Any:
     if raw.startswith((b"\xef\xbb\xbf", b"\xff\xfe", b"\xfe\xff")):
-        raise InputError(source, [("", "starts with a byte-order mark; save as UTF-8 without")])
+        raise InputError(
+            source, [("", "starts with a byte-order mark; save it as UTF-8 without one")]
+        )
     try:
         text = raw.decode("utf-8")
     except UnicodeDecodeError as err:
@@ -340,6 +345,7 @@ def _parse(raw: bytes, source: str) -> Any:
         raise InputError(source, [("", "not UTF-8 JSON text: it holds NUL bytes (UTF-16?)")])
 
     seen: list[str] = []
+    overflow: set[float] = set()
 
     def constant(token: str) -> float:
         seen.append(token)  # NaN, Infinity, -Infinity: refused below, naming the field
@@ -349,6 +355,7 @@ def _parse(raw: bytes, source: str) -> Any:
         x = float(token)
         if not math.isfinite(x):
             seen.append(token)
+            overflow.add(x)
         return x
 
     try:
@@ -371,7 +378,15 @@ def _parse(raw: bytes, source: str) -> Any:
             where = _nonfinite(data)
         except RecursionError:
             where = []
-        problems = [(_loc(loc), f"{_token(x)} is not valid JSON") for loc, x in where]
+        problems = [
+            (
+                _loc(loc),
+                "a number too large for a float (overflows to infinity)"
+                if x in overflow and _token(x) not in seen
+                else f"{_token(x)} is not valid JSON",
+            )
+            for loc, x in where
+        ]
         raise InputError(
             source, problems or [("", f"{seen[0]} is not valid JSON (not a finite number)")]
         )
