@@ -283,7 +283,13 @@ class _Scan:
         if longest > self.max_string:
             raise InputError(
                 self.source,
-                [("", f"a string or value is longer than {self.max_string} bytes")],
+                [
+                    (
+                        "",
+                        f"more than {self.max_string} bytes without a quote (a string, "
+                        "or a run of values, longer than the cap)",
+                    )
+                ],
             )
 
 
