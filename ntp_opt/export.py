@@ -30,7 +30,7 @@ from typing import Any
 
 import numpy as np
 
-from .files import InputError, _write_json
+from .files import InputError, _read_json, _write_json
 from .instance import Instance
 from .megatron import MegatronError, megatron_compatible, megatron_order
 from .plan import Plan, Replica, Stage
@@ -462,12 +462,7 @@ def import_megatron(path: str | os.PathLike[str], instance: Instance | None = No
     p = Path(path)
     config_path = p / CONFIG_NAME if p.is_dir() else p
     source = str(config_path)
-    try:
-        config = json.loads(config_path.read_text())
-    except (OSError, UnicodeDecodeError) as err:
-        raise InputError(source, [("", f"cannot read file: {err}")]) from None
-    except json.JSONDecodeError as err:
-        raise InputError(source, [("", f"malformed JSON: {err}")]) from None
+    config = _read_json(config_path)  # the file rules: caps, UTF-8, no NaN or duplicate keys
     if not isinstance(config, dict) or config.get("format") != MEGATRON_FORMAT:
         got = config.get("format") if isinstance(config, dict) else type(config).__name__
         raise InputError(source, [("format", f"expected {MEGATRON_FORMAT!r}, got {got!r}")])
@@ -490,6 +485,10 @@ def import_megatron(path: str | os.PathLike[str], instance: Instance | None = No
     if len(batches) != n_dp:
         raise InputError(
             source, [("local_batch_per_dp", f"{len(batches)} entries for {n_dp} DP ranks")]
+        )
+    if Path(rank_name).name != rank_name or rank_name in ("", ".", ".."):
+        raise InputError(
+            source, [("rank_file", f"must be a file name beside it, got {rank_name!r}")]
         )
     ranks_path = config_path.parent / rank_name
     try:

@@ -56,6 +56,20 @@ class UnsafeTargetError(ValueError):
         super().__init__(f"{path}: {reason}")
 
 
+def _umask() -> int:
+    """The process umask, read without changing it where possible (thread-safe)."""
+    try:
+        with open("/proc/self/status", encoding="ascii", errors="replace") as fh:
+            for line in fh:
+                if line.startswith("Umask:"):
+                    return int(line.split()[1], 8)
+    except (OSError, ValueError, IndexError):
+        pass
+    umask = os.umask(0o077)  # elsewhere: briefly set a strict one, never 0
+    os.umask(umask)
+    return umask
+
+
 def _named(err: OSError, target: PathLike) -> OSError:
     """The same error, naming the user's path instead of a temporary file."""
     out = type(err)(err.errno, err.strerror or str(err), str(target))
@@ -157,9 +171,7 @@ def atomic_open(path: PathLike, inputs: Iterable[PathLike] = ()) -> Iterator[IO[
         if old is not None:
             mode = stat.S_IMODE(old.st_mode)
         else:
-            umask = os.umask(0)
-            os.umask(umask)
-            mode = 0o666 & ~umask
+            mode = 0o666 & ~_umask()
         check_target(target, inputs)  # the target may have changed meanwhile
         try:
             os.chmod(tmp, mode)

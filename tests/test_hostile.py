@@ -116,6 +116,15 @@ def test_item1_mode_of_target_kept(tmp_path, capsys):
     assert json.loads(target.read_text())["format"] == "ntp-opt/instance@1"
 
 
+def test_item1_new_file_gets_the_umask_mode(tmp_path):
+    old = os.umask(0o027)
+    try:
+        atomic_write(tmp_path / "new.txt", "x")
+    finally:
+        os.umask(old)
+    assert stat.S_IMODE((tmp_path / "new.txt").stat().st_mode) == 0o640
+
+
 def test_item1_export_ignores_planted_temp_symlink(tmp_path, capsys):
     plan = tmp_path / "p.json"
     assert main(["solve", str(TINY), "--policy", "ntp", "-o", str(plan)]) == 0
@@ -880,3 +889,17 @@ def test_fuzz_loaders_events(case):
             load_events(str(path))
         except files.InputError as err:
             assert str(err).startswith(f"{path}: ")
+
+
+def test_item10_export_rank_file_stays_beside_the_config(tmp_path, plan_file):
+    from ntp_opt.export import import_megatron
+
+    out = tmp_path / "launch"
+    argv = ["export", str(plan_file), "--to", "megatron-ntp", "--instance", str(TINY)]
+    assert main([*argv, "-o", str(out)]) == 0
+    config = out / "megatron-ntp.json"
+    data = json.loads(config.read_text())
+    data["rank_file"] = "../../etc/passwd"
+    config.write_text(json.dumps(data))
+    with pytest.raises(files.InputError, match="rank_file: must be a file name"):
+        import_megatron(out)
