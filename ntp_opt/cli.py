@@ -22,7 +22,7 @@ from pydantic import ValidationError
 from rich.console import Console
 from rich.table import Table
 
-from . import topology
+from . import files, topology
 from .files import (
     InputError,
     _read_json,
@@ -89,6 +89,8 @@ def _cmd_gen(args: argparse.Namespace) -> int:
             f"{where}: an instance name has 1 to {MAX_NAME} characters, got {len(name)}"
             + ("" if args.name is not None else " (give --name)")
         )
+    if args.gpus > files.MAX_NODES:  # an instance file holds at most MAX_NODES nodes
+        raise ValueError(f"--gpus: at most {files.MAX_NODES} GPUs fit in an instance file")
     kw: dict[str, Any] = {"rack_power_factor": args.rack_power_factor}
     if args.tdp_w is not None:
         kw["tdp_w"] = args.tdp_w
@@ -115,6 +117,11 @@ def _cmd_gen(args: argparse.Namespace) -> int:
         meta["stragglers"] = {"count": args.stragglers, "speed": args.straggler_speed}
     if args.p_fail:
         topology.set_p_fail(graph, args.p_fail)
+    if graph.number_of_nodes() > files.MAX_NODES:
+        raise ValueError(
+            f"--gpus: the cluster has {graph.number_of_nodes()} nodes with its trays, domains "
+            f"and racks; an instance file holds at most {files.MAX_NODES}"
+        )
     domains = topology.domains(graph)
     per_domain = graph.nodes[domains[0]]["size"] // args.tp if domains else 0
     dp = args.dp if args.dp is not None else max(1, len(domains) * per_domain // args.pp)

@@ -903,3 +903,12 @@ def test_item10_export_rank_file_stays_beside_the_config(tmp_path, plan_file):
     config.write_text(json.dumps(data))
     with pytest.raises(files.InputError, match="rank_file: must be a file name"):
         import_megatron(out)
+
+
+def test_item10_gen_refuses_what_could_not_be_loaded(tmp_path, capsys, monkeypatch):
+    monkeypatch.setattr(files, "MAX_NODES", 70)  # 64 GPUs + trays, domains, racks > 70
+    assert main([*GEN, "-o", str(tmp_path / "x.json")]) == 2
+    assert "an instance file holds at most 70" in _err(capsys)
+    assert main(["gen", "--gpus", "96", "--tp", "8", "-o", str(tmp_path / "x.json")]) == 2
+    assert "--gpus: at most 70 GPUs" in _err(capsys)
+    assert not list(tmp_path.iterdir())
