@@ -3,17 +3,20 @@
 Item of issue 18 -> tests here (the service half, items 2 and 3, is tested
 with the service):
 
-| item | what | tests |
+| item | what | tests (``pytest -k``) |
 |---|---|---|
-| 1 | `-o` onto devices, FIFOs, symlinks, inputs; mode kept; planted export temp | test_item1_* |
-| 4 | gzip / parse bombs, escapes, encodings | test_item4_* |
-| 5 | clean errors (huge ints, bad events, gen/serve flags, overflow) | test_item5_* |
-| 6 | bench lock, workers die with driver, corrupt rows | test_item6_* |
+| 1 | `-o` onto device/FIFO/symlink/input, mode, planted temp | test_item1_* |
+| 4 | gzip and parse bombs, escapes, encodings | test_item4_* |
+| 5 | clean errors (10**400, events, flags, overflow) | test_item5_*, |
+|   | bench row with a list as key | test_item6_read_rows_reports_file_and_line |
+| 6 | bench lock, workers die with the driver, corrupt rows | test_item6_* |
 | 7 | NaN never written, names escaped in Markdown | test_item7_* |
-| 8 | workloads loader linear | test_item8_* |
-| 9 | SIGTERM / SIGINT during a save leave no temp file | test_item9_* |
-| 10 | strict types, duplicate keys, BOM/UTF-16, 1e999, names, one-line errors | test_item10_* |
-| fuzz | mutated valid files load or raise InputError | test_fuzz_loaders_* |
+| 8 | workloads loader linear (100k fleets) | test_item8_hundred_thousand_fleets |
+| 9 | SIGTERM/SIGINT during a save: no .tmp | test_item9_signal_during_gen_leaves_no_temp |
+| 10 | strict types, duplicate keys, 1e999, names, one line | test_item10_*, |
+|   | BOM and UTF-16 | test_item4_other_encodings_refused |
+|   | write errors name the user's path | test_item1_write_error_names_the_users_path |
+| fuzz | mutated files load or raise InputError | test_fuzz_loaders_* |
 """
 
 from __future__ import annotations
