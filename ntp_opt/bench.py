@@ -239,7 +239,8 @@ def read_rows(path: Path, problems: list[str] | None = None) -> list[dict[str, A
     A line that is not a usable row (not JSON, NaN or Infinity, not an object,
     a missing or mistyped ``key``, ``instance``, ``planner`` or ``status``, a
     non-numeric figure) is skipped, so its run is done again, and reported in
-    ``problems`` as ``FILE:LINE: reason``. Returns the rows in file order.
+    ``problems`` as ``FILE:LINE: reason``. Returns the rows in file order,
+    each with every field of :data:`FIELDS` (``None`` where the line has none).
 
     Raises
     ------
@@ -275,7 +276,7 @@ def read_rows(path: Path, problems: list[str] | None = None) -> list[dict[str, A
             if problems is not None:
                 problems.append(f"{path}:{n}: skipped: {reason}")
             continue
-        rows.append(row)
+        rows.append({**dict.fromkeys(FIELDS), **row})  # every field present (None if absent)
     return rows
 
 

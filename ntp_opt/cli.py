@@ -816,7 +816,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"ntp-opt: error: {_validation_text(err)}", file=sys.stderr)
         return 2
     except (ValueError, KeyError, OSError) as err:
-        print(f"ntp-opt: error: {_error_text(err)}", file=sys.stderr)
+        lines = _error_text(err).splitlines() or [type(err).__name__]
+        more = f" (and {len(lines) - 1} more lines)" if len(lines) > 1 else ""
+        print(f"ntp-opt: error: {lines[0]}{more}", file=sys.stderr)  # always one line
         return 2
     except KeyboardInterrupt:
         print("ntp-opt: interrupted", file=sys.stderr)

@@ -502,7 +502,8 @@ def test_item6_read_rows_reports_file_and_line(tmp_path, bad):
     path = tmp_path / "results.jsonl"
     path.write_text(json.dumps(good) + "\n" + line + "\n")
     problems: list[str] = []
-    assert read_rows(path, problems) == [good]
+    rows = read_rows(path, problems)
+    assert len(rows) == 1 and {k: rows[0][k] for k in good} == good
     assert len(problems) == 1 and problems[0].startswith(f"{path}:2: skipped: ")
 
 
@@ -915,3 +916,27 @@ def test_item10_gen_refuses_what_could_not_be_loaded(tmp_path, capsys, monkeypat
     assert main(["gen", "--gpus", "96", "--tp", "8", "-o", str(tmp_path / "x.json")]) == 2
     assert "--gpus: at most 70 GPUs" in _err(capsys)
     assert not list(tmp_path.iterdir())
+
+
+ROW_BYTES = (
+    json.dumps({"key": "k", "instance": "tiny", "planner": "ntp", "status": "optimal", "gpus": 12})
+    + "\n"
+).encode()
+
+
+@given(mutated_bytes(ROW_BYTES * 3))
+def test_fuzz_loaders_bench_rows(case):
+    from ntp_opt.bench import read_rows
+
+    blob, _ = case
+    with TemporaryDirectory() as tmp:
+        path = Path(tmp) / "results.jsonl"
+        path.write_bytes(blob)
+        problems: list[str] = []
+        rows = read_rows(path, problems)
+        for row in rows:  # every row kept is usable by the summary and the table
+            assert isinstance(row["key"], str) and isinstance(row["status"], str)
+        assert all(p.startswith(f"{path}:") for p in problems)
+        from ntp_opt.bench import summary
+
+        summary(rows)
