@@ -34,6 +34,7 @@ import json
 import logging
 import math
 import multiprocessing
+import os
 import re
 import resource
 import sys
@@ -609,6 +610,7 @@ def _worker(
 ) -> None:
     """Entry point of a worker process: one request, then exit."""
     try:
+        os.nice(10)  # the server's event loop (/health, admission) goes first
         _data_limit(memory)
         try:
             status, payload = handle(endpoint, body, max_time_limit)
@@ -902,6 +904,9 @@ def create_app(
                 503,
                 f"busy: {limits.max_requests} requests or {limits.body_budget} bytes of bodies "
                 "in progress; retry later",
+                # no "Connection: close": a client that sends its whole body
+                # before reading (no Expect: 100-continue) would see a broken
+                # pipe instead of this answer; uvicorn discards the body
                 headers={"Retry-After": "1"},
             )
         try:
