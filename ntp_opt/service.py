@@ -700,7 +700,13 @@ class _Pool:
         )
         if self.closing:
             return 503, json.dumps(_error_body("the server is shutting down")).encode()
-        proc.start()
+        try:
+            proc.start()
+        except OSError as err:  # out of processes or memory: a server-side limit
+            log.error("could not start a worker: %s", err)
+            send.close()
+            recv.close()
+            return 503, json.dumps(_error_body("no worker could be started; retry later")).encode()
         with self.lock:
             self.children.add(proc)
             if self.closing:  # shutdown began while it started
@@ -1025,7 +1031,10 @@ def serve(
     ):
         limits = Limits(**{**limits.__dict__, "allowed_hosts": (*limits.allowed_hosts, host)})
     app = create_app(limits=limits)
-    _context()  # start the forkserver before uvicorn's threads exist
+    _context()
+    from multiprocessing import forkserver
+
+    forkserver.ensure_running()  # imports the package once, before the first request
 
     class _Server(uvicorn.Server):
         def handle_exit(self, sig: int, frame: Any) -> None:
