@@ -165,3 +165,15 @@ def test_bounded_split_memory_follows_b_not_m() -> None:
     # 4 replicas, M = 10**7, B = 1000: at most B + 2n candidates are listed
     counts = gp._candidate_counts(np.array([1.0, 0.5, 0.25, 2.0]), 10**7, 1000, 4)
     assert counts.sum() <= 1000 + 2 * 4 + 4
+
+
+@pytest.mark.parametrize("planner", ["risk-aware", "optimal-megatron", "highs", "optimal-nopower"])
+def test_every_time_limited_planner_stops_with_a_valid_plan(planner: str) -> None:
+    # a limit that has passed before the first check: every phase must notice
+    from ntp_opt.riskaware import risk_instance
+
+    inst = risk_instance("pack")
+    res = solve(inst, planner, time_limit=1e-9)
+    assert res.limit == Limit.TIME, planner
+    assert res.plan is not None and res.evaluation is not None and res.evaluation.feasible
+    assert res.status == "feasible"
