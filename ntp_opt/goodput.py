@@ -23,6 +23,57 @@ import numpy as np
 
 from .job import Job
 
+#: Largest number of ``(step time, replica)`` candidates :func:`split_batch`
+#: holds in memory (about 40 bytes each). Larger batch splits are refused
+#: with :class:`SizeLimitError` instead of exhausting memory.
+MAX_BATCH_CANDIDATES = 4_000_000
+
+
+#: Below this many candidates every replica's ``min(M, B)`` are listed.
+_FULL_BELOW = 4096
+
+
+class SizeLimitError(ValueError):
+    """An instance whose arrays would exceed a planner's memory budget."""
+
+
+def batch_candidates(job: Job, n_replicas: int | None = None) -> int:
+    """Upper bound on the candidates :func:`split_batch` needs for ``n_replicas``.
+
+    Parameters
+    ----------
+    job
+        The job.
+    n_replicas
+        Number of replicas (default ``dp_max``).
+
+    Returns
+    -------
+    int
+        ``min(B, n * min(M, B))``: a split never needs more than ``B`` candidates
+        in all (plus ties), nor more than ``min(M, B)`` per replica.
+    """
+    n = job.replicas_max if n_replicas is None else n_replicas
+    return min(job.global_batch, n * min(job.local_batch_max, job.global_batch))
+
+
+def check_batch_size(job: Job, n_replicas: int | None = None) -> None:
+    """Refuse a job whose batch split would exceed :data:`MAX_BATCH_CANDIDATES`.
+
+    Raises
+    ------
+    SizeLimitError
+        Naming ``job.global_batch`` and ``job.max_local_batch``.
+    """
+    need = batch_candidates(job, n_replicas)
+    if need > MAX_BATCH_CANDIDATES:
+        raise SizeLimitError(
+            f"job.global_batch: {job.global_batch} sequences with max_local_batch "
+            f"{job.local_batch_max} need {need} batch-split candidates, more than the "
+            f"memory budget of {MAX_BATCH_CANDIDATES}; scale the batch down (goodput is "
+            "relative to it)"
+        )
+
 
 def replica_speed(
     job: Job, tp: int, stage_speeds: Sequence[float], powers: Sequence[float]
@@ -149,10 +200,15 @@ def split_batch(
     factor = overhead_factor(job, tps)
     # Candidate (time, replica) pairs; only the first B + n per replica can matter.
     per = min(cap, big_b)
-    b = np.arange(1, per + 1, dtype=float)
-    times = (b[None, :] / v[:, None]).ravel()
-    owner = np.repeat(np.arange(n), per)
-    first = b[None, :].repeat(n, axis=0).ravel() == 1.0
+    counts = _candidate_counts(v, per, big_b, n)
+    if int(counts.sum()) > MAX_BATCH_CANDIDATES:
+        check_batch_size(job, n)  # names the fields
+        raise SizeLimitError(f"{int(counts.sum())} batch-split candidates exceed the budget")
+    owner = np.repeat(np.arange(n), counts)
+    starts = np.cumsum(counts) - counts
+    b = (np.arange(len(owner)) - starts[owner] + 1).astype(float)
+    times = b / v[owner]
+    first = b == 1.0
     order = np.lexsort((owner, times))
     times, owner, first = times[order], owner[order], first[order]
     # Position (1-based count) by which every replica has its first sequence.
@@ -176,3 +232,34 @@ def split_batch(
     batches_t = tuple(int(x) for x in batches)
     theta = max(bb / vv for bb, vv in zip(batches_t, v, strict=True)) * factor
     return BatchSplit(batches_t, float(theta), float(sum(batches_t)) / float(theta))
+
+
+def _candidate_counts(v: np.ndarray, per: int, big_b: int, n: int) -> np.ndarray:
+    """How many of each replica's candidates ``b / v_r`` (``b = 1 .. per``) can matter.
+
+    The split takes a prefix of the sorted candidates ending no later than the
+    first step time ``theta_K`` at which ``B`` candidates are admitted and every
+    replica has its first one
+    (the ``elastic`` value ``min(k, B) / theta_k`` only falls after it). Every
+    candidate up to ``theta_K (1 + 1e-9)`` is kept, so the split is the same as
+    with all ``per`` candidates of every replica, and memory grows with ``B``
+    rather than with ``n * per``.
+    """
+    full = np.full(n, per, dtype=np.int64)
+    target = max(big_b, n)
+    if n * per <= target or n * per <= _FULL_BELOW:
+        return full
+    v_min = float(v.min())
+    lo, hi = 0.0, per / v_min  # count(hi) = n * per >= target
+    for _ in range(200):
+        mid = 0.5 * (lo + hi)
+        if mid <= lo or mid >= hi:
+            break
+        if int(np.minimum(per, np.floor(mid * v)).sum()) >= target:
+            hi = mid
+        else:
+            lo = mid
+    hi = max(hi, 1.0 / v_min)  # every replica's first candidate (k_min) is admitted
+    # floor(hi v) is within one of the exact count of candidates b / v <= hi
+    keep = np.floor(np.minimum(per, hi * (1 + 1e-9) * v)).astype(np.int64) + 2
+    return np.minimum(full, np.maximum(keep, 1))

@@ -563,7 +563,7 @@ def _moves_stage(s: _Search, state: _State) -> list[_Move]:
         for k, stage in enumerate(st)
     )
     for neg_risk, r, k in spots:
-        if neg_risk == 0:
+        if neg_risk == 0 or s.expired():
             break
         t, st = state[r]
         d0, _, p0 = st[k]
@@ -589,6 +589,8 @@ def _moves_gpu(s: _Search, state: _State) -> list[_Move]:
     free = _free(s, state)
     moves: list[_Move] = []
     for r, (_, st) in enumerate(state):
+        if s.expired():
+            break
         for k, (d, g, _) in enumerate(st):
             members = a.domain_gpus[d]
             pool = members[free[members]]
@@ -608,11 +610,15 @@ def _moves_swap(s: _Search, state: _State) -> list[_Move]:
     """Swap two stages of different replicas with the same degree (one of them risky)."""
     moves: list[_Move] = []
     spots2 = [(r, k) for r, (_, st) in enumerate(state) for k in range(len(st))]
+    risky = [s.stage_risk(state[r][1][k]) != 0 for r, k in spots2]  # once per stage
     for i, (r1, k1) in enumerate(spots2):
-        for r2, k2 in spots2[i + 1 :]:
+        if s.expired():  # quadratic in the stages: the deadline may come first
+            break
+        for j in range(i + 1, len(spots2)):
+            r2, k2 = spots2[j]
             if r1 == r2 or state[r1][0] != state[r2][0]:
                 continue
-            if s.stage_risk(state[r1][1][k1]) == 0 and s.stage_risk(state[r2][1][k2]) == 0:
+            if not risky[i] and not risky[j]:
                 continue
             moves.append(_Move("swap", r1, k1, r2, k2))
     return moves

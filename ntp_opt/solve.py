@@ -12,6 +12,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from enum import StrEnum
 
+from .goodput import check_batch_size
 from .instance import Instance
 from .plan import Plan
 from .validate import Evaluation, check, infeasibility, pause_reason
@@ -202,6 +203,7 @@ def solve(
         raise ValueError(f"time_limit must be positive, got {time_limit!r}")
     if solver not in PLANNERS:
         raise ValueError(f"unknown solver {solver!r}; known: {', '.join(PLANNERS)}")
+    check_batch_size(instance.job)  # SizeLimitError (a ValueError) before any array is built
     start = time.perf_counter()
     why = infeasibility(instance)
     if why is not None:  # not even the paused job fits: no planner can return a plan

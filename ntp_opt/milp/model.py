@@ -39,6 +39,7 @@ it as feasible with the capacity bound, not as optimal
 from __future__ import annotations
 
 import math
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 
@@ -58,6 +59,15 @@ _ROUND_SLACK = 1e-3
 
 class ModelTooLarge(RuntimeError):
     """The exact model would need more configurations than :data:`MAX_CONFIGS`."""
+
+
+class DeadlineReached(RuntimeError):
+    """The caller's deadline passed while a capacity program was being built."""
+
+
+def _check_deadline(deadline: float | None) -> None:
+    if deadline is not None and time.perf_counter() >= deadline:
+        raise DeadlineReached("time limit reached while building a capacity program")
 
 
 def _ceil_mw(watts: float) -> int:
@@ -257,30 +267,73 @@ def stage_power(prep: Prepared, t: int, b: int, slowest: float, theta: float) ->
     return min(pi, hi)
 
 
+def max_level(prep: Prepared, t: int, slowest: float, theta: float) -> int:
+    """Largest batch level a degree-``t`` stage whose slowest GPU has speed
+    ``slowest`` can carry at ``theta`` (at most ``min(M, B)``; may be 0).
+
+    One above the exact value at most (float slack): :func:`stage_power`
+    decides each level.
+    """
+    job = prep.instance.job
+    cap = min(job.local_batch_max, job.global_batch)
+    boost = 1.0
+    if job.power_exponent > 0 and job.max_boost > 0:
+        boost = (1.0 + job.max_boost) ** job.power_exponent
+    top = theta * job.tp_factor(t) * slowest * boost / job.seq_time_s
+    if not math.isfinite(top) or top >= cap:
+        return cap
+    return min(cap, math.floor(top * (1 + 1e-9)) + 1)
+
+
 def domain_configs(
-    prep: Prepared, dom: Domain, n_racks: int, theta: float, degrees: tuple[int, ...]
+    prep: Prepared,
+    dom: Domain,
+    n_racks: int,
+    theta: float,
+    degrees: tuple[int, ...],
+    deadline: float | None = None,
 ) -> list[Config]:
     """Every configuration of one domain at step time ``theta`` (the empty one first).
 
     Stages are listed with non-increasing speed requirement ``b / f(t)``, so
     that the most demanding stage takes the fastest block and no multiset of
-    stages appears twice.
+    stages appears twice. Only the batch levels a stage on the domain's
+    fastest block can carry are listed (:func:`max_level`), so the work grows
+    with the configurations, not with ``max_local_batch``.
+
+    Raises
+    ------
+    ModelTooLarge
+        More than :data:`MAX_CONFIGS` configurations (checked before listing
+        them when the single-stage ones alone are too many).
+    DeadlineReached
+        ``deadline`` (a :func:`time.perf_counter` value) passed.
     """
     job = prep.instance.job
-    cap = min(job.local_batch_max, job.global_batch)
     idle_frac = job.idle_power_fraction
     h = len(dom.gpus)
     options: list[tuple[float, int, int]] = []  # (requirement, t, b)
     for t in degrees:
-        if t > h:
+        if t > h or h == 0:
             continue
-        for b in range(1, cap + 1):
+        top = max_level(prep, t, float(dom.speed[t - 1]), theta)
+        if top > MAX_CONFIGS + 1 or len(options) + top > MAX_CONFIGS + len(degrees):
+            # each level below the top is a single-stage configuration on the fastest block
+            raise ModelTooLarge(
+                f"domain {prep.instance.arrays.domain_ids[dom.index]!r} has more than "
+                f"{MAX_CONFIGS} stage configurations at this step time"
+            )
+        for b in range(1, top + 1):
             options.append((b / job.tp_factor(t), t, b))
     options.sort(key=lambda o: (-o[0], -o[1], -o[2]))
     configs: list[Config] = [Config((), (0.0,) * n_racks)]
     tdp_cum = dom.tdp
+    min_t = min((t for t in degrees), default=h + 1)
+    _check_deadline(deadline)
 
     def extend(start: int, first_opt: int, stages: list[StageChoice], extra: np.ndarray) -> None:
+        if start + min_t > h:
+            return
         for oi in range(first_opt, len(options)):
             _, t, b = options[oi]
             if start + t > h:
@@ -294,6 +347,8 @@ def domain_configs(
             new_extra = extra + add
             new_stages = [*stages, StageChoice(t, b, start, pi)]
             configs.append(Config(tuple(new_stages), tuple(new_extra.tolist())))
+            if len(configs) % 512 == 0:
+                _check_deadline(deadline)
             if len(configs) > MAX_CONFIGS:
                 raise ModelTooLarge(
                     f"domain {prep.instance.arrays.domain_ids[dom.index]!r} has more than "
@@ -325,7 +380,9 @@ def _unit_fits(unit: Unit, extra_w: tuple[float, ...]) -> bool:
     )
 
 
-def build_capacity(prep: Prepared, theta: float, degrees: tuple[int, ...]) -> Capacity:
+def build_capacity(
+    prep: Prepared, theta: float, degrees: tuple[int, ...], deadline: float | None = None
+) -> Capacity:
     """The integer program ``C(theta)``: maximise ``sum b`` at step time ``theta``.
 
     Parameters
@@ -336,6 +393,8 @@ def build_capacity(prep: Prepared, theta: float, degrees: tuple[int, ...]) -> Ca
         Step time before the resharding overhead factor, in seconds.
     degrees
         TP degrees replicas may use.
+    deadline
+        :func:`time.perf_counter` value after which :class:`DeadlineReached` is raised.
 
     Returns
     -------
@@ -376,7 +435,7 @@ def build_capacity(prep: Prepared, theta: float, degrees: tuple[int, ...]) -> Ca
         unit = prep.units[members[0]]
         dom = prep.domains[unit.domains[0]]
         vars_here = []
-        for cfg in domain_configs(prep, dom, len(unit.racks), theta, degrees)[1:]:
+        for cfg in domain_configs(prep, dom, len(unit.racks), theta, degrees, deadline)[1:]:
             if _unit_fits(unit, cfg.extra_w):
                 vars_here.append(add_column(members, 0, cfg, len(members)))
         if vars_here:
@@ -395,7 +454,7 @@ def build_capacity(prep: Prepared, theta: float, degrees: tuple[int, ...]) -> Ca
         for pos, d in enumerate(unit.domains):
             dom = prep.domains[d]
             vars_here = []
-            for cfg in domain_configs(prep, dom, len(unit.racks), theta, degrees)[1:]:
+            for cfg in domain_configs(prep, dom, len(unit.racks), theta, degrees, deadline)[1:]:
                 if not _unit_fits(unit, cfg.extra_w):
                     continue
                 j = add_column((u,), pos, cfg, 1)

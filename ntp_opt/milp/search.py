@@ -36,7 +36,16 @@ from ..plan import Plan, Replica, Stage
 from ..validate import evaluate
 from .backends import solve_program
 from .bounds import capacity_bound
-from .model import ModelTooLarge, Prepared, build_capacity, iter_stages, prepare, tighten
+from .model import (
+    MAX_CONFIGS,
+    DeadlineReached,
+    ModelTooLarge,
+    Prepared,
+    build_capacity,
+    iter_stages,
+    prepare,
+    tighten,
+)
 
 #: Relative tolerance of the step-time search (and of "optimal").
 REL_TOL = 1e-6
@@ -85,7 +94,10 @@ class _Search:
             remaining = self.deadline - time.perf_counter()
             if remaining <= 0.01:
                 raise _Deadline
-        cap = build_capacity(self.prep, theta, degrees)
+        try:
+            cap = build_capacity(self.prep, theta, degrees, self.deadline)
+        except DeadlineReached:
+            raise _Deadline from None
         self.evaluations += 1
         if not cap.classes:
             return 0, 0, theta
@@ -109,6 +121,8 @@ class _Search:
         if sol.x is not None and lower > 0:
             stages = list(iter_stages(self.prep, cap, sol.x))
             tight, powers = tighten(self.prep, stages, theta)
+            if self.deadline is not None and time.perf_counter() >= self.deadline:
+                raise _Deadline
             if job.batch_policy == "elastic" or lower >= job.global_batch:
                 self._offer(stages, powers)
         if self.keep_log:
@@ -172,6 +186,9 @@ def _candidates(prep: Prepared, degrees: tuple[int, ...]) -> np.ndarray | None:
     if job.max_boost > 0 and job.power_exponent > 0:
         return None
     cap = min(job.local_batch_max, job.global_batch)
+    if cap * len(degrees) * len(prep.speeds) > 50 * MAX_CONFIGS:
+        # too many to list: search the continuous axis (exact to REL_TOL)
+        return None
     values = {
         b * job.seq_time_s / (job.tp_factor(t) * s)
         for t in degrees
@@ -438,16 +455,31 @@ def solve_exact(
     # configuration fits) is left out: the result is then not proven.
     kept = []
     left_out = False
+    deadline_hit = False
     for degrees, factor in cases:
         try:
-            build_capacity(prep, _theta_range(prep, degrees)[1], degrees)
+            build_capacity(prep, _theta_range(prep, degrees)[1], degrees, deadline)
             kept.append((degrees, factor))
         except ModelTooLarge as err:
             s.unproven = left_out = True
             s.log.append(f"left out degrees {list(degrees)}: {err}")
+        except DeadlineReached:
+            s.unproven = left_out = deadline_hit = True
+            s.log.append(f"left out degrees {list(degrees)}: time limit reached")
     cases = kept
+    if left_out and not cases and (deadline is None or time.perf_counter() < deadline):
+        # no case can be searched (huge batch levels, many stages per domain):
+        # the time goes to the sort-and-pack planner, scale-free, a better
+        # warm start there than the baselines
+        from ..fast import plan_fast
+
+        fast_plan, _ = plan_fast(instance, validate=False)
+        ev = evaluate(instance, fast_plan)
+        if ev.feasible and ev.goodput > s.best_value:
+            s.best_plan = fast_plan.with_metrics(**ev.as_metrics())
+            s.best_value = ev.goodput
     bound = 0.0
-    timed_out = interrupted = False
+    timed_out, interrupted = deadline_hit, False
     try:
         if sub_interrupted:
             raise KeyboardInterrupt  # Ctrl-C during the warm start: stop here too
