@@ -379,3 +379,38 @@ def test_board_limits_change_optima():
         free = Instance("free", exact_instance(seed).cluster, inst.job)
         changed += brute_force(inst)[0] < brute_force(free)[0] * (1 - 1e-9)
     assert changed >= 3
+
+
+# --- ntp-opt gen --product -----------------------------------------------------------------
+
+
+def test_gen_product(tmp_path, capsys):
+    from ntp_opt.cli import main
+    from ntp_opt.files import load_instance
+
+    out = tmp_path / "h100.json"
+    args = ["gen", "--builder", "dgx-h100", "--gpus", "64", "--tp", "8", "--fail-count", "3"]
+    assert main([*args, "--product", "h100-sxm", "-o", str(out)]) == 0
+    inst = load_instance(out)
+    assert set(inst.arrays.tdp.tolist()) == {700.0}
+    assert set(inst.arrays.max_power.tolist()) == {700.0}
+    assert inst.meta["product"] == "h100-sxm"
+    assert set(_powers(solve(inst, "ntp-pw").plan)) <= {1.0}
+    # GB200 boards run at 1000 W: 200 W of headroom each, 1.2 x
+    out = tmp_path / "gb200.json"
+    args = ["gen", "--builder", "nvl72", "--gpus", "144", "--tp", "72", "-o", str(out)]
+    assert main([*args, "--product", "gb200", "--tdp-w", "1000"]) == 0
+    inst = load_instance(out)
+    assert set(inst.arrays.tdp.tolist()) == {1000.0}
+    assert set(inst.max_multiplier.tolist()) == {1.2}
+    # without --product: the builder's defaults, no max_power_w (as before)
+    out = tmp_path / "plain.json"
+    assert main([*args[:-1], str(out)]) == 0
+    inst = load_instance(out)
+    assert set(inst.arrays.tdp.tolist()) == {1200.0}
+    assert np.isinf(inst.arrays.max_power).all()
+    capsys.readouterr()
+    assert main([*args, "--product", "gb200", "--tdp-w", "1300"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("ntp-opt: error: --tdp-w 1300 is above the NVIDIA GB200 maximum")
+    assert "Traceback" not in err
