@@ -3,14 +3,16 @@
 from __future__ import annotations
 
 import copy
+import json
 import math
+from pathlib import Path
 
 import numpy as np
 import pytest
 
 from ntp_opt import evaluate, hardware, solve, topology
 from ntp_opt.failures import failed_instance
-from ntp_opt.files import InputError, instance_from_dict, instance_to_dict
+from ntp_opt.files import InputError, instance_from_dict, instance_to_dict, load_instance
 from ntp_opt.instance import Instance
 from ntp_opt.job import Job
 from ntp_opt.milp.backends import available_backends
@@ -414,3 +416,28 @@ def test_gen_product(tmp_path, capsys):
     err = capsys.readouterr().err
     assert err.startswith("ntp-opt: error: --tdp-w 1300 is above the NVIDIA GB200 maximum")
     assert "Traceback" not in err
+
+
+# --- instances without max_power_w keep their meaning ---------------------------------------
+
+ROOT = Path(__file__).resolve().parent.parent
+_BEST = json.loads((ROOT / "instances" / "best_known.json").read_text())["instances"]
+_REPLAY = [
+    k
+    for k, v in _BEST.items()
+    if v["gpus"] <= 1152 and (v["goodput_planner"] not in EXACT or v["gap"] < 1e-6)
+]
+
+
+@pytest.mark.parametrize("name", _REPLAY)
+def test_best_known_values_do_not_move(name):
+    """The stored best-known goodput of small bundled instances (instances/best_known.json,
+    written before v1.1) is reproduced by the planner that found it, and no bound drops
+    below it."""
+    row = _BEST[name]
+    inst = load_instance(ROOT / "instances" / row["file"])
+    assert np.isinf(inst.arrays.max_power).all()  # no instance carries max_power_w
+    res = solve(inst, row["goodput_planner"], seed=row["goodput_seed"], time_limit=60)
+    assert res.evaluation.relative_goodput == pytest.approx(row["goodput"], rel=1e-9, abs=0)
+    rel = capacity_bound(inst) * inst.job.seq_time_s / inst.job.dp
+    assert rel >= row["goodput"] * (1 - 1e-9)
