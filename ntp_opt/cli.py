@@ -187,6 +187,13 @@ def _cmd_info(args: argparse.Namespace) -> int:
     con.print(
         f"  site budget {a.site_budget / 1e3:.1f} kW, GPU TDP total {a.tdp.sum() / 1e3:.1f} kW"
     )
+    limited = int((a.max_power < a.tdp * (1 + job.max_boost)).sum())
+    if limited:
+        fixed = int((instance.max_multiplier <= 1.0).sum())
+        con.print(
+            f"  board power limits (max_power_w) below tdp_w x (1 + max_boost) on {limited} "
+            f"GPUs; {fixed} of them cannot boost at all"
+        )
     return 0
 
 

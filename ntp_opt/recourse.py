@@ -22,10 +22,10 @@
    a budget is below the GPUs' TDP), the last replicas drop until it holds.
 5. Only with ``boost=True`` (default off): the replicas whose degree dropped
    in step 2 raise the power of their stages toward the nominal speed
-   ``1 / c`` (never above ``1 + max_boost`` or the stage's board limit, never below their current
-   power), the one needing the fewest extra watts first, each as far as the
-   remaining rack and site budgets allow (the reachable speed is found by
-   bisection) — MODEL.md's "its racks boost".
+   ``1 / c`` (never above ``1 + max_boost`` or the stage's board limit,
+   never below their current power), the one needing the fewest extra watts
+   first, each as far as the remaining rack and site budgets allow (the
+   reachable speed is found by bisection) — MODEL.md's "its racks boost".
 6. Local batches are re-split exactly with :func:`ntp_opt.goodput.split_batch`
    under the job's policy; under ``fixed`` a set of replicas that cannot carry
    ``B`` pauses the job (empty plan).

@@ -441,3 +441,16 @@ def test_best_known_values_do_not_move(name):
     assert res.evaluation.relative_goodput == pytest.approx(row["goodput"], rel=1e-9, abs=0)
     rel = capacity_bound(inst) * inst.job.seq_time_s / inst.job.dp
     assert rel >= row["goodput"] * (1 - 1e-9)
+
+
+def test_info_reports_board_limits(tmp_path, capsys):
+    from ntp_opt.cli import main
+
+    out = tmp_path / "gb.json"
+    args = ["gen", "--builder", "nvl72", "--gpus", "144", "--tp", "72", "-o", str(out)]
+    assert main([*args, "--product", "gb200"]) == 0
+    capsys.readouterr()
+    assert main(["info", str(out)]) == 0
+    assert "below tdp_w x (1 + max_boost) on 144 GPUs; 144 of them cannot boost" in (
+        capsys.readouterr().out
+    )
