@@ -22,7 +22,16 @@ from typing import Annotated, Any, Literal
 
 import networkx as nx
 import numpy as np
-from pydantic import BaseModel, ConfigDict, Field, StrictInt, StrictStr, ValidationError
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    StrictInt,
+    StrictStr,
+    ValidationError,
+    ValidationInfo,
+    field_validator,
+)
 
 from .instance import Instance
 from .job import Job
@@ -77,6 +86,34 @@ class GpuNode(_Strict):
     speed: Finite = Field(default=1.0, gt=0.0, le=1000.0)
     p_fail: Finite = Field(default=0.0, ge=0.0, le=1.0)
     tdp_w: Finite = Field(default=DEFAULT_TDP_W, gt=0.0, le=1e6)
+    max_power_w: Finite | None = Field(
+        default=None,
+        gt=0.0,
+        le=1e6,
+        description=(
+            "Largest power limit the board accepts, in watts (must be >= tdp_w). "
+            "Absent: tdp_w * (1 + job.max_boost), i.e. only the job's boost cap applies."
+        ),
+    )
+    uuid: str | None = Field(
+        default=None, min_length=1, max_length=200, description="Device UUID (nvidia-smi)."
+    )
+    host: str | None = Field(
+        default=None, min_length=1, max_length=255, description="Hostname the GPU is on."
+    )
+    index: StrictInt | None = Field(
+        default=None, ge=0, le=1_000_000, description="Device index on its host."
+    )
+
+    @field_validator("max_power_w")
+    @classmethod
+    def _max_power_at_least_tdp(cls, v: float | None, info: ValidationInfo) -> float | None:
+        tdp = info.data.get("tdp_w")
+        if v is not None and tdp is not None and v < tdp:
+            raise ValueError(
+                f"{v:g} is below tdp_w {tdp:g} (a board accepts at least its nominal limit)"
+            )
+        return v
 
 
 class TrayNode(_Strict):
@@ -85,6 +122,9 @@ class TrayNode(_Strict):
     id: NodeId
     kind: Literal["tray"]
     p_fail: Finite = Field(default=0.0, ge=0.0, le=1.0)
+    host: str | None = Field(
+        default=None, min_length=1, max_length=255, description="Hostname (scheduler's name)."
+    )
 
 
 class DomainNode(_Strict):

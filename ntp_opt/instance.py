@@ -24,7 +24,9 @@ class ClusterArrays:
     """Flat, index-based view of a cluster graph.
 
     GPUs, trays, domains and racks are numbered in graph order. Every array
-    indexed by GPU has one entry per GPU.
+    indexed by GPU has one entry per GPU. ``max_power`` is each GPU's
+    ``max_power_w``, ``inf`` where the graph gives none (then only the job's
+    ``max_boost`` caps its boost: :func:`ntp_opt.power.max_multipliers`).
     """
 
     gpu_ids: tuple[Hashable, ...]
@@ -36,6 +38,7 @@ class ClusterArrays:
     speed: np.ndarray
     p_fail: np.ndarray
     tdp: np.ndarray
+    max_power: np.ndarray
     tray_ids: tuple[Hashable, ...]
     tray_p_fail: np.ndarray
     domain_ids: tuple[Hashable, ...]
@@ -99,6 +102,7 @@ def compile_cluster(graph: nx.Graph) -> ClusterArrays:
     speed = np.empty(n, dtype=float)
     p_fail = np.empty(n, dtype=float)
     tdp = np.empty(n, dtype=float)
+    max_power = np.full(n, np.inf)
     nodes = graph.nodes
     for i, g in enumerate(gpu_ids):
         attrs = nodes[g]
@@ -110,6 +114,9 @@ def compile_cluster(graph: nx.Graph) -> ClusterArrays:
         speed[i] = attrs.get("speed", 1.0)
         p_fail[i] = attrs.get("p_fail", 0.0)
         tdp[i] = attrs.get("tdp_w", DEFAULT_TDP_W)
+        mx = attrs.get("max_power_w")
+        if mx is not None:
+            max_power[i] = mx
     gpu_domain = tray_domain[gpu_tray] if n else np.empty(0, dtype=np.int64)
     gpu_rack = tray_rack[gpu_tray] if n else np.empty(0, dtype=np.int64)
     order = np.argsort(gpu_domain, kind="stable")
@@ -124,7 +131,8 @@ def compile_cluster(graph: nx.Graph) -> ClusterArrays:
     site = graph.graph.get("power_budget_w")
     site_budget = float(tdp.sum()) if site is None else float(site)
     tray_p = np.array([float(nodes[t].get("p_fail", 0.0)) for t in tray_ids], dtype=float)
-    for arr in (gpu_tray, gpu_domain, gpu_rack, healthy, speed, p_fail, tdp, rack_budget, tray_p):
+    arrs = (gpu_tray, gpu_domain, gpu_rack, healthy, speed, p_fail, tdp, max_power, rack_budget)
+    for arr in (*arrs, tray_p):
         arr.setflags(write=False)
     return ClusterArrays(
         gpu_ids=gpu_ids,
@@ -136,6 +144,7 @@ def compile_cluster(graph: nx.Graph) -> ClusterArrays:
         speed=speed,
         p_fail=p_fail,
         tdp=tdp,
+        max_power=max_power,
         tray_ids=tray_ids,
         tray_p_fail=tray_p,
         domain_ids=domain_ids,
@@ -200,6 +209,16 @@ class Instance:
     def arrays(self) -> ClusterArrays:
         """The compiled cluster (computed once)."""
         return compile_cluster(self.cluster)
+
+    @cached_property
+    def max_multiplier(self) -> np.ndarray:
+        """Per GPU, the largest power multiplier job and board allow (computed once).
+
+        ``min(1 + job.max_boost, max_power_w / tdp_w)``; see :mod:`ntp_opt.power`.
+        """
+        from .power import max_multipliers
+
+        return max_multipliers(self.arrays, self.job.max_boost)
 
     def __eq__(self, other: object) -> bool:
         if not isinstance(other, Instance):

@@ -7,8 +7,10 @@ kind        attributes (defaults)
 ==========  ===================================================================================
 ``gpu``     ``state`` ("healthy" / "failed", default "healthy"), ``speed`` (relative
             throughput, 1.0; < 1 is a straggler), ``p_fail`` (probability of failing within the
-            planning horizon, 0.0), ``tdp_w`` (``DEFAULT_TDP_W``)
-``tray``    compute tray / host, the usual failure unit: ``p_fail`` (0.0)
+            planning horizon, 0.0), ``tdp_w`` (``DEFAULT_TDP_W``), ``max_power_w`` (largest
+            power limit the board accepts, >= ``tdp_w``; absent: ``tdp_w * (1 + max_boost)``
+            of the job), optional ``uuid``, ``host`` (strings) and ``index`` (int >= 0)
+``tray``    compute tray / host, the usual failure unit: ``p_fail`` (0.0), optional ``host``
 ``domain``  NVLink scale-up domain: ``size`` (number of GPUs in it, required)
 ``rack``    power unit: ``power_budget_w`` (default: sum of its GPUs' ``tdp_w``)
 ``switch``  scale-out fabric: ``tier`` ("leaf" or "spine")
@@ -864,6 +866,34 @@ def _check_gpu_attrs(n: Hashable, data: dict[str, Any], problems: list[str]) -> 
     tdp = data.get("tdp_w", DEFAULT_TDP_W)
     if not (type(tdp) is float and 0.0 < tdp < _INF) and _bad_number(tdp, lo=0.0, lo_open=True):
         problems.append(f"GPU {n!r} has tdp_w {tdp!r} (must be finite and > 0)")
+        tdp = 0.0
+    if (
+        len(data) > 5
+        or "max_power_w" in data
+        or "host" in data
+        or "uuid" in data
+        or "index" in data
+    ):
+        _check_gpu_optional(n, data, tdp, problems)  # the optional v1.1 attributes
+
+
+def _check_gpu_optional(n: Hashable, data: dict[str, Any], tdp: Any, problems: list[str]) -> None:
+    mx = data.get("max_power_w")
+    if mx is not None:
+        if _bad_number(mx, lo=0.0, lo_open=True):
+            problems.append(f"GPU {n!r} has max_power_w {mx!r} (must be finite and > 0)")
+        elif mx < tdp:
+            problems.append(
+                f"GPU {n!r} has max_power_w {mx!r} below its tdp_w {tdp!r} "
+                "(a board accepts at least its nominal power limit)"
+            )
+    for key in ("uuid", "host"):
+        v = data.get(key)
+        if v is not None and (not isinstance(v, str) or not v):
+            problems.append(f"GPU {n!r} has {key} {v!r} (must be a non-empty string)")
+    idx = data.get("index")
+    if idx is not None and (not _is_int(idx) or idx < 0):
+        problems.append(f"GPU {n!r} has index {idx!r} (must be a non-negative integer)")
 
 
 def _check_other_attrs(n: Hashable, kind: str, data: dict[str, Any], problems: list[str]) -> None:
@@ -871,6 +901,9 @@ def _check_other_attrs(n: Hashable, kind: str, data: dict[str, Any], problems: l
         p = data.get("p_fail", 0.0)
         if _bad_number(p, lo=0.0, hi=1.0):
             problems.append(f"tray {n!r} has p_fail {p!r} (must be in [0, 1])")
+        host = data.get("host")
+        if host is not None and (not isinstance(host, str) or not host):
+            problems.append(f"tray {n!r} has host {host!r} (must be a non-empty string)")
     elif kind == "domain":
         size = data.get("size")
         if not _is_int(size) or size <= 0:  # type: ignore[operator]
