@@ -621,6 +621,9 @@ def build_parser() -> argparse.ArgumentParser:
     from .multi.cli import add_parser as add_multi_parser  # several workloads (issue 7)
 
     add_multi_parser(sub)
+    from .importers.cli import add_parser as add_import_parser  # real clusters (issue 12)
+
+    add_import_parser(sub)
     return parser
 
 
