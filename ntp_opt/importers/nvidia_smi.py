@@ -120,8 +120,13 @@ def read_xml(path: str | Path) -> SmiHost:
         ``FILE: XPATH: message`` for malformed XML, a root that is not
         ``nvidia_smi_log``, bad power values, or a max limit below the default.
     """
-    import defusedxml.ElementTree as DET
-    from defusedxml import DefusedXmlException
+    try:
+        import defusedxml.ElementTree as DET
+        from defusedxml import DefusedXmlException
+    except ImportError:  # pragma: no cover - the [import] extra
+        raise ValueError(
+            "reading nvidia-smi XML needs defusedxml: pip install 'ntp-opt[import]'"
+        ) from None
 
     p = Path(path)
     src = str(p)

@@ -104,7 +104,12 @@ def _hosts(expr: Any, where: str) -> list[str]:
 
 
 def _yaml_topology(path: Path, text: str, topology_name: str | None) -> list[Block]:
-    import yaml
+    try:
+        import yaml
+    except ImportError:  # pragma: no cover - the [import] extra
+        raise ValueError(
+            "reading topology.yaml needs PyYAML: pip install 'ntp-opt[import]'"
+        ) from None
 
     src = str(path)
     try:
