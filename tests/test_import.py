@@ -145,6 +145,29 @@ def test_topology_yaml_and_conf_give_the_same_blocks() -> None:
     assert read_topology(GB / "topology.conf")[1].where.endswith("topology.conf:3")
 
 
+def test_scontrol_multi_line_form(tmp_path: Path) -> None:
+    p = tmp_path / "nodes.txt"
+    p.write_text(
+        "NodeName=h1 Arch=x86_64 CoresPerSocket=56\n"
+        "   CPUAlloc=0 CPUEfctv=224 CPUTot=224 CPULoad=0.01\n"
+        "   Gres=gpu:h100:8(S:0-1)\n"
+        "   State=IDLE+DRAIN ThreadsPerCore=2 TmpDisk=0 Weight=1 Owner=N/A MCS_label=N/A\n"
+        "   CurrentWatts=0 AveWatts=0\n"
+        "   Reason=ECC errors on GPU 3 [root@2026-12-01T00:00:00]\n"
+        "\n"
+        "NodeName=h2 Arch=x86_64 CoresPerSocket=56\n"
+        "   Gres=gpu:8\n"
+        "   State=MIXED ThreadsPerCore=2\n"
+    )
+    nodes = read_nodes(p)
+    assert [(n.name, n.gpus, n.gpu_type, n.state) for n in nodes] == [
+        ("h1", 8, "h100", "IDLE+DRAIN"),
+        ("h2", 8, None, "MIXED"),
+    ]
+    assert nodes[0].reason == "ECC errors on GPU 3 [root@2026-12-01T00:00:00]"
+    assert nodes[1].where == f"{p}:8"
+
+
 def test_scontrol_records() -> None:
     nodes = {n.name: n for n in read_nodes(GB / "nodes.txt")}
     assert len(nodes) == 37
@@ -444,6 +467,14 @@ CONF_CASES = [
         r"topology\.conf:3: host gb-018 of block 'b02' is also in block 'b01'",
     ),
     (
+        "BlockName=b01 Nodes=gb-[001-018],gb-003\n",
+        r"topology\.conf:1: host gb-003 is listed twice in block 'b01'",
+    ),
+    (
+        "BlockName=b01 Nodes=gb-[001-018] \\\n   # the rest\nBlockName=b02 Nodes=login01\n",
+        r"nodes\.txt:37: host login01 of block 'b02' has no GPU",
+    ),
+    (
         "BlockName=b01 Nodes=gb-[001-018]\nBlockName=b02\n",
         r"topology\.conf:2: block 'b02' is empty",
     ),
@@ -633,6 +664,11 @@ def test_bad_k8s(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     bad(
         norack, r'items\[7\]\.metadata\.labels\["example\.com/rack"\]: node dgx-h100-07 has no rack'
     )
+
+    def clash(d: Any) -> None:
+        d["items"][8]["metadata"]["labels"]["example.com/rack"] = "dgx-h100-01"
+
+    bad(clash, r"items\[1\]: name 'dgx-h100-01' is used both as a rack and as a tray")
     p = tmp_path / "broken.json"
     p.write_text('{"items": [')
     _bad(

@@ -290,8 +290,12 @@ def read_topology(path: str | Path, *, topology_name: str | None = None) -> list
         for h in b.hosts:
             if h in owner:
                 other = owner[h]
-                where = "earlier in this block" if other is b else f"block {other.name!r}"
-                fail(b.where, f"host {h} of block {b.name!r} is also in {where} ({other.where})")
+                if other is b:
+                    fail(b.where, f"host {h} is listed twice in block {b.name!r}")
+                fail(
+                    b.where,
+                    f"host {h} of block {b.name!r} is also in block {other.name!r} ({other.where})",
+                )
             owner[h] = b
     return blocks
 
