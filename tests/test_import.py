@@ -14,6 +14,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from ntp_opt.cli import main
 from ntp_opt.files import InputError, load_instance, load_plan
@@ -231,6 +233,20 @@ def test_slurm_without_nvidia_smi_and_conf_form() -> None:
     Y = import_slurm(GB / "topology.yaml", GB / "nodes.txt", warn=quiet)
     assert list(G.nodes(data=True)) == list(Y.nodes(data=True))
     assert set(G.edges) == set(Y.edges)
+
+
+def test_nvidia_smi_by_node_hostname_and_hosts_outside_the_topology(tmp_path: Path) -> None:
+    d = _copy_gb(tmp_path)
+    text = (d / "nodes.txt").read_text()
+    (d / "nodes.txt").write_text(text.replace("NodeHostName=gb-002 ", "NodeHostName=gb-002.lan "))
+    smi = d / "nvidia-smi"
+    (smi / "gb-002.xml").rename(smi / "gb-002.lan.xml")
+    _xml_as(GB / "nvidia-smi" / "gb-003.xml", smi / "login01.xml", tag="L")
+    warnings: list[str] = []
+    G = import_slurm(d / "topology.conf", d / "nodes.txt", nvidia_smi=smi, warn=warnings.append)
+    assert gpus_of(G)["gb-002:gpu3"]["uuid"] == fixture_uuid("gb-002", 3)
+    assert "login01" not in G
+    assert any("skipped 1 file(s)" in w and "login01.xml" in w for w in warnings)
 
 
 # --- Kubernetes import ----------------------------------------------------------
@@ -745,3 +761,77 @@ def test_gb200_boost_stays_within_each_board(
                     assert s.power * gpus[g]["tdp_w"] <= gpus[g]["max_power_w"] + 1e-6
                 boosted += s.power > 1.0
     assert boosted > 0  # the headroom of block b01 is used
+
+
+# --- properties -----------------------------------------------------------------
+
+
+def _compress(prefix: str, numbers: list[int], width: int) -> str:
+    """A hostlist expression for ``prefix`` + numbers (a writer independent of the parser)."""
+    runs: list[tuple[int, int]] = []
+    for n in numbers:
+        if runs and n == runs[-1][1] + 1:
+            runs[-1] = (runs[-1][0], n)
+        else:
+            runs.append((n, n))
+    parts = [
+        str(lo).zfill(width) if lo == hi else f"{str(lo).zfill(width)}-{str(hi).zfill(width)}"
+        for lo, hi in runs
+    ]
+    return f"{prefix}[{','.join(parts)}]"
+
+
+@given(
+    prefix=st.text(alphabet="abgnxz-", min_size=1, max_size=4),
+    numbers=st.lists(st.integers(0, 300), min_size=1, max_size=30, unique=True).map(sorted),
+    width=st.integers(1, 4),
+    extra=st.lists(st.text(alphabet="abc", min_size=1, max_size=3), max_size=3),
+)
+def test_hostlist_round_trip(prefix: str, numbers: list[int], width: int, extra: list[str]) -> None:
+    expr = ",".join([_compress(prefix, numbers, width), *extra])
+    assert expand(expr) == [prefix + str(n).zfill(width) for n in numbers] + extra
+
+
+_STATES = ["IDLE", "ALLOCATED", "MIXED", "IDLE+DRAIN", "DOWN", "MIXED+DRAIN", "DOWN*", "IDLE+FAIL"]
+
+
+@settings(max_examples=8, deadline=None)
+@given(
+    blocks=st.lists(st.integers(2, 5), min_size=1, max_size=3),
+    prefix=st.sampled_from(["gb-", "nvl", "node"]),
+    states=st.lists(st.sampled_from(_STATES), min_size=15, max_size=15),
+)
+def test_slurm_round_trip_names_only_source_hosts(
+    blocks: list[int], prefix: str, states: list[str], tmp_path_factory: Any
+) -> None:
+    tmp = tmp_path_factory.mktemp("rt")
+    hosts: list[list[str]] = []
+    k = 1
+    for size in blocks:
+        hosts.append([f"{prefix}{k + j:03d}" for j in range(size)])
+        k += size + 1  # gaps between blocks: names the sources never mention
+    flat = [h for b in hosts for h in b]
+    state = {h: ("IDLE" if i < 2 else states[i % len(states)]) for i, h in enumerate(flat)}
+    (tmp / "topology.conf").write_text(
+        "".join(
+            f"BlockName=blk{i} Nodes={_compress(prefix, [int(h[-3:]) for h in b], 3)}\n"
+            for i, b in enumerate(hosts)
+        )
+    )
+    (tmp / "nodes.txt").write_text(
+        "".join(f"NodeName={h} Gres=gpu:gb200:4 State={state[h]} Reason=x\n" for h in flat)
+    )
+    (tmp / "job.json").write_text(json.dumps({"tp": 4, "pp": 1, "dp": 2, "global_batch": 8}))
+    inst, plan, exp = tmp / "i.json", tmp / "p.json", tmp / "x"
+    argv = ["import", "slurm", "--topology", str(tmp / "topology.conf")]
+    argv += ["--nodes", str(tmp / "nodes.txt"), "--job", str(tmp / "job.json"), "-o", str(inst)]
+    assert main(argv) == 0
+    assert main(["solve", str(inst), "--policy", "ntp", "-o", str(plan)]) == 0
+    xargv = ["export", str(plan), "--to", "megatron-ntp", "--reorder", "--instance", str(inst)]
+    assert main([*xargv, "-o", str(exp)]) == 0
+    text = "".join(p.read_text() for p in (plan, exp / "ranks.txt", exp / "megatron-ntp.json"))
+    mentioned = set(re.findall(rf"{re.escape(prefix)}\d+", text))
+    assert mentioned and mentioned <= set(flat)
+    healthy = {h for h in flat if state[h] in ("IDLE", "ALLOCATED", "MIXED")}
+    used = {row.split()[1] for row in (exp / "ranks.txt").read_text().splitlines()[1:]}
+    assert used <= healthy

@@ -71,8 +71,11 @@ def read_nodes(
     rack_label: str | None = None,
     tolerate: tuple[str, ...] = DEFAULT_TOLERATED,
     warn: Warn,
+    left_out: set[str] | None = None,
 ) -> list[Host]:
     """The GPU nodes of a ``kubectl get nodes -o json`` file as :class:`Host` records.
+
+    The names of nodes left out (no GPU) are added to ``left_out`` when given.
 
     Raises
     ------
@@ -123,6 +126,8 @@ def read_nodes(
         )
         if cap is None and lab is None:
             skipped += 1
+            if left_out is not None:
+                left_out.add(name)
             continue
         gpus = lab if lab is not None else cap
         assert gpus is not None
@@ -138,6 +143,8 @@ def read_nodes(
                 )
         if gpus == 0:
             skipped += 1
+            if left_out is not None:
+                left_out.add(name)
             continue
         if "nvidia.com/gpu" in allocatable and cap is not None:
             alloc = _int(
@@ -250,8 +257,9 @@ def import_k8s(
     """
     from .nvidia_smi import read_dir
 
-    hosts = read_nodes(nodes, rack_label=rack_label, tolerate=tolerate, warn=warn)
+    outside: set[str] = set()
+    hosts = read_nodes(nodes, rack_label=rack_label, tolerate=tolerate, warn=warn, left_out=outside)
     smi: dict[str, SmiHost] | None = None
     if nvidia_smi is not None:
-        smi = read_dir(nvidia_smi, hosts, warn=warn)
+        smi = read_dir(nvidia_smi, hosts, warn=warn, left_out=frozenset(outside))
     return compose_cluster(hosts, smi, name=name, warn=warn)

@@ -200,9 +200,16 @@ def read_xml(path: str | Path) -> SmiHost:
 
 
 def read_dir(
-    directory: str | Path, hosts: list[Host], *, warn: Warn | None = None
+    directory: str | Path,
+    hosts: list[Host],
+    *,
+    warn: Warn | None = None,
+    left_out: frozenset[str] = frozenset(),
 ) -> dict[str, SmiHost]:
     """Read every ``<host>.xml`` of a directory, keyed by the scheduler's host name.
+
+    Files of hosts in ``left_out`` (known to the scheduler but outside the NVLink
+    topology, e.g. login nodes) are skipped with a warning.
 
     Raises
     ------
@@ -222,8 +229,12 @@ def read_dir(
     files = sorted(p for p in d.iterdir() if p.suffix.lower() == ".xml")
     if not files:
         fail(str(d), "no *.xml file (expected one nvidia-smi -q -x file per host)")
+    skipped: list[str] = []
     for f in files:
         host = names.get(f.stem)
+        if host is None and f.stem in left_out:
+            skipped.append(f.name)
+            continue
         if host is None:
             fail(str(f), f"file for unknown host {f.stem!r}: not in the scheduler's topology")
         if host in out:
@@ -241,6 +252,11 @@ def read_dir(
                 )
             uuid_at[g.uuid] = str(f)
         out[host] = data
+    if skipped and warn is not None:
+        warn(
+            f"{d}: skipped {len(skipped)} file(s) of hosts outside the topology: "
+            + ", ".join(skipped)
+        )
     capped = [(h, c) for h, data in out.items() for c in data.capped]
     if capped and warn is not None:
         limits = ", ".join(

@@ -500,5 +500,7 @@ def import_slurm(
         warn(f"{nodes}: {len(extra)} GPU node(s) in no topology block are left out: {shown}")
     smi: dict[str, SmiHost] | None = None
     if nvidia_smi is not None:
-        smi = read_dir(nvidia_smi, hosts, warn=warn)
+        outside = {n.name for n in snodes if n.name not in in_blocks}
+        outside |= {n.hostname for n in snodes if n.name not in in_blocks and n.hostname}
+        smi = read_dir(nvidia_smi, hosts, warn=warn, left_out=frozenset(outside))
     return compose_cluster(hosts, smi, name=name, warn=warn)
