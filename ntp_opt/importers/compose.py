@@ -235,6 +235,8 @@ def compose_cluster(
                     )
             tdp = sg.tdp_w if sg is not None and sg.tdp_w is not None else fallback.tdp_w
             mx = sg.max_power_w if sg is not None and sg.tdp_w is not None else fallback.max_power_w
+            if mx is None:
+                mx = table.max_power_w  # an XML without a max limit: the product's, if known
             attrs: dict[str, Any] = {
                 "kind": "gpu",
                 "state": "failed" if failed else "healthy",
