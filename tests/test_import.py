@@ -147,6 +147,23 @@ def test_topology_yaml_and_conf_give_the_same_blocks() -> None:
     assert read_topology(GB / "topology.conf")[1].where.endswith("topology.conf:3")
 
 
+def test_topology_yaml_choice_of_block_topology(tmp_path: Path) -> None:
+    p = tmp_path / "topology.yml"
+    two = (
+        "- topology: a\n  block:\n    blocks:\n      - block: x\n        nodes: [\"n[1-2]\", n5]\n"
+        "- topology: b\n  block:\n    blocks:\n      - block: y\n        nodes: m[01-03]\n"
+    )
+    p.write_text(two)
+    with pytest.raises(InputError, match="several block topologies \\(a, b\\) and none is"):
+        read_topology(p)
+    assert read_topology(p, topology_name="a")[0].hosts == ["n1", "n2", "n5"]
+    assert read_topology(p, topology_name="b")[0].hosts == ["m01", "m02", "m03"]
+    with pytest.raises(InputError, match="no block topology named 'c'"):
+        read_topology(p, topology_name="c")
+    p.write_text(two.replace("- topology: b\n", "- topology: b\n  cluster_default: true\n"))
+    assert [b.name for b in read_topology(p)] == ["y"]
+
+
 def test_scontrol_multi_line_form(tmp_path: Path) -> None:
     p = tmp_path / "nodes.txt"
     p.write_text(
