@@ -150,7 +150,7 @@ def test_topology_yaml_and_conf_give_the_same_blocks() -> None:
 def test_topology_yaml_choice_of_block_topology(tmp_path: Path) -> None:
     p = tmp_path / "topology.yml"
     two = (
-        "- topology: a\n  block:\n    blocks:\n      - block: x\n        nodes: [\"n[1-2]\", n5]\n"
+        '- topology: a\n  block:\n    blocks:\n      - block: x\n        nodes: ["n[1-2]", n5]\n'
         "- topology: b\n  block:\n    blocks:\n      - block: y\n        nodes: m[01-03]\n"
     )
     p.write_text(two)
