@@ -29,6 +29,7 @@ import numpy as np
 from .goodput import BatchSplit, replica_speed, split_batch
 from .instance import Instance
 from .plan import Plan, Replica, Stage
+from .power import can_boost, stage_cap
 from .validate import certified
 
 #: Safety margin on power headroom so that float rounding never breaks a budget.
@@ -120,10 +121,11 @@ def _boost(instance: Instance, groups: list[tuple[int, list[Slot]]]) -> list[lis
     a = instance.arrays
     job = instance.job
     alpha = job.power_exponent
-    hi = 1.0 + job.max_boost
     powers = [[1.0] * len(members) for _, members in groups]
-    if alpha <= 0 or job.max_boost <= 0:
+    if not can_boost(instance):
         return powers
+    # per stage: the largest multiplier the job and every board of the stage allow
+    caps = [[stage_cap(instance, s.gpus[:t]) for s in members] for t, members in groups]
     rack_draw, site_draw = draw_at_power_one(instance, _used_mask(instance, groups))
     rack_room = a.rack_budget - rack_draw
     site_room = a.site_budget - site_draw
@@ -134,7 +136,7 @@ def _boost(instance: Instance, groups: list[tuple[int, list[Slot]]]) -> list[lis
         t, members = groups[r]
         factor = job.tp_factor(t) / job.seq_time_s
         mult, extra_rack, extra = [], np.zeros(len(a.rack_ids)), 0.0
-        for s in members:
+        for s, hi in zip(members, caps[r], strict=True):
             g = s.gpus[:t]
             pi = max(1.0, (goal / (factor * float(a.speed[g].min()))) ** (1.0 / alpha))
             pi = min(pi, hi)

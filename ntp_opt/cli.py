@@ -18,7 +18,7 @@ from typing import Any, Literal
 from rich.console import Console
 from rich.table import Table
 
-from . import topology
+from . import hardware, topology
 from .files import (
     InputError,
     json_schema,
@@ -64,8 +64,16 @@ def _fmt(x: float | None, digits: int = 4) -> str:
 
 def _cmd_gen(args: argparse.Namespace) -> int:
     kw: dict[str, Any] = {"rack_power_factor": args.rack_power_factor}
+    board = hardware.product(args.product) if args.product else None
     if args.tdp_w is not None:
         kw["tdp_w"] = args.tdp_w
+    elif board is not None:
+        kw["tdp_w"] = board.tdp_w
+    if board is not None and kw["tdp_w"] > board.max_power_w:
+        raise ValueError(
+            f"--tdp-w {kw['tdp_w']:g} is above the {board.name} maximum power limit "
+            f"{board.max_power_w:g} W"
+        )
     graph = topology.build(args.builder, args.gpus, **kw)
     meta: dict[str, Any] = {
         "builder": args.builder,
@@ -73,6 +81,12 @@ def _cmd_gen(args: argparse.Namespace) -> int:
         "seed": args.seed,
         "rack_power_factor": args.rack_power_factor,
     }
+    if board is not None:
+        # every board accepts at most the product's maximum power limit (MODEL.md v1.1)
+        for _, d in graph.nodes(data=True):
+            if d["kind"] == "gpu":
+                d["max_power_w"] = board.max_power_w
+        meta["product"] = board.key
     if args.fail_fraction is not None or args.fail_count is not None:
         failed = topology.fail_random(
             graph,
@@ -173,6 +187,13 @@ def _cmd_info(args: argparse.Namespace) -> int:
     con.print(
         f"  site budget {a.site_budget / 1e3:.1f} kW, GPU TDP total {a.tdp.sum() / 1e3:.1f} kW"
     )
+    limited = int((a.max_power < a.tdp * (1 + job.max_boost)).sum())
+    if limited:
+        fixed = int((instance.max_multiplier <= 1.0).sum())
+        con.print(
+            f"  board power limits (max_power_w) below tdp_w x (1 + max_boost) on {limited} "
+            f"GPUs; {fixed} of them cannot boost at all"
+        )
     return 0
 
 
@@ -466,7 +487,19 @@ def build_parser() -> argparse.ArgumentParser:
         default=1.0,
         help="rack budget as a multiple of its GPUs' TDP (default 1.0)",
     )
-    g.add_argument("--tdp-w", type=float, help="GPU TDP in watts (builder default)")
+    g.add_argument(
+        "--tdp-w",
+        type=float,
+        help="GPU power limit when not boosted, in watts (default: the product's, else "
+        "the builder's)",
+    )
+    g.add_argument(
+        "--product",
+        choices=sorted(hardware.PRODUCTS),
+        help="GPU product (ntp_opt.hardware): its board power as tdp_w and its maximum "
+        "power limit as every GPU's max_power_w (default: none, the builder's TDP and "
+        "boost up to 1 + max_boost)",
+    )
     g.add_argument("--tp", type=int, required=True, help="nominal TP degree")
     g.add_argument("--pp", type=int, default=1, help="pipeline stages per replica")
     g.add_argument("--dp", type=int, help="replicas (default: as many as the cluster holds)")

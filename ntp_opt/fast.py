@@ -44,6 +44,7 @@ from .baselines import (
 from .instance import Instance
 from .milp.bounds import capacity_bound
 from .plan import Plan
+from .power import can_boost, stage_cap
 from .validate import certified
 
 
@@ -102,7 +103,8 @@ def boost_floor(instance: Instance, groups: list[tuple[int, list[Slot]]]) -> lis
     """Power multipliers raising every replica to the highest common speed the budgets allow.
 
     Bisection on the target speed ``tau``: each stage gets the least power
-    reaching ``tau`` (capped at ``1 + max_boost``); the largest ``tau`` whose
+    reaching ``tau`` (capped at ``1 + max_boost`` and at its boards' limits,
+    :func:`ntp_opt.power.stage_cap`); the largest ``tau`` whose
     extra draw fits every rack and the site is kept. Under the ``fixed``
     policy goodput is set by the slowest replica, so this is the boost that
     counts; it complements :func:`ntp_opt.baselines._boost`, which only lifts
@@ -110,9 +112,9 @@ def boost_floor(instance: Instance, groups: list[tuple[int, list[Slot]]]) -> lis
     """
     a = instance.arrays
     job = instance.job
-    alpha, hi = job.power_exponent, 1.0 + job.max_boost
+    alpha = job.power_exponent
     ones = [[1.0] * len(m) for _, m in groups]
-    if not groups or alpha <= 0 or job.max_boost <= 0:
+    if not groups or not can_boost(instance):
         return ones
     rack_draw, site_draw = draw_at_power_one(instance, _used_mask(instance, groups))
     rack_room = a.rack_budget - rack_draw
@@ -122,6 +124,10 @@ def boost_floor(instance: Instance, groups: list[tuple[int, list[Slot]]]) -> lis
         [np.repeat([job.tp_factor(t) * s.speed(a.speed, t) for s in m], t) for t, m in groups]
     )
     flat = np.concatenate(gpus)
+    # per stage (and per GPU, repeated): the largest multiplier job and boards allow
+    caps = np.concatenate(
+        [np.repeat([stage_cap(instance, s.gpus[:t]) for s in m], t) for t, m in groups]
+    )
     # aggregate per (stage, rack): one power multiplier per stage
     sizes = np.concatenate([np.full(len(m), t) for t, m in groups])
     stage = np.repeat(np.arange(len(sizes)), sizes)
@@ -129,20 +135,22 @@ def boost_floor(instance: Instance, groups: list[tuple[int, list[Slot]]]) -> lis
     key, inverse = np.unique(stage * n_racks + a.gpu_rack[flat], return_inverse=True)
     tdp = np.bincount(inverse, weights=a.tdp[flat], minlength=len(key))  # watts per group
     rack = key % n_racks
-    u_base = base[np.searchsorted(stage, key // n_racks)]  # the group's stage's base
+    first = np.searchsorted(stage, key // n_racks)
+    u_base = base[first]  # the group's stage's base
+    u_caps = caps[first]
 
-    def powers(tau: float, b: np.ndarray) -> np.ndarray:
+    def powers(tau: float, b: np.ndarray, hi: np.ndarray) -> np.ndarray:
         return np.clip((tau / b) ** (1.0 / alpha), 1.0, hi)
 
     def fits(tau: float) -> bool:
-        extra = tdp * (powers(tau, u_base) - 1.0)  # tdp here: total watts of the group
+        extra = tdp * (powers(tau, u_base, u_caps) - 1.0)  # tdp here: total watts of the group
         per_rack = np.bincount(rack, weights=extra, minlength=len(a.rack_ids))
         return bool(
             np.all(per_rack <= rack_room * (1 - 1e-9)) and extra.sum() <= site_room * (1 - 1e-9)
         )
 
     lo = float(base.min())
-    top = float(base.min()) * hi**alpha
+    top = float((base * caps**alpha).min())  # the fastest the slowest stage can get
     if not fits(lo):
         return ones
     for _ in range(60):
@@ -151,7 +159,7 @@ def boost_floor(instance: Instance, groups: list[tuple[int, list[Slot]]]) -> lis
             lo = mid
         else:
             top = mid
-    pw = powers(lo, base)
+    pw = powers(lo, base, caps)
     out, k = [], 0
     for t, m in groups:
         out.append([float(pw[k + i * t]) for i in range(len(m))])
@@ -242,7 +250,7 @@ def candidates(instance: Instance) -> list[Candidate]:
         Sorted by goodput, best first; candidates with no feasible batch
         split (a paused ``fixed`` job) are left out.
     """
-    boost = instance.job.max_boost > 0 and instance.job.power_exponent > 0
+    boost = can_boost(instance)
     packs = {
         "dp-drop": pack_replicas(instance, domain_slots(instance, reduced=False)),
         "ntp": pack_replicas(instance, domain_slots(instance, reduced=True)),

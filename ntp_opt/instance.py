@@ -210,6 +210,16 @@ class Instance:
         """The compiled cluster (computed once)."""
         return compile_cluster(self.cluster)
 
+    @cached_property
+    def max_multiplier(self) -> np.ndarray:
+        """Per GPU, the largest power multiplier job and board allow (computed once).
+
+        ``min(1 + job.max_boost, max_power_w / tdp_w)``; see :mod:`ntp_opt.power`.
+        """
+        from .power import max_multipliers
+
+        return max_multipliers(self.arrays, self.job.max_boost)
+
     def __eq__(self, other: object) -> bool:
         if not isinstance(other, Instance):
             return NotImplemented

@@ -14,16 +14,18 @@
 3. A stage with more survivors than ``t`` keeps its ``t`` fastest (ties in
    stage order) and returns the others to the pool; a stage with fewer takes
    the first GPUs of its domain's pool.
-4. Every stage keeps its power multiplier. If a rack is over budget, every
+4. Every stage keeps its power multiplier (a refilled stage's is lowered to
+   the largest its new GPUs' boards accept, :func:`ntp_opt.power.stage_cap`,
+   when it exceeds it). If a rack is over budget, every
    stage with a GPU in such a rack goes back to power 1; if the site is still
    over budget, every stage does; if a budget still fails (possible only when
    a budget is below the GPUs' TDP), the last replicas drop until it holds.
 5. Only with ``boost=True`` (default off): the replicas whose degree dropped
    in step 2 raise the power of their stages toward the nominal speed
-   ``1 / c`` (never above ``1 + max_boost``, never below their current
-   power), the one needing the fewest extra watts first, each as far as the
-   remaining rack and site budgets allow (the reachable speed is found by
-   bisection) — MODEL.md's "its racks boost".
+   ``1 / c`` (never above ``1 + max_boost`` or the stage's board limit,
+   never below their current power), the one needing the fewest extra watts
+   first, each as far as the remaining rack and site budgets allow (the
+   reachable speed is found by bisection) — MODEL.md's "its racks boost".
 6. Local batches are re-split exactly with :func:`ntp_opt.goodput.split_batch`
    under the job's policy; under ``fixed`` a set of replicas that cannot carry
    ``B`` pauses the job (empty plan).
@@ -40,6 +42,7 @@ import numpy as np
 from . import goodput as gp
 from .instance import Instance
 from .plan import Plan, Replica, Stage
+from .power import can_boost, stage_cap
 from .validate import POWER_TOL
 
 #: Share of the remaining budgets a boost leaves unspent, so rounding never breaks one.
@@ -171,7 +174,8 @@ def _adapt(
                 pools[d] = sort_pool(pool(d) + [int(i) for i in s])
             continue
         out = []
-        for d, s in zip(doms, survivors, strict=True):
+        pws = [float(st.power) for st in rep.stages]
+        for k, (d, s) in enumerate(zip(doms, survivors, strict=True)):
             if len(s) >= t_new:
                 order = np.argsort(-speed[s], kind="stable")  # fastest first, stage order
                 keep = s[order[:t_new]]
@@ -184,7 +188,10 @@ def _adapt(
                 take = t_new - len(s)
                 out.append(np.concatenate([s, np.array(p[:take], dtype=np.int64)]))
                 pools[d] = p[take:]
-        new_reps.append((t_new, out, [float(st.power) for st in rep.stages], r))
+                cap = stage_cap(instance, out[-1])  # a refill may bring a lower board limit
+                if pws[k] > cap * (1 + POWER_TOL):
+                    pws[k] = cap
+        new_reps.append((t_new, out, pws, r))
         reduced.add(r)
 
     # power (step 4)
@@ -265,8 +272,7 @@ def _boost(
     a = instance.arrays
     job = instance.job
     alpha = job.power_exponent
-    hi = 1.0 + job.max_boost
-    if alpha <= 0 or job.max_boost <= 0:
+    if not can_boost(instance):
         return 0
     rack_draw, site_draw = _draw(instance, alive, flat())
     rack_room = a.rack_budget - rack_draw
@@ -279,6 +285,7 @@ def _boost(
         factor = job.tp_factor(t) / job.seq_time_s
         mult, extra_rack, extra = [], np.zeros(len(a.rack_ids)), 0.0
         for g, pw in zip(gs, pws, strict=True):
+            hi = stage_cap(instance, g)
             pi = (goal / (factor * float(a.speed[g].min()))) ** (1.0 / alpha)
             pi = min(max(pi, pw), max(hi, pw))
             watts = a.tdp[g] * (pi - pw)

@@ -290,10 +290,10 @@ def reboost(instance: Instance, plan: Plan, *, validate: bool = True) -> Plan:
     """
     from .baselines import Slot, _boost, split_groups
     from .fast import boost_floor
+    from .power import can_boost
 
     a = instance.arrays
-    job = instance.job
-    if not plan.replicas or job.max_boost <= 0 or job.power_exponent <= 0:
+    if not plan.replicas or not can_boost(instance):
         return plan
     index = a.gpu_index
     groups = [

@@ -30,7 +30,8 @@ summed failure probability of the GPUs in use):
 4. *swap two stages* of different replicas with the same degree.
 
 Moves keep each stage's power multiplier; a move that breaks a rack or site
-budget is rejected. Batches are re-split exactly after every move. The final
+budget, or puts a boosted stage on a board that does not accept its power
+(``max_power_w``), is rejected. Batches are re-split exactly after every move. The final
 plan passes :func:`ntp_opt.validate.check`; its metrics carry the training
 objective (``saa_expected_goodput``, ``saa_method``) and an estimate on
 *fresh* scenarios the search never saw (``expected_goodput``,
@@ -283,8 +284,11 @@ class _FastScorer:
         for g in scenarios.gpus:
             doms = a.gpu_domain[g]
             self.by_domain.append({int(d): g[doms == d] for d in np.unique(doms)})
+        caps = instance.max_multiplier  # one board limit per domain: a refill keeps the power
         self.domain_ok = all(
-            len(np.unique(a.gpu_rack[m])) <= 1 and len(np.unique(a.tdp[m])) <= 1
+            len(np.unique(a.gpu_rack[m])) <= 1
+            and len(np.unique(a.tdp[m])) <= 1
+            and len(np.unique(caps[m])) <= 1
             for m in a.domain_gpus
         )
         self._dead = np.zeros(a.n_gpus, dtype=bool)
@@ -441,6 +445,8 @@ class _Search:
         for _, st in state:
             for _, g, p in st:
                 per[g] = p
+                if p > 1.0 and np.any(p * a.tdp[g] > a.max_power[g] * (1 + POWER_TOL)):
+                    return False  # a board refuses the stage's power limit
         per = per * a.tdp
         rack = np.bincount(a.gpu_rack, weights=per, minlength=len(a.rack_ids))
         # the validator's tolerance (the exact planner's boosts may sit on it)

@@ -17,6 +17,7 @@ import numpy as np
 from . import goodput as gp
 from .instance import Instance
 from .plan import Plan
+from .power import rack_and_site_draw
 
 #: Relative tolerance on power budgets and power ranges.
 POWER_TOL = 1e-9
@@ -32,6 +33,7 @@ RULES: dict[str, str] = {
     "stage-count": "a replica does not have exactly job.pp stages",
     "domain-unknown": "a stage names a node that is not a domain",
     "power-range": "a stage's power multiplier is outside [1, 1 + job.max_boost]",
+    "board-power": "a stage's power multiplier times a GPU's tdp_w exceeds its max_power_w",
     "stage-size": "a stage does not have exactly its replica's TP degree of GPUs",
     "gpu-unknown": "a stage names a node that is not a GPU",
     "gpu-failed": "a stage uses a failed GPU",
@@ -342,12 +344,36 @@ def _check(instance: Instance, plan: Plan) -> tuple[list[Violation], list[float]
     return out, speeds, power_of
 
 
-def _power(instance: Instance, power_of: np.ndarray) -> tuple[np.ndarray, float]:
+def _board_power(instance: Instance, plan: Plan, power_of: np.ndarray) -> list[Violation]:
+    """GPUs asked for more than the power limit their board accepts (v1.1)."""
     a = instance.arrays
-    idle = instance.job.idle_power_fraction
-    per_gpu = np.where(power_of > 0, power_of, np.where(a.healthy, idle, 0.0)) * a.tdp
-    rack = np.bincount(a.gpu_rack, weights=per_gpu, minlength=len(a.rack_ids))
-    return rack, float(per_gpu.sum())
+    over = np.flatnonzero(power_of * a.tdp > a.max_power * (1 + POWER_TOL))
+    if not over.size:
+        return []
+    where: dict[int, tuple[int, int]] = {}
+    index = a.gpu_index
+    for r, rep in enumerate(plan.replicas):
+        for k, st in enumerate(rep.stages):
+            for g in st.gpus:
+                i = index.get(g)
+                if i is not None:
+                    where.setdefault(i, (r, k))
+    out = []
+    for i in over.tolist():
+        r, k = where[i]
+        g = a.gpu_ids[i]
+        out.append(
+            Violation(
+                "board-power",
+                f"replica {r} stage {k}: GPU {g!r} at power multiplier {_fmt(power_of[i])} "
+                f"asks for {_fmt(power_of[i] * a.tdp[i])} W, above its max_power_w "
+                f"{_fmt(a.max_power[i])} W",
+                replica=r,
+                stage=k,
+                node=g,
+            )
+        )
+    return out
 
 
 def evaluate(instance: Instance, plan: Plan) -> Evaluation:
@@ -367,7 +393,8 @@ def evaluate(instance: Instance, plan: Plan) -> Evaluation:
     job = instance.job
     a = instance.arrays
     violations, speeds, power_of = _check(instance, plan)
-    rack_w, site_w = _power(instance, power_of)
+    violations += _board_power(instance, plan, power_of)
+    rack_w, site_w = rack_and_site_draw(instance, power_of)
     for i in np.flatnonzero(rack_w > a.rack_budget * (1 + POWER_TOL) + 1e-9):
         violations.append(
             Violation(

@@ -11,8 +11,10 @@ Model recap (notation used below)
 A plan is a multiset of at most ``dp_max`` replicas. Replica ``r`` has a degree
 ``t_r`` in ``tp_allowed``, an integer batch ``b_r`` in ``[1, max_local_batch]``
 and ``pp`` stages; stage ``k`` is a set of exactly ``t_r`` healthy GPUs of one
-domain (no GPU in two stages) with a power multiplier ``pi_k`` in ``[1, P]``,
-``P = 1 + max_boost``. With ``f(t) = t eta(t) / (T eta(T))``, ``s_k`` the
+domain (no GPU in two stages) with a power multiplier ``pi_k`` in ``[1, P_k]``:
+``P_k = min(1 + max_boost, min_g max_power_w_g / tdp_g)`` over the stage's GPUs
+(a GPU without ``max_power_w`` limits nothing: MODEL.md v1.1, the board must
+accept the power limit ``pi_k tdp_g``). With ``f(t) = t eta(t) / (T eta(T))``, ``s_k`` the
 slowest GPU of stage ``k`` and ``m = 1 + rho`` if some ``t_r < T`` (else 1)::
 
     v_r = f(t_r) min_k (pi_k^alpha s_k) / c,   theta = m max_r b_r / v_r,
@@ -36,7 +38,7 @@ as ``theta`` grows: the set of reachable ``theta`` is an interval
 ``[theta*, inf)`` and ``theta* = max`` of the thresholds of the individual
 constraints (each monotone in ``theta``):
 
-* ``pi_k <= P``: ``theta >= a_k / P^alpha``;
+* ``pi_k <= P_k``: ``theta >= a_k / P_k^alpha``;
 * budget ``C`` of a rack or of the site, with ``w_k`` the TDP of stage ``k``'s
   GPUs inside it, ``U = sum_k w_k``, ``H`` the TDP of its healthy GPUs and
   ``slack = C - idle H - (1 - idle) U`` (the headroom at ``pi = 1``; negative
@@ -72,7 +74,7 @@ than, one that is enumerated:
      replica's stages as a multiset of stage candidates likewise.
 
 (R2) *Interchangeable GPUs* (``reduce=True``). Two healthy GPUs of the same
-     domain, rack, TDP and speed are exchanged by an automorphism of
+     domain, rack, TDP, board limit and speed are exchanged by an automorphism of
      everything the model reads (domain rule, speed, the rack and site sums),
      so a plan and its image under swapping them have equal goodput and
      feasibility. Hence only the number of GPUs a stage takes from each such
@@ -82,26 +84,27 @@ than, one that is enumerated:
      a relabelling, so their batches can be taken non-increasing.
 
 (R3) *Fastest GPUs first* (``reduce=True``). Let ``x`` be an unused healthy GPU
-     and ``y`` a used GPU of the same domain, rack and TDP with
+     and ``y`` a used GPU of the same domain, rack, TDP and board limit with
      ``speed_x > speed_y``. Putting ``x`` in ``y``'s stage (same power
      multiplier) keeps the stage in its domain, does not lower its slowest
-     speed (so no ``v_r`` drops and ``theta`` does not grow), and leaves every
+     speed nor its cap ``P_k`` (so no ``v_r`` drops and ``theta`` does not
+     grow, and the multiplier stays allowed), and leaves every
      rack and site sum unchanged (``x`` now draws ``tdp pi``, ``y`` draws
      ``tdp idle``, exactly as before with the roles swapped, in the same rack).
      Each such exchange strictly raises the total speed of the used GPUs, so
      repeating it ends, at a plan at least as good, in which within every
-     (domain, rack, TDP) group the used GPUs are a fastest-first prefix: a
+     (domain, rack, TDP, limit) group the used GPUs are a fastest-first prefix: a
      class is used at all only if every strictly faster class of its group
      is used completely. Only structures with this property are scored (the
      test is applied per stage when a domain has too few healthy GPUs for two
      stages, else on the whole structure). The proof does not cover GPUs of
-     different TDP or rack, and those are never exchanged.
+     different TDP, rack or board limit, and those are never exchanged.
 
 ``reduce=False`` makes every GPU its own class and drops (R3): every GPU
 subset is enumerated.
 
-Bound (``prune=True``). Let ``v_r^max = f(t_r) P^alpha s_r / c`` be replica
-``r``'s speed with every stage at ``pi = P`` (``s_r`` its slowest GPU), which
+Bound (``prune=True``). Let ``v_r^max = f(t_r) min_k (P_k^alpha s_k) / c`` be
+replica ``r``'s speed with every stage at ``pi_k = P_k``, which
 no power allocation exceeds. Then ``theta >= m b_r / v_r^max`` for every
 ``r``, so (i) ``b_r / theta <= v_r^max / m`` and goodput
 ``<= sum_r v_r^max / m``; (ii) ``theta >= m / min_r v_r^max`` (``b_r >= 1``)
@@ -157,6 +160,7 @@ class _Gpu:
     healthy: bool
     speed: float
     tdp: float
+    max_w: float  # largest power limit the board accepts (inf: not given)
 
 
 @dataclass(frozen=True)
@@ -189,6 +193,7 @@ def _read_cluster(instance: Instance) -> _Cluster:
             healthy=d.get("state", "healthy") == "healthy",
             speed=float(d.get("speed", 1.0)),
             tdp=float(d.get("tdp_w", DEFAULT_TDP_W)),
+            max_w=float(d["max_power_w"]) if d.get("max_power_w") is not None else math.inf,
         )
     racks = tuple(n for n in g.nodes if kind[n] == "rack")
     budget: dict[Hashable, float] = {}
@@ -257,9 +262,10 @@ class _Class:
     """Healthy GPUs of one domain that the enumeration treats as interchangeable (R2)."""
 
     domain: int
-    group: tuple[Hashable, float]  # (rack, tdp): the scope of the exchange argument (R3)
+    group: tuple[Hashable, float, float]  # (rack, tdp, limit): scope of the exchange (R3)
     speed: float
     tdp: float
+    limit: float  # max_power_w / tdp (inf: no board limit)
     rack: int  # index into the power constraints
     gpus: tuple[Hashable, ...]
 
@@ -271,6 +277,7 @@ class _StageCand:
     shape: tuple[tuple[int, int], ...]  # (class index, count > 0)
     speed: float  # slowest GPU
     watts: tuple[tuple[int, float], ...]  # (constraint index, TDP of its GPUs there)
+    cap: float  # largest multiplier: min(P, the limits of its GPUs)
 
 
 @dataclass(frozen=True)
@@ -292,23 +299,29 @@ def _classes(cl: _Cluster, reduce: bool) -> list[_Class]:
     for di, d in enumerate(cl.domains):
         members = [x for x in cl.gpus.values() if x.domain == d and x.healthy]
         if reduce:
-            keyed: dict[tuple[Hashable, float, float], list[Hashable]] = {}
+            keyed: dict[tuple[Hashable, float, float, float], list[Hashable]] = {}
             for x in members:
-                keyed.setdefault((x.rack, x.tdp, x.speed), []).append(x.id)
-            for (rack, tdp, speed), ids in sorted(
-                keyed.items(), key=lambda kv: (rack_index[kv[0][0]], kv[0][1], -kv[0][2])
+                keyed.setdefault((x.rack, x.tdp, x.max_w / x.tdp, x.speed), []).append(x.id)
+            for (rack, tdp, lim, speed), ids in sorted(
+                keyed.items(),
+                key=lambda kv: (rack_index[kv[0][0]], kv[0][1], kv[0][2], -kv[0][3]),
             ):
-                out.append(_Class(di, (rack, tdp), speed, tdp, rack_index[rack], tuple(ids)))
+                out.append(
+                    _Class(di, (rack, tdp, lim), speed, tdp, lim, rack_index[rack], tuple(ids))
+                )
         else:
             for x in members:
-                out.append(_Class(di, (x.id, x.tdp), x.speed, x.tdp, rack_index[x.rack], (x.id,)))
+                lim = x.max_w / x.tdp
+                out.append(
+                    _Class(di, (x.id, x.tdp, lim), x.speed, x.tdp, lim, rack_index[x.rack], (x.id,))
+                )
     return out
 
 
 def _is_prefix(classes: Sequence[_Class], idx: Sequence[int], used: dict[int, int]) -> bool:
     """(R3): within each (rack, TDP) group of ``idx`` (ordered fastest first),
     a class may be used only if every faster class of the group is full."""
-    open_groups: set[tuple[Hashable, float]] = set()  # groups with a non-full class seen
+    open_groups: set[tuple[Hashable, float, float]] = set()  # groups with a non-full class
     for i in idx:
         k = classes[i]
         u = used.get(i, 0)
@@ -358,6 +371,7 @@ def _stage_cands(
                         shape=shape,
                         speed=min(classes[i].speed for i, _ in shape),
                         watts=tuple(sorted(watts.items())),
+                        cap=min([p.pmax, *(classes[i].limit for i, _ in shape)]),
                     )
                 )
     return out
@@ -467,8 +481,7 @@ class _Scorer:
         """
         p = self.p
         m = 1.0 + p.rho if any(r.tp < p.T for r in reps) else 1.0
-        boost = p.pmax**p.alpha
-        vmax = [p.f(r.tp) * boost * min(s.speed for s in r.stages) / p.c for r in reps]
+        vmax = [p.f(r.tp) * min(s.cap**p.alpha * s.speed for s in r.stages) / p.c for r in reps]
         by_speed = sum(vmax) / m
         theta_min = m * max(1.0 / v for v in vmax)
         by_batch = min(p.B, len(reps) * p.mlb) / theta_min
@@ -489,13 +502,14 @@ class _Scorer:
         k = np.array([m * p.c / (p.f(r.tp) * s.speed) for r in reps for s in r.stages])
         a = bm[:, stage_rep] * k  # (vectors, stages): step time each stage imposes at pi = 1
         theta = a.max(axis=1)
-        if p.alpha > 0.0 and p.pmax > 1.0:
-            theta = theta / p.pmax**p.alpha  # pi_k <= P
+        caps = np.array([s.cap for r in reps for s in r.stages])
+        if p.alpha > 0.0 and caps.max() > 1.0:
+            theta = (a / caps**p.alpha).max(axis=1)  # pi_k <= P_k
             inv = 1.0 / p.alpha
             used = w.sum(axis=1)
             for ci in range(self.n_cons):
-                if used[ci] == 0.0 or slack[ci] >= (p.pmax - 1.0) * used[ci]:
-                    continue  # boosting every stage to P fits: this budget never binds
+                if used[ci] == 0.0 or slack[ci] >= float(w[ci] @ (caps - 1.0)):
+                    continue  # boosting every stage to its cap fits: this budget never binds
                 cols = np.flatnonzero(w[ci] > 0.0)
                 ac = a[:, cols]
                 order = np.argsort(-ac, axis=1, kind="stable")
@@ -531,14 +545,15 @@ class _Scorer:
         k = np.array([m * p.c / (p.f(r.tp) * s.speed) for r in reps for s in r.stages])
         a = bm[:, stage_rep] * k
         hi = a.max(axis=1)  # pi = 1 everywhere: feasible (checked above)
-        if p.alpha == 0.0 or p.pmax == 1.0:
+        caps = np.array([s.cap for s in stages])
+        if p.alpha == 0.0 or caps.max() == 1.0:
             return self._pick(bm, hi)
-        lo = hi / p.pmax**p.alpha * (1.0 - 1e-12)  # below this some pi_k > P
+        lo = (a / caps**p.alpha).max(axis=1) * (1.0 - 1e-12)  # below this some pi_k > P_k
 
         def ok(theta: np.ndarray) -> np.ndarray:
             pi = np.maximum(1.0, (a / theta[:, None]) ** (1.0 / p.alpha))
             draw = pi @ w.T + idle
-            return (pi <= p.pmax).all(axis=1) & (draw <= self.budgets).all(axis=1)
+            return (pi <= caps).all(axis=1) & (draw <= self.budgets).all(axis=1)
 
         for _ in range(200):
             mid = 0.5 * (lo + hi)
@@ -685,7 +700,7 @@ def _write_plan(
             a = m * b * p.c / (p.f(r.tp) * s.speed)
             power = 1.0
             if p.alpha > 0.0 and a > score.theta:
-                power = min(p.pmax, (a / score.theta) ** (1.0 / p.alpha))
+                power = min(s.cap, (a / score.theta) ** (1.0 / p.alpha))
             stages.append(Stage(cl.domains[s.domain], tuple(ids), power))
         replicas.append(Replica(r.tp, b, tuple(stages)))
     g = score.goodput
@@ -745,6 +760,8 @@ def plan_figures(instance: Instance, plan: Plan) -> tuple[float, list[str]]:
                     continue
                 seen.add(gid)
                 draw[gid] = x.tdp * st.power
+                if x.tdp * st.power > x.max_w * (1 + CHECK_TOL):
+                    problems.append(f"replica {r} stage {k}: GPU {gid!r} above its max_power_w")
                 slowest = min(slowest, x.speed)
             slowest_stage = min(slowest_stage, st.power**p.alpha * slowest)
         speeds.append(p.f(rep.tp) * slowest_stage / p.c)

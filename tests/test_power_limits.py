@@ -3,17 +3,28 @@
 from __future__ import annotations
 
 import copy
+import json
 import math
+from pathlib import Path
 
 import numpy as np
 import pytest
 
-from ntp_opt import hardware
-from ntp_opt.files import InputError, instance_from_dict, instance_to_dict
+from ntp_opt import evaluate, hardware, solve, topology
+from ntp_opt.failures import failed_instance
+from ntp_opt.files import InputError, instance_from_dict, instance_to_dict, load_instance
 from ntp_opt.instance import Instance
+from ntp_opt.job import Job
+from ntp_opt.milp.backends import available_backends
+from ntp_opt.milp.bounds import capacity_bound
+from ntp_opt.recourse import adapt
+from ntp_opt.replan import ClusterEvent, reboost, replan
+from ntp_opt.solve import EXACT, PLANNERS
 from ntp_opt.topology import TopologyError, check_topology
 
+from .bruteforce import brute_force, plan_figures
 from .helpers import make_instance
+from .test_milp import exact_instance
 
 
 @pytest.fixture(scope="module")
@@ -176,3 +187,270 @@ def test_table_values():
     assert all(math.isclose(p.max_multiplier, 1.0) for p in hardware.PRODUCTS.values())
     with pytest.raises(KeyError, match="known: h100-sxm"):
         hardware.product("tpu-v5")
+
+
+# --- planners honour the limits ------------------------------------------------------------
+
+
+def _with_limits(g, limit_of) -> None:
+    """Set ``max_power_w`` on every GPU: ``limit_of(gpu id, tdp)`` (None: leave it absent)."""
+    for n, d in g.nodes(data=True):
+        if d["kind"] == "gpu":
+            mx = limit_of(n, d["tdp_w"])
+            if mx is not None:
+                d["max_power_w"] = mx
+
+
+def _h100(max_equals_nominal: bool = True) -> Instance:
+    # 8 DGX nodes (NVL8), 3 failed GPUs, racks with 30 % power headroom: without board
+    # limits the power-aware planners boost the reduced replicas
+    g = topology.dgx_h100(8, rack_power_factor=1.3)
+    g.graph["power_budget_w"] *= 1.3
+    topology.fail_gpus(g, ["d0.t0.g0", "d2.t0.g3", "d5.t0.g7"])
+    if max_equals_nominal:
+        _with_limits(g, lambda n, tdp: 700.0)
+    job = Job(tp=8, tp_min=6, pp=2, dp=4, global_batch=32, batch_policy="elastic")
+    return Instance("h100", g, job)
+
+
+def _powers(plan):
+    return [st.power for rep in plan.replicas for st in rep.stages]
+
+
+def _planners():
+    out = []
+    for name in PLANNERS:
+        backend = EXACT.get(name, (None,))[0]
+        if backend is not None and backend not in available_backends():
+            continue
+        out.append(name)
+    return out
+
+
+@pytest.fixture(scope="module")
+def h100():
+    return _h100()
+
+
+def test_h100_control_boosts_without_limits():
+    # the same cluster without max_power_w: boosting is possible and pays
+    inst = _h100(max_equals_nominal=False)
+    for name in ("ntp-pw", "optimal"):
+        res = solve(inst, name, time_limit=30)
+        assert max(_powers(res.plan)) > 1.0, name
+
+
+@pytest.mark.parametrize("name", _planners())
+def test_h100_every_planner_never_boosts(h100, name):
+    res = solve(h100, name, time_limit=30)
+    assert res.plan.replicas, name
+    assert set(_powers(res.plan)) == {1.0}
+    assert evaluate(h100, res.plan).feasible
+
+
+def test_h100_bound_is_the_no_boost_bound(h100):
+    # no board accepts more than its nominal power: the bound equals the bound of the
+    # same instance with boost switched off, and is below the bound without limits
+    no_boost = Instance("h100", h100.cluster, h100.job.model_copy(update={"max_boost": 0.0}))
+    assert capacity_bound(h100) == capacity_bound(no_boost)
+    assert capacity_bound(h100) < capacity_bound(_h100(max_equals_nominal=False))
+    assert solve(h100, "optimal").objective == pytest.approx(
+        solve(h100, "optimal-nopower").objective, rel=1e-9
+    )
+
+
+def test_h100_recourse_and_replan_never_boost(h100):
+    plan = solve(h100, "ntp-pw").plan
+    mask = np.zeros(h100.arrays.n_gpus, dtype=bool)
+    mask[[h100.arrays.gpu_index["d1.t0.g0"], h100.arrays.gpu_index["d3.t0.g1"]]] = True
+    after = adapt(h100, plan, mask, boost=True)
+    assert set(_powers(after)) <= {1.0}
+    for mode in ("local", "global"):
+        out = replan(h100, plan, [ClusterEvent("fail", ("d1.t0.g0", "d3.t0.g1"))], mode=mode)
+        assert set(_powers(out.plan)) <= {1.0}
+        assert evaluate(out.instance, out.plan).feasible
+    # reboost of any plan on these boards changes nothing
+    assert reboost(h100, plan) == plan
+
+
+def _gb200(seed: int) -> Instance:
+    # 2 NVL72 racks, GB200 boards at 1200 W with per-GPU maximum limits between
+    # 1320 W (1.1 x) and 1560 W (1.3 x), racks and site with 25 % headroom, 5 failed
+    # GPUs: a stage's boost is capped by its lowest board (a 1200 W board in each
+    # 64-GPU stage would forbid any boost, as on H100 above)
+    rng = np.random.default_rng(seed)
+    g = topology.gb200_nvl72(2, rack_power_factor=1.25)
+    g.graph["power_budget_w"] *= 1.25
+    topology.fail_random(g, count=5, seed=seed)
+    choices = [1320.0, 1380.0, 1440.0, 1560.0]
+    _with_limits(g, lambda n, tdp: float(rng.choice(choices)))
+    job = Job(tp=72, tp_min=64, tp_allowed=[64, 68, 72], pp=1, dp=2, global_batch=32)
+    return Instance(f"gb200-{seed}", g, job)
+
+
+@pytest.mark.parametrize("name", [n for n in _planners() if "nopower" not in n])
+def test_gb200_boosts_stay_within_each_board(name):
+    inst = _gb200(1)
+    res = solve(inst, name, time_limit=30)
+    assert evaluate(inst, res.plan).feasible
+    g = inst.cluster
+    for rep in res.plan.replicas:
+        for st in rep.stages:
+            for gid in st.gpus:
+                d = g.nodes[gid]
+                assert st.power * d["tdp_w"] <= d["max_power_w"] * (1 + 1e-9), (name, gid)
+
+
+def test_gb200_some_planner_boosts_within_limits():
+    inst = _gb200(1)
+    powers = _powers(solve(inst, "ntp-pw").plan) + _powers(solve(inst, "optimal").plan)
+    assert max(powers) > 1.0
+    # a stage of >= 64 GPUs leaves out at most 8 of its domain's 72, and every domain
+    # has more than 8 boards limited to 1320 W: no stage may go above 1.1
+    for d in ("d0", "d1"):
+        low = [n for n in inst.cluster if str(n).startswith(f"{d}.")
+               and inst.cluster.nodes[n].get("max_power_w") == 1320.0]  # fmt: skip
+        assert len(low) > 8
+    assert max(powers) <= 1.1 * (1 + 1e-9)
+
+
+def test_gb200_recourse_boost_respects_refilled_boards():
+    inst = _gb200(2)
+    plan = solve(inst, "optimal").plan
+    rng = np.random.default_rng(0)
+    for _ in range(5):
+        mask = rng.random(inst.arrays.n_gpus) < 0.03
+        after = adapt(inst, plan, mask, boost=True)
+        failed = failed_instance(inst, mask)
+        assert evaluate(failed, after).feasible
+
+
+# --- the exact planner against the brute force, with random board limits ---------------------
+
+N_LIMITS = 12  # random instances
+
+
+def _limited(seed: int) -> Instance:
+    """test_milp's random instance with random max_power_w in {1, 1.1, 1.2, 1.5} x tdp or
+    absent: per GPU on odd seeds, per domain on even ones (the exact model's scope,
+    docs/model.md). Every other pair of seeds has a large max_boost, so that limits
+    below 1 + max_boost bind."""
+    base = exact_instance(seed)
+    rng = np.random.default_rng(1000 + seed)
+    g = nx_copy(base)
+    factors = [1.0, 1.1, 1.2, 1.5, None]
+    per_domain: dict[str, float | None] = {}
+
+    def limit(n: str, tdp: float) -> float | None:
+        key = n if seed % 2 else n.split(".")[0]
+        if key not in per_domain:
+            per_domain[key] = factors[int(rng.integers(0, 5))]
+        f = per_domain[key]
+        return None if f is None else f * tdp
+
+    _with_limits(g, limit)
+    job = base.job
+    if seed % 4 >= 2:
+        job = job.model_copy(update={"max_boost": 1.0, "power_exponent": 0.65})
+    return Instance(f"limited-{seed}", g, job)
+
+
+@pytest.mark.parametrize("seed", range(N_LIMITS))
+def test_exact_equals_brute_force_with_board_limits(seed):
+    inst = _limited(seed)
+    best, plan = brute_force(inst)
+    _, problems = plan_figures(inst, plan)
+    assert not problems and evaluate(inst, plan).feasible
+    res = solve(inst, "optimal", log=True)
+    assert evaluate(inst, res.plan).feasible
+    assert res.bound is not None and res.bound >= best * (1 - 1e-9)
+    assert res.objective <= best * (1 + 1e-6)
+    if seed % 2 == 0:  # one limit per domain: in the exact model's scope
+        assert res.status == "optimal"
+    if res.status == "optimal":
+        assert res.objective == pytest.approx(best, rel=1e-5, abs=1e-9)
+    else:  # only where a faster GPU has a lower limit than a slower one (docs/model.md)
+        assert "accepts less power" in res.log
+
+
+def test_board_limits_change_optima():
+    # the family is not trivial: the limits lower some optima
+    changed = 0
+    for seed in range(N_LIMITS):
+        inst = _limited(seed)
+        free = Instance("free", exact_instance(seed).cluster, inst.job)
+        changed += brute_force(inst)[0] < brute_force(free)[0] * (1 - 1e-9)
+    assert changed >= 3
+
+
+# --- ntp-opt gen --product -----------------------------------------------------------------
+
+
+def test_gen_product(tmp_path, capsys):
+    from ntp_opt.cli import main
+    from ntp_opt.files import load_instance
+
+    out = tmp_path / "h100.json"
+    args = ["gen", "--builder", "dgx-h100", "--gpus", "64", "--tp", "8", "--fail-count", "3"]
+    assert main([*args, "--product", "h100-sxm", "-o", str(out)]) == 0
+    inst = load_instance(out)
+    assert set(inst.arrays.tdp.tolist()) == {700.0}
+    assert set(inst.arrays.max_power.tolist()) == {700.0}
+    assert inst.meta["product"] == "h100-sxm"
+    assert set(_powers(solve(inst, "ntp-pw").plan)) <= {1.0}
+    # GB200 boards run at 1000 W: 200 W of headroom each, 1.2 x
+    out = tmp_path / "gb200.json"
+    args = ["gen", "--builder", "nvl72", "--gpus", "144", "--tp", "72", "-o", str(out)]
+    assert main([*args, "--product", "gb200", "--tdp-w", "1000"]) == 0
+    inst = load_instance(out)
+    assert set(inst.arrays.tdp.tolist()) == {1000.0}
+    assert set(inst.max_multiplier.tolist()) == {1.2}
+    # without --product: the builder's defaults, no max_power_w (as before)
+    out = tmp_path / "plain.json"
+    assert main([*args[:-1], str(out)]) == 0
+    inst = load_instance(out)
+    assert set(inst.arrays.tdp.tolist()) == {1200.0}
+    assert np.isinf(inst.arrays.max_power).all()
+    capsys.readouterr()
+    assert main([*args, "--product", "gb200", "--tdp-w", "1300"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("ntp-opt: error: --tdp-w 1300 is above the NVIDIA GB200 maximum")
+    assert "Traceback" not in err
+
+
+# --- instances without max_power_w keep their meaning ---------------------------------------
+
+ROOT = Path(__file__).resolve().parent.parent
+_BEST = json.loads((ROOT / "instances" / "best_known.json").read_text())["instances"]
+_REPLAY = [
+    k
+    for k, v in _BEST.items()
+    if v["gpus"] <= 1152 and (v["goodput_planner"] not in EXACT or v["gap"] < 1e-6)
+]
+
+
+@pytest.mark.parametrize("name", _REPLAY)
+def test_best_known_values_do_not_move(name):
+    """The stored best-known goodput of small bundled instances (instances/best_known.json,
+    written before v1.1) is reproduced by the planner that found it, and no bound drops
+    below it."""
+    row = _BEST[name]
+    inst = load_instance(ROOT / "instances" / row["file"])
+    assert np.isinf(inst.arrays.max_power).all()  # no instance carries max_power_w
+    res = solve(inst, row["goodput_planner"], seed=row["goodput_seed"], time_limit=60)
+    assert res.evaluation.relative_goodput == pytest.approx(row["goodput"], rel=1e-9, abs=0)
+    rel = capacity_bound(inst) * inst.job.seq_time_s / inst.job.dp
+    assert rel >= row["goodput"] * (1 - 1e-9)
+
+
+def test_info_reports_board_limits(tmp_path, capsys):
+    from ntp_opt.cli import main
+
+    out = tmp_path / "gb.json"
+    args = ["gen", "--builder", "nvl72", "--gpus", "144", "--tp", "72", "-o", str(out)]
+    assert main([*args, "--product", "gb200"]) == 0
+    capsys.readouterr()
+    assert main(["info", str(out)]) == 0
+    assert "below tdp_w x (1 + max_boost) on 144 GPUs; 144 of them cannot boost" in (
+        capsys.readouterr().out
+    )

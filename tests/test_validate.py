@@ -165,6 +165,38 @@ def test_power_range(inst, plan, power):
     assert any("replica 0 stage 0" in m for m in rules(inst, bad)["power-range"])
 
 
+def test_board_power():
+    # 1 domain of 4 GPUs (1000 W each), racks and site with ample room; one board
+    # accepts at most 1100 W: a stage on it may run at 1.1 x, not above
+    from ntp_opt import topology
+    from ntp_opt.job import Job
+
+    g = topology.build_cluster(1, 4, 2, 2, rack_power_factor=2.0)
+    g.graph["power_budget_w"] = 8000.0
+    g.nodes["d0.t1.g0"]["max_power_w"] = 1100.0
+    inst = Instance("board", g, Job(tp=4, pp=1, dp=1, global_batch=2))
+    gpus = ("d0.t0.g0", "d0.t0.g1", "d0.t1.g0", "d0.t1.g1")
+
+    def plan_at(pw: float) -> Plan:
+        return Plan("board", (Replica(4, 2, (Stage("d0", gpus, pw),)),))
+
+    assert validate(inst, plan_at(1.1)) == []  # 1.1 x 1000 W = 1100 W: on the limit
+    assert validate(inst, plan_at(1.0)) == []
+    found = rules(inst, plan_at(1.2))
+    assert list(found) == ["board-power"]
+    (msg,) = found["board-power"]
+    assert msg == (
+        "replica 0 stage 0: GPU 'd0.t1.g0' at power multiplier 1.2 asks for 1200 W, "
+        "above its max_power_w 1100 W"
+    )
+    # the job's cap still applies to the other boards: 1.35 > 1 + max_boost
+    found = rules(inst, plan_at(1.35))
+    assert set(found) == {"power-range", "board-power"}
+    # a GPU without max_power_w is limited by the job only (its default, tdp * 1.3)
+    g.nodes["d0.t1.g0"].pop("max_power_w")
+    assert validate(Instance("board", g, inst.job), plan_at(1.3)) == []
+
+
 def test_rack_power():
     # racks budgeted at exactly their GPUs' TDP; two idle domains leave site headroom
     inst = make_instance(dp=3, global_batch=12)
@@ -232,6 +264,7 @@ def test_every_rule_is_exercised():
         "stage-count",
         "domain-unknown",
         "power-range",
+        "board-power",
         "stage-size",
         "gpu-unknown",
         "gpu-failed",

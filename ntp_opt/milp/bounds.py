@@ -10,6 +10,10 @@ Lagrangian duality on that budget gives a bound for every multiplier; the
 best one is found by bisection. Goodput never exceeds total speed (each
 replica's batch is at most ``theta v_r``), nor ``dp_max`` replicas at the
 fastest possible speed. Rack budgets are left out, which keeps it valid.
+Each GPU's multiplier is capped by :attr:`ntp_opt.instance.Instance.max_multiplier`
+(``1 + max_boost``, or less where its board accepts less); in the stage
+bound a domain's stages are capped by the largest cap among its healthy GPUs
+(a stage's true cap, the smallest of its GPUs', is never above it).
 
 :func:`stage_bound` adds the stage structure of each domain and the
 resharding overhead (see its docstring); :func:`capacity_bound` takes the
@@ -60,23 +64,25 @@ def gpu_bound(instance: Instance) -> float:
     a = instance.arrays
     if not a.healthy.any():
         return 0.0
-    # GPUs with the same speed and TDP are interchangeable: aggregate them
+    # GPUs with the same speed, TDP and cap are interchangeable: aggregate them
     s_vals, s_idx = np.unique(a.speed[a.healthy], return_inverse=True)
     w_vals, w_idx = np.unique(a.tdp[a.healthy], return_inverse=True)
-    keys, n = np.unique(s_idx * len(w_vals) + w_idx, return_counts=True)
-    s, w, n = s_vals[keys // len(w_vals)], w_vals[keys % len(w_vals)], n.astype(float)
+    c_vals, c_idx = np.unique(instance.max_multiplier[a.healthy], return_inverse=True)
+    nw, nc = len(w_vals), len(c_vals)
+    keys, n = np.unique((s_idx * nw + w_idx) * nc + c_idx, return_counts=True)
+    sw, n = keys // nc, n.astype(float)
+    s, w, cap = s_vals[sw // nw], w_vals[sw % nw], c_vals[keys % nc]
     alpha = job.power_exponent
-    hi = 1.0 + job.max_boost
     idle = job.idle_power_fraction
     room = a.site_budget - float((w * n * idle).sum()) + _slack(a.site_budget)
-    hi = hi * (1 + POWER_TOL)
+    hi = cap * (1 + POWER_TOL)  # per group: 1 + max_boost, or its boards' limit
     phi = max(job.tp_factor(t) / t for t in job.allowed)
-    v_max = max(job.tp_factor(t) for t in job.allowed) * float(s.max()) * hi**alpha
+    v_max = max(job.tp_factor(t) for t in job.allowed) * float(s.max()) * float(hi.max()) ** alpha
     replicas_cap = job.replicas_max * v_max / job.seq_time_s
 
     def best_pi(lam: float) -> np.ndarray:
         if alpha <= 0 or job.max_boost <= 0 or lam <= 0:
-            return np.full(len(s), hi if lam <= 0 and alpha > 0 else 1.0)
+            return hi.copy() if lam <= 0 and alpha > 0 else np.ones(len(s))
         if alpha >= 1:  # convex or linear in pi: the best is an end point
             return np.where(s * hi**alpha - lam * w * hi > s - lam * w, hi, 1.0)
         pi = (alpha * s / (lam * w)) ** (1.0 / (1.0 - alpha))
@@ -164,16 +170,19 @@ def stage_bound(instance: Instance) -> float:
     job = instance.job
     a = instance.arrays
     alpha = job.power_exponent
-    hi = 1.0 + job.max_boost if alpha > 0 else 1.0
     idle = job.idle_power_fraction
     c = job.seq_time_s
     ok = a.healthy
     if not ok.any():
         return 0.0
     room = a.site_budget - float((a.tdp[ok] * idle).sum()) + _slack(a.site_budget)
-    hi = hi * (1 + POWER_TOL)
     if room < 0:
         return 0.0
+    # per domain: the largest cap of its healthy GPUs bounds every stage's multiplier
+    dom_cap = np.ones(a.n_domains)
+    if alpha > 0:
+        np.maximum.at(dom_cap, a.gpu_domain[ok], instance.max_multiplier[ok])
+    dom_hi = dom_cap * (1 + POWER_TOL)
     # per domain: healthy speeds descending and TDPs ascending, zero-padded
     dom = a.gpu_domain[ok]
     spd = a.speed[ok]
@@ -188,11 +197,12 @@ def stage_bound(instance: Instance) -> float:
     by_tdp = np.lexsort((tdp, dom))
     tdps = np.zeros((a.n_domains, width))
     tdps[dom[by_tdp], np.arange(len(dom)) - starts[dom[by_tdp]]] = tdp[by_tdp]
-    key = np.hstack([h[:, None].astype(float), speeds, tdps])
+    key = np.hstack([h[:, None].astype(float), speeds, tdps, dom_hi[:, None]])
     rows, counts = np.unique(key, axis=0, return_counts=True)
     h_cls = rows[:, 0].astype(np.int64)
     s_cls = rows[:, 1 : 1 + width]
-    w_cls = rows[:, 1 + width :]
+    w_cls = rows[:, 1 + width : 1 + 2 * width]
+    hi = rows[:, -1]  # per class
     cum_w = np.concatenate([np.zeros((len(rows), 1)), np.cumsum(w_cls, axis=1)], axis=1)
     cases: list[tuple[tuple[int, ...], float]] = [((job.tp,), 1.0)]
     reduced = tuple(t for t in job.allowed if t < job.tp)
@@ -200,6 +210,7 @@ def stage_bound(instance: Instance) -> float:
         cases.append((job.allowed, 1.0 + job.reshard_overhead))
     best = 0.0
     s_max = float(a.speed[ok].max())
+    hi_max = float(hi.max())
     for degrees, factor in reversed(cases):  # case B first: it usually decides
         # a quick valid bound for the case first; refine only if it could matter
         quick = _case_bound(
@@ -213,13 +224,13 @@ def stage_bound(instance: Instance) -> float:
             replicas = min(job.replicas_max, slots // job.pp)
         else:
             replicas = job.replicas_max
-        v_top = max(job.tp_factor(t) for t in degrees) * s_max * hi**alpha / c
+        v_top = max(job.tp_factor(t) for t in degrees) * s_max * hi_max**alpha / c
         case = min(value, replicas * v_top) / factor
         if job.batch_policy == "fixed" and case > best:
             case = min(
                 case,
                 _fixed_case_bound(
-                    job, degrees, factor, replicas, h_cls, s_cls, w_cls, cum_w, counts, room
+                    job, degrees, factor, replicas, h_cls, s_cls, w_cls, cum_w, counts, room, hi
                 ),
             )
         best = max(best, case)
@@ -237,6 +248,7 @@ def _fixed_case_bound(
     cum_w: np.ndarray,
     counts: np.ndarray,
     room: float,
+    hi: np.ndarray,
 ) -> float:
     """Bound for the ``fixed`` policy from the speed of the ``k``-th fastest replica.
 
@@ -252,7 +264,6 @@ def _fixed_case_bound(
     speed and smallest TDP (an over-estimate, so still valid).
     """
     alpha = job.power_exponent
-    hi = (1.0 + job.max_boost if alpha > 0 else 1.0) * (1 + POWER_TOL)  # validator slack
     idle = job.idle_power_fraction
     single = h < 2 * min(degrees)
     val = np.stack(
@@ -264,11 +275,11 @@ def _fixed_case_bound(
     m_val = max(job.tp_factor(t) for t in degrees) * speeds[:, 0]
     m_w = min(degrees) * np.where(multi, tdps[:, 0], 1.0)
     m_cnt = np.where(multi, counts * (h // min(degrees)), 0)
-    top = float(max(val.max(initial=0.0), m_val[multi].max(initial=0.0))) * hi**alpha
+    top = float(max(val.max(initial=0.0), m_val[multi].max(initial=0.0))) * float(hi.max()) ** alpha
 
-    def cost(v: np.ndarray, w: np.ndarray, tau: float) -> np.ndarray:
+    def cost(v: np.ndarray, w: np.ndarray, tau: float, hi: np.ndarray) -> np.ndarray:
         with np.errstate(divide="ignore", invalid="ignore"):
-            if alpha > 0 and hi > 1.0:
+            if alpha > 0:
                 pi = np.maximum(1.0, (tau / v) ** (1.0 / alpha))
             else:
                 pi = np.where(v >= tau, 1.0, np.inf)
@@ -276,8 +287,8 @@ def _fixed_case_bound(
         return np.where(pi <= hi * (1 + 1e-12), w * (np.minimum(pi, hi) - idle), np.inf)
 
     def feasible(tau: float, n: int) -> bool:
-        c1 = cost(val, watts, tau).min(axis=1)
-        c2 = cost(m_val, m_w, tau)
+        c1 = cost(val, watts, tau, hi[:, None]).min(axis=1)
+        c2 = cost(m_val, m_w, tau, hi)
         c = np.concatenate([c1[single], c2[multi]])
         k = np.concatenate([counts[single], m_cnt[multi]]).astype(float)
         fin = np.isfinite(c)
@@ -342,14 +353,14 @@ def _case_bound(
     cum_w: np.ndarray,
     counts: np.ndarray,
     room: float,
-    hi: float,
+    hi: np.ndarray,
     idle: float,
     refine: bool = True,
 ) -> float:
     """Lagrangian bound on the sum of replica speeds using only ``degrees``.
 
     ``refine=False`` skips the search over the GPU-count multiplier (a valid,
-    possibly weaker bound).
+    possibly weaker bound). ``hi`` caps the multiplier, per domain class.
     """
     alpha = job.power_exponent
     scale = 1.0 / (job.pp * job.seq_time_s)
@@ -373,6 +384,7 @@ def _case_bound(
     g_val: list[float] = []
     g_w: list[float] = []
     g_cnt: list[float] = []
+    g_hi: list[float] = []
     for i in multi:
         u = _usable(int(h[i]), degrees)
         w_min = float(tdps[i, : int(h[i])].min())
@@ -380,7 +392,9 @@ def _case_bound(
             g_val.append(phi * float(s))
             g_w.append(w_min)
             g_cnt.append(float(counts[i]))
-    gv, gw, gc = np.array(g_val), np.array(g_w), np.array(g_cnt)
+            g_hi.append(float(hi[i]))
+    gv, gw, gc, ghi = np.array(g_val), np.array(g_w), np.array(g_cnt), np.array(g_hi)
+    hi_s = hi[:, None]
     cap_gpus = job.replicas_max * job.pp * job.tp
     if degrees == (job.tp,):
         slots = int((np.minimum(h, 10**9) // job.tp * counts).sum())
@@ -388,11 +402,12 @@ def _case_bound(
     if cap_gpus <= 0:
         return 0.0
 
-    def best_pi(v: np.ndarray, w: np.ndarray, lam: float) -> np.ndarray:
-        if alpha <= 0 or hi <= 1.0:
+    def best_pi(v: np.ndarray, w: np.ndarray, lam: float, hi: np.ndarray) -> np.ndarray:
+        hi = np.broadcast_to(hi, v.shape)
+        if alpha <= 0 or bool(np.all(hi <= 1.0)):
             return np.ones_like(v)
         if lam <= 0:
-            return np.full_like(v, hi)
+            return np.array(hi, dtype=float)
         if alpha >= 1:  # convex or linear in pi: the best is an end point
             at_hi = v * hi**alpha - lam * w * hi
             at_one = v - lam * w
@@ -406,7 +421,7 @@ def _case_bound(
         watts = 0.0
         gpus = 0.0
         if val_s.size:
-            pi = best_pi(val_s, w_s, lam)
+            pi = best_pi(val_s, w_s, lam, hi_s)
             gain = val_s * pi**alpha - lam * w_s * (pi - idle) - mu * n_s[None, :]
             gain = np.where(val_s > 0, gain, -np.inf)
             k = np.argmax(gain, axis=1)
@@ -417,7 +432,7 @@ def _case_bound(
             watts += float((w_s[rows, k[rows]] * (pi[rows, k[rows]] - idle) * counts[rows]).sum())
             gpus += float((n_s[k[rows]] * counts[rows]).sum())
         if gv.size:
-            pi = best_pi(gv, gw, lam)
+            pi = best_pi(gv, gw, lam, ghi)
             gain = gv * pi**alpha - lam * gw * (pi - idle) - mu
             on = gain > 0
             total += float((gain[on] * gc[on]).sum())
@@ -454,7 +469,7 @@ def _case_bound(
     # (not on a subgradient, which ties between domain classes make unreliable).
     # Beyond mu_hi every option's gain is negative, so the minimum is below it.
     per_gpu = [val_s.max(initial=0.0) / min(degrees), gv.max(initial=0.0)]
-    lo, up = 0.0, max(per_gpu) * hi**alpha * 1.01
+    lo, up = 0.0, max(per_gpu) * float(hi.max()) ** alpha * 1.01
     best = value
     for _ in range(24):
         m1, m2 = lo + (up - lo) / 3, up - (up - lo) / 3

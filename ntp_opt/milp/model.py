@@ -7,7 +7,9 @@ slowest GPU has speed ``s`` reaches it with the power multiplier
 
     pi = max(1, (b c / (theta' f(t) s)) ** (1 / alpha)),  f(t) = t eta(t) / (T eta(T))
 
-(infeasible above ``1 + max_boost``), which fixes its power draw. So at fixed
+(infeasible above the stage's cap: ``1 + max_boost``, or less where a GPU's
+board accepts less, ``max_power_w / tdp_w``; see :mod:`ntp_opt.power`), which
+fixes its power draw. So at fixed
 ``theta'`` the planning problem is linear and integer: choose, for every
 domain, a *configuration* (the stages it hosts, each with its degree and
 batch level), such that stages of each class ``(t, b)`` come in multiples of
@@ -24,14 +26,16 @@ many units of a class take each configuration, so identical domains create no
 symmetry at all. Units with several domains (NVL8: four DGX nodes per rack)
 keep one binary per domain and configuration and their rack budgets as rows.
 
-Within a domain, GPUs are used fastest first (ties alternate between the
-domain's racks, so that a boosted stage spreads its draw); a configuration's
-stages take consecutive blocks of that order, the stage needing the highest
-speed first. When a domain's healthy GPUs share one TDP and one rack this
-choice is optimal (a faster GPU never needs more power, and every GPU left out
-draws the same idle power). Otherwise (mixed TDPs, or a domain spanning
-racks such as NVL36x2) a slower or lower-power GPU, or another rack split,
-can be better: the search then still returns a validated plan, but reports
+Within a domain, GPUs are used fastest first (among equal speeds, the
+highest board power cap first; remaining ties alternate between the domain's
+racks, so that a boosted stage spreads its draw); a configuration's stages
+take consecutive blocks of that order, the stage needing the highest speed
+first. When a domain's healthy GPUs share one TDP and one rack, and no faster
+GPU has a lower cap than a slower one, this choice is optimal (an earlier GPU
+is never worse in speed nor in cap, and every GPU left out draws the same idle
+power). Otherwise (mixed TDPs, a domain spanning racks such as NVL36x2, or
+caps that disagree with speeds) a slower or lower-power GPU, or another rack
+split, can be better: the search then still returns a validated plan, but reports
 it as feasible with the capacity bound, not as optimal
 (:attr:`Prepared.inexact` says why).
 """
@@ -77,6 +81,7 @@ class Domain:
     speed: np.ndarray
     tdp: np.ndarray
     rack_pos: np.ndarray  # position of each GPU's rack in its unit's rack list
+    cap: np.ndarray  # largest power multiplier of each GPU (job and board)
 
 
 @dataclass(frozen=True)
@@ -117,6 +122,7 @@ def prepare(instance: Instance) -> Prepared:
     Prepared
     """
     a = instance.arrays
+    caps = instance.max_multiplier
     idle_frac = instance.job.idle_power_fraction
     # power units: union-find over domains joined by shared racks
     parent = list(range(a.n_domains))
@@ -155,15 +161,20 @@ def prepare(instance: Instance) -> Prepared:
         racks = unit_racks[unit_of_domain[d]]
         pos_of = {r: i for i, r in enumerate(racks)}
         rpos = np.array([pos_of[r] for r in a.gpu_rack[idx].tolist()], dtype=np.int64)
-        # fastest first; among equal speeds alternate racks (round robin)
+        # fastest first; among equal speeds the highest cap first, then alternate
+        # racks (round robin)
         rank = np.zeros(len(idx), dtype=np.int64)
-        seen: dict[tuple[float, int], int] = {}
-        for j, (s, rp) in enumerate(zip(a.speed[idx].tolist(), rpos.tolist(), strict=True)):
-            rank[j] = seen.get((s, rp), 0)
-            seen[(s, rp)] = rank[j] + 1
-        order = np.lexsort((np.arange(len(idx)), rpos, rank, -a.speed[idx]))
+        seen: dict[tuple[float, float, int], int] = {}
+        for j, (s, cp, rp) in enumerate(
+            zip(a.speed[idx].tolist(), caps[idx].tolist(), rpos.tolist(), strict=True)
+        ):
+            rank[j] = seen.get((s, cp, rp), 0)
+            seen[(s, cp, rp)] = rank[j] + 1
+        order = np.lexsort((np.arange(len(idx)), rpos, rank, -caps[idx], -a.speed[idx]))
         idx = idx[order]
-        domains.append(Domain(d, idx, a.speed[idx].copy(), a.tdp[idx].copy(), rpos[order]))
+        domains.append(
+            Domain(d, idx, a.speed[idx].copy(), a.tdp[idx].copy(), rpos[order], caps[idx].copy())
+        )
 
     units: list[Unit] = []
     for root, ds in members.items():
@@ -189,6 +200,7 @@ def prepare(instance: Instance) -> Prepared:
                 tuple(dom.speed.tolist()),
                 tuple(dom.tdp.tolist()),
                 tuple(dom.rack_pos.tolist()),
+                tuple(dom.cap.tolist()),
                 unit.budget_mw,
                 unit.idle_w,
             )
@@ -205,6 +217,12 @@ def prepare(instance: Instance) -> Prepared:
             break
         if len(set(dom.rack_pos.tolist())) > 1:
             inexact = f"domain {a.domain_ids[dom.index]!r} spans racks"
+            break
+        if len(dom.cap) > 1 and np.any(np.diff(dom.cap) > 0):
+            inexact = (
+                f"domain {a.domain_ids[dom.index]!r} has a faster GPU whose board accepts "
+                "less power than a slower one's"
+            )
             break
     site_idle = float((a.tdp * a.healthy).sum() * idle_frac)
     return Prepared(
@@ -238,18 +256,22 @@ class Config:
     extra_w: tuple[float, ...]  # per rack of the unit: draw above idle
 
 
-def stage_power(prep: Prepared, t: int, b: int, slowest: float, theta: float) -> float | None:
+def stage_power(
+    prep: Prepared, t: int, b: int, slowest: float, theta: float, hi: float | None = None
+) -> float | None:
     """Smallest power multiplier for a degree-``t`` stage to carry batch ``b`` at ``theta``.
 
-    Returns ``None`` when even ``1 + max_boost`` is not enough.
+    ``hi`` is the stage's cap (default ``1 + max_boost``: no board limit below
+    it). Returns ``None`` when even ``hi`` is not enough.
     """
     job = prep.instance.job
     speed_needed = b * job.seq_time_s / (theta * job.tp_factor(t) * slowest)
     if speed_needed <= 1.0 * (1 + 1e-12):
         return 1.0
     alpha = job.power_exponent
-    hi = 1.0 + job.max_boost
-    if alpha <= 0 or job.max_boost <= 0:
+    if hi is None:
+        hi = 1.0 + job.max_boost
+    if alpha <= 0 or job.max_boost <= 0 or hi <= 1.0:
         return None
     pi = speed_needed ** (1.0 / alpha)
     if pi > hi * (1 + 1e-12):
@@ -285,10 +307,11 @@ def domain_configs(
             _, t, b = options[oi]
             if start + t > h:
                 continue
-            pi = stage_power(prep, t, b, float(dom.speed[start + t - 1]), theta)
+            block = slice(start, start + t)
+            hi = float(dom.cap[block].min())
+            pi = stage_power(prep, t, b, float(dom.speed[start + t - 1]), theta, hi)
             if pi is None:
                 continue
-            block = slice(start, start + t)
             add = np.zeros(n_racks)
             np.add.at(add, dom.rack_pos[block], tdp_cum[block] * (pi - idle_frac))
             new_extra = extra + add
@@ -474,7 +497,7 @@ def tighten(
     """Smallest step time at which the same stages still fit, and their powers there.
 
     Lowering the step time raises every stage's power need; the stages keep
-    fitting while every multiplier stays within ``1 + max_boost`` and every
+    fitting while every multiplier stays within its stage's cap and every
     rack and the site stay within budget. That set of step times is an
     interval ending at ``theta``; its left end is found by bisection (to a
     relative 1e-12), or exactly when power cannot be boosted.
@@ -508,7 +531,8 @@ def tighten(
     if job.max_boost <= 0 or job.power_exponent <= 0:
         return float(need.max()), [1.0] * len(stages)
     alpha = job.power_exponent
-    hi_pi = 1.0 + job.max_boost
+    # per stage: 1 + max_boost, or less where a board accepts less
+    hi_pi = np.array([float(inst.max_multiplier[list(g)].min()) for *_, g, _ in stages])
     idle = job.idle_power_fraction
     tdp = [a.tdp[list(g)] for *_, g, _ in stages]
     racks = [a.gpu_rack[list(g)] for *_, g, _ in stages]
@@ -533,7 +557,7 @@ def tighten(
         site = float(base_rack.sum() + ((pi - idle) * stage_tdp).sum())
         return site <= a.site_budget * (1 + 1e-10)
 
-    lo = float(need.max()) / hi_pi**alpha  # below this some stage needs too much power
+    lo = float((need / hi_pi**alpha).max())  # below this some stage needs too much power
     hi = theta
     if not fits(hi):
         return theta, [float(p) for p in powers(theta)]
@@ -546,4 +570,4 @@ def tighten(
                 hi = mid
             else:
                 lo = mid
-    return hi, [min(float(p), hi_pi) for p in powers(hi)]
+    return hi, [min(float(p), float(c)) for p, c in zip(powers(hi), hi_pi, strict=True)]

@@ -7,7 +7,8 @@ overhead), and every allowed degree (step time ``theta' (1 + rho)``).
 
 * ``fixed``: the goodput is ``B / theta``, so the search wants the smallest
   ``theta'`` with ``C(theta') >= B``: bisection. Without power boost
-  (``max_boost == 0`` or ``alpha == 0``) every jump of ``C`` lies in the finite
+  (``max_boost == 0``, ``alpha == 0``, or no board accepting more than its
+  ``tdp_w``) every jump of ``C`` lies in the finite
   set ``{b c / (f(t) s)}`` and the bisection over that set is exact; with
   boost it runs on the continuous axis until the bracket is within the
   tolerance, and the lower end is a proven bound.
@@ -33,6 +34,7 @@ from .. import baselines
 from ..goodput import replica_speed, split_batch
 from ..instance import Instance
 from ..plan import Plan, Replica, Stage
+from ..power import can_boost, largest_cap
 from ..validate import evaluate
 from .backends import solve_program
 from .bounds import capacity_bound
@@ -169,7 +171,7 @@ def build_plan(
 def _candidates(prep: Prepared, degrees: tuple[int, ...]) -> np.ndarray | None:
     """Sorted step times where ``C`` can jump, or ``None`` when power makes them continuous."""
     job = prep.instance.job
-    if job.max_boost > 0 and job.power_exponent > 0:
+    if can_boost(prep.instance):
         return None
     cap = min(job.local_batch_max, job.global_batch)
     values = {
@@ -189,7 +191,7 @@ def _theta_range(prep: Prepared, degrees: tuple[int, ...]) -> tuple[float, float
     job = prep.instance.job
     if not prep.speeds:
         return 1.0, 1.0
-    boost = (1 + job.max_boost) ** job.power_exponent
+    boost = largest_cap(prep.instance) ** job.power_exponent
     v_max = max(job.tp_factor(t) for t in degrees) * prep.speeds[0] * boost / job.seq_time_s
     v_min = min(job.tp_factor(t) for t in degrees) * prep.speeds[-1] / job.seq_time_s
     cap = min(job.local_batch_max, job.global_batch)
@@ -385,7 +387,7 @@ def solve_exact(
     job = instance.job
     sub_evaluations = 0
     sub_interrupted = False
-    if job.max_boost > 0 and job.power_exponent > 0:
+    if can_boost(instance):
         # warm start: the same search without boost has finitely many step
         # times to try and finds a good plan fast; it is valid here too
         plain = Instance(
