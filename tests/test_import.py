@@ -20,8 +20,12 @@ from hypothesis import strategies as st
 from ntp_opt.cli import main
 from ntp_opt.files import InputError, load_instance, load_plan
 from ntp_opt.importers import expand, import_k8s, import_slurm, read_nodes, read_topology
+from ntp_opt.importers.cli import load_job
 from ntp_opt.importers.hostlist import HostlistError
 from ntp_opt.importers.slurm import _failed_state, parse_gres
+from ntp_opt.instance import Instance
+from ntp_opt.plan import Plan, Replica, Stage
+from ntp_opt.validate import evaluate, validate
 
 FIX = Path(__file__).parent / "fixtures" / "import"
 GB = FIX / "gb200-slurm"
@@ -740,7 +744,6 @@ def _solve_all(inst: Path, policies: list[str], tmp: Path, capsys: Any) -> dict[
     return plans
 
 
-@pytest.mark.xfail(reason="planners honour max_power_w once branch power lands", strict=False)
 def test_h100_import_is_never_boosted(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     # dp 5 of TP8 on 4 whole nodes and dgx-h100-02 (7 healthy GPUs): one replica runs at TP7,
     # which ntp-pw would boost if the boards allowed it (H100 SXM: max limit = 700 W = nominal)
@@ -756,7 +759,6 @@ def test_h100_import_is_never_boosted(tmp_path: Path, capsys: pytest.CaptureFixt
         assert powers == {1.0}, (policy, powers)
 
 
-@pytest.mark.xfail(reason="planners honour max_power_w once branch power lands", strict=False)
 def test_gb200_boost_stays_within_each_board(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -852,3 +854,43 @@ def test_slurm_round_trip_names_only_source_hosts(
     healthy = {h for h in flat if state[h] in ("IDLE", "ALLOCATED", "MIXED")}
     used = {row.split()[1] for row in (exp / "ranks.txt").read_text().splitlines()[1:]}
     assert used <= healthy
+
+
+def test_gb200_import_board_limits_in_the_validator(tmp_path: Path) -> None:
+    # Hand-built plan on the imported GB200 cluster: replica 0 at TP16 on block b02 (68 healthy
+    # GPUs, 1200 W boards with no headroom), replica 1 at TP14 on block b01 (62 healthy GPUs
+    # capped at 1000 W, max 1200 W), local batch 16 each.
+    G = import_slurm(
+        GB / "topology.yaml", GB / "nodes.txt", nvidia_smi=GB / "nvidia-smi", warn=quiet
+    )
+    inst = Instance("gb200", G, load_job(GB / "job.json"))
+
+    def healthy(d: str) -> list[str]:
+        return [
+            g
+            for t in G[d]
+            if G.nodes[t]["kind"] == "tray"
+            for g in sorted(G[t])
+            if G.nodes[g]["kind"] == "gpu" and G.nodes[g]["state"] == "healthy"
+        ]
+
+    b1, b2 = healthy("b01"), healthy("b02")
+    assert (len(b1), len(b2)) == (62, 68)
+
+    def plan(p0: float, p1: float) -> Plan:
+        r0 = Replica(
+            16, 16, tuple(Stage("b02", tuple(b2[16 * k : 16 * k + 16]), p0) for k in range(4))
+        )
+        r1 = Replica(
+            14, 16, tuple(Stage("b01", tuple(b1[14 * k : 14 * k + 14]), p1) for k in range(4))
+        )
+        return Plan("gb200", (r0, r1), {})
+
+    assert validate(inst, plan(1.0, 1.2)) == []
+    # speed of the TP14 replica: 14/16 * 1.2^0.65; step time set by it; resharding 1 %
+    assert evaluate(inst, plan(1.0, 1.2)).relative_goodput == pytest.approx(
+        14 / 16 * 1.2**0.65 / 1.01
+    )
+    over_b01 = {v.rule for v in validate(inst, plan(1.0, 1.21))}
+    over_b02 = {v.rule for v in validate(inst, plan(1.01, 1.2))}
+    assert over_b01 == {"board-power"} and over_b02 == {"board-power"}
