@@ -705,7 +705,7 @@ def test_bad_k8s(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     def clash(d: Any) -> None:
         d["items"][8]["metadata"]["labels"]["example.com/rack"] = "dgx-h100-01"
 
-    bad(clash, r"items\[1\]: name 'dgx-h100-01' is used both as a rack and as a tray")
+    bad(clash, r"items\[8\]: name 'dgx-h100-01' is used both as a rack and as a tray")
     p = tmp_path / "broken.json"
     p.write_text('{"items": [')
     _bad(
@@ -894,3 +894,83 @@ def test_gb200_import_board_limits_in_the_validator(tmp_path: Path) -> None:
     over_b01 = {v.rule for v in validate(inst, plan(1.0, 1.21))}
     over_b02 = {v.rule for v in validate(inst, plan(1.01, 1.2))}
     assert over_b01 == {"board-power"} and over_b02 == {"board-power"}
+
+
+_CONF_ALPHABET = st.sampled_from(
+    [
+        "BlockName=",
+        "Nodes=",
+        "BlockSizes=",
+        "SwitchName=",
+        "gb-",
+        "[",
+        "]",
+        "-",
+        ",",
+        "0",
+        "1",
+        "9",
+        " ",
+        "\n",
+        "#",
+        "\\",
+        "=",
+        "b",
+    ]
+)
+_XML_BITS = st.sampled_from(
+    [
+        "<nvidia_smi_log>",
+        "</nvidia_smi_log>",
+        "<gpu>",
+        "</gpu>",
+        "<minor_number>",
+        "</minor_number>",
+        "<gpu_power_readings>",
+        "</gpu_power_readings>",
+        "<default_power_limit>",
+        "</default_power_limit>",
+        "<max_power_limit>",
+        "</max_power_limit>",
+        "700.00 W",
+        "N/A",
+        "x",
+        "3",
+        "<fabric><clusterUuid>u</clusterUuid><cliqueId>1</cliqueId></fabric>",
+        "<uuid>GPU-1</uuid>",
+    ]
+)
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    conf=st.lists(_CONF_ALPHABET, max_size=40).map("".join),
+    xml=st.lists(_XML_BITS, max_size=30).map("".join),
+)
+def test_garbage_is_an_input_error_never_a_crash(
+    conf: str, xml: str, tmp_path_factory: Any
+) -> None:
+    tmp = tmp_path_factory.mktemp("fuzz")
+    (tmp / "topology.conf").write_text(conf)
+    (tmp / "smi").mkdir()
+    (tmp / "smi" / "gb-001.xml").write_text(xml)
+    for path, nvidia_smi in ((tmp / "topology.conf", None), (GB / "topology.conf", tmp / "smi")):
+        try:
+            import_slurm(path, GB / "nodes.txt", nvidia_smi=nvidia_smi, warn=quiet)
+        except InputError as err:
+            msg = str(err)
+            assert len(msg.splitlines()) == 1 and msg.startswith((str(tmp), str(GB)))
+
+
+def test_block_named_like_a_host(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    d = _copy_gb(tmp_path)
+    (d / "topology.conf").write_text(
+        "BlockName=b01 Nodes=gb-[001-018]\nBlockName=gb-001 Nodes=gb-[019-036]\n"
+    )
+    out = tmp_path / "out.json"
+    _bad(
+        slurm_argv(out, **{"--topology": str(d / "topology.conf")}),
+        out,
+        r"topology\.conf:2: name 'gb-001' is used both as a domain and as a tray",
+        capsys,
+    )

@@ -58,6 +58,7 @@ class Host:
     product: str | None = None
     fabric_domain: str | None = None
     aliases: tuple[str, ...] = ()
+    domain_where: str = ""
 
 
 @dataclass
@@ -260,8 +261,20 @@ def compose_cluster(
 
     def claim(node: str, kind: str) -> None:
         if node in ids:
-            where = next((h.where for h in hosts if h.name == node.split(":")[0]), name)
-            fail(where, f"name {node!r} is used both as a {ids[node]} and as a {kind}")
+            # point at where the name came from: the block / label that made the domain or
+            # rack, else the host record
+            first = ids[node]
+            src = next(
+                (
+                    h.domain_where or h.where
+                    for h in hosts
+                    if (h.domain == node and "domain" in (first, kind))
+                    or (h.rack == node and "rack" in (first, kind))
+                ),
+                None,
+            )
+            where = src or next((h.where for h in hosts if h.name == node.split(":")[0]), name)
+            fail(where, f"name {node!r} is used both as a {first} and as a {kind}")
         ids[node] = kind
 
     for d in domain_gpus:

@@ -492,6 +492,7 @@ def import_slurm(
                     failed_reason=f"{node.state} in Slurm" if why else None,
                     product=node.gpu_type,
                     aliases=(node.hostname,) if node.hostname and node.hostname != h else (),
+                    domain_where=b.where,
                 )
             )
     extra = [n.name for n in snodes if n.name not in in_blocks and n.gpus > 0]
