@@ -974,3 +974,15 @@ def test_block_named_like_a_host(tmp_path: Path, capsys: pytest.CaptureFixture[s
         r"topology\.conf:2: name 'gb-001' is used both as a domain and as a tray",
         capsys,
     )
+
+
+def test_docs_python_example_runs(monkeypatch: pytest.MonkeyPatch, capsys: Any) -> None:
+    doc = Path(__file__).resolve().parent.parent / "docs" / "import.md"
+    block = re.search(r"```python\n(.*?)```", doc.read_text(), re.S)
+    assert block is not None
+    monkeypatch.chdir(doc.parent.parent)
+    exec(compile(block.group(1), "docs/import.md", "exec"), {})
+    last = capsys.readouterr().out.splitlines()[-1].split()
+    assert last[0] == fixture_uuid("gb-001", 0)
+    # at least the TP14 replica unboosted (14/16, 1 % resharding), at most no loss at all
+    assert 14 / 16 / 1.01 - 1e-9 <= float(last[1]) <= 1.0
