@@ -12,9 +12,9 @@ builds a cluster with real board powers.
 product    ``tdp_w`` (W)   max (W)     sources
 =========  ==============  ==========  ================================================
 H100 SXM   700             700         NVIDIA H100 Tensor Core GPU datasheet (SXM: "up
-                                       to 700 W, configurable"); ``nvidia-smi -q`` on
-                                       H100 SXM boards prints Default Power Limit
-                                       700.00 W and Max Power Limit 700.00 W
+                                       to 700 W, configurable"); public ``nvidia-smi -q``
+                                       output of a 700 W SXM board shows Default Power
+                                       Limit 700.00 W = Max Power Limit 700.00 W
 H200 SXM   700             700         NVIDIA H200 Tensor Core GPU datasheet (SXM: "up
                                        to 700 W, configurable")
 B200       1000            1000        NVIDIA HGX B200 / DGX B200 documentation: each

@@ -427,7 +427,8 @@ def interchangeable_domains(instance: Instance) -> str | None:
 
     Interchangeable: every domain has the same number of GPUs, is a rack of its
     own (one domain per rack, equal rack budgets), and every GPU is healthy with
-    the same speed, TDP and ``p_fail`` (and every tray the same ``p_fail``).
+    the same speed, TDP, ``max_power_w`` and ``p_fail`` (and every tray the same
+    ``p_fail``).
     Then any permutation of the domains, and of the GPUs inside a domain, maps
     the cluster onto itself for every planner that sees a domain only through
     its count of healthy GPUs (every policy of :data:`ntp_opt.solve.POLICIES`),
@@ -441,7 +442,12 @@ def interchangeable_domains(instance: Instance) -> str | None:
         return "domains differ in size"
     if not bool(a.healthy.all()):
         return "some GPUs are failed in the instance"
-    for name, arr in (("speed", a.speed), ("tdp_w", a.tdp), ("p_fail", a.p_fail)):
+    for name, arr in (
+        ("speed", a.speed),
+        ("tdp_w", a.tdp),
+        ("max_power_w", a.max_power),
+        ("p_fail", a.p_fail),
+    ):
         if not bool(np.all(arr == arr[0])):
             return f"GPUs differ in {name}"
     if len(a.tray_p_fail) and not bool(np.all(a.tray_p_fail == a.tray_p_fail[0])):

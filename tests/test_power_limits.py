@@ -454,3 +454,15 @@ def test_info_reports_board_limits(tmp_path, capsys):
     assert "below tdp_w x (1 + max_boost) on 144 GPUs; 144 of them cannot boost" in (
         capsys.readouterr().out
     )
+
+
+def test_board_limits_break_domain_interchangeability():
+    from ntp_opt.simulate import interchangeable_domains
+
+    g = topology.build_cluster(3, 8, 4, 2)
+    job = Job(tp=8, pp=1, dp=3, global_batch=24)
+    assert interchangeable_domains(Instance("same", g, job)) is None
+    _with_limits(g, lambda n, tdp: tdp)  # one limit everywhere: still interchangeable
+    assert interchangeable_domains(Instance("same", g, job)) is None
+    g.nodes["d1.t0.g0"]["max_power_w"] = 1200.0
+    assert "max_power_w" in interchangeable_domains(Instance("mixed", g, job))
