@@ -24,6 +24,16 @@ from .slurm import import_slurm
 def load_job(path: str | Path) -> Job:
     """Read a job file: the ``job`` object of an instance file (or a whole instance file).
 
+    Parameters
+    ----------
+    path : str or Path
+        The JSON file.
+
+    Returns
+    -------
+    Job
+        The validated job.
+
     Raises
     ------
     ntp_opt.files.InputError

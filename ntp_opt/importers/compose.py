@@ -40,7 +40,17 @@ Warn = Callable[[str], None]
 
 
 def fail(where: str, msg: str, field_: str = "") -> NoReturn:
-    """Raise :class:`ntp_opt.files.InputError` for ``where`` (``FILE:LINE`` or ``FILE``)."""
+    """Raise :class:`ntp_opt.files.InputError` for ``where``.
+
+    Parameters
+    ----------
+    where : str
+        ``FILE:LINE``, ``FILE: JSON path`` or ``FILE``.
+    msg : str
+        What is wrong.
+    field_ : str
+        A field path (JSON path, XPath) printed after ``where``.
+    """
     raise InputError(where, [(field_, msg)])
 
 

@@ -75,7 +75,23 @@ def read_nodes(
 ) -> list[Host]:
     """The GPU nodes of a ``kubectl get nodes -o json`` file as :class:`Host` records.
 
-    The names of nodes left out (no GPU) are added to ``left_out`` when given.
+    Parameters
+    ----------
+    path : str or Path
+        ``kubectl get nodes -o json`` output (a ``List``/``NodeList``, or one ``Node``).
+    rack_label : str, optional
+        Node label naming the rack (default: ``topology.kubernetes.io/zone``).
+    tolerate : tuple of str
+        Taint keys that do not make a node unusable.
+    warn : callable
+        Receives one message per warning.
+    left_out : set of str, optional
+        Receives the names of the nodes left out (no GPU).
+
+    Returns
+    -------
+    list of Host
+        The GPU nodes in file order.
 
     Raises
     ------

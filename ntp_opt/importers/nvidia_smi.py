@@ -114,6 +114,16 @@ def _health(gpu: Any) -> list[str]:
 def read_xml(path: str | Path) -> SmiHost:
     """Read one host's ``nvidia-smi -q -x`` file.
 
+    Parameters
+    ----------
+    path : str or Path
+        The file.
+
+    Returns
+    -------
+    SmiHost
+        Its GPUs in file order (index, UUID, product, limits, clique, health).
+
     Raises
     ------
     ntp_opt.files.InputError
@@ -208,8 +218,22 @@ def read_dir(
 ) -> dict[str, SmiHost]:
     """Read every ``<host>.xml`` of a directory, keyed by the scheduler's host name.
 
-    Files of hosts in ``left_out`` (known to the scheduler but outside the NVLink
-    topology, e.g. login nodes) are skipped with a warning.
+    Parameters
+    ----------
+    directory : str or Path
+        Directory of ``<host>.xml`` files (the stem may also be a host's alias).
+    hosts : list of Host
+        The scheduler's hosts.
+    warn : callable, optional
+        Receives one message per warning.
+    left_out : frozenset of str
+        Hosts known to the scheduler but outside the NVLink topology (login nodes):
+        their files are skipped with a warning.
+
+    Returns
+    -------
+    dict of str to SmiHost
+        By the scheduler's host name.
 
     Raises
     ------

@@ -344,7 +344,25 @@ def _split_gres(value: str) -> list[str]:
 
 
 def parse_gres(value: str, where: str) -> tuple[int, str | None]:
-    """GPU count and type of a ``Gres=`` value (``gpu:4``, ``gpu:h100:8(S:0-1)``, ``(null)``)."""
+    """GPU count and type of a ``Gres=`` value.
+
+    Parameters
+    ----------
+    value : str
+        The value, e.g. ``gpu:4``, ``gpu:h100:8(S:0-1)``, ``gpu:a:4,nic:1`` or ``(null)``.
+    where : str
+        ``FILE:LINE`` for error messages.
+
+    Returns
+    -------
+    tuple of (int, str or None)
+        The number of GPUs (summed over ``gpu`` entries) and the last GPU type named.
+
+    Raises
+    ------
+    ntp_opt.files.InputError
+        On a malformed ``gpu`` entry (``gpu::4``).
+    """
     total = 0
     gpu_type: str | None = None
     if value in ("", "(null)"):
@@ -370,6 +388,16 @@ def parse_gres(value: str, where: str) -> tuple[int, str | None]:
 
 def read_nodes(path: str | Path) -> list[SlurmNode]:
     """Read ``scontrol show node --oneliner`` output (the multi-line form is accepted too).
+
+    Parameters
+    ----------
+    path : str or Path
+        The saved output.
+
+    Returns
+    -------
+    list of SlurmNode
+        In file order, each with its ``FILE:LINE``.
 
     Raises
     ------
