@@ -36,6 +36,8 @@ EPILOG = """\
 examples:
   ntp-opt gen --builder nvl32 --gpus 4096 --fail-fraction 0.002 --tp 32 --pp 8 \\
       --global-batch 256 -o my.json       write an instance
+  ntp-opt import slurm --topology topology.yaml --nodes nodes.txt \\
+      --job job.json -o my.json           from a real cluster (also: import k8s)
   ntp-opt info my.json                       what is in it
   ntp-opt solve my.json --policy ntp-pw -o plan.json
   ntp-opt compare my.json                    every policy side by side
