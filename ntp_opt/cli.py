@@ -42,6 +42,8 @@ EPILOG = """\
 examples:
   ntp-opt gen --builder nvl32 --gpus 4096 --fail-fraction 0.002 --tp 32 --pp 8 \\
       --global-batch 256 -o my.json       write an instance
+  ntp-opt import slurm --topology topology.yaml --nodes nodes.txt \\
+      --job job.json -o my.json           from a real cluster (also: import k8s)
   ntp-opt info my.json                       what is in it
   ntp-opt solve my.json --policy ntp-pw -o plan.json
   ntp-opt compare my.json                    every policy side by side
@@ -833,6 +835,9 @@ def build_parser() -> argparse.ArgumentParser:
     from .multi.cli import add_parser as add_multi_parser  # several workloads (issue 7)
 
     add_multi_parser(sub)
+    from .importers.cli import add_parser as add_import_parser  # real clusters (issue 12)
+
+    add_import_parser(sub)
     return parser
 
 
