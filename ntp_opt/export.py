@@ -70,7 +70,7 @@ from .instance import Instance
 from .megatron import MegatronError, megatron_compatible, megatron_order
 from .plan import Plan, Replica, Stage
 from .safeio import atomic_write
-from .validate import Violation, check
+from .validate import Violation, check, evaluate
 
 #: ``format`` of the sidecar file.
 EXTRAS_FORMAT = "ntp-opt/megatron-extras@1"
@@ -110,8 +110,8 @@ __all__ = [
     "EXTRAS_FORMAT",
     "Export",
     "MegatronError",
-    "equal_batch",
     "RankRow",
+    "equal_batch",
     "export_megatron",
     "gpu_hosts",
     "import_megatron",
@@ -345,14 +345,20 @@ def _placeholder_pool(
     return pool
 
 
-def equal_batch(instance: Instance, plan: Plan) -> Plan:
-    """The same placement and power with one local batch for every replica.
+def equal_batch(instance: Instance, plan: Plan, *, iterations: int = 50) -> Plan:
+    """The same placement with one local batch for every replica, power re-balanced.
 
-    Under ``elastic`` every replica takes the smallest local batch of the
-    plan; under ``fixed`` the global batch divided by the number of replicas
-    (which must divide it and fit ``max_local_batch``). Megatron-LM gives every
-    DP rank the same local batch, so this is the plan it can run on the same
-    GPUs; its goodput (recomputed by the validator) is in its metrics.
+    Megatron-LM gives every DP rank the same local batch ``b``. With one ``b``
+    the step time is ``b / min_r v_r`` (times the resharding overhead), so the
+    goodput ``R b / theta`` no longer depends on ``b`` but only on the slowest
+    replica: ``b`` is ``min(max_local_batch, B // R)`` under ``elastic`` and
+    ``B / R`` under ``fixed`` (which must divide and fit), and the power
+    multipliers are re-chosen to maximise the slowest replica's speed: the
+    largest target speed (bisection, ``iterations`` steps) whose required
+    multipliers -- per stage the smallest ``pi >= 1`` reaching it, within
+    ``1 + max_boost`` and every GPU's ``max_power_w`` -- pass the validator's
+    rack and site budgets. If that is not better than keeping the plan's
+    multipliers, they are kept.
 
     Parameters
     ----------
@@ -360,6 +366,8 @@ def equal_batch(instance: Instance, plan: Plan) -> Plan:
         The instance.
     plan
         A plan that passes the validator.
+    iterations
+        Bisection steps on the target speed.
 
     Returns
     -------
@@ -381,24 +389,71 @@ def equal_batch(instance: Instance, plan: Plan) -> Plan:
         return plan
     if job.batch_policy == "fixed":
         b, rest = divmod(job.global_batch, n)
-        if rest or b > job.max_local_batch:
+        if rest or b > job.local_batch_max:
             raise MegatronError(
                 [
                     Violation(
                         "megatron-batch",
                         f"the fixed global batch {job.global_batch} cannot be split equally "
-                        f"over {n} replicas with at most {job.max_local_batch} each",
+                        f"over {n} replicas with at most {job.local_batch_max} each",
                     )
                 ]
             )
     else:
-        b = min(r.local_batch for r in plan.replicas)
-    new = Plan(
-        plan.instance,
-        tuple(replace(r, local_batch=b) for r in plan.replicas),
-        {"policy": f"{plan.metrics.get('policy', 'plan')}+equal-batch"},
+        b = max(1, min(job.local_batch_max, job.global_batch // n))
+    policy = f"{plan.metrics.get('policy', 'plan')}+equal-batch"
+    kept = Plan(plan.instance, tuple(replace(r, local_batch=b) for r in plan.replicas), {})
+    best = kept.with_metrics(**check(instance, kept).as_metrics())
+    a = instance.arrays
+    alpha = job.power_exponent
+    # per stage: relative speed at pi = 1 and the largest multiplier its GPUs accept
+    base: list[list[float]] = []
+    cap: list[list[float]] = []
+    for rep in plan.replicas:
+        base.append([])
+        cap.append([])
+        for st in rep.stages:
+            idx = [a.gpu_index[g] for g in st.gpus]
+            base[-1].append(job.tp_factor(rep.tp) * min(float(a.speed[i]) for i in idx))
+            top = 1.0 + job.max_boost
+            for i in idx:
+                mx = instance.cluster.nodes[a.gpu_ids[i]].get("max_power_w")
+                if mx is not None:
+                    top = min(top, float(mx) / float(a.tdp[i]))
+            cap[-1].append(max(1.0, top))
+
+    def at(target: float) -> Plan | None:
+        reps = []
+        for r, rep in enumerate(plan.replicas):
+            stages = []
+            for k, st in enumerate(rep.stages):
+                need = max(1.0, (target / base[r][k]) ** (1.0 / alpha)) if base[r][k] > 0 else 1.0
+                if need > cap[r][k] * (1 + 1e-12):
+                    return None
+                stages.append(replace(st, power=min(need, cap[r][k])))
+            reps.append(replace(rep, local_batch=b, stages=tuple(stages)))
+        cand = Plan(plan.instance, tuple(reps), {})
+        ev = evaluate(instance, cand)
+        return cand.with_metrics(**ev.as_metrics()) if ev.feasible else None
+
+    lo = min(min(s) for s in base)  # everyone at pi = 1
+    hi = max(
+        max(x * c**alpha for x, c in zip(s, cs, strict=True))
+        for s, cs in zip(base, cap, strict=True)
     )
-    return new.with_metrics(**check(instance, new).as_metrics())
+    low_plan = at(lo)
+    if low_plan is not None:
+        found = low_plan
+        for _ in range(iterations):
+            mid = (lo + hi) / 2
+            cand = at(mid)
+            if cand is None:
+                hi = mid
+            else:
+                lo, found = mid, cand
+        if found.metrics["goodput"] > best.metrics["goodput"]:
+            best = found
+    return best.with_metrics(policy=policy)
 
 
 def megatron_export(
@@ -821,9 +876,7 @@ metrics); `ranks.txt` is the rank -> host, device, GPU table.
 def _files(instance: Instance, ex: Export) -> dict[str, str]:
     a = instance.arrays
     hosts, device = gpu_hosts(instance)
-    tdp = {
-        (hosts[i], int(device[i])): int(math.floor(float(a.tdp[i]) + 1e-9)) for i in range(a.n_gpus)
-    }
+    tdp = {(hosts[i], int(device[i])): math.floor(float(a.tdp[i]) + 1e-9) for i in range(a.n_gpus)}
     name = str(ex.extras["instance"])
     files = {
         CONFIG_NAME: _config_module(ex, name),
@@ -1178,9 +1231,7 @@ def power_only(
         for j, g in enumerate(st.gpus)
         for i in [a.gpu_index[g]]
     ]
-    tdp = {
-        (hosts[i], int(device[i])): int(math.floor(float(a.tdp[i]) + 1e-9)) for i in range(a.n_gpus)
-    }
+    tdp = {(hosts[i], int(device[i])): math.floor(float(a.tdp[i]) + 1e-9) for i in range(a.n_gpus)}
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     for name, restore in ((POWER_SET_NAME, False), (POWER_RESTORE_NAME, True)):

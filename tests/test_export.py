@@ -269,6 +269,36 @@ def test_batch_refused_and_equal_batch(hand: Instance) -> None:
     assert megatron_export(hand, eq).extras["global_batch"] == 8
 
 
+def test_equal_batch_rebalances_power() -> None:
+    # TP3 on d0 (one failed GPU) and TP4 on d1, elastic B = 4, at most 2 each.
+    # Equal batch b = min(2, 4 // 2) = 2; the TP3 replica needs pi = (4/3)^(1/0.65)
+    # = 1.557 to keep up, more than 1 + max_boost, so it gets 1.3 (rack d0:
+    # 3 x 1300 W <= 4000 W; site 3900 + 4000 <= 8000 W): v = 0.75 x 1.3^0.65.
+    g = topology.build_cluster(2, 4, 2, 2)
+    topology.fail_gpus(g, ["d0.t0.g0"])
+    job = Job(
+        tp=4, tp_min=3, pp=1, dp=2, global_batch=4, max_local_batch=2,
+        batch_policy="elastic", max_boost=0.3,
+    )  # fmt: skip
+    inst = Instance("eq", g, job)
+    plan = certified(
+        inst,
+        Plan(
+            "eq",
+            (
+                Replica(3, 1, (Stage("d0", ("d0.t0.g1", "d0.t1.g0", "d0.t1.g1")),)),
+                Replica(4, 2, (Stage("d1", _gpus(1, [0, 1, 2, 3], tray=2)),)),
+            ),
+        ),
+    )
+    eq = equal_batch(inst, plan)
+    assert [r.local_batch for r in eq.replicas] == [2, 2]
+    assert eq.replicas[0].stages[0].power == pytest.approx(1.3, abs=1e-6)
+    assert eq.replicas[1].stages[0].power == pytest.approx(1.0)
+    v = 0.75 * 1.3**0.65
+    assert eq.metrics["goodput"] == pytest.approx(4 / (2 / v * 1.01), rel=1e-6)
+
+
 def test_empty_refused(hand: Instance) -> None:
     empty = certified(hand, Plan("hand", ()))
     assert [v.rule for v in megatron_compatible(hand, empty)] == ["megatron-empty"]
