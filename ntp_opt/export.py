@@ -790,6 +790,9 @@ if [ "$want" != "$host" ]; then
   echo "bind.sh: rank $rank runs on $host but is planned on $want" >&2
   exit 1
 fi
+if [ -n "${RANK:-}" ] && [ "$RANK" != "$rank" ]; then
+  echo "bind.sh: warning: the launcher set RANK=$RANK, the plan says $rank; using $rank" >&2
+fi
 export RANK="$rank" WORLD_SIZE="$(($(grep -vc '^#' "$dir/ranks.txt")))" LOCAL_RANK=0
 export CUDA_VISIBLE_DEVICES="$dev"
 exec "$@"
@@ -829,13 +832,18 @@ def _launch_md(ex: Export, instance_name: str) -> str:
         if ex.torchrun_hosts is not None
         else f"(not available: {ex.torchrun_note})"
     )
+    world_line = (
+        f"World: {world} ranks = DP {e['data_parallel_size']} x PP "
+        f"{e['pipeline_model_parallel_size']} x tp_base {e['tensor_model_parallel_size']}; "
+        f"{e['reduced_replicas']} reduced replicas at TP "
+        f"{e['tensor_model_parallel_size'] - ex.ntp_kwargs['tp_spares']}; "
+        f"{e['placeholder_ranks']} placeholder ranks that exit after the process groups "
+        "are built."
+    )
     return f"""# Launching the ntp-opt plan of `{instance_name}` with Megatron-LM NTP
 
-World: {world} ranks = DP {e["data_parallel_size"]} x PP {e["pipeline_model_parallel_size"]} x
-tp_base {e["tensor_model_parallel_size"]} ({e["reduced_replicas"]} reduced replicas at TP
-{e["tensor_model_parallel_size"] - ex.ntp_kwargs["tp_spares"]}, {e["placeholder_ranks"]}
-placeholder ranks that exit after the process groups are built). Rank order
-`{RANK_ORDER}`: rank = tp + tp_base * (pp + PP * dp).
+{world_line}
+Rank order `{RANK_ORDER}`: rank = tp + tp_base * (pp + PP * dp).
 
 1. Training script: a copy of `pretrain_gpt.py` that, after
    `initialize_model_parallel`, runs (Megatron-LM
