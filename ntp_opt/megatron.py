@@ -133,7 +133,7 @@ def megatron_compatible(
                     "megatron-batch",
                     f"local batches differ ({batches[:4]}): Megatron-LM's micro-batch "
                     "calculator gives every DP rank global_batch_size / data_parallel_size "
-                    "sequences (export with --equal-batch to give every replica the smallest)",
+                    "sequences (--equal-batch: one local batch for all, power re-balanced)",
                 )
             )
     return out
