@@ -529,25 +529,43 @@ def _cmd_bench(args: argparse.Namespace) -> int:
 
 
 def _cmd_export(args: argparse.Namespace) -> int:
-    from .export import export_megatron
+    from .export import equal_batch, export_megatron, power_only
     from .megatron import MegatronError
     from .validate import PlanError
 
     instance = load_instance(args.instance)
     plan = load_plan(args.plan)
+    hosts = [h for h in (args.placeholder_hosts or "").split(",") if h]
     try:
-        config, ranks = export_megatron(
+        if args.equal_batch:
+            before = plan.metrics.get("relative_goodput")
+            plan = equal_batch(instance, plan)
+            print(
+                f"equal local batch {plan.replicas[0].local_batch if plan.replicas else 0}: "
+                f"relative goodput {before} -> {plan.metrics.get('relative_goodput')}"
+            )
+        if args.to == "power-limits":
+            written = power_only(instance, plan, args.output, inputs=[args.plan, args.instance])
+            print(f"wrote {', '.join(written)} in {args.output}")
+            return 0
+        ex = export_megatron(
             instance,
             plan,
             args.output,
             reorder=args.reorder,
-            uniform_batch=args.uniform_batch,
-            inputs=[args.instance, args.plan],
+            placeholder_hosts=hosts,
+            placeholder_gpus=args.placeholder_gpus,
+            inputs=[args.plan, args.instance],
         )
     except (PlanError, MegatronError) as err:
-        print(f"ntp-opt: error: {args.plan}: {err}", file=sys.stderr)
-        return 1
-    print(f"wrote {config} and {ranks}")
+        violations = err.violations
+        v = violations[0]
+        more = f" (and {len(violations) - 1} more)" if len(violations) > 1 else ""
+        print(f"ntp-opt: error: {args.plan}: {v.rule}: {v.message}{more}", file=sys.stderr)
+        return 2
+    print(f"wrote {len(ex.files)} files in {args.output} (see {args.output}/LAUNCH.md)")
+    if ex.torchrun_note:
+        print(f"note: {ex.torchrun_note}")
     return 0
 
 
@@ -771,12 +789,36 @@ def build_parser() -> argparse.ArgumentParser:
 
     x = sub.add_parser("export", help="write a plan's launch configuration for a runtime")
     x.add_argument("plan", help="plan file")
-    x.add_argument("--to", choices=["megatron-ntp"], required=True, help="target runtime")
+    x.add_argument(
+        "--to",
+        choices=["megatron-ntp", "power-limits"],
+        required=True,
+        help="megatron-ntp: Megatron-LM NTP config, launchers and power limits "
+        "(docs/export.md); power-limits: only the nvidia-smi scripts",
+    )
     x.add_argument("--instance", required=True, help="the plan's instance file")
     x.add_argument("-o", "--output", required=True, help="output directory")
     x.add_argument("--reorder", action="store_true", help="move reduced replicas first")
     x.add_argument(
-        "--uniform-batch", action="store_true", help="require one local batch for every replica"
+        "--uniform-batch",
+        action="store_true",
+        help="accepted for compatibility: one local batch is now always required",
+    )
+    x.add_argument(
+        "--equal-batch",
+        action="store_true",
+        help="give every replica the same local batch first (the smallest; fixed: B / replicas)",
+    )
+    x.add_argument(
+        "--placeholder-hosts",
+        metavar="H1,H2,...",
+        help="hosts outside the plan that may run the inactive (placeholder) ranks",
+    )
+    x.add_argument(
+        "--placeholder-gpus",
+        type=int,
+        metavar="N",
+        help="GPUs per placeholder host (default: the most GPUs of one cluster host)",
     )
     x.set_defaults(func=_cmd_export)
 

@@ -14,9 +14,10 @@ Megatron-LM's NTP runtime (``megatron/core/distributed/nonuniform_tp.py``,
   a GPU slot: every TP group is launched with ``tp_base`` ranks and the
   inactive ones exit after the process groups are built
   (``megatron-slots``),
-* and, only when asked (``uniform_batch=True``), every replica takes the same
-  local batch (``megatron-batch``): stock Megatron data loaders give every DP
-  rank the same number of micro-batches.
+* and every replica takes the same local batch (``megatron-batch``; checked
+  when ``uniform_batch=True``, which the export always asks for): Megatron's
+  micro-batch calculator gives every DP rank ``global_batch_size /
+  data_parallel_size`` sequences.
 
 Power multipliers are not a restriction: the runtime never sees them, the
 site's power manager applies them as per-GPU power limits (``docs/export.md``).
@@ -44,7 +45,10 @@ RULES: dict[str, str] = {
     "megatron-degrees": "reduced replicas run at more than one TP degree (one tp_spares)",
     "megatron-order": "a reduced replica comes after a full-TP one (reduced DP ranks come first)",
     "megatron-slots": "the dp x pp x tp_base ranks of the world need more GPU slots than exist",
-    "megatron-batch": "local batches differ (checked only with uniform_batch=True)",
+    "megatron-batch": "local batches differ: Megatron gives every DP rank the same local batch",
+    "megatron-placeholders": "the inactive ranks find no GPU on a host without active ranks",
+    "megatron-hosts": "a host name or device index cannot be written to a launcher file",
+    "megatron-ids": "a node id cannot be written to the rank file",
 }
 
 
@@ -127,8 +131,9 @@ def megatron_compatible(
             out.append(
                 Violation(
                     "megatron-batch",
-                    f"local batches differ ({batches}); uniform_batch asks for one local "
-                    "batch for every DP rank",
+                    f"local batches differ ({batches[:4]}): Megatron-LM's micro-batch "
+                    "calculator gives every DP rank global_batch_size / data_parallel_size "
+                    "sequences (--equal-batch: one local batch for all, power re-balanced)",
                 )
             )
     return out

@@ -18,8 +18,12 @@ for the sources and every decision):
   paper's launcher does.
 * ``malleus-ilp`` -- the min-max integer program Malleus solves with
   PuLP + CBC to spread micro-batches over pipelines of different speeds:
-  minimise ``max_i o_i m_i`` subject to ``sum_i m_i = N`` and ``m_i >= 1``.
-  :func:`malleus_split` solves it that way (time-limited CBC), and
+  minimise ``max_i o_i m_i`` subject to ``sum_i m_i = N``.
+  :func:`malleus_split` is a *corrected* re-implementation (``m_i >= 1``, a
+  time limit, the solution read per pipeline, proven only when CBC proves
+  it); :func:`malleus_split_as_shipped` reproduces what the released code
+  does (``m_i >=`` the pipeline's stage count, no time limit by default, the
+  solution read in variable-name order, any ``Optimal`` status accepted);
   :func:`our_split` solves the same input with this package's exact batch
   split (:func:`ntp_opt.goodput.split_batch`).
 """
@@ -455,6 +459,112 @@ def malleus_split(
         return SplitOutcome([], math.inf, False, seconds)
     proven = prob.status == pulp.LpStatusOptimal and prob.sol_status == pulp.LpSolutionOptimal
     return SplitOutcome(counts, split_objective(times, counts), proven, seconds)
+
+
+class ShippedOutcome(NamedTuple):
+    """What the released Malleus ILP returns and what it then applies.
+
+    Attributes
+    ----------
+    m
+        Micro-batches per pipeline as applied: the solver's values read in
+        variable-name order (``m_0, m_1, m_10, m_11, ..., m_2, ...``) and
+        assigned to pipelines ``0, 1, 2, ...`` (empty without a point).
+    reported
+        The objective CBC reports (``inf`` without a point).
+    applied
+        ``max_i o_i m_i`` of the applied counts: the step time the job gets.
+    accepted
+        ``status`` is Optimal, the only check the released code makes.
+    proven
+        ``status`` and ``sol_status`` both optimal.
+    seconds
+        Wall-clock seconds, model building included.
+    """
+
+    m: list[int]
+    reported: float
+    applied: float
+    accepted: bool
+    proven: bool
+    seconds: float
+
+
+def malleus_split_as_shipped(
+    times: Sequence[float],
+    n_micro_total: int,
+    stages: int | Sequence[int],
+    *,
+    time_limit: float | None = None,
+    msg: bool = False,
+) -> ShippedOutcome:
+    """The batch split as the released Malleus code solves and applies it.
+
+    Facts of PKU-DAIR/Hetu ``python/hetu/engine/strategy.py``,
+    ``solve_pp_arrangement`` (second program), re-implemented here (our code):
+    ``minimise z`` s.t. ``z >= o_i m_i``, ``sum_i m_i = N``, ``m_i >= S_i``
+    (the pipeline's number of stages, not 1), solved by PuLP's default CBC
+    with no time limit; the point is accepted when ``status`` is Optimal; the
+    counts are read from ``problem.variables()`` -- which PuLP sorts by name
+    -- and appended in that order, so from 11 pipelines on ``m_10`` lands on
+    pipeline 2 and so on.
+
+    Parameters
+    ----------
+    times
+        ``o_i``: seconds pipeline ``i`` spends per micro-batch.
+    n_micro_total
+        ``N``: micro-batches per step.
+    stages
+        ``S_i``: stages per pipeline (one number for all, or one per pipeline).
+    time_limit
+        CBC's time limit (``None``, the released behaviour: none).
+    msg
+        Show CBC's log.
+
+    Returns
+    -------
+    ShippedOutcome
+        Counts as applied, the reported and the applied step time.
+
+    Raises
+    ------
+    ValueError
+        On empty or non-positive times, or ``N`` below the sum of the lower bounds.
+    ImportError
+        Without PuLP (``pip install 'ntp-opt[cbc]'``).
+    """
+    _check_split_input(times, n_micro_total)
+    n = len(times)
+    lows = [int(stages)] * n if isinstance(stages, int) else [int(x) for x in stages]
+    if len(lows) != n or min(lows) < 1 or sum(lows) > n_micro_total:
+        raise ValueError("stages: one count >= 1 per pipeline, summing to at most N")
+    import pulp  # optional dependency, imported only here
+
+    start = time.perf_counter()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DeprecationWarning)
+        prob = pulp.LpProblem("malleus_as_shipped", pulp.LpMinimize)
+        z = pulp.LpVariable("z", lowBound=0)
+        m = [pulp.LpVariable(f"m_{i}", lowBound=0, cat="Integer") for i in range(n)]
+        prob += z
+        prob += pulp.lpSum(m) == n_micro_total
+        for i, o in enumerate(times):
+            prob += z >= float(o) * m[i]
+            prob += m[i] >= lows[i]
+        prob.solve(pulp.PULP_CBC_CMD(timeLimit=time_limit, msg=msg))
+        accepted = prob.status == pulp.LpStatusOptimal
+        proven = accepted and prob.sol_status == pulp.LpSolutionOptimal
+        by_name = [v for v in prob.variables() if "m_" in v.name]
+        values = [v.varValue for v in by_name]
+        reported = pulp.value(prob.objective)
+    seconds = time.perf_counter() - start
+    if not accepted or any(v is None for v in values) or reported is None:
+        return ShippedOutcome([], math.inf, math.inf, accepted, proven, seconds)
+    counts = [round(float(v)) for v in values if v is not None]
+    return ShippedOutcome(
+        counts, float(reported), split_objective(times, counts), accepted, proven, seconds
+    )
 
 
 def our_split(times: Sequence[float], n_micro_total: int) -> SplitOutcome:

@@ -148,7 +148,14 @@ class ExportRequest(_Body):
     instance: InstanceJSON
     plan: PlanJSON
     reorder: bool = Field(default=False, description="move reduced replicas first")
-    uniform_batch: bool = Field(default=False, description="require one local batch")
+    uniform_batch: bool = Field(
+        default=True, description="accepted for compatibility: one local batch is always required"
+    )
+    equal_batch: bool = Field(default=False, description="give every replica the same batch first")
+    placeholder_hosts: list[str] = Field(
+        default_factory=list, description="hosts that may run the inactive (placeholder) ranks"
+    )
+    placeholder_gpus: int | None = Field(default=None, ge=1, le=1024)
 
 
 class EventData(_Body):
@@ -249,6 +256,7 @@ class ExportResponse(BaseModel):
     config: dict[str, Any]
     ranks: list[dict[str, Any]]
     rank_file: str
+    files: dict[str, str] = Field(default_factory=dict, description="file name -> content")
 
 
 class ErrorResponse(BaseModel):
@@ -500,20 +508,30 @@ def _do_evaluate(req: PlanRequest) -> BaseModel:
 
 
 def _do_export(req: ExportRequest) -> BaseModel:
-    from .export import megatron_config, rank_file_text, rank_table
+    from .export import RANKS_NAME, equal_batch, megatron_export
 
     instance, plan = _instance(req.instance), _plan(req.plan)
-    kw = {"reorder": req.reorder, "uniform_batch": req.uniform_batch}
     try:
-        config = megatron_config(instance, plan, **kw)
-        rows = rank_table(instance, plan, **kw)
+        if req.equal_batch:
+            plan = equal_batch(instance, plan)
+        ex = megatron_export(
+            instance,
+            plan,
+            reorder=req.reorder,
+            placeholder_hosts=req.placeholder_hosts,
+            placeholder_gpus=req.placeholder_gpus,
+        )
     except (PlanError, MegatronError) as err:
         problems = [(v.rule, v.message) for v in err.violations]
         raise _Reject(422, str(err).split(":")[0], problems) from None
     except ValueError as err:
         raise _Reject(422, str(err)) from None
+    config = {**ex.extras, "nonuniform_tp": ex.config_json()}
     return ExportResponse(
-        config=config, ranks=[r.as_dict() for r in rows], rank_file=rank_file_text(rows)
+        config=config,
+        ranks=[r.as_dict() for r in ex.rows],
+        rank_file=ex.files[RANKS_NAME],
+        files=ex.files,
     )
 
 

@@ -135,11 +135,10 @@ def test_item1_export_ignores_planted_temp_symlink(tmp_path, capsys):
     out.mkdir()
     victim = tmp_path / "victim"
     victim.write_text("precious")
-    for name in (".ranks.txt.tmp", ".megatron-ntp.json.tmp"):
+    for name in (".ranks.txt.tmp", ".ntp_config.py.tmp", ".megatron-ntp.json.tmp"):
         (out / name).symlink_to(victim)
-    status = main(
-        ["export", str(plan), "--to", "megatron-ntp", "--instance", str(TINY), "-o", str(out)]
-    )
+    argv = ["export", str(plan), "--to", "megatron-ntp", "--instance", str(TINY), "-o", str(out)]
+    status = main([*argv, "--equal-batch"])  # Megatron runs one local batch
     assert status == 0, capsys.readouterr()
     assert victim.read_text() == "precious"
     assert (out / "ranks.txt").read_text().startswith("# ")
@@ -896,16 +895,16 @@ def test_fuzz_loaders_events(case):
 
 
 def test_item10_export_rank_file_stays_beside_the_config(tmp_path, plan_file):
-    from ntp_opt.export import import_megatron
+    from ntp_opt.export import RANKS_NAME, import_megatron
 
     out = tmp_path / "launch"
     argv = ["export", str(plan_file), "--to", "megatron-ntp", "--instance", str(TINY)]
-    assert main([*argv, "-o", str(out)]) == 0
-    config = out / "megatron-ntp.json"
-    data = json.loads(config.read_text())
-    data["rank_file"] = "../../etc/passwd"
-    config.write_text(json.dumps(data))
-    with pytest.raises(files.InputError, match="rank_file: must be a file name"):
+    assert main([*argv, "--equal-batch", "-o", str(out)]) == 0
+    import_megatron(out)  # reads back
+    # the reader takes the rank file beside the config only, never another path
+    (tmp_path / RANKS_NAME).write_text((out / RANKS_NAME).read_text())
+    (out / RANKS_NAME).unlink()
+    with pytest.raises(files.InputError, match=str(out / RANKS_NAME)):
         import_megatron(out)
 
 

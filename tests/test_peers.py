@@ -316,3 +316,30 @@ def test_split_input_errors():
     with pytest.raises(ValueError):
         peers.our_split([1.0, 1.0, 1.0], 2)
     assert peers.split_objective([1.0], []) == math.inf
+
+
+def test_malleus_as_shipped_reads_counts_in_name_order():
+    pytest.importorskip("pulp")
+    # 10 pipelines at o = 1 and pipeline 10 at o = 4, N = 41: the only optimum
+    # (z = 4) gives the fast ones 4 and the slow one 1 (4 x 10 + 1 = 41; z < 4
+    # would leave the slow pipeline no micro-batch). Read in name order
+    # m_0, m_1, m_10, m_2, ..., m_9, the slow pipeline's 1 lands on pipeline 2
+    # and pipeline 10 gets 4: applied step time 4 x 4 = 16.
+    out = peers.malleus_split_as_shipped([1.0] * 10 + [4.0], 41, 1)
+    assert out.accepted and out.reported == pytest.approx(4.0)
+    assert out.m == [4, 4, 1, 4, 4, 4, 4, 4, 4, 4, 4]
+    assert out.applied == pytest.approx(16.0)
+    # with 10 pipelines or fewer the name order is the pipeline order
+    small = peers.malleus_split_as_shipped([1.0] * 9 + [4.0], 37, 1)
+    assert small.m == [4] * 9 + [1] and small.applied == pytest.approx(4.0)
+
+
+def test_malleus_as_shipped_lower_bound_is_the_stage_count():
+    pytest.importorskip("pulp")
+    # o = (1, 3), N = 5: with m_i >= 1 the optimum is (4, 1), step time 4;
+    # with m_i >= 2 stages the best is (3, 2), step time 3 x 2 = 6
+    assert peers.malleus_split([1.0, 3.0], 5).objective == pytest.approx(4.0)
+    shipped = peers.malleus_split_as_shipped([1.0, 3.0], 5, 2)
+    assert shipped.m == [3, 2] and shipped.reported == pytest.approx(6.0)
+    with pytest.raises(ValueError, match="stages"):
+        peers.malleus_split_as_shipped([1.0, 3.0], 3, 2)

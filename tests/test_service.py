@@ -238,22 +238,23 @@ def test_replan_bad_events_are_422(client: httpx.Client, tiny: dict[str, Any]) -
 def test_export(client: httpx.Client, tiny: dict[str, Any]) -> None:
     r = client.post("/solve", json={"instance": tiny, "solver": "optimal-megatron"})
     plan = r.json()["plan"]
-    x = client.post("/export/megatron-ntp", json={"instance": tiny, "plan": plan})
+    body = {"instance": tiny, "plan": plan, "equal_batch": True, "placeholder_hosts": ["spare"]}
+    x = client.post("/export/megatron-ntp", json=body)
     assert x.status_code == 200, x.text
-    body = x.json()
+    out = x.json()
     # tiny: TP4 job with one reduced replica at TP3 -> tp_spares 1; 2 replicas x 4 ranks
-    assert body["config"]["nonuniform_tp"]["tp_spares"] == 1
-    assert len(body["ranks"]) == 8 and body["config"]["world_size"] == 8
-    assert body["rank_file"].count("\n") == 9  # header + 8 ranks
+    assert out["config"]["nonuniform_tp"]["tp_spares"] == 1
+    assert out["config"]["nonuniform_tp"]["non_active_ranks_per_dp"] == {"0,0,0": [3]}
+    assert len(out["ranks"]) == 8 and out["config"]["world_size"] == 8
+    assert out["rank_file"].count("\n") == 9  # header + 8 ranks
+    assert "(0, 0, 0): [3]," in out["files"]["ntp_config.py"]
     # reduced replica last: not expressible without reordering
     swapped = copy.deepcopy(plan)
     swapped["replicas"].reverse()
-    x = client.post("/export/megatron-ntp", json={"instance": tiny, "plan": swapped})
+    x = client.post("/export/megatron-ntp", json={**body, "plan": swapped})
     assert x.status_code == 422
     assert _problems(x) == ["megatron-order"]
-    x = client.post(
-        "/export/megatron-ntp", json={"instance": tiny, "plan": swapped, "reorder": True}
-    )
+    x = client.post("/export/megatron-ntp", json={**body, "plan": swapped, "reorder": True})
     assert x.status_code == 200
 
 
