@@ -138,6 +138,10 @@ def _cmd_gen(args: argparse.Namespace) -> int:
             f"--gpus: the cluster has {graph.number_of_nodes()} nodes with its trays, domains "
             f"and racks; an instance file holds at most {files.MAX_NODES}"
         )
+    try:  # what gen writes must load: check the values the flags produced
+        files.check_cluster(graph, args.output)
+    except InputError as err:
+        raise ValueError(f"not written: {str(err).splitlines()[0]} (check the flags)") from None
     domains = topology.domains(graph)
     per_domain = graph.nodes[domains[0]]["size"] // args.tp if domains else 0
     dp = args.dp if args.dp is not None else max(1, len(domains) * per_domain // args.pp)

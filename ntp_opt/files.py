@@ -83,12 +83,12 @@ class GpuNode(_Strict):
     id: NodeId
     kind: Literal["gpu"]
     state: Literal["healthy", "failed"] = "healthy"
-    speed: Finite = Field(default=1.0, gt=0.0, le=1000.0)
+    speed: Finite = Field(default=1.0, ge=1e-6, le=1000.0)
     p_fail: Finite = Field(default=0.0, ge=0.0, le=1.0)
-    tdp_w: Finite = Field(default=DEFAULT_TDP_W, gt=0.0, le=1e6)
+    tdp_w: Finite = Field(default=DEFAULT_TDP_W, ge=1.0, le=1e6)
     max_power_w: Finite | None = Field(
         default=None,
-        gt=0.0,
+        ge=1.0,
         le=1e6,
         description=(
             "Largest power limit the board accepts, in watts (must be >= tdp_w). "
@@ -140,7 +140,7 @@ class RackNode(_Strict):
 
     id: NodeId
     kind: Literal["rack"]
-    power_budget_w: Finite | None = Field(default=None, ge=0.0)
+    power_budget_w: Finite | None = Field(default=None, ge=0.0, le=1e12)
 
 
 class SwitchNode(_Strict):
@@ -168,7 +168,7 @@ class GraphAttrs(_Strict):
     """Attributes of the cluster graph itself."""
 
     name: str | None = None
-    power_budget_w: Finite | None = Field(default=None, ge=0.0)
+    power_budget_w: Finite | None = Field(default=None, ge=0.0, le=1e12)
 
 
 class ClusterData(_Strict):
@@ -615,6 +615,25 @@ def instance_from_dict(data: Any, source: str = "<instance>") -> Instance:
         return Instance(model.name, graph, model.job, meta, copy_graph=False)
     except TopologyError as err:
         raise InputError(source, [("cluster", p) for p in err.problems]) from None
+
+
+def check_cluster(graph: nx.Graph, source: str = "<cluster>") -> None:
+    """Check a cluster graph against the instance file schema (strict), as a load would.
+
+    Used by ``ntp-opt gen`` so that it never writes a file no command can load.
+
+    Raises
+    ------
+    InputError
+        Naming ``source`` and the field (``cluster.nodes[5].tdp_w``).
+    """
+    if graph.number_of_nodes() > MAX_NODES:
+        raise InputError(source, [("cluster.nodes", f"more than {MAX_NODES} nodes")])
+    data = nx.node_link_data(graph, edges="edges")
+    try:
+        ClusterData.model_validate(data, strict=True)
+    except ValidationError as err:
+        raise InputError(source, [(f"cluster.{f}", m) for f, m in _problems(err)]) from None
 
 
 def instance_to_dict(instance: Instance) -> dict[str, Any]:

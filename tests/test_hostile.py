@@ -453,6 +453,23 @@ def test_item5_job_values_that_overflow(tmp_path, capsys, job, field):
         assert field in _err(capsys)
 
 
+@pytest.mark.parametrize(
+    ("kind", "field", "value"),
+    [
+        ("rack", "power_budget_w", 1.7e308),  # the site's sum overflowed (int(inf))
+        ("gpu", "speed", 1e-300),  # powers of the speed overflowed
+        ("gpu", "tdp_w", 1e-300),
+    ],
+)
+def test_item5_cluster_values_that_overflow(tmp_path, capsys, kind, field, value):
+    data = json.loads(TINY.read_text())
+    i = _node_path(data, kind)
+    data["cluster"]["nodes"][i][field] = value
+    bad = _write(tmp_path / "c.json", json.dumps(data))
+    assert main(["solve", bad, "--policy", "optimal"]) == 2
+    assert f"{bad}: cluster.nodes[{i}].{field}: " in _err(capsys)
+
+
 @pytest.mark.parametrize("demand", [5e-324, 1e300])
 def test_item5_multi_tiny_demand(tmp_path, capsys, demand):
     w = {
@@ -939,3 +956,19 @@ def test_fuzz_loaders_bench_rows(case):
         from ntp_opt.bench import summary
 
         summary(rows)
+
+
+@pytest.mark.parametrize(
+    ("flags", "field"),
+    [
+        (["--tdp-w", "0.5"], ".tdp_w"),
+        (["--stragglers", "2", "--straggler-speed", "1e-9"], ".speed"),
+        (["--tdp-w", "1000000", "--rack-power-factor", "100000"], ".power_budget_w"),
+    ],
+)
+def test_item10_gen_never_writes_an_unloadable_file(tmp_path, capsys, flags, field):
+    out = tmp_path / "x.json"
+    assert main([*GEN, *flags, "-o", str(out)]) == 2
+    err = _err(capsys)
+    assert "not written" in err and field in err
+    assert not out.exists()
