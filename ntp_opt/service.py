@@ -83,6 +83,9 @@ DEFAULT_MEMORY_BYTES = 1024 * 1024**2
 DEFAULT_BODY_TIMEOUT = 30.0
 DEFAULT_REQUEST_TIMEOUT = 120.0
 DEFAULT_ALLOWED_HOSTS = ("127.0.0.1", "localhost", "::1")
+#: Open connections uvicorn serves at once (each costs little: bodies are
+#: only read after admission); more get a plain 503.
+MAX_CONNECTIONS = 512
 #: Extra seconds a solve's worker gets beyond its time limit before it is killed.
 SOLVE_GRACE_S = 10.0
 #: Memory a worker may use per byte of body it parses (a real instance needs
@@ -1060,6 +1063,12 @@ def serve(
             super().handle_exit(sig, frame)
 
     config = uvicorn.Config(
-        app, host=host, port=port, log_level=log_level, timeout_graceful_shutdown=3
+        app,
+        host=host,
+        port=port,
+        log_level=log_level,
+        timeout_graceful_shutdown=3,
+        # open connections (slow or idle ones included) beyond this get 503
+        limit_concurrency=MAX_CONNECTIONS,
     )
     _Server(config).run()
