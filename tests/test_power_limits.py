@@ -9,6 +9,8 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from ntp_opt import evaluate, hardware, solve, topology
 from ntp_opt.failures import failed_instance
@@ -24,6 +26,7 @@ from ntp_opt.topology import TopologyError, check_topology
 
 from .bruteforce import brute_force, plan_figures
 from .helpers import make_instance
+from .strategies import preset_instances, with_cluster
 from .test_milp import exact_instance
 
 
@@ -214,7 +217,7 @@ def _h100(max_equals_nominal: bool = True) -> Instance:
 
 
 def _powers(plan):
-    return [st.power for rep in plan.replicas for st in rep.stages]
+    return [sg.power for rep in plan.replicas for sg in rep.stages]
 
 
 def _planners():
@@ -295,10 +298,10 @@ def test_gb200_boosts_stay_within_each_board(name):
     assert evaluate(inst, res.plan).feasible
     g = inst.cluster
     for rep in res.plan.replicas:
-        for st in rep.stages:
-            for gid in st.gpus:
+        for sg in rep.stages:
+            for gid in sg.gpus:
                 d = g.nodes[gid]
-                assert st.power * d["tdp_w"] <= d["max_power_w"] * (1 + 1e-9), (name, gid)
+                assert sg.power * d["tdp_w"] <= d["max_power_w"] * (1 + 1e-9), (name, gid)
 
 
 def test_gb200_some_planner_boosts_within_limits():
@@ -466,3 +469,51 @@ def test_board_limits_break_domain_interchangeability():
     assert interchangeable_domains(Instance("same", g, job)) is None
     g.nodes["d1.t0.g0"]["max_power_w"] = 1200.0
     assert "max_power_w" in interchangeable_domains(Instance("mixed", g, job))
+
+
+# --- property: random board limits on the presets --------------------------------------------
+
+
+@st.composite
+def limited_presets(draw: st.DrawFn) -> Instance:
+    """A preset instance (tests/strategies.py) with random board limits, per GPU or per tray,
+    of 1, 1.1 or 1.2 x tdp_w or absent."""
+    inst = draw(preset_instances())
+    per_tray = draw(st.booleans())
+    factors = st.sampled_from([1.0, 1.1, 1.2, None])
+    seen: dict[str, float | None] = {}
+
+    def change(g) -> None:
+        for n, d in g.nodes(data=True):
+            if d["kind"] != "gpu":
+                continue
+            key = n.rsplit(".", 1)[0] if per_tray else n
+            if key not in seen:
+                seen[key] = draw(factors)
+            if seen[key] is not None:
+                d["max_power_w"] = seen[key] * d["tdp_w"]
+
+    return with_cluster(inst, change)
+
+
+def _within_boards(inst: Instance, plan) -> bool:
+    g = inst.cluster
+    return all(
+        sg.power * g.nodes[x]["tdp_w"] <= g.nodes[x].get("max_power_w", math.inf) * (1 + 1e-9)
+        for rep in plan.replicas
+        for sg in rep.stages
+        for x in sg.gpus
+    )
+
+
+@settings(max_examples=min(6, settings().max_examples))
+@given(inst=limited_presets(), seed=st.integers(0, 2**16))
+def test_heuristics_and_recourse_respect_random_board_limits(inst, seed):
+    for name in ("ntp-pw", "fast"):
+        plan = solve(inst, name).plan
+        assert _within_boards(inst, plan), name
+        mask = np.random.default_rng(seed).random(inst.arrays.n_gpus) < 0.05
+        after = adapt(inst, plan, mask, boost=True)
+        assert _within_boards(inst, after), name
+        assert evaluate(failed_instance(inst, mask), after).feasible
+        assert _within_boards(inst, reboost(inst, plan))
