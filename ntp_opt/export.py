@@ -104,6 +104,9 @@ COLUMNS = (
 )
 #: Names a host may have in the generated files (no shell or file-format metacharacters).
 HOST_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
+#: Node ids (GPUs, domains) the rank file may name: also ``host:gpu0`` and ``block/nvlink``
+#: as ``ntp-opt import`` writes them; no whitespace, quotes or shell metacharacters.
+ID_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:/@-]*")
 
 __all__ = [
     "COLUMNS",
@@ -505,11 +508,12 @@ def megatron_export(
     if problems:
         raise MegatronError(problems)
     for node in (*instance.arrays.gpu_ids, *instance.arrays.domain_ids):
-        if not HOST_RE.fullmatch(str(node)):
+        if not ID_RE.fullmatch(str(node)):
             raise MegatronError(
                 [
                     Violation(
-                        "megatron-ids", f"node id {node!r} cannot be written: not [A-Za-z0-9._-]"
+                        "megatron-ids",
+                        f"node id {node!r} cannot be written: not [A-Za-z0-9._:/@-]",
                     )
                 ]
             )

@@ -440,6 +440,10 @@ def test_cli_import_solve_export_round_trip(
     assert rc == 0 and "valid plan" in out, err
     exp = tmp_path / "export"
     argv = ["export", str(plan), "--to", "megatron-ntp", "--reorder", "--instance", str(inst)]
+    # Megatron runs one local batch, and its inactive ranks need hosts of their
+    # own: the operator names them (they are sources too).
+    spare = ["ph-1", "ph-2", "ph-3", "ph-4"]
+    argv += ["--equal-batch", "--placeholder-hosts", ",".join(spare)]
     rc, _, err = run([*argv, "-o", str(exp)], capsys)
     assert rc == 0, err
     # Every node the plan and the launch files name is one the sources named.
@@ -455,13 +459,16 @@ def test_cli_import_solve_export_round_trip(
         line.split() for line in (exp / "ranks.txt").read_text().splitlines() if line[:1] != "#"
     ]
     assert rows
-    for row in rows:
-        host, gpu, domain = row[1], row[2], row[3]
-        assert host in hosts and gpu.split(":")[0] == host and domain in domains
-    names = re.compile(r"gb-\d+|dgx-h100-\d+|login01|cp-1")
-    text = (exp / "megatron-ntp.json").read_text() + (exp / "ranks.txt").read_text()
-    assert set(names.findall(text)) <= set(hosts)
-    for s in _strings(json.loads((exp / "megatron-ntp.json").read_text())):
+    for row in rows:  # rank host device gpu domain ...
+        host, gpu, domain = row[1], row[3], row[4]
+        if gpu == "-":  # an inactive rank on an operator-named host
+            assert host in spare and domain == "-"
+        else:
+            assert host in hosts and gpu.split(":")[0] == host and domain in domains
+    names = re.compile(r"gb-\d+|dgx-h100-\d+|login01|cp-1|ph-\d+")
+    text = "".join(f.read_text() for f in sorted(exp.iterdir()) if f.name != "LAUNCH.md")
+    assert set(names.findall(text)) <= set(hosts) | set(spare)
+    for s in _strings(json.loads((exp / "ntp-opt-extras.json").read_text())):
         for token in names.findall(s):
             assert token in hosts
 
@@ -847,13 +854,15 @@ def test_slurm_round_trip_names_only_source_hosts(
     assert main(argv) == 0
     assert main(["solve", str(inst), "--policy", "ntp", "-o", str(plan)]) == 0
     xargv = ["export", str(plan), "--to", "megatron-ntp", "--reorder", "--instance", str(inst)]
+    xargv += ["--equal-batch", "--placeholder-hosts", "spare-a,spare-b"]
     assert main([*xargv, "-o", str(exp)]) == 0
-    text = "".join(p.read_text() for p in (plan, exp / "ranks.txt", exp / "megatron-ntp.json"))
+    written = [plan, *(f for f in sorted(exp.iterdir()) if f.name != "LAUNCH.md")]
+    text = "".join(p.read_text() for p in written)
     mentioned = set(re.findall(rf"{re.escape(prefix)}\d+", text))
     assert mentioned and mentioned <= set(flat)
     healthy = {h for h in flat if state[h] in ("IDLE", "ALLOCATED", "MIXED")}
     used = {row.split()[1] for row in (exp / "ranks.txt").read_text().splitlines()[1:]}
-    assert used <= healthy
+    assert used <= healthy | {"spare-a", "spare-b"}
 
 
 def test_gb200_import_board_limits_in_the_validator(tmp_path: Path) -> None:
