@@ -198,6 +198,7 @@ def _worker(
     parent: int | None = None,
 ) -> None:
     """Body of a worker process: sends what :func:`_steps` yields through ``conn``."""
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)  # not the CLI's handler (forked): just die
     if parent is not None:
         _die_with_parent(parent)
     for message in _steps(file, planner, seed, time_limit):
