@@ -77,7 +77,7 @@ def test_absent_attributes_stay_absent(inst):
 @pytest.mark.parametrize(
     ("update", "needle"),
     [
-        ({"max_power_w": 900.0}, "max_power_w: Value error, 900 is below tdp_w 1000"),
+        ({"max_power_w": 900.0}, "max_power_w: 900 is below tdp_w 1000"),
         ({"max_power_w": -1.0}, "max_power_w"),
         ({"uuid": ""}, "uuid"),
         ({"host": 7}, "host"),
