@@ -16,7 +16,7 @@ import threading
 import time
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, NoReturn
 
 from pydantic import ValidationError
 from rich.console import Console
@@ -618,9 +618,16 @@ def _port(text: str) -> int:
     return value
 
 
+class _Parser(argparse.ArgumentParser):
+    """An argument parser whose errors are one line: ``ntp-opt: error: ...``, exit 2."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"ntp-opt: error: {message} (see '{self.prog} --help')\n")
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser of ``ntp-opt`` (exposed for docs and tests)."""
-    parser = argparse.ArgumentParser(
+    parser = _Parser(
         prog="ntp-opt",
         description=(
             "Plan LLM training with nonuniform tensor parallelism on a GPU cluster "
