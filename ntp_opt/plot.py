@@ -822,7 +822,7 @@ function detail(i) {
   t.textContent = `rack ${rack.id}: ${st.gpus} GPUs, power ${fmt(rack.power)} of ` +
     `${fmt(rack.budget)} W `;
   head.appendChild(t); head.appendChild(b); box.appendChild(head);
-  const s = 36, gap = 3, per = 16, lab = 80;
+  const s = 36, gap = 3, per = 16, lab = 110;
   let rows = 0;
   for (const dom of rack.domains) rows += Math.ceil(dom.gpus.length / per);
   const svg = el("svg", {width: lab + per * (s + gap) + 4,
@@ -847,7 +847,7 @@ function detail(i) {
         if (boosted) {
           const wt = el("text", {x: x + s / 2, y: yy + s * .8, "font-size": 8,
             "text-anchor": "middle"}, grp);
-          wt.textContent = fmt(G.watts[g]) + "W";
+          wt.textContent = Math.round(G.watts[g]) + " W";
         }
       }
       grp.addEventListener("mousemove", ev => showTip(ev, gpuText(g)));
