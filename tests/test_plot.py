@@ -346,3 +346,63 @@ def test_plot_module_imports_without_matplotlib():
         [sys.executable, "-c", code], capture_output=True, text=True, check=True
     ).stdout
     assert "pip install 'ntp-opt[plot]'" in out
+
+
+# ------------------------------------------------------- bench figures
+
+
+def _row(inst, planner, g, gap=None, gpus=8, runtime=1.0):
+    return {
+        "instance": inst,
+        "planner": planner,
+        "relative_goodput": g,
+        "gap": gap,
+        "gpus": gpus,
+        "runtime_s": runtime,
+        "status": "optimal" if gap == 0 else "feasible",
+    }
+
+
+BENCH_ROWS = [
+    _row("a", "ntp", 0.99),
+    _row("a", "optimal", 0.995, gap=0.0),
+    _row("a", "dp-drop", 0.0),
+    _row("b", "ntp", 0.5),
+    _row("b", "ntp", 0.7),  # two seeds: mean 0.6
+    _row("b", "optimal", 0.8, gap=0.01),
+]
+
+
+def test_bench_goodput_losses_by_hand():
+    from ntp_opt.bench import goodput_losses
+
+    got = goodput_losses(BENCH_ROWS)
+    assert got[("a", "optimal")] == 0.0 and got[("b", "optimal")] == 0.0
+    assert got[("a", "ntp")] == pytest.approx(100 * (1 - 0.99 / 0.995))  # 0.5025 %
+    assert got[("a", "dp-drop")] == pytest.approx(100.0)
+    assert got[("b", "ntp")] == pytest.approx(25.0)  # 1 - 0.6 / 0.8
+
+
+def test_bench_figures_are_labelled(tmp_path, monkeypatch):
+    from ntp_opt.bench import LOSS_FLOOR, plot_gap, plot_goodput
+
+    captured = []
+    monkeypatch.setattr(plt, "close", captured.append)  # keep the figures to inspect
+    plot_goodput(BENCH_ROWS, tmp_path / "goodput.png", plt)
+    plot_gap(BENCH_ROWS, tmp_path / "gap.png", plt)
+    monkeypatch.undo()
+    good, gap = captured
+    ax = good.axes[0]
+    assert ax.get_title() and ax.get_xlabel()
+    assert [t.get_text() for t in ax.get_yticklabels()] == ["a (8 GPUs)", "b (8 GPUs)"]
+    xs = sorted(float(x) for c in ax.collections for x, _ in c.get_offsets())
+    want = sorted([LOSS_FLOOR, 100 * (1 - 0.99 / 0.995), 100.0, 25.0, LOSS_FLOOR])
+    assert xs == pytest.approx(want)
+    lo, hi = ax.get_xlim()
+    assert lo == 0 and hi >= 100
+    left, right = gap.axes
+    assert left.get_title() and right.get_title() and left.get_xlabel() and right.get_ylabel()
+    assert [t.get_text() for t in left.get_yticklabels()] == ["a", "b"]
+    assert (tmp_path / "goodput.png").read_bytes()[:4] == b"\x89PNG"
+    plt.close(good)
+    plt.close(gap)
