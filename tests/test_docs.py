@@ -13,6 +13,9 @@ GitHub; several may be stacked):
 - ``<!-- doc-test: setup -->``: a python block the page's other blocks need;
 - ``<!-- doc-test: sub OLD => NEW -->``: run the block with ``OLD`` replaced
   by ``NEW`` (a smaller input for a long example; ``OLD`` must occur);
+- ``<!-- doc-test: server -->``: start ``ntp-opt serve`` on a free port
+  first (once per page; stopped after the page) and run the block with
+  ``8000`` replaced by that port;
 - ``<!-- doc-test: output -->`` above a ``text`` block: that block is the
   exact stdout of the code block before it (``...`` inside a line matches
   anything; a line holding only ``...`` matches any number of lines).
@@ -27,8 +30,10 @@ import io
 import os
 import re
 import shutil
+import socket
 import subprocess
 import sys
+import threading
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -50,6 +55,7 @@ class Block:
     code: str
     skip: str | None = None
     setup: bool = False
+    server: bool = False
     subs: list[tuple[str, str]] = field(default_factory=list)
     output: Block | None = None  # the asserted text block that follows
 
@@ -86,6 +92,8 @@ def parse(path: Path, rel: str | None = None) -> list[Block]:
                 block.skip = rest.strip()
             elif word == "setup":
                 block.setup = True
+            elif word == "server":
+                block.server = True
             elif word == "sub":
                 sub = re.fullmatch(r"(.+?) =>(?: (.*))?", rest)
                 assert sub, f"{rel}:{i + 1}: doc-test: sub OLD => NEW"
@@ -166,27 +174,63 @@ def _run_sh(block: Block, code: str, cwd: Path) -> str:
     return proc.stdout
 
 
+class _Server:
+    """``ntp-opt serve`` on a free loopback port, for blocks marked ``server``."""
+
+    def __init__(self) -> None:
+        with socket.socket() as sock:
+            sock.bind(("127.0.0.1", 0))
+            self.port = int(sock.getsockname()[1])
+        cmd = [sys.executable, "-m", "ntp_opt.cli", "serve", "--port", str(self.port)]
+        self.proc = subprocess.Popen(
+            cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True
+        )
+        assert self.proc.stderr is not None
+        seen = []
+        for line in self.proc.stderr:  # wait for uvicorn's start line (no clock)
+            seen.append(line)
+            if "Uvicorn running on" in line:
+                break
+        else:
+            self.proc.wait()
+            raise AssertionError("ntp-opt serve did not start:\n" + "".join(seen))
+        # keep draining its log so that the server never blocks on a full pipe
+        threading.Thread(target=self.proc.stderr.read, daemon=True).start()
+
+    def stop(self) -> None:
+        self.proc.terminate()
+        self.proc.wait()
+
+
 @pytest.mark.parametrize("page", [p for p, bs in RUNNABLE.items() if bs])
 def test_page_blocks_run(page, workdir):
     blocks = RUNNABLE[page]
     order = [b for b in blocks if b.setup] + [b for b in blocks if not b.setup]
     namespace: dict = {"__name__": "__doc_test__"}
-    for block in order:
-        if block.skip:
-            continue
-        code = block.code
-        for old, new in block.subs:
-            code = code.replace(old, new)
-        if block.lang == "python":
-            out = _run_python(block, code, namespace)
-        else:
-            out = _run_sh(block, code, workdir)
-        if block.output is not None:
-            assert _matches(block.output.code, out), (
-                f"{block.page}:{block.line}: output differs from the quote at line "
-                f"{block.output.line}:\n--- quoted\n{block.output.code}--- actual\n{out}"
-            )
-        RAN.append(block)
+    server: _Server | None = None
+    try:
+        for block in order:
+            if block.skip:
+                continue
+            code = block.code
+            for old, new in block.subs:
+                code = code.replace(old, new)
+            if block.server:
+                server = server or _Server()
+                code = code.replace("8000", str(server.port))
+            if block.lang == "python":
+                out = _run_python(block, code, namespace)
+            else:
+                out = _run_sh(block, code, workdir)
+            if block.output is not None:
+                assert _matches(block.output.code, out), (
+                    f"{block.page}:{block.line}: output differs from the quote at line "
+                    f"{block.output.line}:\n--- quoted\n{block.output.code}--- actual\n{out}"
+                )
+            RAN.append(block)
+    finally:
+        if server is not None:
+            server.stop()
 
 
 def test_every_block_ran_or_is_skipped_with_a_reason(capsys):
