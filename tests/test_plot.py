@@ -18,6 +18,7 @@ from ntp_opt.cli import main
 from ntp_opt.files import load_instance, load_plan, save_plan
 from ntp_opt.plan import Plan, Replica, Stage
 from ntp_opt.simulate import SimResult, SimStep
+from ntp_opt.validate import evaluate
 
 from .helpers import make_instance
 
@@ -129,6 +130,7 @@ def test_rack_power_bars_are_the_rack_sums(tiny):
     heights = [b.get_height() for b in ax.containers[0]]
     # r0: 3 GPUs x 1300 W, failed 0; r1: 4 spares x 100 W idle; r2: 4 x 1000 W
     assert heights == pytest.approx([3.9, 0.4, 4.0])
+    assert heights == pytest.approx([w / 1e3 for w in evaluate(inst, plan).rack_power_w])
     budget = _by_gid(ax, "rack_budget")
     assert [seg[0][1] for seg in budget.get_segments()] == pytest.approx([4.0, 4.0, 4.0])
     plt.close(fig)
