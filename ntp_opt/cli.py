@@ -427,9 +427,17 @@ def _cmd_plot(args: argparse.Namespace) -> int:
     kind = out.suffix.lower().lstrip(".")
     if kind not in ("svg", "png", "pdf", "html"):
         raise ValueError(f"{out}: -o must end in .svg, .png, .pdf or .html")
+    from .plot import plan_layout
+
     instance = load_instance(args.instance)
     plan = load_plan(args.plan)
     diff = load_plan(args.diff) if args.diff is not None else None
+    for file, p in ((args.plan, plan), (args.diff, diff)):
+        try:
+            if p is not None:
+                plan_layout(instance, p)  # every GPU must be in the instance
+        except ValueError as err:
+            raise ValueError(f"{file}: {err}") from None
     inputs = [args.instance, args.plan] + ([args.diff] if args.diff is not None else [])
     if kind == "html":
         atomic_write(out, plan_html(instance, plan, diff), inputs)

@@ -168,7 +168,8 @@ def _assignment(instance: Instance, plan: Plan) -> tuple[np.ndarray, np.ndarray,
                 g = a.gpu_index.get(gid)
                 if g is None:
                     raise ValueError(
-                        f"plan {plan.instance!r}: GPU {gid!r} is not in instance {instance.name!r}"
+                        f"replicas[{r}].stages[{s}].gpus: GPU {gid!r} is not in instance "
+                        f"{instance.name!r}"
                     )
                 replica[g], stage[g], mult[g] = r, s, float(st.power)
     return replica, stage, mult
