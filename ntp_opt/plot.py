@@ -591,10 +591,13 @@ def plot_goodput_over_time(sim_result: SimResult, ax: Axes | None = None) -> Axe
     dl.set_gid("failed_gpus")
     twin.set_ylabel("GPUs down", color="#7f7f7f")
     twin.set_ylim(0, max(1, *down) * 1.15 if down else 1)
+    ax.set_zorder(twin.get_zorder() + 1)  # the goodput line above the GPUs down
+    ax.patch.set_visible(False)
     handles = [line, mean, dl]
     ax.legend(handles=handles, labels=[h.get_label() for h in handles], fontsize=7, loc="best")
     ax.set_title(
-        f"goodput over {sim_result.horizon_hours:g} h: {sim_result.replans} re-plans, "
+        f"{sim_result.policy}: goodput over {sim_result.horizon_hours:g} h, "
+        f"{sim_result.replans} re-plans, "
         f"paused {sim_result.paused_hours:g} h",
         fontsize=10,
     )
