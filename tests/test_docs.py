@@ -166,6 +166,7 @@ def _run_sh(block: Block, code: str, cwd: Path) -> str:
         capture_output=True,
         text=True,
         check=False,
+        timeout=1800,  # a hang guard only; nothing is asserted on time
     )
     assert proc.returncode == 0, (
         f"{block.page}:{block.line}: exit {proc.returncode}\n{proc.stdout[-3000:]}\n"
