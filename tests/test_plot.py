@@ -306,7 +306,7 @@ def _check_page(browser: str, page: Path, tmp: Path, racks: int, rack_id: str, g
     img = np.asarray(Image.open(shot).convert("RGB"), dtype=float)
     assert img.shape[0] > 100 and img.std() > 20  # not blank
     assert len(np.unique(img.reshape(-1, 3), axis=0)) > 20
-    return shot
+    return dom
 
 
 def test_console_error_detection_works(chromium, tmp_path):
@@ -320,6 +320,29 @@ def test_html_tiny_in_chromium(chromium, tmp_path):
     page = tmp_path / "tiny.html"
     assert main(["plot", str(TINY), str(TINY_PLAN), "-o", str(page)]) == 0
     _check_page(chromium, page, tmp_path, racks=3, rack_id="r0", gpus=4)
+
+
+def test_html_diff_in_chromium(chromium, tmp_path):
+    # the d0 replica (boosted to 1.3) moves to d1; the page opened at rack r1
+    new = Plan(
+        "tiny",
+        (
+            Replica(3, 4, (_stage("d1", ("d1.t0.g0", "d1.t0.g1", "d1.t1.g0"), 1.3),)),
+            Replica(4, 4, (_stage("d2", ("d2.t0.g0", "d2.t0.g1", "d2.t1.g0", "d2.t1.g1")),)),
+        ),
+    )
+    new = new.with_metrics(**evaluate(load_instance(TINY), new).as_metrics())
+    plan_file = tmp_path / "new.json"
+    save_plan(new, plan_file)
+    page = tmp_path / "diff.html"
+    argv = ["plot", str(TINY), str(plan_file), "-o", str(page), "--diff", str(TINY_PLAN)]
+    assert main(argv) == 0
+    dom = _check_page(chromium, page, tmp_path, racks=3, rack_id="r1", gpus=4)
+    # moved: racks r0 and r1 in the overview, the 3 used GPUs of d1 in the drill-down
+    assert dom.count(f'stroke="{nplot.MOVED_EDGE}"') == 2 + 3
+    # boosted: rack r1 in the overview and its 3 GPUs at 1300 W
+    assert dom.count(f'stroke="{nplot.BOOST_EDGE}"') == 1 + 3
+    assert dom.count(">1300 W<") == 3
 
 
 def test_html_32k_in_chromium(chromium, tmp_path):
