@@ -45,7 +45,7 @@ from typing import Any, Literal
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from .best_known import md_cell
-from .safeio import atomic_append, atomic_write, check_target, locked, save_figure
+from .safeio import atomic_append, atomic_write, check_target, locked
 
 RESULTS = "results.jsonl"
 """Name of the results file inside the output directory."""
@@ -657,51 +657,26 @@ def plot(rows: list[dict[str, Any]], out: Path) -> list[Path]:
         print("ntp-opt bench: matplotlib is not installed; no plots written")
         return []
     out = Path(out)
-    groups = _groups(rows)
-    instances = list(dict.fromkeys(k[0] for k in groups))
-    planners = list(dict.fromkeys(k[1] for k in groups))
-    written = []
-
-    fig, ax = plt.subplots(figsize=(max(5.0, 1.2 * len(instances) * len(planners) ** 0.5), 4))
-    width = 0.8 / max(1, len(planners))
-    for j, p in enumerate(planners):
-        ys = []
-        for inst in instances:
-            vals = [
-                r["relative_goodput"]
-                for r in groups.get((inst, p), [])
-                if r["relative_goodput"] is not None
-            ]
-            ys.append(_mean(vals) or 0.0)
-        ax.bar([i + j * width for i in range(len(instances))], ys, width, label=p)
-    ax.set_xticks([i + 0.4 - width / 2 for i in range(len(instances))], instances, rotation=30)
-    ax.set_ylabel("relative goodput")
-    ax.set_ylim(0, 1.05)
-    ax.legend(fontsize="small")
-    fig.tight_layout()
-    written.append(out / "goodput.png")
-    save_figure(fig, written[-1], dpi=100)
-    plt.close(fig)
-
+    planners = list(dict.fromkeys(str(r["planner"]) for r in rows))
+    written = [plot_goodput(rows, out / "goodput.png", plt)]
     fig, ax = plt.subplots(figsize=(5, 4))
-    for p in planners:
+    for j, p in enumerate(planners):
         pts = [
             (r["gpus"], r["runtime_s"])
             for r in rows
             if r["planner"] == p and r.get("gpus") and r.get("runtime_s") is not None
         ]
         if pts:
-            ax.scatter([x for x, _ in pts], [y for _, y in pts], label=p, s=16)
+            ax.scatter([x for x, _ in pts], [y for _, y in pts], label=p, s=16, **_style(j))
     ax.set_xscale("log")
     ax.set_yscale("log")
-    ax.set_xlabel("GPUs")
-    ax.set_ylabel("time s")
+    ax.set_xlabel("GPUs in the instance")
+    ax.set_ylabel("run time (s)")
+    ax.set_title("run time against cluster size, one point per run", fontsize=10)
     if ax.get_legend_handles_labels()[0]:
         ax.legend(fontsize="small")
     fig.tight_layout()
-    written.append(out / "time_vs_size.png")
-    save_figure(fig, written[-1], dpi=100)
-    plt.close(fig)
+    written.append(_finish(fig, out / "time_vs_size.png", plt))
     written.append(plot_gap(rows, out / "gap.png", plt))
     return written
 
@@ -710,49 +685,170 @@ GAP_FLOOR = 1e-6
 """Gaps below this are drawn at this value in ``gap.png`` (log scale; 0 = proven optimal)."""
 
 
-def plot_gap(rows: list[dict[str, Any]], path: Path, plt: Any) -> Path:
-    """``gap.png``: gap against run time per planner, and the share of runs within each gap.
+MARKERS = ("o", "s", "^", "D", "v", "P", "X", "<", ">", "*")
+"""One marker per planner (with its colour), so overlapping points stay apart."""
 
-    Left: one point per run that has a gap (exact planners), time on the x
-    axis; gaps below :data:`GAP_FLOOR` (proven optimal) sit on the floor line.
-    Right: for each planner, the share of its runs (of every status) whose gap
-    is at most g, against g; runs without a gap (timeouts, errors, no bound)
-    never count.
+LOSS_FLOOR = 1e-3
+"""Losses below this (in %) are drawn on the ``= best`` line of ``goodput.png``."""
+
+
+def _style(j: int) -> dict[str, Any]:
+    return {"marker": MARKERS[j % len(MARKERS)], "color": f"C{j % 10}"}
+
+
+def _finish(fig: Any, path: Path, plt: Any) -> Path:
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=100, bbox_inches="tight")
+    plt.close(fig)
+    atomic_write(path, buf.getvalue())
+    return path
+
+
+def goodput_losses(rows: list[dict[str, Any]]) -> dict[tuple[str, str], float]:
+    """Per (instance, planner): loss against the best planner of the instance, in %.
+
+    ``100 * (1 - g / best)``, with ``g`` the planner's mean relative goodput
+    over its runs and ``best`` the largest such mean on that instance; pairs
+    with no goodput at all are left out.
+    """
+    means: dict[tuple[str, str], float] = {}
+    for key, rs in _groups(rows).items():
+        vals = [float(r["relative_goodput"]) for r in rs if r["relative_goodput"] is not None]
+        if vals:
+            means[key] = sum(vals) / len(vals)
+    best: dict[str, float] = {}
+    for (inst, _), g in means.items():
+        best[inst] = max(best.get(inst, g), g)
+    return {
+        (inst, p): (100 * (1 - g / best[inst]) if best[inst] > 0 else 0.0)
+        for (inst, p), g in means.items()
+    }
+
+
+def plot_goodput(rows: list[dict[str, Any]], path: Path, plt: Any) -> Path:
+    """``goodput.png``: per instance, each planner's goodput loss against the best planner.
+
+    One row per instance (its name, GPUs and the best mean relative goodput
+    on the right), one marker per planner; the x axis is the loss in %
+    against the best planner of that instance, linear up to 0.01 % and
+    logarithmic above (ticks 0.01, 0.1, 1, 10, 100 %), so differences of
+    0.1-2 % stay visible next to a paused planner (100 %).
+    """
+    groups = _groups(rows)
+    instances = list(dict.fromkeys(k[0] for k in groups))
+    planners = list(dict.fromkeys(k[1] for k in groups))
+    losses = goodput_losses(rows)
+    fig, ax = plt.subplots(figsize=(10, 1.2 + 0.42 * max(1, len(instances))))
+    n = max(1, len(planners))
+    for j, p in enumerate(planners):
+        pts = [
+            (max(LOSS_FLOOR, losses[(inst, p)]), i + (j - (n - 1) / 2) * 0.6 / n)
+            for i, inst in enumerate(instances)
+            if (inst, p) in losses
+        ]
+        ax.scatter([x for x, _ in pts], [y for _, y in pts], s=30, label=p, zorder=3, **_style(j))
+    ax.set_xscale("symlog", linthresh=0.01, linscale=0.5)
+    ax.set_xlim(0, 150)
+    ticks = [0, 0.01, 0.1, 1, 10, 100]
+    ax.set_xticks(ticks, ["0 = best", "0.01 %", "0.1 %", "1 %", "10 %", "100 %"])
+    ax.set_ylim(len(instances) - 0.5, -0.5)
+    best: dict[str, tuple[float, str]] = {}
+    for (inst, p), rs in groups.items():
+        vals = [float(r["relative_goodput"]) for r in rs if r["relative_goodput"] is not None]
+        if vals and (inst not in best or sum(vals) / len(vals) > best[inst][0]):
+            best[inst] = (sum(vals) / len(vals), p)
+    gpus = {str(r["instance"]): r.get("gpus") for r in rows if r.get("gpus")}
+    ax.set_yticks(
+        range(len(instances)),
+        [f"{inst} ({gpus[inst]:,} GPUs)" if inst in gpus else inst for inst in instances],
+        fontsize=8,
+    )
+    for i, inst in enumerate(instances):
+        if inst in best:
+            ax.annotate(
+                f"best {best[inst][0]:.4f} ({best[inst][1]})",
+                (1.0, i),
+                xycoords=("axes fraction", "data"),
+                xytext=(4, 0),
+                textcoords="offset points",
+                va="center",
+                fontsize=7,
+            )
+        if i % 2:
+            ax.axhspan(i - 0.5, i + 0.5, color="0.95", zorder=0)
+    ax.grid(True, axis="x", alpha=0.4)
+    ax.set_xlabel(
+        "goodput loss against the best planner of the instance "
+        "(100 * (1 - mean relative goodput / best); 0.01 % linear, log above)"
+    )
+    ax.set_title(
+        "relative goodput per instance and planner, as loss against the best", fontsize=10, pad=20
+    )
+    if planners:
+        ax.legend(
+            loc="lower left", bbox_to_anchor=(0, 1.0), ncol=min(8, n), fontsize=8, frameon=False
+        )
+    return _finish(fig, path, plt)
+
+
+def plot_gap(rows: list[dict[str, Any]], path: Path, plt: Any) -> Path:
+    """``gap.png``: the proven gap of every run, per instance, and its distribution.
+
+    Left: one row per instance (its name), one marker per planner and run
+    that reports a gap (exact planners), on a log axis; gaps below
+    :data:`GAP_FLOOR` (proven optimal) sit on the floor line. Right: for
+    each planner, the share of its runs (of every status) whose gap is at
+    most g, against g; runs without a gap (timeouts, errors, no bound) never
+    count.
     """
     planners = list(dict.fromkeys(str(r["planner"]) for r in rows))
+    instances = list(dict.fromkeys(str(r["instance"]) for r in rows))
     with_gap = [
         p for p in planners if any(r.get("gap") is not None for r in rows if r["planner"] == p)
     ]
-    fig, (left, right) = plt.subplots(1, 2, figsize=(10, 4))
-    for p in with_gap:
+    height = max(4.0, 1.5 + 0.35 * len(instances))
+    fig, (left, right) = plt.subplots(
+        1, 2, figsize=(12, height), gridspec_kw={"width_ratios": [1.4, 1]}
+    )
+    n = max(1, len(with_gap))
+    for j, p in enumerate(with_gap):
+        style = _style(planners.index(p))
         pts = [
-            (float(r["runtime_s"]), max(GAP_FLOOR, float(r["gap"])))
+            (max(GAP_FLOOR, float(r["gap"])), instances.index(str(r["instance"])))
             for r in rows
-            if r["planner"] == p and r.get("gap") is not None and r.get("runtime_s") is not None
+            if r["planner"] == p and r.get("gap") is not None
         ]
-        left.scatter([x for x, _ in pts], [y for _, y in pts], label=p, s=16)
+        left.scatter(
+            [x for x, _ in pts],
+            [y + (j - (n - 1) / 2) * 0.5 / n for _, y in pts],
+            label=p,
+            s=24,
+            zorder=3,
+            **style,
+        )
         runs = [r for r in rows if r["planner"] == p]
         gaps = sorted(max(GAP_FLOOR, float(r["gap"])) for r in runs if r.get("gap") is not None)
         xs = [GAP_FLOOR, *gaps, 1.0]
         ys = [sum(g <= x for g in gaps) / len(runs) for x in xs]
-        right.step(xs, ys, where="post", label=p)
-    left.axhline(GAP_FLOOR, color="grey", lw=0.5, ls=":")
-    left.set_ylim(GAP_FLOOR / 3, 1.5)
-    left.set_yscale("log")
+        right.step(xs, ys, where="post", label=p, color=style["color"])
+    left.axvline(GAP_FLOOR, color="grey", lw=0.5, ls=":")
+    left.set_xlim(GAP_FLOOR / 3, 1.5)
     left.set_xscale("log")
-    right.set_xscale("log")
+    left.set_ylim(len(instances) - 0.5, -0.5)
+    left.set_yticks(range(len(instances)), instances, fontsize=8)
+    left.grid(True, axis="x", alpha=0.4)
+    left.set_xlabel(f"gap = (bound - goodput) / bound  (at {GAP_FLOOR:g}: proven optimal)")
+    left.set_title("proven gap of every run, per instance", fontsize=10)
     right.set_xlim(GAP_FLOOR / 3, 1.5)
-    left.set_xlabel("time s")
-    left.set_ylabel(f"gap (floor {GAP_FLOOR:g} = proven)")
+    right.set_xscale("log")
     right.set_xlabel("gap g")
-    right.set_ylabel("share of runs with gap <= g")
+    right.set_ylabel("share of the planner's runs with gap <= g")
     right.set_ylim(0, 1.02)
+    right.set_title("runs within a gap (timeouts and errors never count)", fontsize=10)
+    right.grid(True, alpha=0.4)
     if not with_gap:
         left.text(0.5, 0.5, "no run has a gap", ha="center", transform=left.transAxes)
     else:
-        left.legend(fontsize="small")
-        right.legend(fontsize="small")
+        right.legend(fontsize=8, loc="lower right")
     fig.tight_layout()
-    save_figure(fig, path, dpi=100)
-    plt.close(fig)
-    return path
+    return _finish(fig, path, plt)

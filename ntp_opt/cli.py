@@ -52,6 +52,7 @@ examples:
   ntp-opt schema instance                    the JSON Schema of instance files
   ntp-opt export --to megatron-ntp plan.json --instance my.json -o launch/
   ntp-opt serve --port 8000                  HTTP/JSON service on 127.0.0.1
+  ntp-opt plot my.json plan.json -o plan.html  a picture of the plan
 """
 
 
@@ -573,6 +574,53 @@ def _cmd_export(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_plot(args: argparse.Namespace) -> int:
+    import io
+
+    from .plot import plan_html
+    from .safeio import atomic_write
+
+    out = Path(args.output)
+    kind = out.suffix.lower().lstrip(".")
+    if kind not in ("svg", "png", "pdf", "html"):
+        raise ValueError(f"{out}: -o must end in .svg, .png, .pdf or .html")
+    from .plot import plan_layout
+
+    instance = load_instance(args.instance)
+    plan = load_plan(args.plan)
+    diff = load_plan(args.diff) if args.diff is not None else None
+    for file, p in ((args.plan, plan), (args.diff, diff)):
+        try:
+            if p is not None:
+                plan_layout(instance, p)  # every GPU must be in the instance
+        except ValueError as err:
+            raise ValueError(f"{file}: {err}") from None
+    inputs = [args.instance, args.plan] + ([args.diff] if args.diff is not None else [])
+    if kind == "html":
+        atomic_write(out, plan_html(instance, plan, diff), inputs)
+    else:
+        try:
+            import matplotlib
+
+            matplotlib.use("Agg")
+        except ImportError:
+            raise ValueError(
+                f"{out}: writing .{kind} needs matplotlib: pip install 'ntp-opt[plot]' "
+                "(.html needs nothing)"
+            ) from None
+        import matplotlib.pyplot as plt
+
+        from .plot import plan_figure
+
+        fig = plan_figure(instance, plan, diff)
+        buf = io.BytesIO()
+        fig.savefig(buf, format=kind, dpi=args.dpi)
+        plt.close(fig)
+        atomic_write(out, buf.getvalue(), inputs)
+    print(f"wrote {out}")
+    return 0
+
+
 def _cmd_serve(args: argparse.Namespace) -> int:
     try:
         from .service import serve
@@ -832,6 +880,21 @@ def build_parser() -> argparse.ArgumentParser:
         help="GPUs per placeholder host (default: the most GPUs of one cluster host)",
     )
     x.set_defaults(func=_cmd_export)
+
+    pl = sub.add_parser(
+        "plot", help="draw a plan: GPU map and rack power (.svg/.png) or an HTML page"
+    )
+    pl.add_argument("instance", help="instance file")
+    pl.add_argument("plan", help="plan file")
+    pl.add_argument(
+        "-o",
+        "--output",
+        required=True,
+        help="FILE.svg, FILE.png, FILE.pdf (matplotlib) or FILE.html (self-contained page)",
+    )
+    pl.add_argument("--diff", metavar="OLD_PLAN", help="earlier plan: mark the GPUs that moved")
+    pl.add_argument("--dpi", type=int, default=110, help="resolution of a .png (default 110)")
+    pl.set_defaults(func=_cmd_plot)
 
     sv = sub.add_parser(
         "serve", help="HTTP/JSON service: solve, replan, validate, evaluate, export"

@@ -11,6 +11,7 @@ Usage::
 
     python benchmarks/paper/throughput_loss.py [--seeds N] [--time-limit S]
         [--fractions 0,0.0005,...] [--seed BASE] [--plot [out.png]] [--out table.md]
+    python benchmarks/paper/throughput_loss.py --replot   # redraw the PNG from the table
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ntp_opt import Instance, Job, solve, topology
-from ntp_opt.safeio import atomic_write, save_figure
+from ntp_opt.safeio import atomic_write
 
 HERE = Path(__file__).resolve().parent
 DEFAULT_PLOT = HERE / "throughput_loss.png"
@@ -192,64 +193,180 @@ def explanation(fractions: list[float], results: dict[float, list[dict[str, Run]
     )
 
 
-def plot(
-    path: Path,
-    fractions: list[float],
-    results: dict[float, list[dict[str, Run]]],
-    policies: list[str],
-) -> None:
-    """Write a PNG of throughput loss vs failed fraction per policy."""
+Curves = dict[str, dict[str, list[float]]]
+"""Per policy: ``mean``, ``max`` (and ``min``, ``lower`` when known) loss in %, per fraction."""
+
+
+def curves_from_results(
+    fractions: list[float], results: dict[float, list[dict[str, Run]]], policies: list[str]
+) -> Curves:
+    """Mean, min and max loss (%) per policy, and the exact planners' proven lower bounds."""
+    out: Curves = {}
+    for p in policies:
+        c: dict[str, list[float]] = {"mean": [], "min": [], "max": []}
+        lows: list[float] = []
+        for f in fractions:
+            losses = [100 * s[p].loss for s in results[f]]
+            c["mean"].append(statistics.fmean(losses))
+            c["min"].append(min(losses))
+            c["max"].append(max(losses))
+            bounds = [s[p].loss_lower for s in results[f]]
+            if all(b is not None for b in bounds):
+                lows.append(100 * statistics.fmean(b for b in bounds if b is not None))
+        if p in EXACT and len(lows) == len(fractions):
+            c["lower"] = lows
+        out[p] = c
+    return out
+
+
+def curves_from_table(text: str) -> tuple[list[float], Curves, int]:
+    """Parse the tables of ``throughput_loss.md`` (mean / max, and the bound table).
+
+    Returns the fractions, the curves (no ``min``: the table keeps mean and
+    max only) and the number of failure samples per nonzero fraction.
+    """
+    lines = [ln for ln in text.splitlines() if ln.startswith("|")]
+    head = [c.strip() for c in lines[0].strip("|").split("|")]
+    policies = head[3:]
+    fractions: list[float] = []
+    curves: Curves = {p: {"mean": [], "max": []} for p in policies}
+    samples = 1
+    k = 2
+    while k < len(lines) and not lines[k].startswith("| paper"):
+        cells = [c.strip() for c in lines[k].strip("|").split("|")]
+        fractions.append(float(cells[0]))
+        samples = max(samples, int(cells[2]))
+        for p, cell in zip(policies, cells[3:], strict=True):
+            mean, _, mx = cell.split("*")[0].partition("/")
+            curves[p]["mean"].append(float(mean))
+            curves[p]["max"].append(float(mx))
+        k += 1
+    for j, ln in enumerate(lines):
+        if "proven lower bound" in ln:
+            names = [c.split(":")[0].strip() for c in ln.strip("|").split("|")[1:]]
+            rows = lines[j + 2 : j + 2 + len(fractions)]
+            for i, name in enumerate(names):
+                curves[name]["lower"] = [
+                    float(r.strip("|").split("|")[1 + i].split("/")[1]) for r in rows
+                ]
+    return fractions, curves, samples
+
+
+STYLE = {  # distinct marker, line style and size: curves that coincide stay visible
+    "dp-drop": {"marker": "o", "ls": "-", "ms": 5, "mfc": None},
+    "ntp": {"marker": "o", "ls": "-", "ms": 5, "mfc": None},
+    "optimal-nopower": {"marker": "s", "ls": "--", "ms": 11, "mfc": "none"},
+    "ntp-pw": {"marker": "^", "ls": "-", "ms": 6, "mfc": None},
+    "optimal": {"marker": "D", "ls": ":", "ms": 9, "mfc": "none"},
+}
+COLOR = {
+    "dp-drop": "#7f7f7f",
+    "ntp": "#1f77b4",
+    "optimal-nopower": "#17becf",
+    "ntp-pw": "#d62728",
+    "optimal": "#2ca02c",
+}
+
+
+def plot(path: Path, fractions: list[float], curves: Curves, n_samples: int) -> None:
+    """Write the PNG: all policies (left), the NTP family zoomed (right).
+
+    Linear axes; x ticks at the measured fractions with the failed-GPU count;
+    mean over the samples as the line, the max as the top of the band; the
+    paper's bounds dashed; the legend below the panels, out of the data.
+    """
+    import io
+
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, ax = plt.subplots(figsize=(7.5, 5.0), dpi=100)
     xs = [1000 * f for f in fractions]
-    for i, p in enumerate(policies):
-        color = f"C{i}"
-        means = [100 * statistics.fmean(s[p].loss for s in results[f]) for f in fractions]
-        maxes = [100 * max(s[p].loss for s in results[f]) for f in fractions]
-        mins = [100 * min(s[p].loss for s in results[f]) for f in fractions]
-        exact = p in EXACT  # drawn hollow and dotted: they often coincide with a heuristic
-        ax.plot(
-            xs,
-            means,
-            marker=MARKERS[i % len(MARKERS)],
-            ms=8 if exact else 4,
-            mfc="none" if exact else color,
-            ls=":" if exact else "-",
-            color=color,
-            label=p,
-        )
-        ax.fill_between(xs, mins, maxes, color=color, alpha=0.15, lw=0)
-        if p in PAPER_VALUE:
-            ax.hlines(
-                100 * PAPER_VALUE[p],
-                0,
-                1000 * max(fractions),
-                colors=color,
-                linestyles="dashed",
-                lw=1,
-                label=f"paper {p} {PAPER_BOUND[p]}",
+    fig, (left, right) = plt.subplots(
+        1, 2, figsize=(11, 5.2), dpi=110, gridspec_kw={"width_ratios": [1, 1.25]}
+    )
+    zoom = [p for p in curves if p != "dp-drop"]
+    for ax, names in ((left, list(curves)), (right, zoom)):
+        for p in names:
+            c, st = curves[p], STYLE.get(p, {"marker": "o", "ls": "-", "ms": 5, "mfc": None})
+            color = COLOR.get(p, "black")
+            ax.plot(
+                xs,
+                c["mean"],
+                marker=st["marker"],
+                ls=st["ls"],
+                ms=st["ms"],
+                mfc=st["mfc"] or color,
+                color=color,
+                lw=1.6,
+                label=f"{p} (mean)",
             )
-    ax.set_yscale("symlog", linthresh=1.0, linscale=1.5)
-    ax.set_yticks([0, 0.25, 0.5, 1, 2, 3, 5, 10, 20])
-    ax.set_yticklabels(["0", "0.25", "0.5", "1", "2", "3", "5", "10", "20"])
-    ax.set_xlabel("failed GPUs (per mille of 32,768)")
-    ax.set_ylabel("throughput loss (%)  [symlog]")
-    n_seeds = len(results[max(fractions)])
-    ax.set_title(
-        "Throughput loss, 32k B200, NVL32, TP32→30/28, PP8 DP128, elastic batch\n"
-        f"mean over {n_seeds} failure samples (band: min–max); dashed: paper's bounds",
+            lo = c.get("min", c["mean"])
+            ax.fill_between(xs, lo, c["max"], color=color, alpha=0.12, lw=0)
+        for p, v in PAPER_VALUE.items():
+            # left: the bounds above the NTP curves; right: those within the zoom
+            if p in names and ((ax is left and v > 0.02) or (ax is right and 100 * v <= 2.2)):
+                ax.axhline(100 * v, color=COLOR[p], ls=(0, (6, 3)), lw=1)
+                ax.annotate(
+                    f"paper's bound for {p}: {PAPER_BOUND[p]}",
+                    (xs[-1], 100 * v),
+                    xytext=(0, 4 if ax is left else -11),
+                    textcoords="offset points",
+                    ha="right",
+                    fontsize=8,
+                    color=COLOR[p],
+                )
+        ax.set_xticks(xs, [f"{x:g}\n({round(x / 1000 * N_DOMAINS * 32)})" for x in xs])
+        ax.set_xlabel("failed GPUs: per mille of 32,768 (count)")
+        ax.grid(True, alpha=0.3)
+        ax.set_xlim(min(xs) - 0.15, max(xs) + 0.15)
+    if "optimal" in curves and "lower" in curves["optimal"]:
+        right.plot(
+            xs,
+            curves["optimal"]["lower"],
+            color=COLOR["optimal"],
+            lw=0.8,
+            ls="-.",
+            label="optimal: proven lower bound",
+        )
+    left.set_ylim(0, 14)
+    left.set_yticks(range(0, 15, 2))
+    left.set_ylabel("throughput loss (%)")
+    left.set_title("every policy", fontsize=10)
+    top = max(max(curves[p]["max"]) for p in zoom)
+    right.set_ylim(0, max(1.1, round(top * 1.15 + 0.05, 1)))
+    right.set_yticks([t / 4 for t in range(0, int(right.get_ylim()[1] * 4) + 1)])
+    right.set_ylabel("throughput loss (%)")
+    right.set_title("zoom: NTP policies and the exact planners", fontsize=10)
+    if "ntp" in curves and "optimal-nopower" in curves:
+        same = all(
+            abs(a - b) < 0.005
+            for a, b in zip(curves["ntp"]["mean"], curves["optimal-nopower"]["mean"], strict=True)
+        )
+        if same:
+            right.annotate(
+                "ntp = optimal-nopower (the hollow squares\nsit on the ntp circles)",
+                (xs[-2], curves["ntp"]["mean"][-2]),
+                xytext=(-150, 22),
+                textcoords="offset points",
+                fontsize=8,
+                arrowprops={"arrowstyle": "->", "lw": 0.7},
+            )
+    fig.suptitle(
+        "Throughput loss, 32k B200 GPUs, NVL32, TP32 (30, 28 allowed), PP8 DP128, elastic "
+        f"batch: mean of {n_samples} failure samples, band up to the worst sample",
         fontsize=10,
     )
-    ax.grid(True, which="both", alpha=0.3)
-    ax.legend(fontsize=8, loc="upper left", ncol=2)
-    fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    save_figure(fig, path)
+    handles, labels = right.get_legend_handles_labels()
+    h0, l0 = left.get_legend_handles_labels()
+    handles, labels = [h0[0], *handles], [l0[0], *labels]
+    fig.legend(handles, labels, loc="lower center", ncol=6, fontsize=8, frameon=False)
+    fig.tight_layout(rect=(0, 0.07, 1, 0.95))
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png")
     plt.close(fig)
+    atomic_write(path, buf.getvalue())
 
 
 def _fractions(text: str) -> list[float]:
@@ -284,9 +401,25 @@ def main(argv: list[str] | None = None) -> int:
         metavar="OUT.png",
         help=f"write a PNG plot (default path: {DEFAULT_PLOT})",
     )
+    parser.add_argument(
+        "--replot",
+        nargs="?",
+        const=DEFAULT_TABLE,
+        default=None,
+        type=Path,
+        metavar="TABLE.md",
+        help="only redraw the PNG from an existing table (default: "
+        f"{DEFAULT_TABLE.name}); runs nothing",
+    )
     args = parser.parse_args(argv)
     if args.seeds < 1:
         parser.error("--seeds must be at least 1")
+    if args.replot is not None:
+        fractions, curves, n_samples = curves_from_table(args.replot.read_text(encoding="utf-8"))
+        out = args.plot or DEFAULT_PLOT
+        plot(out, fractions, curves, n_samples)
+        print(f"plot written to {out} (from {args.replot})")
+        return 0
 
     policies = list(POLICIES)
     t_start = time.perf_counter()
@@ -363,7 +496,8 @@ def main(argv: list[str] | None = None) -> int:
     atomic_write(args.out, text + "\n")
     print(f"\ntable written to {args.out}")
     if args.plot is not None:
-        plot(args.plot, args.fractions, results, policies)
+        curves = curves_from_results(args.fractions, results, policies)
+        plot(args.plot, args.fractions, curves, args.seeds)
         print(f"plot written to {args.plot}")
     print(f"total runtime {time.perf_counter() - t_start:.0f} s")
     return 1 if problems else 0
