@@ -145,6 +145,8 @@ def workdir(tmp_path, monkeypatch):
         shim.write_text(f'#!/bin/sh\nexec "{sys.executable}" {cmd} "$@"\n')
         shim.chmod(0o755)
     (tmp_path / "benchmarks").symlink_to(ROOT / "benchmarks")
+    (tmp_path / "tests").mkdir()
+    (tmp_path / "tests" / "fixtures").symlink_to(ROOT / "tests" / "fixtures")
     monkeypatch.setenv("PATH", f"{bin_dir}{os.pathsep}{os.environ['PATH']}")
     monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]))
     monkeypatch.setenv("MPLBACKEND", "Agg")
