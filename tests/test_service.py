@@ -48,7 +48,7 @@ def client(tmp_path_factory: pytest.TempPathFactory) -> Iterator[httpx.Client]:
     base = f"http://127.0.0.1:{port}"
     try:
         with httpx.Client(base_url=base, timeout=60.0) as c:
-            deadline = time.monotonic() + 30
+            deadline = time.monotonic() + 300  # event-driven wait; only a hang guard
             while True:
                 try:
                     if c.get("/health").status_code == 200:
@@ -130,7 +130,7 @@ def test_solve_default_caps_time_limit(client: httpx.Client, default: dict[str, 
     assert r.status_code == 200, r.text
     body = r.json()
     assert body["time_limit"] == CAP  # capped by --max-time-limit
-    assert body["runtime_s"] < CAP + 20
+    assert body["runtime_s"] < CAP + 60  # a margin for a loaded machine
     inst = instance_from_dict(default)
     ev = evaluate(inst, plan_from_dict(body["plan"]))
     assert ev.feasible and body["relative_objective"] == pytest.approx(ev.relative_goodput)
