@@ -39,7 +39,15 @@ from multiprocessing.process import BaseProcess
 from pathlib import Path
 from typing import Any, Literal
 
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.console import Console
+from rich.progress import (
+    BarColumn,
+    MofNCompleteColumn,
+    Progress,
+    TextColumn,
+    TimeElapsedColumn,
+    TimeRemainingColumn,
+)
 
 RESULTS = "results.jsonl"
 """Name of the results file inside the output directory."""
@@ -257,7 +265,7 @@ def run_bench(
         Runs in flight at once (default 1; ``None`` with ``backend="ray"``:
         the cluster's CPU count).
     progress
-        Show a progress bar.
+        Show a progress bar with ETA on stderr.
     backend
         ``"process"`` (local process pool) or ``"ray"`` (needs ``ray``).
     ray_address
@@ -326,6 +334,9 @@ def run_bench(
         BarColumn(),
         MofNCompleteColumn(),
         TimeElapsedColumn(),
+        TextColumn("ETA"),
+        TimeRemainingColumn(),
+        console=Console(stderr=True),
         disable=not progress,
     ) as bar:
         task = bar.add_task("bench", total=len(todo))

@@ -32,6 +32,7 @@ from __future__ import annotations
 import math
 import time
 
+from .control import Control
 from .instance import Instance
 from .job import Job
 from .milp.search import SearchOutcome, solve_exact
@@ -173,6 +174,7 @@ def solve_megatron(
     seed: int = 0,
     initial_plan: Plan | None = None,
     log: bool = False,
+    control: Control | None = None,
 ) -> SearchOutcome:
     """The best plan Megatron-LM's NTP runtime can run (exact, per reduced degree).
 
@@ -203,6 +205,9 @@ def solve_megatron(
         Warm start; used by the searches whose degrees it fits.
     log
         Keep the search logs.
+    control
+        Progress reports and cancel token, passed to every search; once
+        cancelled, the remaining degrees are skipped.
 
     Returns
     -------
@@ -222,6 +227,9 @@ def solve_megatron(
     evaluations = 0
     lines: list[str] = []
     for i, degrees in enumerate(cands):
+        if control is not None and control.cancelled and best is not None:
+            interrupted, proven = True, False
+            break
         share = None
         if time_limit is not None:
             left = time_limit - (time.perf_counter() - start)
@@ -245,6 +253,8 @@ def solve_megatron(
             seed=seed,
             initial_plan=warm[0] if warm else None,
             log=log,
+            control=control,
+            report_bounds=False,  # one degree's bound is no bound for all of them
         )
         evaluations += out.evaluations
         bounds.append(out.bound)

@@ -63,7 +63,8 @@ class ClusterEvent:
         or ``"speed"`` (their relative speed becomes ``speed``: a new or
         recovered straggler).
     nodes
-        GPU or tray ids (a tray stands for all of its GPUs).
+        GPU or tray ids (a tray stands for all of its GPUs); a single id
+        (``ClusterEvent("fail", "d2.t0.g0")``) stands for a one-element tuple.
     speed
         The new speed, in (0, 1], for ``"speed"`` events only.
     """
@@ -75,7 +76,10 @@ class ClusterEvent:
     def __post_init__(self) -> None:
         if self.kind not in ("fail", "repair", "speed"):
             raise ValueError(f"event kind must be fail, repair or speed, got {self.kind!r}")
-        object.__setattr__(self, "nodes", tuple(self.nodes))
+        nodes: Any = self.nodes
+        if isinstance(nodes, (str, bytes)) or not isinstance(nodes, Iterable):
+            nodes = (nodes,)  # one id, not a sequence of characters
+        object.__setattr__(self, "nodes", tuple(nodes))
         if not self.nodes:
             raise ValueError("an event needs at least one GPU or tray")
         if self.kind == "speed":
