@@ -27,6 +27,7 @@ from __future__ import annotations
 import csv
 import importlib
 import json
+import logging
 import math
 import multiprocessing as mp
 import os
@@ -48,6 +49,8 @@ from rich.progress import (
     TimeElapsedColumn,
     TimeRemainingColumn,
 )
+
+logger = logging.getLogger(__name__)
 
 RESULTS = "results.jsonl"
 """Name of the results file inside the output directory."""
@@ -328,6 +331,14 @@ def run_bench(
         row["wall_s"] = wall
         done[item.key] = row
         _append(results, row)
+        logger.info(
+            "bench: %s %s seed %s: %s in %.1f s",
+            row["instance"],
+            item.planner,
+            item.seed,
+            row["status"],
+            wall,
+        )
 
     with Progress(
         TextColumn("[progress.description]{task.description}"),

@@ -25,6 +25,7 @@ Deterministic: no randomness, ties broken by index.
 
 from __future__ import annotations
 
+import logging
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -47,6 +48,8 @@ from .instance import Instance
 from .milp.bounds import capacity_bound
 from .plan import Plan
 from .validate import certified
+
+logger = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -305,6 +308,7 @@ def plan_fast(
         :func:`~ntp_opt.milp.bounds.capacity_bound`.
     """
     found = candidates(instance, cancel=cancel)
+    logger.debug("fast: %d candidates%s", len(found), f", best {found[0].name}" if found else "")
     if found:
         plan = _to_plan(instance, found[0])
     else:

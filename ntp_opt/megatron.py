@@ -29,6 +29,7 @@ behind ``solve(instance, "optimal-megatron")``.
 
 from __future__ import annotations
 
+import logging
 import math
 import time
 
@@ -38,6 +39,8 @@ from .job import Job
 from .milp.search import SearchOutcome, solve_exact
 from .plan import Plan
 from .validate import Violation, evaluate
+
+logger = logging.getLogger(__name__)
 
 #: Restriction codes of the Megatron-LM NTP runtime and what each one forbids.
 RULES: dict[str, str] = {
@@ -264,6 +267,7 @@ def solve_megatron(
             f"degrees {list(degrees)}: goodput {out.goodput:.9g} bound {out.bound} "
             f"proven {out.proven}"
         )
+        logger.info("optimal-megatron: %s", lines[-1])
         lines += [f"  {line}" for line in out.log]
         if best is None or out.goodput > best.goodput:
             best = out

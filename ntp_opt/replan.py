@@ -34,6 +34,7 @@ cluster does not copy its graph.
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Hashable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -48,6 +49,8 @@ from .plan import Plan, Replica, Stage
 from .recourse import _adapt, plan_indices
 from .swaps import improve
 from .validate import check, evaluate
+
+logger = logging.getLogger(__name__)
 
 EventKind = Literal["fail", "repair", "speed"]
 
@@ -506,6 +509,13 @@ def replan(
     ev = evals[choice]  # the chosen plan was checked above; only its metrics change
     chosen = chosen.with_metrics(
         **ev.as_metrics(), policy=f"replan-{choice}", moved=moved, bound=bound
+    )
+    logger.info(
+        "replan: kept the %s plan, %d GPUs move, goodput %.9g (bound %.9g)",
+        choice,
+        moved,
+        ev.goodput,
+        bound,
     )
     global_value = options["global"][1] if "global" in options else None
     global_moved = options["global"][2] if "global" in options else None

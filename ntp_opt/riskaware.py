@@ -40,6 +40,7 @@ objective (``saa_expected_goodput``, ``saa_method``) and an estimate on
 
 from __future__ import annotations
 
+import logging
 import math
 import threading
 import time
@@ -56,6 +57,8 @@ from .instance import Instance
 from .job import Job
 from .plan import Plan, Replica, Stage
 from .validate import POWER_TOL, certified, evaluate
+
+logger = logging.getLogger(__name__)
 
 #: Relative improvement a move must bring to be accepted (guards against float noise).
 _IMPROVE_TOL = 1e-12
@@ -860,6 +863,13 @@ def plan_risk_aware(
         metrics["bound"] = bound
     out = certified(instance, plan.with_metrics(**metrics))
     stopped = s.interrupted or (cancel is not None and cancel.is_set())
+    logger.info(
+        "risk-aware: %d plans scored, expected goodput %.9g (blind %.9g)%s",
+        s.evaluations,
+        value,
+        value0,
+        " (interrupted)" if stopped else "",
+    )
     return RiskAwareOutcome(out, blind, bound, hit and not stopped, s.evaluations, stopped)
 
 

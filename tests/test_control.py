@@ -211,3 +211,19 @@ def test_api_doc_progress_block_runs(capsys: pytest.CaptureFixture[str]) -> None
     final = float(lines[-2].split("incumbent ")[1].split()[0])
     assert final == pytest.approx(2 * 0.75 * 1.3**0.65 / 1.01, rel=1e-5)
     assert lines[-1] == "feasible interrupted 0.7500"
+
+
+def test_every_module_logs_to_its_own_logger_without_handlers(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    import logging
+
+    with caplog.at_level(logging.DEBUG, logger="ntp_opt"):
+        res = solve(load_instance(TINY), "optimal", time_limit=HANG_GUARD)
+    names = {r.name for r in caplog.records}
+    assert {"ntp_opt.solve", "ntp_opt.control", "ntp_opt.milp.search"} <= names
+    assert "ntp_opt.milp.backends" in names
+    assert all(not logging.getLogger(n).handlers for n in names)  # the library adds none
+    assert not logging.getLogger("ntp_opt").handlers
+    ends = [r.getMessage() for r in caplog.records if r.name == "ntp_opt.solve"]
+    assert ends[-1].startswith(f"optimal: {res.status}, limit none")

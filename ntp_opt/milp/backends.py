@@ -98,6 +98,7 @@ with different ``threads`` values.
 from __future__ import annotations
 
 import contextlib
+import logging
 import math
 import operator
 import os
@@ -119,6 +120,8 @@ from ..control import restore_sigint
 from .program import IntProgram, IntSolution
 
 __all__ = ["BACKENDS", "BackendUnavailable", "available_backends", "solve_program"]
+
+logger = logging.getLogger(__name__)
 
 BACKENDS: tuple[str, ...] = ("cpsat", "highs", "cbc")
 """Backend names accepted by :func:`solve_program`, in order of preference."""
@@ -455,7 +458,19 @@ def solve_program(
     else:
         pulp, cbc_class = solver
         raw = _solve_cbc(pulp, cbc_class, data, opts)
-    return _finish(program, data, backend, raw, opts, time.perf_counter() - t0)
+    solution = _finish(program, data, backend, raw, opts, time.perf_counter() - t0)
+    logger.debug(
+        "%s: %d variables, %d rows: %s, objective %s, bound %s, %.3f s%s",
+        backend,
+        program.n_vars,
+        data.count,
+        solution.status,
+        solution.objective,
+        solution.bound,
+        solution.runtime_s,
+        " (interrupted)" if solution.interrupted else "",
+    )
+    return solution
 
 
 def _finish(
