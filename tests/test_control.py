@@ -227,3 +227,36 @@ def test_every_module_logs_to_its_own_logger_without_handlers(
     assert not logging.getLogger("ntp_opt").handlers
     ends = [r.getMessage() for r in caplog.records if r.name == "ntp_opt.solve"]
     assert ends[-1].startswith(f"optimal: {res.status}, limit none")
+
+
+def test_api_sigint_returns_best_plan() -> None:
+    """In Python: Ctrl-C during solve(..., "optimal") returns the best plan, interrupted."""
+    code = (
+        "import sys\n"
+        "from ntp_opt import load_instance, solve\n"
+        f"inst = load_instance({str(LONG)!r})\n"
+        "def seen(p):\n"
+        "    print('incumbent', p.incumbent, file=sys.stderr, flush=True)\n"
+        f"res = solve(inst, 'optimal', time_limit={HANG_GUARD}, callback=seen)\n"
+        "print(res.status, res.limit, res.plan is not None and res.evaluation.feasible)\n"
+    )
+    proc = subprocess.Popen(
+        [sys.executable, "-c", code],
+        cwd=ROOT,
+        env=ENV,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert proc.stderr is not None
+        lines = [proc.stderr.readline() for _ in range(2)]  # two reports: inside the search
+        assert all(line.startswith("incumbent") for line in lines), lines
+        proc.send_signal(signal.SIGINT)
+        stdout, stderr = proc.communicate(timeout=HANG_GUARD)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode == 0, stderr
+    assert stdout.split() == ["feasible", "interrupted", "True"]
