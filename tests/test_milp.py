@@ -60,7 +60,7 @@ def exact_instance(seed: int) -> Instance:
 def test_cpsat_equals_brute_force(seed):
     inst = exact_instance(seed)
     best, _ = brute_force(inst)
-    res = solve(inst, "cpsat")
+    res = solve(inst, "cpsat", time_limit=HANG_GUARD)
     assert res.status == "optimal"
     assert res.objective == pytest.approx(best, rel=1e-5, abs=1e-9)
     assert res.bound is not None and res.bound >= best * (1 - 1e-9)
@@ -72,7 +72,7 @@ def test_cpsat_equals_brute_force(seed):
 def test_other_backends_equal_brute_force(seed, backend):
     inst = exact_instance(seed)
     best, _ = brute_force(inst)
-    res = solve(inst, backend)
+    res = solve(inst, backend, time_limit=HANG_GUARD)
     assert res.status == "optimal"
     assert res.objective == pytest.approx(best, rel=1e-5, abs=1e-9)
 
@@ -80,10 +80,10 @@ def test_other_backends_equal_brute_force(seed, backend):
 def test_tiny_hand_optimum():
     inst = load_instance(ROOT / "instances" / "tiny.json")
     for solver in ("optimal", *BACKENDS):
-        res = solve(inst, solver)
+        res = solve(inst, solver, time_limit=HANG_GUARD)
         assert res.status == "optimal"
         assert res.objective == pytest.approx(2 * 0.75 * 1.3**0.65 / 1.01, rel=1e-6)
-    res = solve(inst, "optimal-nopower")
+    res = solve(inst, "optimal-nopower", time_limit=HANG_GUARD)
     assert res.objective == pytest.approx(7 / 4.04, rel=1e-9)
     assert all(s.power == 1.0 for r in res.plan.replicas for s in r.stages)
 
@@ -99,7 +99,7 @@ def test_out_of_scope_is_not_claimed_optimal():
         Job(tp=4, tp_min=3, pp=1, dp=2, global_batch=6, batch_policy="elastic", max_boost=1.0),
     )
     best, _ = brute_force(inst)
-    res = solve(inst, "optimal")
+    res = solve(inst, "optimal", time_limit=HANG_GUARD)
     assert res.status == "feasible"
     assert res.objective <= best * (1 + 1e-9)
     assert res.bound is not None and res.bound >= best * (1 - 1e-9)
@@ -149,13 +149,14 @@ def test_time_limit_holds_and_returns_best_plan():
 def test_warm_start_is_kept():
     inst = exact_instance(3)
     warm = solve(inst, "ntp-pw").plan
-    res = solve(inst, "optimal", initial_plan=warm)
+    res = solve(inst, "optimal", time_limit=HANG_GUARD, initial_plan=warm)
     assert res.objective >= evaluate(inst, warm).goodput * (1 - 1e-12)
 
 
 def test_deterministic():
     inst = exact_instance(7)
-    a, b = solve(inst, "optimal"), solve(inst, "optimal")
+    a = solve(inst, "optimal", time_limit=HANG_GUARD)
+    b = solve(inst, "optimal", time_limit=HANG_GUARD)
     assert a.plan == b.plan
 
 
@@ -187,6 +188,6 @@ def test_larger_instances_equal_brute_force(seed):
     inst = Instance(f"larger-{seed}", g, job)
     best, _ = brute_force(inst)
     assert best > 0
-    res = solve(inst, "cpsat")
+    res = solve(inst, "cpsat", time_limit=HANG_GUARD)
     assert res.status == "optimal"
     assert res.objective == pytest.approx(best, rel=1e-5, abs=1e-9)

@@ -213,7 +213,7 @@ def test_registered_and_never_above_the_optimum():
     topology.fail_random(g, count=6, seed=3)
     topology.add_stragglers(g, count=3, speed=(0.7, 0.95), seed=4)
     inst = Instance("r", g, job(pp=2, dp=8, global_batch=32, batch_policy="elastic"))
-    best = solve(inst, "optimal-nopower")
+    best = solve(inst, "optimal-nopower", time_limit=HANG_GUARD)
     assert best.status == "optimal"
     for name in ("megatron-ntp", "megatron-ntp-reordered"):
         res = solve(inst, name)
