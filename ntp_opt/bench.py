@@ -28,6 +28,7 @@ import csv
 import importlib
 import io
 import json
+import logging
 import math
 import multiprocessing as mp
 import os
@@ -42,10 +43,20 @@ from multiprocessing.process import BaseProcess
 from pathlib import Path
 from typing import Any, Literal
 
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.console import Console
+from rich.progress import (
+    BarColumn,
+    MofNCompleteColumn,
+    Progress,
+    TextColumn,
+    TimeElapsedColumn,
+    TimeRemainingColumn,
+)
 
 from .best_known import md_cell
 from .safeio import atomic_append, atomic_write, check_target, locked
+
+logger = logging.getLogger(__name__)
 
 RESULTS = "results.jsonl"
 """Name of the results file inside the output directory."""
@@ -353,7 +364,7 @@ def run_bench(
         Runs in flight at once (default 1; ``None`` with ``backend="ray"``:
         the cluster's CPU count).
     progress
-        Show a progress bar.
+        Show a progress bar with ETA on stderr.
     backend
         ``"process"`` (local process pool) or ``"ray"`` (needs ``ray``).
     ray_address
@@ -454,12 +465,23 @@ def _run_locked(
         _clean(row)
         done[item.key] = row
         _append(results, row)
+        logger.info(
+            "bench: %s %s seed %s: %s in %.1f s",
+            row["instance"],
+            item.planner,
+            item.seed,
+            row["status"],
+            wall,
+        )
 
     with Progress(
         TextColumn("[progress.description]{task.description}"),
         BarColumn(),
         MofNCompleteColumn(),
         TimeElapsedColumn(),
+        TextColumn("ETA"),
+        TimeRemainingColumn(),
+        console=Console(stderr=True),
         disable=not progress,
     ) as bar:
         task = bar.add_task("bench", total=len(todo))

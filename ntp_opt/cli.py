@@ -8,13 +8,16 @@ status 2; an infeasible plan given to ``validate`` exits with status 1.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
+import logging
 import math
+import os
 import signal
 import sys
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any, Literal, NoReturn
 
@@ -59,6 +62,57 @@ examples:
 EXACT_NAMES = set(EXACT)
 MAX_NAME = 200
 """Longest instance name (the instance file schema's limit)."""
+
+#: Exit status after Ctrl-C (128 + SIGINT); the best plan found is still written.
+INTERRUPTED_EXIT = 130
+
+
+@contextlib.contextmanager
+def _stream_log(enabled: bool) -> Iterator[None]:
+    """While inside, the ``ntp_opt`` loggers write to stderr (``--log``)."""
+    if not enabled:
+        yield
+        return
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(logging.Formatter("%(asctime)s %(name)s: %(message)s", "%H:%M:%S"))
+    root = logging.getLogger("ntp_opt")
+    level = root.level
+    root.addHandler(handler)
+    root.setLevel(logging.DEBUG)
+    try:
+        yield
+    finally:
+        root.removeHandler(handler)
+        root.setLevel(level)
+
+
+def _progress_bar(quiet: bool) -> Any:
+    """A rich progress bar with ETA on stderr; disabled when quiet or not a terminal."""
+    from rich.progress import (
+        BarColumn,
+        MofNCompleteColumn,
+        Progress,
+        TextColumn,
+        TimeElapsedColumn,
+        TimeRemainingColumn,
+    )
+
+    console = Console(stderr=True)
+    return Progress(
+        TextColumn("[progress.description]{task.description}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeElapsedColumn(),
+        TextColumn("ETA"),
+        TimeRemainingColumn(),
+        console=console,
+        disable=quiet or not console.is_terminal,
+        transient=True,
+    )
+
+
+def _interrupted_note() -> None:
+    print("ntp-opt: interrupted: the best plan found so far is kept", file=sys.stderr)
 
 
 def _console() -> Console:
@@ -239,37 +293,64 @@ def _cmd_info(args: argparse.Namespace) -> int:
     return 0
 
 
+def _explain_goodput(con: Console, rows: list[tuple[str, Result]]) -> None:
+    """A footnote when a relative goodput above 1.0 would puzzle the reader."""
+    if any((res.relative_objective or 0.0) > 1.0 + 1e-9 for _, res in rows):
+        con.print(
+            "relative goodput > 1: power boost (and, under elastic, a larger global "
+            "batch) can beat the failure-free job at nominal power, which is the 1.0 "
+            "reference (docs/model.md)",
+            markup=False,
+        )
+
+
 def _cmd_solve(args: argparse.Namespace) -> int:
+    if args.policy == "all" and args.output:
+        raise ValueError(
+            "-o/--output writes one plan: name one --policy (see `ntp-opt compare` "
+            "for every policy side by side)"
+        )
     if args.output:  # refuse an unsafe output before any work
         check_target(args.output, [args.instance])
     instance = load_instance(args.instance)
     con = _console()
     con.print(_instance_line(instance))
     policies = list(POLICIES) if args.policy == "all" else [args.policy]
-    rows = []
-    for name in policies:
-        res = solve(
-            instance,
-            name,
-            time_limit=args.time_limit,
-            seed=args.seed,
-            threads=args.threads,
-            log=args.log,
+    if args.policy == "all":
+        con.print(
+            f"--policy all runs the {len(POLICIES)} policies of docs/model.md section 5: "
+            f"{', '.join(POLICIES)} (any of the {len(PLANNERS)} planners by name: "
+            "--policy NAME)",
+            markup=False,
         )
-        if res.log:
-            con.print(res.log, markup=False)
-        if res.reason:
-            con.print(f"{name}: {res.reason}", markup=False)
-        rows.append((name, res))
+    rows = []
+    cancel = threading.Event()
+    with _stream_log(args.log):
+        for name in policies:
+            res = solve(
+                instance,
+                name,
+                time_limit=args.time_limit,
+                seed=args.seed,
+                threads=args.threads,
+                cancel=cancel,
+            )
+            if res.reason:
+                con.print(f"{name}: {res.reason}", markup=False)
+            rows.append((name, res))
+            if cancel.is_set():
+                break  # Ctrl-C: no further policy
     con.print(_summary_table(rows, instance))
+    _explain_goodput(con, rows)
     if args.output:
-        if len(rows) != 1:
-            raise ValueError("-o/--output needs a single --policy, not 'all'")
         plan = rows[0][1].plan
         if plan is None:
             raise ValueError(f"{args.instance}: {rows[0][1].reason}")
         save_plan(plan, args.output, inputs=[args.instance])
         con.print(f"wrote {args.output}")
+    if cancel.is_set():
+        _interrupted_note()
+        return INTERRUPTED_EXIT
     return 0
 
 
@@ -399,12 +480,33 @@ def _cmd_replan(args: argparse.Namespace) -> int:
         f"{1000 * out.runtime_s:.0f} ms",
         markup=False,
     )
+    before = evaluate(instance, plan)
+    if before.feasible and out.relative_goodput > before.relative_goodput * (1 + 1e-9):
+        con.print(
+            f"relative goodput rose from {before.relative_goodput:.6f}: the re-plan also "
+            "improves on the running plan where that was below the optimum, and failed "
+            "GPUs free rack and site power to boost the others",
+            markup=False,
+        )
+    if out.relative_goodput > 1.0 + 1e-9:
+        con.print(
+            "relative goodput > 1: power boost can beat the failure-free job at nominal "
+            "power, the 1.0 reference (docs/model.md)",
+            markup=False,
+        )
     if args.output:
         save_plan(out.plan, args.output, inputs=inputs)
         con.print(f"wrote {args.output}")
     if args.instance_out:
         save_instance(out.instance, args.instance_out, inputs=inputs)
         con.print(f"wrote {args.instance_out}")
+    elif args.output:
+        con.print(
+            f"note: {args.output} is a plan for the cluster after the events: validate or "
+            "evaluate it against that instance, which --instance-out FILE writes "
+            f"({args.instance} does not know about the events)",
+            markup=False,
+        )
     return 0
 
 
@@ -424,24 +526,46 @@ def _cmd_compare(args: argparse.Namespace) -> int:
     table.add_column("failed", justify="right")
     for p in policies:
         table.add_column(p, justify="right")
-    for path in args.instances:
-        start = time.perf_counter()
-        instance = load_instance(path)
-        load_s = time.perf_counter() - start
-        values = []
-        for p in policies:
-            res = solve(instance, p, time_limit=args.time_limit)
-            mark = "" if res.status != "feasible" or p not in EXACT_NAMES else "*"
-            values.append(_fmt(res.relative_objective) + mark)
-        s = instance.summary()
-        table.add_row(s["name"], str(s["gpus"]), str(s["failed"]), *values)
-        if args.verbose:
-            con.print(f"{path}: loaded in {load_s:.2f} s")
+    cancel = threading.Event()
+    above_one = False
+    with _progress_bar(args.quiet) as bar:
+        task = bar.add_task("compare", total=len(args.instances) * len(policies))
+        for path in args.instances:
+            bar.update(task, description=f"{Path(path).name}: loading")
+            start = time.perf_counter()
+            instance = load_instance(path)
+            load_s = time.perf_counter() - start
+            values = []
+            for p in policies:
+                bar.update(task, description=f"{Path(path).name}: {p}")
+                res = solve(instance, p, time_limit=args.time_limit, cancel=cancel)
+                mark = "" if res.status != "feasible" or p not in EXACT_NAMES else "*"
+                values.append(_fmt(res.relative_objective) + mark)
+                above_one = above_one or (res.relative_objective or 0.0) > 1.0 + 1e-9
+                bar.advance(task)
+                if cancel.is_set():
+                    break
+            values += ["-"] * (len(policies) - len(values))
+            s = instance.summary()
+            table.add_row(s["name"], str(s["gpus"]), str(s["failed"]), *values)
+            if args.verbose:
+                con.print(f"{path}: loaded in {load_s:.2f} s")
+            if cancel.is_set():
+                break
     con.print(table)
     con.print(
         "* exact planner: best plan found, not proven optimal "
-        "(time limit, or outside its exact scope: see docs/milp.md and `solve --log`)"
+        "(time limit, Ctrl-C, or outside its exact scope: see docs/milp.md and `solve --log`)"
     )
+    if above_one:
+        con.print(
+            "relative goodput > 1: power boost (and, under elastic, a larger global "
+            "batch) can beat the failure-free job at nominal power, the 1.0 reference",
+            markup=False,
+        )
+    if cancel.is_set():
+        _interrupted_note()
+        return INTERRUPTED_EXIT
     return 0
 
 
@@ -518,7 +642,7 @@ def _cmd_bench(args: argparse.Namespace) -> int:
         time_limit=args.time_limit,
         timeout=timeout,
         workers=workers,
-        progress=True,
+        progress=not args.quiet and Console(stderr=True).is_terminal,
         backend=args.backend,
         ray_address=args.ray_address,
         best_known=None,
@@ -746,14 +870,19 @@ def build_parser() -> argparse.ArgumentParser:
         "--policy",
         default="ntp-pw",
         choices=[*PLANNERS, "all"],
-        help="planner (default ntp-pw); 'all' compares every planner",
+        help="planner (default ntp-pw, the quick heuristic; Python's solve() defaults to "
+        f"optimal); 'all' runs the policies {','.join(POLICIES)}",
     )
     s.add_argument("-o", "--output", help="write the plan here")
     s.add_argument(
         "--time-limit", type=float, default=60.0, help="seconds for exact planners (default 60)"
     )
     s.add_argument("--threads", type=int, default=1, help="backend threads (1: deterministic)")
-    s.add_argument("--log", action="store_true", help="print the exact search log")
+    s.add_argument(
+        "--log",
+        action="store_true",
+        help="stream progress (incumbent, bound, gap) and the exact search log to stderr",
+    )
     s.add_argument("--seed", type=int, default=0)
     s.set_defaults(func=_cmd_solve)
 
@@ -790,6 +919,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--time-limit", type=float, default=60.0, help="seconds per exact solve (default 60)"
     )
     c.add_argument("-v", "--verbose", action="store_true")
+    c.add_argument("-q", "--quiet", action="store_true", help="no progress bar on stderr")
     c.set_defaults(func=_cmd_compare)
 
     v = sub.add_parser("validate", help="check a plan against every rule; exit 1 if broken")
@@ -811,6 +941,7 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("paths", nargs="+", help="instance files or directories of them")
     b.add_argument("--planners", help=f"comma-separated (default {','.join(POLICIES)})")
     b.add_argument("--seeds", default="0", help="comma-separated seeds (default 0)")
+    b.add_argument("-q", "--quiet", action="store_true", help="no progress bar on stderr")
     b.add_argument("-o", "--output", default="bench-results", help="output directory")
     b.add_argument(
         "--time-limit", type=float, default=30.0, help="seconds per exact solve (default 30)"
@@ -998,6 +1129,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         status: int = args.func(args)
         return status
+    except BrokenPipeError:
+        # the reader went away (`ntp-opt schema instance | head`): stop quietly, and
+        # point stdout at /dev/null so that the exit flush does not complain either
+        with contextlib.suppress(OSError, ValueError, AttributeError):
+            devnull = os.open(os.devnull, os.O_WRONLY)
+            os.dup2(devnull, sys.stdout.fileno())
+            os.close(devnull)
+        return 141  # 128 + SIGPIPE, as for a process killed by the signal
     except (InputError, topology.TopologyError) as err:
         if isinstance(err, InputError):
             first = str(err).splitlines()[0]
@@ -1017,7 +1156,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     except KeyboardInterrupt:
         print("ntp-opt: interrupted", file=sys.stderr)
-        return 130
+        return INTERRUPTED_EXIT
     except _Terminated:
         print("ntp-opt: terminated", file=sys.stderr)
         return 128 + signal.SIGTERM

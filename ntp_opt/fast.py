@@ -25,6 +25,9 @@ Deterministic: no randomness, ties broken by index.
 
 from __future__ import annotations
 
+import logging
+import threading
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
@@ -46,6 +49,8 @@ from .milp.bounds import capacity_bound
 from .plan import Plan
 from .power import can_boost, stage_cap
 from .validate import certified
+
+logger = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -236,13 +241,16 @@ def _to_plan(instance: Instance, c: Candidate) -> Plan:
     return Plan(instance.name, replicas, {"policy": "fast", "candidate": c.name})
 
 
-def candidates(instance: Instance) -> list[Candidate]:
+def candidates(instance: Instance, *, cancel: threading.Event | None = None) -> list[Candidate]:
     """Score every candidate (see the module docstring), best first.
 
     Parameters
     ----------
     instance
         The instance.
+    cancel
+        Once set, no further packing is started after the first scored
+        candidate: the best of those scored so far wins.
 
     Returns
     -------
@@ -251,26 +259,42 @@ def candidates(instance: Instance) -> list[Candidate]:
         split (a paused ``fixed`` job) are left out.
     """
     boost = can_boost(instance)
-    packs = {
-        "dp-drop": pack_replicas(instance, domain_slots(instance, reduced=False)),
-        "ntp": pack_replicas(instance, domain_slots(instance, reduced=True)),
-        "speed-aware": pack_replicas(instance, speed_aware_slots(instance), by_value=True),
+    makers: dict[str, Callable[[], list[tuple[int, list[Slot]]]]] = {
+        "dp-drop": lambda: pack_replicas(instance, domain_slots(instance, reduced=False)),
+        "ntp": lambda: pack_replicas(instance, domain_slots(instance, reduced=True)),
+        "speed-aware": lambda: pack_replicas(instance, speed_aware_slots(instance), by_value=True),
     }
-    for name in list(packs):  # tight budgets: lower degrees instead of a whole replica
-        fitted = fit_power_by_degree(instance, packs[name])
-        if fitted is not None:
-            packs[f"{name}+degree-fit"] = fitted
+    packs: dict[str, list[tuple[int, list[Slot]]]] = {}
     out: list[Candidate] = []
-    for name, groups in packs.items():
+
+    def score(name: str, groups: list[tuple[int, list[Slot]]]) -> None:
         for b in ("", "slow", "floor") if boost else ("",):
             c = _score(instance, f"{name}+{b}" if b else name, groups, b)
             if c is not None:
                 out.append(c)
+
+    def stop() -> bool:
+        return cancel is not None and cancel.is_set() and bool(out)
+
+    # scored in the same order as ever, so that ties go the same way
+    for name, make in makers.items():
+        if stop():
+            break
+        packs[name] = make()
+        score(name, packs[name])
+    for name in list(packs):  # tight budgets: lower degrees instead of a whole replica
+        if stop():
+            break
+        fitted = fit_power_by_degree(instance, packs[name])
+        if fitted is not None:
+            score(f"{name}+degree-fit", fitted)
     out.sort(key=lambda c: -c.goodput)
     return out
 
 
-def plan_fast(instance: Instance, *, validate: bool = True) -> tuple[Plan, float]:
+def plan_fast(
+    instance: Instance, *, validate: bool = True, cancel: threading.Event | None = None
+) -> tuple[Plan, float]:
     """The best candidate plan, validated, and an upper bound on goodput.
 
     Parameters
@@ -281,6 +305,9 @@ def plan_fast(instance: Instance, *, validate: bool = True) -> tuple[Plan, float
         Check the plan and attach the validator's metrics (default). Only
         :func:`ntp_opt.solve.solve`, which checks every plan itself, turns it
         off.
+    cancel
+        Stop packing once set (:func:`candidates`); the plan is then the
+        best candidate scored so far.
 
     Returns
     -------
@@ -288,7 +315,8 @@ def plan_fast(instance: Instance, *, validate: bool = True) -> tuple[Plan, float
         The plan (empty when every candidate pauses) and
         :func:`~ntp_opt.milp.bounds.capacity_bound`.
     """
-    found = candidates(instance)
+    found = candidates(instance, cancel=cancel)
+    logger.debug("fast: %d candidates%s", len(found), f", best {found[0].name}" if found else "")
     if found:
         plan = _to_plan(instance, found[0])
     else:

@@ -591,7 +591,10 @@ def instance_from_dict(data: Any, source: str = "<instance>") -> Instance:
         if node.id in seen:
             dups.append((f"cluster.nodes[{i}].id", f"duplicate node id {node.id!r}"))
         seen.add(node.id)
-        node_rows.append((node.id, {k: getattr(node, k) for k in raw_nodes[i] if k != "id"}))
+        attrs = {k: getattr(node, k) for k in raw_nodes[i] if k != "id"}
+        if isinstance(node, SwitchNode):  # the schema's default tier, which the topology needs
+            attrs.setdefault("tier", node.tier)
+        node_rows.append((node.id, attrs))
     graph.add_nodes_from(node_rows)
     for i, link in enumerate(model.cluster.edges):
         for end in ("source", "target"):

@@ -30,14 +30,18 @@ behind ``solve(instance, "optimal-megatron")``.
 
 from __future__ import annotations
 
+import logging
 import math
 import time
 
+from .control import Control
 from .instance import Instance
 from .job import Job
 from .milp.search import SearchOutcome, solve_exact
 from .plan import Plan
 from .validate import Violation, evaluate
+
+logger = logging.getLogger(__name__)
 
 #: Restriction codes of the Megatron-LM NTP runtime and what each one forbids.
 RULES: dict[str, str] = {
@@ -178,6 +182,7 @@ def solve_megatron(
     seed: int = 0,
     initial_plan: Plan | None = None,
     log: bool = False,
+    control: Control | None = None,
 ) -> SearchOutcome:
     """The best plan Megatron-LM's NTP runtime can run (exact, per reduced degree).
 
@@ -208,6 +213,9 @@ def solve_megatron(
         Warm start; used by the searches whose degrees it fits.
     log
         Keep the search logs.
+    control
+        Progress reports and cancel token, passed to every search; once
+        cancelled, the remaining degrees are skipped.
 
     Returns
     -------
@@ -227,6 +235,9 @@ def solve_megatron(
     evaluations = 0
     lines: list[str] = []
     for i, degrees in enumerate(cands):
+        if control is not None and control.cancelled and best is not None:
+            interrupted, proven = True, False
+            break
         share = None
         if time_limit is not None:
             left = time_limit - (time.perf_counter() - start)
@@ -250,6 +261,8 @@ def solve_megatron(
             seed=seed,
             initial_plan=warm[0] if warm else None,
             log=log,
+            control=control,
+            report_bounds=False,  # one degree's bound is no bound for all of them
         )
         evaluations += out.evaluations
         bounds.append(out.bound)
@@ -259,6 +272,7 @@ def solve_megatron(
             f"degrees {list(degrees)}: goodput {out.goodput:.9g} bound {out.bound} "
             f"proven {out.proven}"
         )
+        logger.info("optimal-megatron: %s", lines[-1])
         lines += [f"  {line}" for line in out.log]
         if best is None or out.goodput > best.goodput:
             best = out

@@ -34,6 +34,7 @@ cluster does not copy its graph.
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Hashable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -49,6 +50,8 @@ from .recourse import _adapt, plan_indices
 from .swaps import improve
 from .validate import check, evaluate
 
+logger = logging.getLogger(__name__)
+
 EventKind = Literal["fail", "repair", "speed"]
 
 
@@ -63,7 +66,8 @@ class ClusterEvent:
         or ``"speed"`` (their relative speed becomes ``speed``: a new or
         recovered straggler).
     nodes
-        GPU or tray ids (a tray stands for all of its GPUs).
+        GPU or tray ids (a tray stands for all of its GPUs); a single id
+        (``ClusterEvent("fail", "d2.t0.g0")``) stands for a one-element tuple.
     speed
         The new speed, in (0, 1], for ``"speed"`` events only.
     """
@@ -75,7 +79,10 @@ class ClusterEvent:
     def __post_init__(self) -> None:
         if self.kind not in ("fail", "repair", "speed"):
             raise ValueError(f"event kind must be fail, repair or speed, got {self.kind!r}")
-        object.__setattr__(self, "nodes", tuple(self.nodes))
+        nodes: Any = self.nodes
+        if isinstance(nodes, (str, bytes)) or not isinstance(nodes, Iterable):
+            nodes = (nodes,)  # one id, not a sequence of characters
+        object.__setattr__(self, "nodes", tuple(nodes))
         if not self.nodes:
             raise ValueError("an event needs at least one GPU or tray")
         if self.kind == "speed":
@@ -502,6 +509,13 @@ def replan(
     ev = evals[choice]  # the chosen plan was checked above; only its metrics change
     chosen = chosen.with_metrics(
         **ev.as_metrics(), policy=f"replan-{choice}", moved=moved, bound=bound
+    )
+    logger.info(
+        "replan: kept the %s plan, %d GPUs move, goodput %.9g (bound %.9g)",
+        choice,
+        moved,
+        ev.goodput,
+        bound,
     )
     global_value = options["global"][1] if "global" in options else None
     global_moved = options["global"][2] if "global" in options else None

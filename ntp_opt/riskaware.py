@@ -41,7 +41,9 @@ objective (``saa_expected_goodput``, ``saa_method``) and an estimate on
 
 from __future__ import annotations
 
+import logging
 import math
+import threading
 import time
 from dataclasses import dataclass
 
@@ -56,6 +58,8 @@ from .instance import Instance
 from .job import Job
 from .plan import Plan, Replica, Stage
 from .validate import POWER_TOL, certified, evaluate
+
+logger = logging.getLogger(__name__)
 
 #: Relative improvement a move must bring to be accepted (guards against float noise).
 _IMPROVE_TOL = 1e-12
@@ -191,6 +195,7 @@ def scenario_goodputs(
     scenarios: list[np.ndarray] | tuple[np.ndarray, ...],
     *,
     deadline: float | None = None,
+    cancel: threading.Event | None = None,
 ) -> np.ndarray:
     """Goodput after recourse of ``plan`` in each scenario.
 
@@ -203,6 +208,8 @@ def scenario_goodputs(
     deadline
         ``time.perf_counter()`` value after which scoring stops; the result
         is then shorter than ``scenarios`` (at least one scenario is scored).
+    cancel
+        Once set, scoring stops as at the deadline.
 
     Returns
     -------
@@ -212,7 +219,10 @@ def scenario_goodputs(
     scorer = _Scorer(instance, plan)
     out = np.empty(len(scenarios))
     for i, g in enumerate(scenarios):
-        if deadline is not None and i > 0 and time.perf_counter() > deadline:
+        if i > 0 and (
+            (deadline is not None and time.perf_counter() > deadline)
+            or (cancel is not None and cancel.is_set())
+        ):
             return out[:i]
         out[i] = scorer.score_indices(g)
     return out
@@ -397,6 +407,7 @@ class _Search:
         risk: np.ndarray,
         min_nominal: float,
         deadline: float | None,
+        cancel: threading.Event | None = None,
     ) -> None:
         self.instance = instance
         self.a = instance.arrays
@@ -408,8 +419,13 @@ class _Search:
         self.fast = _FastScorer(instance, scenarios)
         self.evaluations = 0
         self.timed_out = False
+        self.cancel = cancel
+        self.interrupted = False
 
     def expired(self) -> bool:
+        if self.cancel is not None and self.cancel.is_set():
+            self.interrupted = True
+            return True
         if self.deadline is not None and time.perf_counter() > self.deadline:
             self.timed_out = True
         return self.timed_out
@@ -717,6 +733,8 @@ class RiskAwareOutcome:
         The search or the final estimate stopped at the time limit.
     evaluations
         Candidate plans scored.
+    interrupted
+        The ``cancel`` event stopped the search (the plan is the best so far).
     """
 
     plan: Plan
@@ -724,6 +742,7 @@ class RiskAwareOutcome:
     bound: float | None
     time_limit_hit: bool
     evaluations: int
+    interrupted: bool = False
 
 
 def plan_risk_aware(
@@ -739,6 +758,7 @@ def plan_risk_aware(
     blast_radius: str = "gpu",
     scale: float = 1.0,
     blind: Plan | None = None,
+    cancel: threading.Event | None = None,
 ) -> RiskAwareOutcome:
     """Maximise expected goodput after recourse, starting from the risk-blind optimum.
 
@@ -769,6 +789,9 @@ def plan_risk_aware(
         As in :func:`ntp_opt.failures.sample_failures`.
     blind
         The risk-blind plan to start from (default: ``solve(instance, "optimal")``).
+    cancel
+        Once set, every stage stops at its next check and the best plan so far
+        is returned with ``interrupted``.
 
     Returns
     -------
@@ -792,6 +815,7 @@ def plan_risk_aware(
             time_limit=None if time_limit is None else BLIND_SHARE * time_limit,
             seed=seed,
             threads=threads,
+            cancel=cancel,
         )
         if res.plan is None:
             raise ValueError(f"instance {instance.name!r}: {res.reason}")
@@ -815,6 +839,7 @@ def plan_risk_aware(
         risk,
         nominal.goodput * (1 - nominal_tolerance) * (1 - 1e-12),
         search_end,
+        cancel,
     )
     state = _state_of(instance, blind)
     plan0 = s.plan(state)
@@ -839,7 +864,7 @@ def plan_risk_aware(
         fresh = fresh_scenarios(
             instance, fresh_samples, seed=seed, blast_radius=blast_radius, scale=scale
         )
-        vals = scenario_goodputs(instance, plan, fresh, deadline=end)
+        vals = scenario_goodputs(instance, plan, fresh, deadline=end, cancel=cancel)
         hit = hit or len(vals) < fresh_samples
         mean = float(vals.mean())
         metrics.update(expected_goodput=mean, expected_method="mc", expected_samples=len(vals))
@@ -849,7 +874,15 @@ def plan_risk_aware(
     if bound is not None:
         metrics["bound"] = bound
     out = certified(instance, plan.with_metrics(**metrics))
-    return RiskAwareOutcome(out, blind, bound, hit, s.evaluations)
+    stopped = s.interrupted or (cancel is not None and cancel.is_set())
+    logger.info(
+        "risk-aware: %d plans scored, expected goodput %.9g (blind %.9g)%s",
+        s.evaluations,
+        value,
+        value0,
+        " (interrupted)" if stopped else "",
+    )
+    return RiskAwareOutcome(out, blind, bound, hit and not stopped, s.evaluations, stopped)
 
 
 # ----------------------------------------------------------------------------------------------

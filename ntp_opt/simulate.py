@@ -356,6 +356,8 @@ def simulate(
     for t, down in _trace_states(instance, trace):
         if down not in cache:
             res = solver(_state_instance(instance, down), policy, time_limit=time_limit)
+            if res.limit == "interrupted":  # Ctrl-C: stop the whole simulation
+                raise KeyboardInterrupt
             g = res.relative_objective if res.plan is not None else None
             cache[down] = (float(g) if g is not None else 0.0, res.plan, str(res.status))
         g, plan, status = cache[down]
@@ -702,6 +704,8 @@ def spares_search(
         for t, down, key in _candidates(inst, _trace_states(inst, sub), prune):
             if (k, key) not in cache:
                 res = solver(_state_instance(inst, down), policy, time_limit=time_limit)
+                if res.limit == "interrupted":  # Ctrl-C: stop the whole simulation
+                    raise KeyboardInterrupt
                 g = res.relative_objective if res.plan is not None else None
                 cache[k, key] = float(g) if g is not None else 0.0
             g = cache[k, key]

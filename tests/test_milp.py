@@ -10,6 +10,7 @@ import pytest
 
 from ntp_opt import Instance, Job, evaluate, load_instance, solve, topology
 from ntp_opt.milp.backends import available_backends
+from tests.helpers import HANG_GUARD
 
 from .bruteforce import brute_force
 
@@ -59,7 +60,7 @@ def exact_instance(seed: int) -> Instance:
 def test_cpsat_equals_brute_force(seed):
     inst = exact_instance(seed)
     best, _ = brute_force(inst)
-    res = solve(inst, "cpsat")
+    res = solve(inst, "cpsat", time_limit=HANG_GUARD)
     assert res.status == "optimal"
     assert res.objective == pytest.approx(best, rel=1e-5, abs=1e-9)
     assert res.bound is not None and res.bound >= best * (1 - 1e-9)
@@ -71,7 +72,7 @@ def test_cpsat_equals_brute_force(seed):
 def test_other_backends_equal_brute_force(seed, backend):
     inst = exact_instance(seed)
     best, _ = brute_force(inst)
-    res = solve(inst, backend)
+    res = solve(inst, backend, time_limit=HANG_GUARD)
     assert res.status == "optimal"
     assert res.objective == pytest.approx(best, rel=1e-5, abs=1e-9)
 
@@ -79,10 +80,10 @@ def test_other_backends_equal_brute_force(seed, backend):
 def test_tiny_hand_optimum():
     inst = load_instance(ROOT / "instances" / "tiny.json")
     for solver in ("optimal", *BACKENDS):
-        res = solve(inst, solver)
+        res = solve(inst, solver, time_limit=HANG_GUARD)
         assert res.status == "optimal"
         assert res.objective == pytest.approx(2 * 0.75 * 1.3**0.65 / 1.01, rel=1e-6)
-    res = solve(inst, "optimal-nopower")
+    res = solve(inst, "optimal-nopower", time_limit=HANG_GUARD)
     assert res.objective == pytest.approx(7 / 4.04, rel=1e-9)
     assert all(s.power == 1.0 for r in res.plan.replicas for s in r.stages)
 
@@ -98,7 +99,7 @@ def test_out_of_scope_is_not_claimed_optimal():
         Job(tp=4, tp_min=3, pp=1, dp=2, global_batch=6, batch_policy="elastic", max_boost=1.0),
     )
     best, _ = brute_force(inst)
-    res = solve(inst, "optimal")
+    res = solve(inst, "optimal", time_limit=HANG_GUARD)
     assert res.status == "feasible"
     assert res.objective <= best * (1 + 1e-9)
     assert res.bound is not None and res.bound >= best * (1 - 1e-9)
@@ -123,7 +124,7 @@ NEVER_WORSE = [
 @pytest.mark.parametrize("name", NEVER_WORSE)
 def test_never_worse_than_baselines(name):
     inst = load_instance(ROOT / "instances" / name)
-    res = solve(inst, "optimal", time_limit=5)
+    res = solve(inst, "optimal", time_limit=5)  # any limit: the checks hold for any plan found
     assert res.evaluation.feasible
     for policy in ("dp-drop", "ntp", "ntp-pw"):
         assert res.objective >= solve(inst, policy).objective * (1 - 1e-12)
@@ -137,7 +138,9 @@ def test_time_limit_holds_and_returns_best_plan():
     job = base.job.model_copy(update={"batch_policy": "elastic"})
     inst = Instance(base.name, base.cluster, job, copy_graph=False)
     res = solve(inst, "optimal", time_limit=3)
-    assert res.runtime_s < 3 + 5  # the limit plus model building and validation
+    # the limit stops the search (unlimited, it runs for minutes); the margin covers
+    # model building and validation on a loaded machine, it is no speed test
+    assert res.runtime_s < 3 + 60
     assert res.limit == "time_limit" and res.status == "feasible"
     assert res.evaluation.feasible and res.bound is not None
     assert res.bound >= res.objective
@@ -146,13 +149,14 @@ def test_time_limit_holds_and_returns_best_plan():
 def test_warm_start_is_kept():
     inst = exact_instance(3)
     warm = solve(inst, "ntp-pw").plan
-    res = solve(inst, "optimal", initial_plan=warm)
+    res = solve(inst, "optimal", time_limit=HANG_GUARD, initial_plan=warm)
     assert res.objective >= evaluate(inst, warm).goodput * (1 - 1e-12)
 
 
 def test_deterministic():
     inst = exact_instance(7)
-    a, b = solve(inst, "optimal"), solve(inst, "optimal")
+    a = solve(inst, "optimal", time_limit=HANG_GUARD)
+    b = solve(inst, "optimal", time_limit=HANG_GUARD)
     assert a.plan == b.plan
 
 
@@ -161,7 +165,7 @@ def test_too_many_stages_per_domain_falls_back_to_heuristics():
     g = topology.gb200_nvl72(2)
     topology.fail_random(g, count=3, seed=1)
     inst = Instance("tp8", g, Job(tp=8, pp=2, dp=8, global_batch=64, batch_policy="elastic"))
-    res = solve(inst, "optimal", time_limit=30, log=True)
+    res = solve(inst, "optimal", time_limit=HANG_GUARD, log=True)
     assert res.status == "feasible" and res.evaluation.feasible
     assert "left out degrees" in res.log
     assert res.objective >= solve(inst, "ntp-pw").objective * (1 - 1e-12)
@@ -184,6 +188,6 @@ def test_larger_instances_equal_brute_force(seed):
     inst = Instance(f"larger-{seed}", g, job)
     best, _ = brute_force(inst)
     assert best > 0
-    res = solve(inst, "cpsat")
+    res = solve(inst, "cpsat", time_limit=HANG_GUARD)
     assert res.status == "optimal"
     assert res.objective == pytest.approx(best, rel=1e-5, abs=1e-9)

@@ -26,6 +26,7 @@ from ntp_opt.instance import Instance
 from ntp_opt.job import Job
 from ntp_opt.solve import HEURISTICS, solve
 from ntp_opt.validate import evaluate
+from tests.helpers import HANG_GUARD
 
 RHO = 0.01
 
@@ -212,7 +213,7 @@ def test_registered_and_never_above_the_optimum():
     topology.fail_random(g, count=6, seed=3)
     topology.add_stragglers(g, count=3, speed=(0.7, 0.95), seed=4)
     inst = Instance("r", g, job(pp=2, dp=8, global_batch=32, batch_policy="elastic"))
-    best = solve(inst, "optimal-nopower")
+    best = solve(inst, "optimal-nopower", time_limit=HANG_GUARD)
     assert best.status == "optimal"
     for name in ("megatron-ntp", "megatron-ntp-reordered"):
         res = solve(inst, name)
@@ -261,7 +262,7 @@ def test_malleus_split_against_enumeration():
         n = rng.randint(1, 4)
         n_total = rng.randint(n, 10)
         times = [rng.choice([1.0, 32 / 30, 32 / 28, rng.uniform(0.5, 3)]) for _ in range(n)]
-        ilp = peers.malleus_split(times, n_total, time_limit=20)
+        ilp = peers.malleus_split(times, n_total, time_limit=HANG_GUARD)
         assert ilp.proven and sum(ilp.m) == n_total
         assert ilp.objective == pytest.approx(brute_force(times, n_total), rel=1e-6)
 

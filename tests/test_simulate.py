@@ -23,6 +23,7 @@ from ntp_opt.simulate import (
     spares_search,
 )
 from ntp_opt.validate import check
+from tests.helpers import HANG_GUARD
 
 RHO = 1.01  # 1 + default reshard overhead
 
@@ -196,10 +197,10 @@ def test_time_average_against_solve(policy, batch):
     trace = one_failure(("d1.t0.g0", "d1.t0.g1"), "hardware")
     mask = np.zeros(inst.arrays.n_gpus, dtype=bool)
     mask[[inst.arrays.gpu_index["d1.t0.g0"], inst.arrays.gpu_index["d1.t0.g1"]]] = True
-    g0 = solve(inst, policy, time_limit=5.0).relative_objective
-    g1 = solve(failed_instance(inst, mask), policy, time_limit=5.0).relative_objective
+    g0 = solve(inst, policy, time_limit=HANG_GUARD).relative_objective
+    g1 = solve(failed_instance(inst, mask), policy, time_limit=HANG_GUARD).relative_objective
     assert g0 is not None and g1 is not None
-    res = simulate(inst, trace, policy, time_limit=5.0)
+    res = simulate(inst, trace, policy, time_limit=HANG_GUARD)
     assert res.mean_relative_goodput == pytest.approx((21 * g0 + 3 * g1) / 24)
     assert res.paused_hours == pytest.approx(3.0 if g1 == 0 else 0.0)
 
@@ -238,7 +239,9 @@ def test_exact_policies_validate_and_dominate():
     inst = three_domains("elastic", spares=1)
     trace = generate_trace(inst, days=5, seed=4, multiplier=100.0)
     assert len(trace.events) >= 3
-    res = {p: simulate(inst, trace, p, time_limit=5.0) for p in ["optimal", "optimal-nopower"]}
+    res = {
+        p: simulate(inst, trace, p, time_limit=HANG_GUARD) for p in ["optimal", "optimal-nopower"]
+    }
     for p in ["dp-drop", "ntp", "ntp-pw"]:
         res[p] = simulate(inst, trace, p)
     for r in res.values():

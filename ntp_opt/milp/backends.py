@@ -25,10 +25,10 @@ Statuses
 ``"optimal"`` is reported only when the backend proved optimality (within
 ``gap`` when ``gap > 0``); a backend stopped by its time limit with a
 solution reports ``"feasible"``, without one ``"unknown"``; both set
-``time_limit_hit``.  No other limit is ever set, so a stop short of a proof
-always means the time limit.  If the program carries a feasible ``hint`` and
-the backend returns nothing better (or nothing at all), the hint is returned
-instead, so a feasible hint is never lost.
+``time_limit_hit`` (or ``interrupted`` when the ``cancel`` event stopped it).
+If the program carries a feasible ``hint`` and the backend returns nothing
+better (or nothing at all), the hint is returned instead, so a feasible hint
+is never lost.
 
 Time limits
 -----------
@@ -56,6 +56,16 @@ A time limit breaks determinism for every backend: the search stops after a
 wall-clock time, so where it stops, and so the solution, the bound and even
 the status, depend on machine speed and load.  Runs that finish (proved
 ``"optimal"`` or ``"infeasible"``) before the limit are unaffected.
+
+Cancel and Ctrl-C
+-----------------
+``cancel`` (a :class:`threading.Event`) stops a running solve: CP-SAT through
+``CpSolver.stop_search`` from a watcher thread, HiGHS through its interrupt
+callbacks, CBC (a separate process) not at all: the caller checks ``cancel``
+between programs.  CP-SAT is told not to catch SIGINT itself
+(``catch_sigint_signal = False``: OR-Tools would reset SIGINT to the default
+action afterwards, so a second Ctrl-C would kill the process), and the Python
+SIGINT handler is reinstalled after every CP-SAT solve all the same.
 
 Logs
 ----
@@ -88,10 +98,12 @@ with different ``threads`` values.
 from __future__ import annotations
 
 import contextlib
+import logging
 import math
 import operator
 import os
 import re
+import signal
 import sys
 import tempfile
 import threading
@@ -104,9 +116,12 @@ from typing import Any
 
 import numpy as np
 
+from ..control import restore_sigint
 from .program import IntProgram, IntSolution
 
 __all__ = ["BACKENDS", "BackendUnavailable", "available_backends", "solve_program"]
+
+logger = logging.getLogger(__name__)
 
 BACKENDS: tuple[str, ...] = ("cpsat", "highs", "cbc")
 """Backend names accepted by :func:`solve_program`, in order of preference."""
@@ -248,6 +263,7 @@ class _Options:
     seed: int
     log: bool
     gap: float
+    cancel: threading.Event | None = None
 
 
 @dataclass
@@ -259,6 +275,7 @@ class _Raw:
     bound: float | None = None
     time_limit_hit: bool = False
     log: str | None = None
+    interrupted: bool = False
 
 
 def _int_array(name: str, values: Any, n: int) -> np.ndarray:
@@ -367,6 +384,7 @@ def solve_program(
     seed: int = 0,
     log: bool = False,
     gap: float = 0.0,
+    cancel: threading.Event | None = None,
 ) -> IntSolution:
     """Maximise ``program`` with one backend.
 
@@ -389,6 +407,9 @@ def solve_program(
     gap
         Relative optimality gap at which to stop; the result is then reported
         ``"optimal"`` although it is only proved within ``gap`` of the bound.
+    cancel
+        Once set, the backend stops as soon as it can (CBC: only at the end)
+        and the solution says ``interrupted``.
 
     Returns
     -------
@@ -420,6 +441,7 @@ def solve_program(
         seed=seed,
         log=log,
         gap=float(gap),
+        cancel=cancel,
     )
 
     solver = _load(backend)
@@ -436,7 +458,19 @@ def solve_program(
     else:
         pulp, cbc_class = solver
         raw = _solve_cbc(pulp, cbc_class, data, opts)
-    return _finish(program, data, backend, raw, opts, time.perf_counter() - t0)
+    solution = _finish(program, data, backend, raw, opts, time.perf_counter() - t0)
+    logger.debug(
+        "%s: %d variables, %d rows: %s, objective %s, bound %s, %.3f s%s",
+        backend,
+        program.n_vars,
+        data.count,
+        solution.status,
+        solution.objective,
+        solution.bound,
+        solution.runtime_s,
+        " (interrupted)" if solution.interrupted else "",
+    )
+    return solution
 
 
 def _finish(
@@ -493,6 +527,7 @@ def _finish(
         time_limit_hit=raw.time_limit_hit,
         runtime_s=runtime,
         log=raw.log if opts.log else None,
+        interrupted=raw.interrupted,
     )
 
 
@@ -536,11 +571,22 @@ def _solve_cpsat(cp_model: Any, program: IntProgram, data: _Data, opts: _Options
     params.fix_variables_to_their_hinted_value = False
     params.log_search_progress = opts.log
     params.log_to_stdout = False
+    # ntp_opt handles Ctrl-C (ntp_opt.control): OR-Tools' own SIGINT handler
+    # would leave SIGINT at its default action (process death) afterwards
+    params.catch_sigint_signal = False
     lines: list[str] = []
     if opts.log:
         solver.log_callback = lines.append
 
-    code = solver.solve(model)
+    if opts.cancel is not None and opts.cancel.is_set():
+        return _Raw("unknown", interrupted=True)
+    previous = signal.getsignal(signal.SIGINT)
+    with _stop_when_set(opts.cancel, solver.stop_search):
+        try:
+            code = solver.solve(model)
+        finally:
+            restore_sigint(previous)
+    stopped = opts.cancel is not None and opts.cancel.is_set()
     log = "\n".join(lines) if opts.log else None
     if code == cp_model.MODEL_INVALID:
         raise RuntimeError(f"CP-SAT rejected the model: {model.validate() or 'no reason given'}")
@@ -549,14 +595,37 @@ def _solve_cpsat(cp_model: Any, program: IntProgram, data: _Data, opts: _Options
     bound = float(solver.best_objective_bound)
     if code == cp_model.OPTIMAL:
         return _Raw("optimal", _cpsat_values(solver, xs), bound, log=log)
-    # Only a time limit is ever set, so FEASIBLE and UNKNOWN mean it stopped the search.
-    hit = opts.time_limit is not None
+    # Only a time limit or a cancel stops the search short of FEASIBLE and UNKNOWN.
+    hit = opts.time_limit is not None and not stopped
     if code == cp_model.FEASIBLE:
         values = _cpsat_values(solver, xs)
-        return _Raw("feasible", values, bound, time_limit_hit=hit, log=log)
+        return _Raw("feasible", values, bound, time_limit_hit=hit, log=log, interrupted=stopped)
     # No bound for UNKNOWN: stopped during presolve, CP-SAT reports best_bound 0,
     # which is no bound at all.
-    return _Raw("unknown", time_limit_hit=hit, log=log)
+    return _Raw("unknown", time_limit_hit=hit, log=log, interrupted=stopped)
+
+
+@contextlib.contextmanager
+def _stop_when_set(cancel: threading.Event | None, stop: Any) -> Iterator[None]:
+    """While inside, a watcher thread calls ``stop()`` once ``cancel`` is set."""
+    if cancel is None:
+        yield
+        return
+    done = threading.Event()
+
+    def watch() -> None:
+        while not done.is_set():
+            if cancel.wait(0.05):
+                stop()  # a no-op until the solve has started: repeat until done
+                done.wait(0.05)
+
+    watcher = threading.Thread(target=watch, name="ntp_opt-cancel", daemon=True)
+    watcher.start()
+    try:
+        yield
+    finally:
+        done.set()
+        watcher.join()
 
 
 def _cpsat_values(solver: Any, xs: list[Any]) -> np.ndarray:
@@ -729,6 +798,15 @@ def _highs_attempt(
             solution.value_valid = True
             h.setSolution(solution)
 
+        cancel = opts.cancel
+        if cancel is not None:
+
+            def interrupt(event: Any) -> None:
+                if cancel.is_set():
+                    event.interrupt()
+
+            for name in ("cbMipInterrupt", "cbSimplexInterrupt", "cbIpmInterrupt"):
+                getattr(h, name).subscribe(interrupt)
         _run_highs(highspy, h, opts.threads)
         model_status = h.getModelStatus()
         info = h.getInfo()
@@ -751,9 +829,10 @@ def _highs_attempt(
             stopped.add(getattr(ms, extra))
     if model_status in stopped:
         hit = model_status == ms.kTimeLimit
+        cut = model_status == ms.kInterrupt and opts.cancel is not None and opts.cancel.is_set()
         if values is not None:
-            return _Raw("feasible", values, bound, time_limit_hit=hit, log=log)
-        return _Raw("unknown", bound=bound, time_limit_hit=hit, log=log)
+            return _Raw("feasible", values, bound, time_limit_hit=hit, log=log, interrupted=cut)
+        return _Raw("unknown", bound=bound, time_limit_hit=hit, log=log, interrupted=cut)
     raise RuntimeError(f"HiGHS failed: model status {h.modelStatusToString(model_status)!r}")
 
 
@@ -833,6 +912,8 @@ def _solve_cbc(pulp: Any, cbc_class: Any, data: _Data, opts: _Options) -> _Raw:
         failure = exc
     finally:
         text = _read_and_remove(log_path) or ""
+    if failure is not None and opts.cancel is not None and opts.cancel.is_set():
+        return _Raw("unknown", log=text if opts.log else None, interrupted=True)
     if failure is not None:
         tail = "\n".join(text.splitlines()[-20:])
         raise RuntimeError(f"CBC failed: {failure}\n{tail}") from failure

@@ -93,6 +93,8 @@ class IntSolution:
         Wall-clock seconds spent in the backend.
     log
         Backend log when asked for.
+    interrupted
+        The ``cancel`` event stopped the backend.
     """
 
     status: str
@@ -102,3 +104,4 @@ class IntSolution:
     time_limit_hit: bool
     runtime_s: float
     log: str | None = None
+    interrupted: bool = False

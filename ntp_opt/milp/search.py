@@ -24,6 +24,7 @@ start, if better) is returned with the best proven bound.
 from __future__ import annotations
 
 import heapq
+import logging
 import math
 import time
 from dataclasses import dataclass, field
@@ -31,6 +32,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from .. import baselines
+from ..control import Control
 from ..goodput import replica_speed, split_batch
 from ..instance import Instance
 from ..plan import Plan, Replica, Stage
@@ -48,6 +50,8 @@ from .model import (
     prepare,
     tighten,
 )
+
+logger = logging.getLogger(__name__)
 
 #: Relative tolerance of the step-time search (and of "optimal").
 REL_TOL = 1e-6
@@ -71,6 +75,10 @@ class _Deadline(Exception):
     pass
 
 
+class _Interrupted(Exception):
+    pass
+
+
 @dataclass
 class _Search:
     prep: Prepared
@@ -85,6 +93,20 @@ class _Search:
     unproven: bool = False
     global_bound: float = math.inf
     log: list[str] = field(default_factory=list)
+    control: Control | None = None
+    report_bounds: bool = True
+
+    def note(self, line: str, *, keep: bool = True) -> None:
+        """A line of the search log (also logged at INFO level)."""
+        logger.info("%s", line)
+        if keep:
+            self.log.append(line)
+
+    def report(self) -> None:
+        """Pass the incumbent (and the capacity bound, if valid here) to the control."""
+        if self.control is not None:
+            bound = self.global_bound if self.report_bounds else None
+            self.control.report(self.best_value if self.best_value >= 0 else None, bound)
 
     # -- capacity oracle ---------------------------------------------------
 
@@ -92,6 +114,8 @@ class _Search:
         """Bounds ``(lower, upper)`` on ``C(theta)`` (equal when proven), and a step
         time ``<= theta`` at which the solution found still carries ``lower``."""
         remaining = None
+        if self.control is not None and self.control.cancelled:
+            raise _Interrupted
         if self.deadline is not None:
             remaining = self.deadline - time.perf_counter()
             if remaining <= 0.01:
@@ -109,6 +133,7 @@ class _Search:
             time_limit=remaining,
             threads=self.threads,
             seed=self.seed,
+            cancel=None if self.control is None else self.control.cancel,
         )
         job = self.prep.instance.job
         lower = int(sol.objective) if sol.objective is not None else 0
@@ -127,12 +152,17 @@ class _Search:
                 raise _Deadline
             if job.batch_policy == "elastic" or lower >= job.global_batch:
                 self._offer(stages, powers)
-        if self.keep_log:
-            self.log.append(
+        if self.keep_log or logger.isEnabledFor(logging.DEBUG):
+            line = (
                 f"theta'={theta:.9g} degrees={list(degrees)} vars={cap.program.n_vars} "
                 f"status={sol.status} C={sol.objective} bound={sol.bound} "
                 f"tight={tight:.9g} {sol.runtime_s:.3f}s"
             )
+            logger.debug("%s", line)
+            if self.keep_log:
+                self.log.append(line)
+        if sol.interrupted or (self.control is not None and self.control.cancelled):
+            raise _Interrupted
         if sol.time_limit_hit and sol.status != "optimal":
             raise _Deadline
         return lower, upper, tight
@@ -145,6 +175,7 @@ class _Search:
         if ev.feasible and ev.goodput > self.best_value:
             self.best_plan = plan.with_metrics(**ev.as_metrics())
             self.best_value = ev.goodput
+            self.report()
 
 
 def build_plan(
@@ -373,6 +404,8 @@ def solve_exact(
     seed: int = 0,
     initial_plan: Plan | None = None,
     log: bool = False,
+    control: Control | None = None,
+    report_bounds: bool = True,
 ) -> SearchOutcome:
     """Maximise goodput exactly (to :data:`REL_TOL`) with the given backend.
 
@@ -389,7 +422,15 @@ def solve_exact(
     initial_plan
         Warm start; the result is never worse. Default: the best baseline.
     log
-        Keep one line per capacity program solved.
+        Keep one line per capacity program solved (they also go to this
+        module's logger at DEBUG level).
+    control
+        Progress reports and the cancel token (:class:`ntp_opt.control.Control`):
+        once it is set, the search stops at the next program (CP-SAT and
+        HiGHS stop the running one) and returns its best plan, ``interrupted``.
+    report_bounds
+        Pass the search's bounds to ``control`` (False when they bound
+        another problem than the caller's).
 
     Returns
     -------
@@ -421,6 +462,8 @@ def solve_exact(
             threads=threads,
             seed=seed,
             log=log,
+            control=control,
+            report_bounds=False,  # a bound without boost is no bound with it
         )
         starts.insert(0, sub.plan)
         sub_evaluations = sub.evaluations
@@ -431,7 +474,9 @@ def solve_exact(
         if ev.feasible and ev.goodput > best_value:
             best_plan, best_value = p.with_metrics(**ev.as_metrics()), ev.goodput
     s = _Search(prep, backend, deadline, threads, seed, log, best_plan, best_value)
+    s.control, s.report_bounds = control, report_bounds
     s.global_bound = capacity_bound(instance)
+    s.report()
     s.evaluations = sub_evaluations
     # The job cannot run at all: too few stages of degree >= tp_min, or (fixed)
     # too little batch capacity. Proven without any program.
@@ -440,7 +485,7 @@ def solve_exact(
         job.global_batch
     )
     if stages < job.pp or no_batch or job.replicas_max == 0:
-        s.log.append("the job cannot run: paused, proven without a program")
+        s.note("the job cannot run: paused, proven without a program")
         return SearchOutcome(
             plan=s.best_plan,
             goodput=s.best_value,
@@ -464,10 +509,10 @@ def solve_exact(
             kept.append((degrees, factor))
         except ModelTooLarge as err:
             s.unproven = left_out = True
-            s.log.append(f"left out degrees {list(degrees)}: {err}")
+            s.note(f"left out degrees {list(degrees)}: {err}")
         except DeadlineReached:
             s.unproven = left_out = deadline_hit = True
-            s.log.append(f"left out degrees {list(degrees)}: time limit reached")
+            s.note(f"left out degrees {list(degrees)}: time limit reached")
     cases = kept
     if left_out and not cases and (deadline is None or time.perf_counter() < deadline):
         # no case can be searched (huge batch levels, many stages per domain):
@@ -484,7 +529,7 @@ def solve_exact(
     timed_out, interrupted = deadline_hit, False
     try:
         if sub_interrupted:
-            raise KeyboardInterrupt  # Ctrl-C during the warm start: stop here too
+            raise _Interrupted  # Ctrl-C or cancel during the warm start: stop here too
         if job.batch_policy == "fixed":
             for degrees, factor in cases:
                 bound = max(bound, _case_fixed(s, degrees, factor))
@@ -493,19 +538,18 @@ def solve_exact(
     except _Deadline:
         timed_out = True
         bound = math.inf
-    except KeyboardInterrupt:  # Ctrl-C: stop and return the best plan so far
+    except (KeyboardInterrupt, _Interrupted):  # Ctrl-C or cancel: the best plan so far
         interrupted = True
         bound = math.inf
     except ModelTooLarge as err:  # should not happen after the check above
         s.unproven = True
         bound = math.inf
-        s.log.append(f"exact model too large: {err}")
+        s.note(f"exact model too large: {err}")
     if left_out:
         bound = math.inf  # the search bounds cover the cases searched only
     if prep.inexact:
         bound = math.inf  # the search bounds hold for fastest-first placements only
-        if log:
-            s.log.append(f"not proven optimal: {prep.inexact}")
+        s.note(f"not proven optimal: {prep.inexact}", keep=log)
     bound = max(min(bound, s.global_bound), s.best_value)
     proven = (
         not prep.inexact
