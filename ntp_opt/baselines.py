@@ -1,4 +1,4 @@
-"""Baseline planners of MODEL.md section 5: ``dp-drop``, ``ntp`` and ``ntp-pw``.
+"""Baseline planners of docs/model.md, spec section 5: ``dp-drop``, ``ntp`` and ``ntp-pw``.
 
 All three cut every domain into *slots* (candidate stages), pack the slots
 into replicas and split the batch exactly:

@@ -167,7 +167,7 @@ def _cmd_gen(args: argparse.Namespace) -> int:
         "rack_power_factor": args.rack_power_factor,
     }
     if board is not None:
-        # every board accepts at most the product's maximum power limit (MODEL.md v1.1)
+        # every board accepts at most the product's maximum power limit (docs/model.md, spec v1.1)
         for _, d in graph.nodes(data=True):
             if d["kind"] == "gpu":
                 d["max_power_w"] = board.max_power_w

@@ -1,4 +1,4 @@
-"""Expected goodput of a plan over failure scenarios (MODEL.md section 4).
+"""Expected goodput of a plan over failure scenarios (docs/model.md, spec section 4).
 
 ``E[goodput after recourse]``, where recourse is :func:`ntp_opt.recourse.adapt`
 and scenarios come from :mod:`ntp_opt.failures`:

@@ -1,4 +1,4 @@
-"""Failure scenarios over the planning horizon (MODEL.md section 4).
+"""Failure scenarios over the planning horizon (docs/model.md, spec section 4).
 
 Within the horizon every healthy GPU fails with its ``p_fail`` and every tray
 with its tray ``p_fail`` (taking all its GPUs), independently. These are the

@@ -1,4 +1,4 @@
-"""JSON files for instances and plans (MODEL.md section 7).
+"""JSON files for instances and plans (docs/model.md, spec section 7).
 
 Both formats are pydantic models; their JSON Schemas are published in
 ``ntp_opt/schemas/`` (``ntp-opt schema instance|plan`` prints them). Loading

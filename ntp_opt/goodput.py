@@ -1,4 +1,4 @@
-"""Goodput of a plan (MODEL.md section 3) and the exact batch split (NOTES.md).
+"""Goodput of a plan and the exact batch split (docs/model.md, spec section 3).
 
 Replica speed, in sequences per second::
 
@@ -159,8 +159,9 @@ def split_batch(
 ) -> BatchSplit | None:
     """Choose integer local batches that maximise goodput for fixed replicas.
 
-    Exact: the best step time is a breakpoint ``b / v_r`` (NOTES.md). Every
-    candidate ``(b / v_r)`` for ``b = 1 .. max_local_batch`` is sorted once;
+    Exact: the best step time is a breakpoint ``b / v_r`` (docs/model.md,
+    "Exact batch split"). Every candidate ``(b / v_r)`` for
+    ``b = 1 .. max_local_batch`` is sorted once;
     a step time admitting the first ``k`` candidates gives ``sum b_r = k``.
 
     * ``fixed``: the smallest step time admitting ``B`` sequences, with every

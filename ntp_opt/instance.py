@@ -171,9 +171,9 @@ class Instance:
     name
         Instance name (plans refer to it).
     cluster
-        Cluster graph (MODEL.md section 1).
+        Cluster graph (docs/model.md, spec section 1).
     job
-        The job (MODEL.md section 2).
+        The job (docs/model.md, spec section 2).
     meta
         Free-form description (builder, failure settings, source); stored in
         files as ``"meta"``.

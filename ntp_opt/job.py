@@ -1,4 +1,4 @@
-"""The training job: the fields of MODEL.md section 2, validated and immutable.
+"""The training job: the fields of docs/model.md, spec section 2, validated and immutable.
 
 Defaults that the spec leaves open are decided here and documented in
 ``docs/decisions.md``:
@@ -42,7 +42,7 @@ class Job(BaseModel):
         Seconds a healthy full-TP replica spends per sequence (``c``).
     tp_allowed, tp_min, dp_max, max_local_batch, batch_policy, tp_efficiency,
     power_exponent, max_boost, idle_power_fraction, reshard_overhead
-        See MODEL.md section 2; defaults are filled in on construction.
+        See docs/model.md, spec section 2; defaults are filled in on construction.
 
     Examples
     --------

@@ -1,4 +1,4 @@
-"""Plans: replicas, stages, GPUs and power (MODEL.md section 3).
+"""Plans: replicas, stages, GPUs and power (docs/model.md, spec section 3).
 
 A plan is immutable. Its ``metrics`` are whatever the planner that made it
 reported (goodput, bound, ...): the validator recomputes goodput and never

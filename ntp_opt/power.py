@@ -11,7 +11,7 @@ largest multiplier of a stage is the minimum, over its GPUs, of
 written before the attribute existed keep their meaning bit for bit). The
 per-GPU caps are computed once per instance (:attr:`ntp_opt.instance.Instance.max_multiplier`).
 
-Draw (MODEL.md section 3): a used GPU draws ``tdp_w * pi``, an unused healthy
+Draw (docs/model.md, spec section 3): a used GPU draws ``tdp_w * pi``, an unused healthy
 GPU ``tdp_w * idle_power_fraction``, a failed GPU nothing.
 """
 

@@ -1,4 +1,4 @@
-"""Recourse: how a running plan reacts to failures (MODEL.md section 4).
+"""Recourse: how a running plan reacts to failures (docs/model.md, spec section 4).
 
 :func:`adapt` is the deterministic NTP reaction documented in
 ``docs/failures.md`` (step 5 only with ``boost=True``):
@@ -25,7 +25,7 @@
    ``1 / c`` (never above ``1 + max_boost`` or the stage's board limit,
    never below their current power), the one needing the fewest extra watts
    first, each as far as the remaining rack and site budgets allow (the
-   reachable speed is found by bisection) — MODEL.md's "its racks boost".
+   reachable speed is found by bisection) — docs/model.md's "its racks boost".
 6. Local batches are re-split exactly with :func:`ntp_opt.goodput.split_batch`
    under the job's policy; under ``fixed`` a set of replicas that cannot carry
    ``B`` pauses the job (empty plan).

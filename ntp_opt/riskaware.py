@@ -1,4 +1,4 @@
-"""Risk-aware planning: maximise expected goodput after recourse (MODEL.md section 4).
+"""Risk-aware planning: maximise expected goodput after recourse (docs/model.md, spec section 4).
 
 The planner starts from the risk-blind optimum (``solve(instance,
 "optimal")``) and improves the *expected* goodput after the deterministic

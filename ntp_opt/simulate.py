@@ -1,4 +1,4 @@
-"""Failures over time (MODEL.md section 5): failure traces and their replay.
+"""Failures over time (docs/model.md, spec section 5): failure traces and their replay.
 
 * :func:`generate_trace` draws a :class:`Trace`, a time-ordered list of
   failure and repair events, from the Llama 3 failure rates.

@@ -143,7 +143,7 @@ INSTANCE_BOUNDS: frozenset[str] = frozenset({"optimal", "cpsat", "highs", "cbc",
 #: Every planner name :func:`solve` accepts.
 PLANNERS: tuple[str, ...] = (*HEURISTICS, *BOUNDED, *EXACT, *SEARCHES)
 
-#: The policies of MODEL.md section 5, as compared by ``ntp-opt compare``.
+#: The policies of docs/model.md, spec section 5, as compared by ``ntp-opt compare``.
 POLICIES: tuple[str, ...] = ("dp-drop", "ntp", "ntp-pw", "optimal-nopower", "optimal")
 
 

@@ -1,4 +1,4 @@
-"""The independent validator: every rule of MODEL.md section 3, and goodput.
+"""The independent validator: every rule of docs/model.md, spec section 3, and goodput.
 
 :func:`validate` lists every violated rule with a message that names the
 replica, stage, GPU or rack; :func:`evaluate` recomputes goodput from the
@@ -442,7 +442,7 @@ def evaluate(instance: Instance, plan: Plan) -> Evaluation:
 
 
 def validate(instance: Instance, plan: Plan) -> list[Violation]:
-    """Every rule of MODEL.md section 3 that ``plan`` breaks (empty if feasible).
+    """Every rule of docs/model.md, spec section 3 that ``plan`` breaks (empty if feasible).
 
     Parameters
     ----------

@@ -1,6 +1,6 @@
 """Independent brute-force reference planner for small instances (tests only).
 
-This module re-implements the planning model of MODEL.md sections 1-3 from the
+This module re-implements the planning model of docs/model.md sections 1-3 from the
 cluster graph and the job fields alone, and finds the optimal goodput by
 exhaustive enumeration. It shares no code with the package's planners, batch
 split or goodput formula (it imports only :class:`ntp_opt.plan.Plan` and friends
@@ -13,7 +13,7 @@ A plan is a multiset of at most ``dp_max`` replicas. Replica ``r`` has a degree
 and ``pp`` stages; stage ``k`` is a set of exactly ``t_r`` healthy GPUs of one
 domain (no GPU in two stages) with a power multiplier ``pi_k`` in ``[1, P_k]``:
 ``P_k = min(1 + max_boost, min_g max_power_w_g / tdp_g)`` over the stage's GPUs
-(a GPU without ``max_power_w`` limits nothing: MODEL.md v1.1, the board must
+(a GPU without ``max_power_w`` limits nothing: docs/model.md, spec v1.1, the board must
 accept the power limit ``pi_k tdp_g``). With ``f(t) = t eta(t) / (T eta(T))``, ``s_k`` the
 slowest GPU of stage ``k`` and ``m = 1 + rho`` if some ``t_r < T`` (else 1)::
 
@@ -138,7 +138,7 @@ from ntp_opt.plan import Plan, Replica, Stage
 
 __all__ = ["brute_force", "plan_figures"]
 
-#: Default GPU TDP of MODEL.md section 1, used when a GPU has no ``tdp_w``.
+#: Default GPU TDP of docs/model.md, spec section 1, used when a GPU has no ``tdp_w``.
 DEFAULT_TDP_W = 1000.0
 #: Relative (and absolute, in watts) tolerance on a budget at ``pi = 1``; far
 #: below the validator's 1e-9, far above float rounding of a sum of TDPs.
@@ -726,7 +726,7 @@ def plan_figures(instance: Instance, plan: Plan) -> tuple[float, list[str]]:
     Returns
     -------
     tuple of float and list of str
-        Goodput by the formula of MODEL.md section 3 (0 for the empty plan) and
+        Goodput by the formula of docs/model.md, spec section 3 (0 for the empty plan) and
         one message per broken rule (empty when the plan is feasible). Budgets
         and power ranges are checked with a relative tolerance of 1e-9.
     """

@@ -2,7 +2,7 @@
 against itself with its reductions switched off, and against the validator.
 
 Every expected value below is derived by hand in the comments, from the
-formulas of MODEL.md section 3, not from any code. Unless a test says
+formulas of docs/model.md, spec section 3, not from any code. Unless a test says
 otherwise: TDP 1000 W, c = 1 s, alpha = 0.65, P = 1.3, idle 0.1, rho = 0.01,
 and ``build_cluster(n, 4, 2, 2)`` gives domains ``d{i}`` of 4 GPUs, each
 domain alone in rack ``r{i}`` with a budget of 4000 W (its GPUs' TDP), site

@@ -1,4 +1,4 @@
-"""Expected goodput: Monte Carlo agrees with exact enumeration (MODEL.md section 4)."""
+"""Expected goodput: Monte Carlo agrees with exact enumeration (docs/model.md, spec section 4)."""
 
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """Megatron-LM NTP export: restrictions, launch files, power limits, round trips.
 
-Expected values are worked out by hand in the comments (MODEL.md section 3:
+Expected values are worked out by hand in the comments (docs/model.md, spec section 3:
 ``v_r = t_r / T * slowest / c``, ``theta = max_r b_r / v_r * (1 + rho [some
 t_r < T])``, goodput ``= sum_r b_r / theta``) or come from the independent
 brute-force planner (tests/bruteforce.py), never from the code under test.

@@ -1,4 +1,4 @@
-"""Failure scenarios: sampling statistics, blast radius, enumeration (MODEL.md section 4)."""
+"""Failure scenarios: sampling statistics, blast radius, enumeration (docs/model.md)."""
 
 from __future__ import annotations
 

@@ -98,7 +98,7 @@ def test_bundled_instance_plans(name):
         assert res.plan is not None and res.evaluation is not None
         assert res.evaluation.feasible
         values[policy] = res.relative_objective
-    # physical limit (MODEL.md section 6): without power boost, throughput is at
+    # physical limit (docs/model.md, spec section 6): without power boost, throughput is at
     # most proportional to the healthy GPUs the job can use
     job = inst.job
     limit = min(1.0, int(inst.arrays.healthy.sum()) / (job.dp * job.pp * job.tp))

@@ -1,4 +1,4 @@
-"""Job defaults and validation (MODEL.md section 2)."""
+"""Job defaults and validation (docs/model.md, spec section 2)."""
 
 from __future__ import annotations
 

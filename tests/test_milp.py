@@ -19,7 +19,7 @@ BACKENDS = [b for b in ("cpsat", "highs") if b in available_backends()]
 
 
 def exact_instance(seed: int) -> Instance:
-    """A random instance within the exact model's scope (MODEL.md + docs/model.md):
+    """A random instance within the exact model's scope (docs/model.md):
     every domain's healthy GPUs share one TDP and one rack. Up to 16 GPUs."""
     rng = np.random.default_rng(seed)
     shapes = [(3, 4, 2, 2), (4, 4, 2, 2), (2, 4, 2, 4), (2, 8, 4, 2), (3, 4, 1, 4), (4, 4, 2, 4)]

@@ -33,7 +33,7 @@ def test_solve_all_with_output_is_refused_before_solving(tmp_path, capsys):
 def test_policy_all_says_which_planners_it_runs(capsys):
     assert main(["solve", TINY, "--policy", "all", "--time-limit", "600"]) == 0
     out = capsys.readouterr().out
-    # the five policies of MODEL.md section 5, and the 14 planners of README's table
+    # the five policies of docs/model.md, spec section 5, and the 14 planners of README's table
     assert "dp-drop, ntp, ntp-pw, optimal-nopower, optimal" in out
     assert "any of the 14 planners" in out
     for name in ("dp-drop", "ntp-pw", "optimal-nopower"):

@@ -1,7 +1,7 @@
 """Peer baselines: Megatron-LM's nonuniform TP against hand-worked cases, and the
 Malleus-style batch ILP and our exact split against enumeration.
 
-Goodput values are written as the model's formulas (MODEL.md section 3),
+Goodput values are written as the model's formulas (docs/model.md, spec section 3),
 worked out by hand in the comments, never taken from the code under test:
 
     v_r = t_r / T * (slowest GPU) / c,   theta = max_r b_r / v_r * (1 + rho [some t_r < T]),

@@ -1,4 +1,4 @@
-"""MODEL.md v1.1 attributes: max_power_w, uuid, host, index; the hardware table."""
+"""docs/model.md, spec v1.1 attributes: max_power_w, uuid, host, index; the hardware table."""
 
 from __future__ import annotations
 
@@ -179,7 +179,7 @@ def test_lookup_unknown_names(name):
 
 
 def test_table_values():
-    # MODEL.md section 6b board powers; maxima as documented in ntp_opt.hardware
+    # docs/model.md, spec section 6b board powers; maxima as documented in ntp_opt.hardware
     expected = {
         "h100-sxm": (700, 700),
         "h200-sxm": (700, 700),

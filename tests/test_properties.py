@@ -5,7 +5,7 @@ validator catches every single mutation of a valid plan and names it.
 
 Profiles (``tests/conftest.py``, docs/testing.md): ``ci`` by default,
 ``HYPOTHESIS_PROFILE=thorough`` for a long local run. Recourse and re-planning
-(MODEL.md sections 4 and 5) do not exist yet, so they have no property here.
+(docs/model.md sections 4 and 5) do not exist yet, so they have no property here.
 """
 
 from __future__ import annotations
@@ -137,7 +137,7 @@ def test_one_more_failed_gpu_never_raises_the_optimum(instance, data):
     victim = data.draw(st.sampled_from(healthy), label="failed GPU")
     # With idle draw > 0 a failure frees power (a failed GPU draws 0) that can boost
     # others: hypothesis found the optimum then rises (+1.9 % on 4 GPUs, tp=2, max_boost=1).
-    # That is the model (MODEL.md section 3), so the property holds at idle draw 0.
+    # That is the model (docs/model.md, spec section 3), so the property holds at idle draw 0.
     job = instance.job.model_copy(update={"idle_power_fraction": 0.0})
     instance = Instance(instance.name, instance.cluster, job)
     worse = with_cluster(instance, lambda g: topology.fail_gpus(g, [victim]))

@@ -1,4 +1,4 @@
-"""Recourse (MODEL.md section 4): hand cases and validator checks on random instances."""
+"""Recourse (docs/model.md, spec section 4): hand cases and validator checks on random instances."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Failure traces and their replay (ntp_opt.simulate, MODEL.md section 5)."""
+"""Failure traces and their replay (ntp_opt.simulate, docs/model.md, spec section 5)."""
 
 from __future__ import annotations
 
@@ -164,7 +164,7 @@ def test_zero_rate_and_bad_arguments():
 
 
 def test_hand_ntp_reduced_replica():
-    """MODEL.md: one GPU out of d0 -> TP7 replica, speed 7/8; fixed B = 24 as (8, 8, 8)."""
+    """docs/model.md: one GPU out of d0 -> TP7 replica, speed 7/8; fixed B = 24 as (8, 8, 8)."""
     inst = three_domains()
     res = simulate(inst, one_failure(), "ntp")
     g1 = (7 / 8) / RHO  # theta = 8 / (7/8) * (1 + rho); goodput 24 / theta; relative / 3

@@ -15,7 +15,7 @@ and every ``k`` and every policy faces the same failures
 
 Two criteria, both reported:
 
-* **pause** (MODEL.md section 3 to the letter): the job pauses when no plan carries
+* **pause** (docs/model.md, spec section 3 to the letter): the job pauses when no plan carries
   the global batch B. A reduced-TP replica still carries b0, only more slowly.
 * **full speed** (the paper's reading): the job must keep its nominal step time, up
   to the resharding overhead (relative goodput >= 1 / (1 + rho)). The paper's NTP
@@ -418,7 +418,7 @@ def render(data: dict[str, Any], out: Path, plot_path: Path | None) -> int:
             data["settings"] + ".",
             table,
             "Spare domains needed so that no state of the trace stalls. A state stalls "
-            "under *pause* when no plan carries B (MODEL.md section 3), under *full "
+            "under *pause* when no plan carries B (docs/model.md, spec section 3), under *full "
             f"speed* when its relative goodput is below 1 / (1 + ρ) = {data['threshold']:.4f}, "
             "i.e. the step is slower than nominal beyond the resharding overhead. "
             "Mean / max over the traces, then "

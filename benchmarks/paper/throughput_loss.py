@@ -33,7 +33,7 @@ DEFAULT_FRACTIONS = (0.0, 0.0005, 0.001, 0.002, 0.003, 0.004)
 POLICIES = ("dp-drop", "ntp", "ntp-pw", "optimal-nopower", "optimal")
 EXACT = {"optimal-nopower", "optimal"}
 N_DOMAINS = 1024  # 1,024 NVL32 domains = 32,768 GPUs
-# Published: throughput loss at failed fractions up to 4e-3 (section 6 of MODEL.md).
+# Published: throughput loss at failed fractions up to 4e-3 (docs/model.md, spec section 6).
 PAPER_BOUND = {"dp-drop": "≤ 12 %", "ntp": "< 3 %", "ntp-pw": "< 1 %"}
 PAPER_VALUE = {"dp-drop": 0.12, "ntp": 0.03, "ntp-pw": 0.01}
 MARKERS = ("o", "s", "^", "D", "v")
@@ -179,7 +179,7 @@ def explanation(fractions: list[float], results: dict[float, list[dict[str, Run]
         "to whole replicas of 8 domains (12.5 % = 16 of 128 replicas sits at the paper's "
         '"up to 12 %"). Where NTP or NTP-PW lose more than the paper reports, it is '
         "because the paper's simulator is not public and we evaluate every plan with our "
-        "own model (MODEL.md section 3), which is stricter: (1) the resharding overhead "
+        "own model (docs/model.md, spec section 3), which is stricter: (1) the resharding overhead "
         "ρ = 1 % is paid by every replica whenever any replica runs below nominal TP, so "
         "as soon as one reduced-TP replica exists the whole job loses about 1 % on top of "
         "the capacity lost with the failed GPUs; (2) the site power budget equals the sum "
@@ -187,7 +187,7 @@ def explanation(fractions: list[float], results: dict[float, list[dict[str, Run]
         "the power freed by failed and idle GPUs (and rack budgets, rack power factor "
         "1.3, cap it further), so with few failures there is little power to move; "
         "(3) without a boost no plan can lose less than the failed fraction of GPUs (the "
-        "physical limit of MODEL.md section 6), and the exact planner's proven lower "
+        "physical limit of docs/model.md, spec section 6), and the exact planner's proven lower "
         "bounds (table above) show how far below the heuristics an optimal plan could "
         "at most go."
     )

@@ -1,6 +1,6 @@
 """Several workloads on one cluster: the description and the plan (issue #7, part 3).
 
-One *training* workload (the instance's :class:`~ntp_opt.job.Job`, MODEL.md
+One *training* workload (the instance's :class:`~ntp_opt.job.Job`, docs/model.md
 goodput) shares the cluster with *serving* fleets: many small model replicas,
 each one TP group of one NVLink domain. The weighted goodput of a plan is::
 
@@ -197,7 +197,7 @@ class MultiPlan:
     Parameters
     ----------
     training
-        The training job's plan (MODEL.md section 3; power multipliers may
+        The training job's plan (docs/model.md, spec section 3; power multipliers may
         exceed 1 where the job allows it, but the planners here use 1).
     serving
         Every serving replica.
