@@ -116,7 +116,7 @@ def pack_replicas(
     return groups
 
 
-def _boost(instance: Instance, groups: list[tuple[int, list[Slot]]]) -> list[list[float]]:
+def boost_slowest(instance: Instance, groups: list[tuple[int, list[Slot]]]) -> list[list[float]]:
     """Power multipliers per replica and stage: boost slow replicas, cheapest first."""
     a = instance.arrays
     job = instance.job
@@ -126,7 +126,7 @@ def _boost(instance: Instance, groups: list[tuple[int, list[Slot]]]) -> list[lis
         return powers
     # per stage: the largest multiplier the job and every board of the stage allow
     caps = [[stage_cap(instance, s.gpus[:t]) for s in members] for t, members in groups]
-    rack_draw, site_draw = draw_at_power_one(instance, _used_mask(instance, groups))
+    rack_draw, site_draw = draw_at_power_one(instance, used_mask(instance, groups))
     rack_room = a.rack_budget - rack_draw
     site_room = a.site_budget - site_draw
     target = 1.0 / job.seq_time_s  # nominal speed of a healthy full-TP replica
@@ -176,7 +176,8 @@ def _boost(instance: Instance, groups: list[tuple[int, list[Slot]]]) -> list[lis
     return powers
 
 
-def _used_mask(instance: Instance, groups: list[tuple[int, list[Slot]]]) -> np.ndarray:
+def used_mask(instance: Instance, groups: list[tuple[int, list[Slot]]]) -> np.ndarray:
+    """Boolean per GPU index: the GPUs the packed replicas ``groups`` use."""
     used = np.zeros(instance.arrays.n_gpus, dtype=bool)
     for t, members in groups:
         for s in members:
@@ -210,7 +211,7 @@ def fit_power(instance: Instance, groups: Groups) -> Groups:
     Only a budget below the GPUs' TDP makes this drop anything.
     """
     groups = list(groups)
-    while groups and not fits_at_power_one(instance, _used_mask(instance, groups)):
+    while groups and not fits_at_power_one(instance, used_mask(instance, groups)):
         groups.pop()
     return groups
 
@@ -253,7 +254,7 @@ def to_replicas(
 
 def _plan(instance: Instance, policy: str, reduced: bool, boost: bool) -> Plan:
     groups = fit_power(instance, pack_replicas(instance, domain_slots(instance, reduced)))
-    powers = _boost(instance, groups) if boost else [[1.0] * len(m) for _, m in groups]
+    powers = boost_slowest(instance, groups) if boost else [[1.0] * len(m) for _, m in groups]
     split = split_groups(instance, groups, powers)
     replicas: tuple[Replica, ...] = ()
     if split is not None:

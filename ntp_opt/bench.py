@@ -134,7 +134,7 @@ def _planner(name: str) -> Callable[..., Any]:
     return planner
 
 
-def _steps(
+def run_steps(
     file: str, planner: str, seed: int, time_limit: float
 ) -> Iterator[tuple[str, dict[str, Any]]]:
     """One run: yields ``("info", {...})`` once the instance loaded, then ``("row", {...})``.
@@ -208,11 +208,11 @@ def _worker(
     time_limit: float,
     parent: int | None = None,
 ) -> None:
-    """Body of a worker process: sends what :func:`_steps` yields through ``conn``."""
+    """Body of a worker process: sends what :func:`run_steps` yields through ``conn``."""
     signal.signal(signal.SIGTERM, signal.SIG_DFL)  # not the CLI's handler (forked): just die
     if parent is not None:
         _die_with_parent(parent)
-    for message in _steps(file, planner, seed, time_limit):
+    for message in run_steps(file, planner, seed, time_limit):
         conn.send(message)
     conn.close()
 
@@ -531,11 +531,13 @@ def update_best_known(
     return {path: bk.update(path, rs) for path, rs in tables.items()}
 
 
-def _now() -> str:
+def utc_now() -> str:
+    """The current UTC time as ISO 8601 to the second (a row's ``started``)."""
     return datetime.now(UTC).isoformat(timespec="seconds")
 
 
-def _timeout_row(timeout: float) -> dict[str, Any]:
+def timeout_row(timeout: float) -> dict[str, Any]:
+    """The result fields of a run killed at its hard ``timeout`` (seconds)."""
     return {"status": "timeout", "message": f"killed after the {timeout:g} s timeout"}
 
 
@@ -564,7 +566,7 @@ def _execute_local(
                 now = time.monotonic()
                 proc.start()
                 send.close()
-                running.append(_Run(item, proc, recv, now, now + timeout, _now()))
+                running.append(_Run(item, proc, recv, now, now + timeout, utc_now()))
                 on_start(item)
             wait_s = max(0.0, min(r.deadline for r in running) - time.monotonic())
             wait([r.conn for r in running] + [r.proc.sentinel for r in running], wait_s)
@@ -572,7 +574,7 @@ def _execute_local(
                 result = _collect(run)
                 if result is None and time.monotonic() >= run.deadline:
                     run.proc.kill()
-                    result = _timeout_row(timeout)
+                    result = timeout_row(timeout)
                 if result is None:
                     continue
                 run.proc.join()

@@ -1,7 +1,7 @@
 """Ray backend of the batch runner (``ntp-opt bench --backend ray``).
 
 Each run is one Ray task, a streaming generator that yields what
-:func:`ntp_opt.bench._steps` yields: the instance's size once it has loaded,
+:func:`ntp_opt.bench.run_steps` yields: the instance's size once it has loaded,
 then the result row. The driver keeps at most ``workers`` tasks in flight
 (default: the cluster's CPU count, one CPU per task) and starts a run's clock
 when it submits the task, so a run that is still going ``timeout`` seconds
@@ -29,9 +29,9 @@ if TYPE_CHECKING:
 
 def _task(file: str, planner: str, seed: int, time_limit: float) -> Iterator[Any]:
     """Body of the Ray task: the steps of one run."""
-    from .bench import _steps
+    from .bench import run_steps
 
-    yield from _steps(file, planner, seed, time_limit)
+    yield from run_steps(file, planner, seed, time_limit)
 
 
 @dataclass
@@ -75,7 +75,7 @@ def execute(
         import ray
     except ImportError as err:
         raise ImportError("the ray backend needs ray: pip install 'ntp-opt[ray]'") from err
-    from .bench import _now, _timeout_row
+    from .bench import timeout_row, utc_now
 
     started_ray = _connect(ray, address)
     remote = ray.remote(num_cpus=1, max_retries=0)(_task)
@@ -89,7 +89,7 @@ def execute(
                 item = todo.pop(0)
                 gen = remote.remote(str(item.file), item.planner, item.seed, time_limit)
                 now = time.monotonic()
-                flights.append(_Flight(item, gen, now, now + timeout, _now()))
+                flights.append(_Flight(item, gen, now, now + timeout, utc_now()))
                 on_start(item)
             wait_s = max(0.0, min(f.deadline for f in flights) - time.monotonic())
             ray.wait([f.gen for f in flights], num_returns=1, timeout=wait_s)
@@ -97,7 +97,7 @@ def execute(
                 result = _poll(ray, f)
                 if result is None and time.monotonic() >= f.deadline:
                     ray.cancel(f.gen, force=True)
-                    result = _timeout_row(timeout)
+                    result = timeout_row(timeout)
                 if result is None:
                     continue
                 flights.remove(f)

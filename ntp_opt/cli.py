@@ -28,10 +28,10 @@ from rich.table import Table
 from . import files, hardware, topology
 from .files import (
     InputError,
-    _read_json,
     json_schema,
     load_instance,
     load_plan,
+    read_json,
     save_instance,
     save_plan,
 )
@@ -387,7 +387,7 @@ def load_events(path: str) -> list[Any]:
     """
     from .replan import ClusterEvent
 
-    data = _read_json(Path(path))
+    data = read_json(Path(path))
     if not isinstance(data, list):
         raise InputError(path, [("", f"expected a JSON list of events, got {_kind(data)}")])
     events: list[Any] = []

@@ -26,7 +26,7 @@ import numpy as np
 from .failures import enumerate_scenarios, sample_failure_events
 from .instance import Instance
 from .plan import Plan
-from .recourse import _adapt, plan_indices
+from .recourse import adapt_indices, plan_indices
 
 #: Normal quantile of the two-sided 95 % interval.
 Z95 = 1.959963984540054
@@ -79,7 +79,7 @@ class _Scorer:
 
     def _score(self, mask: np.ndarray) -> float:
         self.adapted += 1
-        out = _adapt(self.instance, self.plan, mask, self.indices)
+        out = adapt_indices(self.instance, self.plan, mask, self.indices)
         value = float(out.metrics["goodput"])
         if not out.metrics["reduced_power"]:
             self.cache[(mask & self.relevant).tobytes()] = value

@@ -34,8 +34,7 @@ import numpy as np
 
 from .baselines import (
     Slot,
-    _boost,
-    _used_mask,
+    boost_slowest,
     domain_slots,
     draw_at_power_one,
     fit_power,
@@ -43,6 +42,7 @@ from .baselines import (
     pack_replicas,
     split_groups,
     to_replicas,
+    used_mask,
 )
 from .instance import Instance
 from .milp.bounds import capacity_bound
@@ -112,7 +112,7 @@ def boost_floor(instance: Instance, groups: list[tuple[int, list[Slot]]]) -> lis
     :func:`ntp_opt.power.stage_cap`); the largest ``tau`` whose
     extra draw fits every rack and the site is kept. Under the ``fixed``
     policy goodput is set by the slowest replica, so this is the boost that
-    counts; it complements :func:`ntp_opt.baselines._boost`, which only lifts
+    counts; it complements :func:`ntp_opt.baselines.boost_slowest`, which only lifts
     slow replicas up to nominal speed.
     """
     a = instance.arrays
@@ -121,7 +121,7 @@ def boost_floor(instance: Instance, groups: list[tuple[int, list[Slot]]]) -> lis
     ones = [[1.0] * len(m) for _, m in groups]
     if not groups or not can_boost(instance):
         return ones
-    rack_draw, site_draw = draw_at_power_one(instance, _used_mask(instance, groups))
+    rack_draw, site_draw = draw_at_power_one(instance, used_mask(instance, groups))
     rack_room = a.rack_budget - rack_draw
     site_room = a.site_budget - site_draw
     gpus = [np.concatenate([s.gpus[:t] for s in m]) for t, m in groups]
@@ -192,7 +192,7 @@ def fit_power_by_degree(
     job = instance.job
     out = [(t, list(m)) for t, m in groups[: len(kept) + 1]]
     lower = {t: max((u for u in job.allowed if u < t), default=None) for t in job.allowed}
-    rack, site = draw_at_power_one(instance, _used_mask(instance, out))
+    rack, site = draw_at_power_one(instance, used_mask(instance, out))
     saving = a.tdp * (1.0 - job.idle_power_fraction)  # a GPU going from used to idle
 
     def over() -> bool:
@@ -217,7 +217,7 @@ def fit_power_by_degree(
                 return None  # every replica at the smallest degree and still over budget
         r = r - 1 if r > 0 else len(out) - 1
     # the running sums drift by rounding only: confirm with the exact check
-    return out if fits_at_power_one(instance, _used_mask(instance, out)) else None
+    return out if fits_at_power_one(instance, used_mask(instance, out)) else None
 
 
 def _score(
@@ -225,7 +225,7 @@ def _score(
 ) -> Candidate | None:
     groups = fit_power(instance, groups)
     if boost == "slow":
-        powers = _boost(instance, groups)
+        powers = boost_slowest(instance, groups)
     elif boost == "floor":
         powers = boost_floor(instance, groups)
     else:

@@ -251,7 +251,8 @@ def _loc(loc: tuple[int | str, ...]) -> str:
     return "".join(parts)
 
 
-def _problems(err: ValidationError) -> list[tuple[str, str]]:
+def validation_problems(err: ValidationError) -> list[tuple[str, str]]:
+    """The ``(field path, message)`` pairs of a pydantic error, for :class:`InputError`."""
     return [
         (_loc(tuple(e["loc"])), e["msg"].removeprefix("Value error, "))
         for e in err.errors(include_url=False)
@@ -439,7 +440,7 @@ def _parse(raw: bytes, source: str) -> Any:
     return data
 
 
-def _read_json(path: Path) -> Any:
+def read_json(path: Path) -> Any:
     """Read a ``.json`` or ``.json.gz`` file under the rules of :func:`parse_json`.
 
     Decompression is streamed and the caps are checked chunk by chunk, so a
@@ -487,7 +488,7 @@ def _nonfinite(
     return out
 
 
-def _write_json(data: Any, path: Path, inputs: Iterable[str | os.PathLike[str]] = ()) -> None:
+def write_json(data: Any, path: Path, inputs: Iterable[str | os.PathLike[str]] = ()) -> None:
     """Write through :func:`ntp_opt.safeio.atomic_open` (temp file, fsync, rename).
 
     ``inputs`` are the files the command read: writing onto one is refused.
@@ -505,7 +506,8 @@ def _write_json(data: Any, path: Path, inputs: Iterable[str | os.PathLike[str]] 
 # --- instances ---------------------------------------------------------------
 
 
-def _check_format(data: Any, expected: str, source: str) -> None:
+def check_format(data: Any, expected: str, source: str) -> None:
+    """Raise :class:`InputError` unless ``data`` is an object whose ``format`` is ``expected``."""
     if not isinstance(data, dict):
         raise InputError(source, [("", f"expected a JSON object, got {type(data).__name__}")])
     fmt = data.get("format")
@@ -571,12 +573,12 @@ def instance_from_dict(data: Any, source: str = "<instance>") -> Instance:
     InputError
         On any schema or topology problem, naming ``source`` and the field.
     """
-    _check_format(data, INSTANCE_FORMAT, source)
+    check_format(data, INSTANCE_FORMAT, source)
     _check_counts(data, source)
     try:
         model = InstanceFile.model_validate(_strict_ready(data), strict=True)
     except ValidationError as err:
-        raise InputError(source, _problems(err)) from None
+        raise InputError(source, validation_problems(err)) from None
     graph = nx.Graph()
     graph.graph.update(
         {k: getattr(model.cluster.graph, k) for k in data["cluster"].get("graph", {})}
@@ -636,7 +638,9 @@ def check_cluster(graph: nx.Graph, source: str = "<cluster>") -> None:
     try:
         ClusterData.model_validate(data, strict=True)
     except ValidationError as err:
-        raise InputError(source, [(f"cluster.{f}", m) for f, m in _problems(err)]) from None
+        raise InputError(
+            source, [(f"cluster.{f}", m) for f, m in validation_problems(err)]
+        ) from None
 
 
 def instance_to_dict(instance: Instance) -> dict[str, Any]:
@@ -665,7 +669,7 @@ def load_instance(path: str | os.PathLike[str]) -> Instance:
         Naming the file and the field path of every problem.
     """
     p = Path(path)
-    return instance_from_dict(_read_json(p), str(p))
+    return instance_from_dict(read_json(p), str(p))
 
 
 def save_instance(
@@ -678,7 +682,7 @@ def save_instance(
     ``inputs``: files the command read; writing onto one of them is refused
     (:class:`ntp_opt.safeio.UnsafeTargetError`).
     """
-    _write_json(instance_to_dict(instance), Path(path), inputs)
+    write_json(instance_to_dict(instance), Path(path), inputs)
 
 
 # --- plans -------------------------------------------------------------------
@@ -690,11 +694,11 @@ def plan_from_dict(data: Any, source: str = "<plan>") -> Plan:
     The model's rules (healthy GPUs, budgets, ...) are the validator's job:
     see :func:`ntp_opt.validate.validate`.
     """
-    _check_format(data, PLAN_FORMAT, source)
+    check_format(data, PLAN_FORMAT, source)
     try:
         model = PlanFile.model_validate(data, strict=True)
     except ValidationError as err:
-        raise InputError(source, _problems(err)) from None
+        raise InputError(source, validation_problems(err)) from None
     replicas = tuple(
         Replica(
             tp=r.tp,
@@ -741,14 +745,14 @@ def plan_to_dict(plan: Plan) -> dict[str, Any]:
 def load_plan(path: str | os.PathLike[str]) -> Plan:
     """Load a plan file; schema errors raise :class:`InputError`."""
     p = Path(path)
-    return plan_from_dict(_read_json(p), str(p))
+    return plan_from_dict(read_json(p), str(p))
 
 
 def save_plan(
     plan: Plan, path: str | os.PathLike[str], inputs: Iterable[str | os.PathLike[str]] = ()
 ) -> None:
     """Write ``plan`` to ``path`` atomically (never onto one of ``inputs``)."""
-    _write_json(plan_to_dict(plan), Path(path), inputs)
+    write_json(plan_to_dict(plan), Path(path), inputs)
 
 
 def json_schema(kind: Literal["instance", "plan"]) -> dict[str, Any]:

@@ -107,7 +107,7 @@ def adapt(
         ``boost``, ``boosted`` (replicas whose power step 5 raised).
     """
     mask = _mask(instance, failed_mask)
-    return _adapt(instance, plan, mask, plan_indices(instance, plan), boost=boost)
+    return adapt_indices(instance, plan, mask, plan_indices(instance, plan), boost=boost)
 
 
 def plan_indices(instance: Instance, plan: Plan) -> list[list[np.ndarray]]:
@@ -119,7 +119,7 @@ def plan_indices(instance: Instance, plan: Plan) -> list[list[np.ndarray]]:
     ]
 
 
-def _adapt(
+def adapt_indices(
     instance: Instance,
     plan: Plan,
     mask: np.ndarray,
@@ -127,7 +127,22 @@ def _adapt(
     *,
     boost: bool = False,
 ) -> Plan:
-    """:func:`adapt` with the plan's stage indices precomputed."""
+    """:func:`adapt` with the plan's stage indices precomputed.
+
+    Parameters
+    ----------
+    instance, plan, boost
+        As for :func:`adapt`.
+    mask
+        Boolean per GPU index: the GPUs that fail.
+    reps
+        :func:`plan_indices` of ``plan``: per replica, per stage, its GPU indices.
+
+    Returns
+    -------
+    Plan
+        The adapted plan (feasible; possibly empty).
+    """
     a = instance.arrays
     job = instance.job
     alive = a.healthy & ~mask

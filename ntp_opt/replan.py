@@ -46,7 +46,7 @@ import numpy as np
 from .instance import ClusterArrays, Instance
 from .milp.bounds import stage_bound
 from .plan import Plan, Replica, Stage
-from .recourse import _adapt, plan_indices
+from .recourse import adapt_indices, plan_indices
 from .swaps import improve
 from .validate import check, evaluate
 
@@ -288,14 +288,14 @@ def align(instance: Instance, old: Plan, new: Plan) -> Plan:
 def reboost(instance: Instance, plan: Plan, *, validate: bool = True) -> Plan:
     """The same replicas and GPUs with the best power boost and batch split.
 
-    Tries the plan's own multipliers, :func:`ntp_opt.baselines._boost` and
+    Tries the plan's own multipliers, :func:`ntp_opt.baselines.boost_slowest` and
     :func:`ntp_opt.fast.boost_floor`; keeps the best (checked by the validator
     unless ``validate=False``, for a caller that checks it). No GPU moves.
     Used after recourse, whose power rule (every boost of an over-budget rack
     or site back to 1) is blunt: a repaired GPU's idle draw alone can trigger
     it.
     """
-    from .baselines import Slot, _boost, split_groups
+    from .baselines import Slot, boost_slowest, split_groups
     from .fast import boost_floor
     from .power import can_boost
 
@@ -321,7 +321,7 @@ def reboost(instance: Instance, plan: Plan, *, validate: bool = True) -> Plan:
     keep = split_for([[st.power for st in rep.stages] for rep in plan.replicas])
     value = -1.0 if keep is None else keep[0]
     best: tuple[float, list[list[float]], tuple[int, ...]] | None = None
-    for powers in (_boost(instance, groups), boost_floor(instance, groups)):
+    for powers in (boost_slowest(instance, groups), boost_floor(instance, groups)):
         got = split_for(powers)
         if got is not None and got[0] > value * (1 + 1e-12) and (best is None or got[0] > best[0]):
             best = (got[0], powers, got[1])
@@ -433,7 +433,7 @@ def replan(
     a = instance.arrays
     failed_now = a.healthy & ~new_inst.arrays.healthy
     reps = plan_indices(instance, plan)
-    local = _adapt(new_inst, plan, failed_now, reps)
+    local = adapt_indices(new_inst, plan, failed_now, reps)
     local_ev = None
     if local.metrics.get("reduced_power") or any(e.kind == "speed" for e in evs):
         # recourse reset boosts, or speeds changed: redo the boosts

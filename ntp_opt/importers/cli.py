@@ -13,7 +13,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from ..files import InputError, _problems, _read_json, save_instance
+from ..files import InputError, read_json, save_instance, validation_problems
 from ..instance import Instance
 from ..job import Job
 from ..topology import TopologyError
@@ -40,7 +40,7 @@ def load_job(path: str | Path) -> Job:
         Naming the file and the field.
     """
     p = Path(path)
-    data = _read_json(p)
+    data = read_json(p)
     prefix = ""
     if isinstance(data, dict) and "format" in data and "job" in data:
         data, prefix = data["job"], "job."
@@ -49,7 +49,7 @@ def load_job(path: str | Path) -> Job:
     try:
         return Job.model_validate(data)
     except ValidationError as err:
-        raise InputError(str(p), [(prefix + f, m) for f, m in _problems(err)]) from None
+        raise InputError(str(p), [(prefix + f, m) for f, m in validation_problems(err)]) from None
 
 
 def _warn(msg: str) -> None:

@@ -29,7 +29,7 @@ from typing import Any
 
 import networkx as nx
 
-from ..files import _read_json
+from ..files import read_json
 from .compose import Host, SmiHost, Warn, compose_cluster, fail
 
 __all__ = ["DEFAULT_TOLERATED", "import_k8s", "read_nodes"]
@@ -102,7 +102,7 @@ def read_nodes(
     """
     p = Path(path)
     src = str(p)
-    data = _read_json(p)
+    data = read_json(p)
     if isinstance(data, dict) and data.get("kind") == "Node":
         items: Any = [data]
     elif isinstance(data, dict) and "items" in data:

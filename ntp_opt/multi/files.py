@@ -24,12 +24,12 @@ from pydantic import BaseModel, ConfigDict, ValidationError
 
 from ..files import (
     InputError,
-    _check_format,
-    _problems,
-    _read_json,
-    _write_json,
+    check_format,
     plan_from_dict,
     plan_to_dict,
+    read_json,
+    validation_problems,
+    write_json,
 )
 from ..validate import evaluate
 from .workloads import MultiInstance, MultiPlan, ServingReplica, Workloads
@@ -59,12 +59,12 @@ class _MultiPlanFile(BaseModel):
 
 def workloads_from_dict(data: Any, source: str = "<workloads>") -> Workloads:
     """Build :class:`Workloads` from parsed JSON; errors name the field."""
-    _check_format(data, WORKLOADS_FORMAT, source)
+    check_format(data, WORKLOADS_FORMAT, source)
     body = {k: v for k, v in data.items() if k != "format"}
     try:
         return Workloads.model_validate(body)
     except ValidationError as err:
-        raise InputError(source, _problems(err)) from None
+        raise InputError(source, validation_problems(err)) from None
 
 
 def workloads_to_dict(workloads: Workloads) -> dict[str, Any]:
@@ -76,7 +76,7 @@ def workloads_to_dict(workloads: Workloads) -> dict[str, Any]:
 def load_workloads(path: str | os.PathLike[str]) -> Workloads:
     """Load a workloads file (``.json`` or ``.json.gz``)."""
     p = Path(path)
-    return workloads_from_dict(_read_json(p), str(p))
+    return workloads_from_dict(read_json(p), str(p))
 
 
 def save_workloads(
@@ -85,7 +85,7 @@ def save_workloads(
     inputs: Iterable[str | os.PathLike[str]] = (),
 ) -> None:
     """Write ``workloads`` to ``path`` atomically (never onto one of ``inputs``)."""
-    _write_json(workloads_to_dict(workloads), Path(path), inputs)
+    write_json(workloads_to_dict(workloads), Path(path), inputs)
 
 
 def multi_plan_to_dict(multi: MultiInstance, plan: MultiPlan) -> dict[str, Any]:
@@ -106,11 +106,11 @@ def multi_plan_to_dict(multi: MultiInstance, plan: MultiPlan) -> dict[str, Any]:
 
 def multi_plan_from_dict(data: Any, source: str = "<multi-plan>") -> MultiPlan:
     """Build a :class:`MultiPlan` from parsed JSON (schema checks only)."""
-    _check_format(data, MULTI_PLAN_FORMAT, source)
+    check_format(data, MULTI_PLAN_FORMAT, source)
     try:
         model = _MultiPlanFile.model_validate(data)
     except ValidationError as err:
-        raise InputError(source, _problems(err)) from None
+        raise InputError(source, validation_problems(err)) from None
     training = plan_from_dict(model.training, f"{source}: training")
     serving = tuple(
         ServingReplica(s.workload, s.tp, s.domain, tuple(s.gpus)) for s in model.serving
@@ -125,10 +125,10 @@ def save_multi_plan(
     inputs: Iterable[str | os.PathLike[str]] = (),
 ) -> None:
     """Write ``plan`` to ``path`` atomically (never onto one of ``inputs``)."""
-    _write_json(multi_plan_to_dict(multi, plan), Path(path), inputs)
+    write_json(multi_plan_to_dict(multi, plan), Path(path), inputs)
 
 
 def load_multi_plan(path: str | os.PathLike[str]) -> MultiPlan:
     """Load a multi-plan file."""
     p = Path(path)
-    return multi_plan_from_dict(_read_json(p), str(p))
+    return multi_plan_from_dict(read_json(p), str(p))
