@@ -29,8 +29,8 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 from ntp_opt import __version__, solve
-from ntp_opt.files import load_instance
-from ntp_opt.safeio import atomic_write
+from ntp_opt.model.files import load_instance
+from ntp_opt.model.safeio import atomic_write
 
 HERE = Path(__file__).resolve().parent
 INSTANCES = HERE.parent / "instances"

@@ -9,7 +9,7 @@ For each instance it prints the ``fast`` planner's time (instance already
 built; building and compiling the graph is reported apart), relative
 goodput, proven bound and gap, and the ``ntp`` / ``ntp-pw`` heuristics'
 goodput on the same instance (ratios from one run). Then single events on a
-32k-GPU cluster are re-planned with :func:`ntp_opt.replan.replan`: time,
+32k-GPU cluster are re-planned with :func:`ntp_opt.workflows.replan.replan`: time,
 GPUs moved, and the gap of the kept plan to its bound.
 """
 
@@ -22,9 +22,10 @@ from pathlib import Path
 
 import numpy as np
 
-from ntp_opt import Instance, Job, solve, topology
-from ntp_opt.replan import ClusterEvent, replan
-from ntp_opt.safeio import atomic_write
+from ntp_opt import Instance, Job, solve
+from ntp_opt.model import topology
+from ntp_opt.model.safeio import atomic_write
+from ntp_opt.workflows.replan import ClusterEvent, replan
 
 HERE = Path(__file__).resolve().parent
 

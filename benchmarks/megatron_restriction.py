@@ -14,7 +14,7 @@ It prints one markdown table: relative goodput (1.0 = the job with no
 failures) of each, ``*`` after a figure not proven optimal, the loss of the
 restriction ``1 - megatron / optimal`` in percent, and the TP degrees used.
 Every plan is checked by the validator (``solve`` does it) and the
-restricted plans by :func:`ntp_opt.megatron.megatron_compatible`.
+restricted plans by :func:`ntp_opt.planners.megatron.megatron_compatible`.
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ import time
 from pathlib import Path
 
 from ntp_opt import load_instance, solve
-from ntp_opt.megatron import megatron_compatible
+from ntp_opt.planners.megatron import megatron_compatible
 from ntp_opt.solve import EXACT, Result
 
 ROOT = Path(__file__).resolve().parent.parent

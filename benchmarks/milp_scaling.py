@@ -19,7 +19,8 @@ from __future__ import annotations
 import argparse
 import time
 
-from ntp_opt import Instance, Job, solve, topology
+from ntp_opt import Instance, Job, solve
+from ntp_opt.model import topology
 
 SIZES = {"1k": (32, 16), "4k": (128, 64), "32k": (1024, 448)}  # NVL32 domains, NVL72 racks
 

@@ -152,7 +152,7 @@ async def _load(base: str, body: bytes, clients: int, retry: bool, big: bool) ->
 
 async def _main(args: argparse.Namespace) -> int:
     sys.path.insert(0, str(ROOT))
-    from ntp_opt.files import instance_from_dict, plan_to_dict
+    from ntp_opt.model.files import instance_from_dict, plan_to_dict
     from ntp_opt.solve import solve
 
     data = json.loads(gzip.decompress(INSTANCE.read_bytes()))
@@ -162,7 +162,7 @@ async def _main(args: argparse.Namespace) -> int:
     print(f"body: {len(body) / 1e6:.1f} MB (/validate of {INSTANCE.name})")
 
     port = _free_port()
-    cmd = [sys.executable, "-m", "ntp_opt.cli", "serve", "--port", str(port), *args.serve]
+    cmd = [sys.executable, "-m", "ntp_opt.app.cli", "serve", "--port", str(port), *args.serve]
     log = open(args.log, "w")
     proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, cwd=ROOT)
     base = f"http://127.0.0.1:{port}"

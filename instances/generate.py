@@ -8,7 +8,7 @@ Usage::
     python instances/generate.py --check --large # ... also check the large files present
     python instances/generate.py NAME...         # only these files
 
-Every instance here is built from a preset of :mod:`ntp_opt.topology`, with
+Every instance here is built from a preset of :mod:`ntp_opt.model.topology`, with
 failures and stragglers drawn from fixed seeds, so the files can be rebuilt
 byte for byte. Library instances of :data:`LARGE_GPUS` GPUs or more are not
 committed: ``--large`` (or ``make instances``) writes them into
@@ -29,10 +29,10 @@ from typing import Any
 import networkx as nx
 import numpy as np
 
-from ntp_opt import topology
-from ntp_opt.files import save_instance
-from ntp_opt.instance import Instance
-from ntp_opt.job import Job
+from ntp_opt.model import topology
+from ntp_opt.model.files import save_instance
+from ntp_opt.model.instance import Instance
+from ntp_opt.model.job import Job
 
 HERE = Path(__file__).resolve().parent
 
@@ -160,7 +160,7 @@ class Spec:
     name
         Instance name and file stem.
     kind
-        :data:`ntp_opt.topology.BUILDERS` key: ``dgx-h100`` (NVL8), ``nvl32``, ``nvl72``,
+        :data:`ntp_opt.model.topology.BUILDERS` key: ``dgx-h100`` (NVL8), ``nvl32``, ``nvl72``,
         ``nvl36x2``.
     domains
         Number of NVLink domains (DGX nodes for ``dgx-h100``, racks for ``nvl72``).

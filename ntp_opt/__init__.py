@@ -10,14 +10,14 @@ The public API:
   :func:`save_plan` read and write the JSON formats.
 """
 
-from . import topology
-from .files import InputError, load_instance, load_plan, save_instance, save_plan
-from .instance import Instance
-from .job import Job
-from .plan import Plan, Replica, Stage
-from .solve import Limit, Result, Status, solve
-from .topology import TopologyError
-from .validate import Evaluation, PlanError, Violation, check, evaluate, validate
+from ntp_opt.model import topology
+from ntp_opt.model.files import InputError, load_instance, load_plan, save_instance, save_plan
+from ntp_opt.model.instance import Instance
+from ntp_opt.model.job import Job
+from ntp_opt.model.plan import Plan, Replica, Stage
+from ntp_opt.model.topology import TopologyError
+from ntp_opt.rules.validate import Evaluation, PlanError, Violation, check, evaluate, validate
+from ntp_opt.solve import Limit, Result, Status, solve
 
 __version__ = "0.1.0"
 

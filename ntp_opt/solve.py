@@ -15,11 +15,11 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from enum import StrEnum
 
-from .control import Callback, Control, sigint_sets
-from .goodput import check_batch_size
-from .instance import Instance
-from .plan import Plan
-from .validate import Evaluation, check, infeasibility, pause_reason
+from ntp_opt.model.control import Callback, Control, sigint_sets
+from ntp_opt.model.instance import Instance
+from ntp_opt.model.plan import Plan
+from ntp_opt.rules.goodput import check_batch_size
+from ntp_opt.rules.validate import Evaluation, check, infeasibility, pause_reason
 
 logger = logging.getLogger(__name__)
 
@@ -101,17 +101,17 @@ class Result:
 
 #: Heuristic planners: name -> "module:function" taking an Instance, returning a Plan.
 HEURISTICS: dict[str, str] = {
-    "dp-drop": "ntp_opt.baselines:dp_drop",
-    "ntp": "ntp_opt.baselines:ntp",
-    "ntp-pw": "ntp_opt.baselines:ntp_pw",
-    "megatron-ntp": "ntp_opt.peers:megatron_ntp",
-    "megatron-ntp-reordered": "ntp_opt.peers:megatron_ntp_reordered",
+    "dp-drop": "ntp_opt.planners.heuristics:dp_drop",
+    "ntp": "ntp_opt.planners.heuristics:ntp",
+    "ntp-pw": "ntp_opt.planners.heuristics:ntp_pw",
+    "megatron-ntp": "ntp_opt.planners.peers:megatron_ntp",
+    "megatron-ntp-reordered": "ntp_opt.planners.peers:megatron_ntp_reordered",
 }
 
 #: Heuristic planners that also prove an upper bound: name -> "module:function"
 #: taking an Instance (and ``validate=False``), returning ``(Plan, bound)``.
 BOUNDED: dict[str, str] = {
-    "fast": "ntp_opt.fast:plan_fast",
+    "fast": "ntp_opt.planners.fast:plan_fast",
 }
 
 #: Exact planners: name -> (integer-programming backend, power boost allowed).
@@ -132,7 +132,7 @@ MEGATRON_RUNTIME: frozenset[str] = frozenset({"optimal-megatron", "optimal-megat
 #: Planners that use the time limit, seed and threads: name -> "module:function"
 #: returning an object with ``plan``, ``bound`` and ``time_limit_hit``.
 SEARCHES: dict[str, str] = {
-    "risk-aware": "ntp_opt.riskaware:plan_risk_aware",
+    "risk-aware": "ntp_opt.planners.riskaware:plan_risk_aware",
 }
 
 #: Planners whose :attr:`Result.bound` holds for the instance as it is. The
@@ -295,12 +295,12 @@ def _solve(
     else:
         backend, power = EXACT[solver]
         try:
-            from .milp.search import solve_exact
+            from ntp_opt.planners.exact.search import solve_exact
         except ImportError as err:  # pragma: no cover - depends on the environment
             raise ImportError(f"solver {solver!r} needs {err.name}") from err
         search = solve_exact
         if solver in MEGATRON_RUNTIME:
-            from .megatron import solve_megatron
+            from ntp_opt.planners.megatron import solve_megatron
 
             search = solve_megatron
         target = instance if power else without_power(instance)

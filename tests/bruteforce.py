@@ -3,7 +3,7 @@
 This module re-implements the planning model of docs/model.md sections 1-3 from the
 cluster graph and the job fields alone, and finds the optimal goodput by
 exhaustive enumeration. It shares no code with the package's planners, batch
-split or goodput formula (it imports only :class:`ntp_opt.plan.Plan` and friends
+split or goodput formula (it imports only :class:`ntp_opt.model.plan.Plan` and friends
 to hand its answer back), so the exact planners can be checked against it.
 
 Model recap (notation used below)
@@ -133,8 +133,8 @@ from typing import Literal
 
 import numpy as np
 
-from ntp_opt.instance import Instance
-from ntp_opt.plan import Plan, Replica, Stage
+from ntp_opt.model.instance import Instance
+from ntp_opt.model.plan import Plan, Replica, Stage
 
 __all__ = ["brute_force", "plan_figures"]
 

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from ntp_opt import topology
-from ntp_opt.instance import Instance
-from ntp_opt.job import Job
+from ntp_opt.model import topology
+from ntp_opt.model.instance import Instance
+from ntp_opt.model.job import Job
 
 
 def make_instance(

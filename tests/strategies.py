@@ -21,11 +21,11 @@ import networkx as nx
 from hypothesis import assume
 from hypothesis import strategies as st
 
-from ntp_opt import topology
-from ntp_opt.instance import Instance
-from ntp_opt.job import Job
-from ntp_opt.plan import Plan, Replica, Stage
-from ntp_opt.validate import validate
+from ntp_opt.model import topology
+from ntp_opt.model.instance import Instance
+from ntp_opt.model.job import Job
+from ntp_opt.model.plan import Plan, Replica, Stage
+from ntp_opt.rules.validate import validate
 
 #: (domains, domain size, GPUs per tray, trays per rack) of the small in-scope
 #: clusters: one rack per domain (or several whole domains per rack, all at one

@@ -1,4 +1,4 @@
-"""Tests for ntp_opt.availability."""
+"""Tests for ntp_opt.workflows.availability."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from fractions import Fraction
 import numpy as np
 import pytest
 
-from ntp_opt.availability import (
+from ntp_opt.workflows.availability import (
     PAPER_N_FAILED,
     PAPER_N_GPUS,
     PUBLISHED_AVAILABILITY,

@@ -1,4 +1,4 @@
-"""ntp_opt.milp.backends against brute-force enumeration, on every installed backend."""
+"""ntp_opt.planners.exact.backends against brute-force enumeration, on every installed backend."""
 
 from __future__ import annotations
 
@@ -9,14 +9,14 @@ import sys
 import numpy as np
 import pytest
 
-from ntp_opt.milp import backends
-from ntp_opt.milp.backends import (
+from ntp_opt.planners.exact import backends
+from ntp_opt.planners.exact.backends import (
     BACKENDS,
     BackendUnavailable,
     available_backends,
     solve_program,
 )
-from ntp_opt.milp.program import IntProgram, Row
+from ntp_opt.planners.exact.program import IntProgram, Row
 
 AVAILABLE = available_backends()
 backend = pytest.mark.parametrize("backend", AVAILABLE)
@@ -137,11 +137,11 @@ def test_import_is_lazy_and_quiet():
     # and solving with HiGHS prints nothing (not even HiGHS's banner).
     code = """
 import sys
-import ntp_opt.milp.backends as b
+import ntp_opt.planners.exact.backends as b
 print([m for m in ("ortools", "pulp", "highspy") if m in sys.modules])
 if "highs" in b.available_backends():
     import numpy as np
-    from ntp_opt.milp.program import IntProgram, Row
+    from ntp_opt.planners.exact.program import IntProgram, Row
     one = np.ones(2, np.int64)
     p = IntProgram(0 * one, one, one, (Row((0, 1), (1, 1), None, 1),))
     s = b.solve_program(p, "highs")

@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import pytest
 
-from ntp_opt import baselines, topology
-from ntp_opt.instance import Instance
-from ntp_opt.job import Job
+from ntp_opt.model import topology
+from ntp_opt.model.instance import Instance
+from ntp_opt.model.job import Job
+from ntp_opt.planners import heuristics as baselines
+from ntp_opt.rules.validate import evaluate
 from ntp_opt.solve import Status, solve
-from ntp_opt.validate import evaluate
 
 from .helpers import make_instance
 

@@ -13,8 +13,8 @@ from typing import Any
 
 import pytest
 
-from ntp_opt.bench import RESULTS, read_rows, run_bench, run_key, summary
-from ntp_opt.cli import main
+from ntp_opt.app.bench import RESULTS, read_rows, run_bench, run_key, summary
+from ntp_opt.app.cli import main
 from tests.helpers import HANG_GUARD
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -168,7 +168,7 @@ def test_cli_bench_directory(tmp_path: Path, small: Path, capsys: pytest.Capture
 def test_cli_killed_mid_run_resumes(tmp_path: Path) -> None:
     """SIGKILL the whole ``ntp-opt bench`` process group mid-run, then rerun it."""
     out = tmp_path / "res"
-    cmd = [sys.executable, "-m", "ntp_opt.cli", "bench", str(TINY), "-o", str(out)]
+    cmd = [sys.executable, "-m", "ntp_opt.app.cli", "bench", str(TINY), "-o", str(out)]
     cmd += ["--planners", "ntp,tests.test_bench:sleepy", "--time-limit", "1", "--no-best-known"]
     proc = subprocess.Popen(
         [*cmd, "--timeout", str(HANG_GUARD)],

@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from ntp_opt.bench import RESULTS, read_rows, run_bench
+from ntp_opt.app.bench import RESULTS, read_rows, run_bench
 from tests.helpers import HANG_GUARD
 
 ray = pytest.importorskip("ray")

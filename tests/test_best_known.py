@@ -10,9 +10,9 @@ from typing import Any
 
 import pytest
 
-from ntp_opt import best_known as bk
-from ntp_opt.bench import read_rows
-from ntp_opt.cli import main
+from ntp_opt.app import best_known as bk
+from ntp_opt.app.bench import read_rows
+from ntp_opt.app.cli import main
 
 ROOT = Path(__file__).resolve().parent.parent
 TINY = ROOT / "instances" / "tiny.json"

@@ -21,12 +21,12 @@ import networkx as nx
 import numpy as np
 import pytest
 
-from ntp_opt import topology
-from ntp_opt.files import load_instance
-from ntp_opt.instance import Instance
-from ntp_opt.job import Job
-from ntp_opt.plan import Plan, Replica, Stage
-from ntp_opt.validate import evaluate
+from ntp_opt.model import topology
+from ntp_opt.model.files import load_instance
+from ntp_opt.model.instance import Instance
+from ntp_opt.model.job import Job
+from ntp_opt.model.plan import Plan, Replica, Stage
+from ntp_opt.rules.validate import evaluate
 
 from .bruteforce import brute_force, plan_figures
 
@@ -303,7 +303,7 @@ def test_reductions_match_plain_enumeration(seed: int) -> None:
 
 
 def _naive_by_validator(instance: Instance) -> float:
-    """Best goodput by plain enumeration, judged by ``ntp_opt.validate.evaluate``.
+    """Best goodput by plain enumeration, judged by ``ntp_opt.rules.validate.evaluate``.
 
     Shares nothing with bruteforce.py: every set of replicas (itertools over
     GPU subsets), every batch vector, and for each a bisection on the step

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from ntp_opt.cli import main
+from ntp_opt.app.cli import main
 
 ROOT = Path(__file__).resolve().parent.parent
 TINY = str(ROOT / "instances" / "tiny.json")
@@ -128,7 +128,10 @@ def test_schema_command(capsys):
 
 def test_console_script_help():
     out = subprocess.run(
-        [sys.executable, "-m", "ntp_opt.cli", "--help"], capture_output=True, text=True, check=True
+        [sys.executable, "-m", "ntp_opt.app.cli", "--help"],
+        capture_output=True,
+        text=True,
+        check=True,
     ).stdout
     for cmd in ("gen", "solve", "validate", "evaluate", "compare", "schema", "examples:"):
         assert cmd in out

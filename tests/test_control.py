@@ -18,10 +18,10 @@ from pathlib import Path
 import pytest
 
 from ntp_opt import load_instance, load_plan
-from ntp_opt.control import SolveProgress
-from ntp_opt.milp.backends import available_backends
+from ntp_opt.model.control import SolveProgress
+from ntp_opt.planners.exact.backends import available_backends
+from ntp_opt.rules.validate import evaluate
 from ntp_opt.solve import HEURISTICS, PLANNERS, solve
-from ntp_opt.validate import evaluate
 from tests.helpers import HANG_GUARD
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -37,7 +37,7 @@ def _sigint_cli(tmp_path: Path, instance: Path, policy: str, marker: str, count:
     """Run ``ntp-opt solve --log``, send SIGINT once ``marker`` was logged ``count``
     times, and check the exit status and the plan written."""
     out = tmp_path / "plan.json"
-    cmd = [sys.executable, "-m", "ntp_opt.cli", "solve", str(instance), "--policy", policy]
+    cmd = [sys.executable, "-m", "ntp_opt.app.cli", "solve", str(instance), "--policy", policy]
     cmd += ["--time-limit", str(HANG_GUARD), "--log", "-o", str(out)]
     proc = subprocess.Popen(
         cmd, cwd=ROOT, env=ENV, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
@@ -85,8 +85,8 @@ def test_sigint_after_a_cpsat_solve_is_still_python_s(tmp_path: Path) -> None:
     pytest.importorskip("ortools")
     code = (
         "import os, signal\n"
-        "from ntp_opt.milp.backends import solve_program\n"
-        "from ntp_opt.milp.program import IntProgram, Row\n"
+        "from ntp_opt.planners.exact.backends import solve_program\n"
+        "from ntp_opt.planners.exact.program import IntProgram, Row\n"
         "import numpy as np\n"
         "p = IntProgram(np.array([0]), np.array([3]), np.array([1]), (Row((0,), (1,), None, 2),))\n"
         "assert solve_program(p, 'cpsat').objective == 2\n"
@@ -221,8 +221,8 @@ def test_every_module_logs_to_its_own_logger_without_handlers(
     with caplog.at_level(logging.DEBUG, logger="ntp_opt"):
         res = solve(load_instance(TINY), "optimal", time_limit=HANG_GUARD)
     names = {r.name for r in caplog.records}
-    assert {"ntp_opt.solve", "ntp_opt.control", "ntp_opt.milp.search"} <= names
-    assert "ntp_opt.milp.backends" in names
+    assert {"ntp_opt.solve", "ntp_opt.model.control", "ntp_opt.planners.exact.search"} <= names
+    assert "ntp_opt.planners.exact.backends" in names
     assert all(not logging.getLogger(n).handlers for n in names)  # the library adds none
     assert not logging.getLogger("ntp_opt").handlers
     ends = [r.getMessage() for r in caplog.records if r.name == "ntp_opt.solve"]

@@ -136,7 +136,7 @@ def workdir(tmp_path, monkeypatch):
     venv_bin = tmp_path / ".venv" / "bin"  # the docs say .venv/bin/python (make install)
     venv_bin.mkdir(parents=True)
     for folder, name, cmd in (
-        (bin_dir, "ntp-opt", "-m ntp_opt.cli"),
+        (bin_dir, "ntp-opt", "-m ntp_opt.app.cli"),
         (bin_dir, "python", ""),
         (bin_dir, "python3", ""),
         (venv_bin, "python", ""),
@@ -184,7 +184,7 @@ class _Server:
         with socket.socket() as sock:
             sock.bind(("127.0.0.1", 0))
             self.port = int(sock.getsockname()[1])
-        cmd = [sys.executable, "-m", "ntp_opt.cli", "serve", "--port", str(self.port)]
+        cmd = [sys.executable, "-m", "ntp_opt.app.cli", "serve", "--port", str(self.port)]
         self.proc = subprocess.Popen(
             cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True
         )

@@ -6,12 +6,13 @@ import math
 
 import pytest
 
-from ntp_opt import baselines, topology
-from ntp_opt.expected import expected_goodput
-from ntp_opt.failures import enumerate_scenarios
-from ntp_opt.instance import Instance
-from ntp_opt.job import Job
-from ntp_opt.recourse import goodput_after
+from ntp_opt.model import topology
+from ntp_opt.model.failures import enumerate_scenarios
+from ntp_opt.model.instance import Instance
+from ntp_opt.model.job import Job
+from ntp_opt.planners import heuristics as baselines
+from ntp_opt.rules.expected import expected_goodput
+from ntp_opt.rules.recourse import goodput_after
 
 from .test_milp import exact_instance
 

@@ -22,9 +22,8 @@ from typing import Any
 import networkx as nx
 import pytest
 
-from ntp_opt import topology
-from ntp_opt.cli import main
-from ntp_opt.export import (
+from ntp_opt.app.cli import main
+from ntp_opt.app.export import (
     ARGS_NAME,
     CONFIG_NAME,
     EXTRAS_NAME,
@@ -39,13 +38,14 @@ from ntp_opt.export import (
     megatron_export,
     read_config_module,
 )
-from ntp_opt.files import InputError, load_instance, save_instance, save_plan
-from ntp_opt.instance import Instance
-from ntp_opt.job import Job
-from ntp_opt.megatron import MegatronError, megatron_compatible, megatron_order
-from ntp_opt.plan import Plan, Replica, Stage
+from ntp_opt.model import topology
+from ntp_opt.model.files import InputError, load_instance, save_instance, save_plan
+from ntp_opt.model.instance import Instance
+from ntp_opt.model.job import Job
+from ntp_opt.model.plan import Plan, Replica, Stage
+from ntp_opt.planners.megatron import MegatronError, megatron_compatible, megatron_order
+from ntp_opt.rules.validate import PlanError, certified, evaluate
 from ntp_opt.solve import solve
-from ntp_opt.validate import PlanError, certified, evaluate
 
 from .bruteforce import brute_force
 from .helpers import HANG_GUARD, make_instance

@@ -7,8 +7,8 @@ import math
 import numpy as np
 import pytest
 
-from ntp_opt import topology
-from ntp_opt.failures import (
+from ntp_opt.model import topology
+from ntp_opt.model.failures import (
     MAX_EXACT_UNITS,
     enumerate_scenarios,
     failed_instance,
@@ -16,8 +16,8 @@ from ntp_opt.failures import (
     sample_failure_events,
     sample_failures,
 )
-from ntp_opt.instance import Instance
-from ntp_opt.job import Job
+from ntp_opt.model.instance import Instance
+from ntp_opt.model.job import Job
 
 
 def _instance(domains=8, size=8, tray=4, gpu_p=0.0, tray_p=0.0, failed=(), name="f"):

@@ -7,9 +7,10 @@ import math
 import pytest
 from hypothesis import given, settings
 
-from ntp_opt import Instance, Job, evaluate, solve, topology
-from ntp_opt.fast import candidates, plan_fast, speed_aware_slots
-from ntp_opt.milp.bounds import capacity_bound, gpu_bound, stage_bound
+from ntp_opt import Instance, Job, evaluate, solve
+from ntp_opt.model import topology
+from ntp_opt.planners.exact.bounds import capacity_bound, gpu_bound, stage_bound
+from ntp_opt.planners.fast import candidates, plan_fast, speed_aware_slots
 
 from .bruteforce import brute_force
 from .helpers import make_instance

@@ -8,8 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from ntp_opt import baselines
-from ntp_opt.files import (
+from ntp_opt.model.files import (
     InputError,
     instance_from_dict,
     instance_to_dict,
@@ -21,6 +20,7 @@ from ntp_opt.files import (
     save_instance,
     save_plan,
 )
+from ntp_opt.planners import heuristics as baselines
 
 from .helpers import make_instance
 
@@ -69,7 +69,7 @@ def test_plan_round_trip(tmp_path, inst):
 
 def test_save_plan_needs_metrics(inst):
     plan = baselines.ntp(inst)
-    from ntp_opt.plan import Plan
+    from ntp_opt.model.plan import Plan
 
     with pytest.raises(ValueError, match="goodput"):
         plan_to_dict(Plan(plan.instance, plan.replicas))
@@ -181,7 +181,7 @@ def test_save_is_atomic(tmp_path, inst, monkeypatch):
     def boom(*_a, **_k):
         raise KeyboardInterrupt
 
-    monkeypatch.setattr("ntp_opt.files.os.replace", boom)
+    monkeypatch.setattr("ntp_opt.model.files.os.replace", boom)
     with pytest.raises(KeyboardInterrupt):
         save_instance(make_instance(name="other"), path)
     assert path.read_bytes() == before

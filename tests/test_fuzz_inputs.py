@@ -18,9 +18,11 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from ntp_opt import baselines, files, solve
-from ntp_opt.cli import main
-from ntp_opt.files import InputError, instance_to_dict, load_instance, load_plan, plan_to_dict
+from ntp_opt import solve
+from ntp_opt.app.cli import main
+from ntp_opt.model import files
+from ntp_opt.model.files import InputError, instance_to_dict, load_instance, load_plan, plan_to_dict
+from ntp_opt.planners import heuristics as baselines
 
 from .helpers import make_instance
 

@@ -9,8 +9,8 @@ import math
 import numpy as np
 import pytest
 
-from ntp_opt import goodput as gp
-from ntp_opt.job import Job
+from ntp_opt.model.job import Job
+from ntp_opt.rules import goodput as gp
 
 
 def job(**kw):

@@ -35,9 +35,9 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from ntp_opt import files
-from ntp_opt.cli import main
-from ntp_opt.safeio import UnsafeTargetError, atomic_append, atomic_write, save_figure
+from ntp_opt.app.cli import main
+from ntp_opt.model import files
+from ntp_opt.model.safeio import UnsafeTargetError, atomic_append, atomic_write, save_figure
 
 ROOT = Path(__file__).resolve().parent.parent
 TINY = ROOT / "instances" / "tiny.json"
@@ -149,7 +149,7 @@ def test_item1_write_error_names_the_users_path(tmp_path, capsys, monkeypatch):
     def full(fd):
         raise OSError(28, "No space left on device")
 
-    monkeypatch.setattr("ntp_opt.safeio.os.fsync", full)
+    monkeypatch.setattr("ntp_opt.model.safeio.os.fsync", full)
     target = tmp_path / "i.json"
     assert main([*GEN, "-o", str(target)]) == 2
     err = _err(capsys)
@@ -219,10 +219,10 @@ def test_item1_atomic_write_keeps_old_content_on_error(tmp_path):
 # signal. No timing: the child blocks on stdin until it is signalled.
 _PAUSED_GEN = """
 import contextlib, sys
-import ntp_opt.files as files
+import ntp_opt.model.files as files
 from ntp_opt import safeio
 from ntp_opt import files
-from ntp_opt.cli import main
+from ntp_opt.app.cli import main
 
 @contextlib.contextmanager
 def paused(path, inputs=()):
@@ -485,8 +485,8 @@ def test_item5_multi_tiny_demand(tmp_path, capsys, demand):
 
 
 def test_item6_second_runner_gets_clean_error(tmp_path, capsys):
-    from ntp_opt.bench import LOCK
-    from ntp_opt.safeio import locked
+    from ntp_opt.app.bench import LOCK
+    from ntp_opt.model.safeio import locked
 
     out = tmp_path / "bench"
     out.mkdir()
@@ -511,7 +511,7 @@ BAD_ROWS = [
 
 @pytest.mark.parametrize("bad", BAD_ROWS)
 def test_item6_read_rows_reports_file_and_line(tmp_path, bad):
-    from ntp_opt.bench import read_rows, run_key
+    from ntp_opt.app.bench import read_rows, run_key
 
     good = {"key": "g", "instance": "tiny", "planner": "ntp", "status": "optimal", "gpus": 12}
     line = json.dumps({"key": run_key(TINY, "ntp", 0)}) if bad == "KEY_ONLY" else bad
@@ -524,7 +524,7 @@ def test_item6_read_rows_reports_file_and_line(tmp_path, bad):
 
 
 def test_item6_corrupt_results_rows_skipped_and_redone(tmp_path, capsys):
-    from ntp_opt.bench import run_key
+    from ntp_opt.app.bench import run_key
 
     out = tmp_path / "bench"
     out.mkdir()
@@ -561,7 +561,7 @@ def _alive(pid: int) -> bool:
 def test_item6_worker_dies_with_its_driver(tmp_path):
     out = tmp_path / "bench"
     marker = tmp_path / "worker.pid"
-    cmd = [sys.executable, "-m", "ntp_opt.cli", "bench", str(TINY), "-o", str(out)]
+    cmd = [sys.executable, "-m", "ntp_opt.app.cli", "bench", str(TINY), "-o", str(out)]
     cmd += ["--planners", "tests.test_hostile:stuck", "--no-best-known", "--timeout", "3600"]
     env = {**os.environ, "PYTHONPATH": str(ROOT), "NTP_OPT_STUCK_PID": str(marker)}
     driver = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.DEVNULL)
@@ -629,7 +629,7 @@ def test_item7_nan_bound_dropped_and_reported(tmp_path, capsys):
 
 
 def test_item7_best_known_refuses_nan_and_escapes_names(tmp_path):
-    from ntp_opt import best_known as bk
+    from ntp_opt.app import best_known as bk
 
     sha = bk.file_sha256(TINY)
     name = "evil | x\n| injected | row |<script>alert(1)</script>"
@@ -880,7 +880,7 @@ TINY_INSTANCE = files.load_instance(TINY)
 
 @given(mutated_bytes(PLAN_BYTES))
 def test_fuzz_loaders_plan(case):
-    from ntp_opt.validate import evaluate
+    from ntp_opt.rules.validate import evaluate
 
     blob, gz = case
     with TemporaryDirectory() as tmp:
@@ -900,7 +900,7 @@ EVENTS_BYTES = (
 
 @given(mutated_bytes(EVENTS_BYTES))
 def test_fuzz_loaders_events(case):
-    from ntp_opt.cli import load_events
+    from ntp_opt.app.cli import load_events
 
     blob, gz = case
     with TemporaryDirectory() as tmp:
@@ -912,7 +912,7 @@ def test_fuzz_loaders_events(case):
 
 
 def test_item10_export_rank_file_stays_beside_the_config(tmp_path, plan_file):
-    from ntp_opt.export import RANKS_NAME, import_megatron
+    from ntp_opt.app.export import RANKS_NAME, import_megatron
 
     out = tmp_path / "launch"
     argv = ["export", str(plan_file), "--to", "megatron-ntp", "--instance", str(TINY)]
@@ -942,7 +942,7 @@ ROW_BYTES = (
 
 @given(mutated_bytes(ROW_BYTES * 3))
 def test_fuzz_loaders_bench_rows(case):
-    from ntp_opt.bench import read_rows
+    from ntp_opt.app.bench import read_rows
 
     blob, _ = case
     with TemporaryDirectory() as tmp:
@@ -953,7 +953,7 @@ def test_fuzz_loaders_bench_rows(case):
         for row in rows:  # every row kept is usable by the summary and the table
             assert isinstance(row["key"], str) and isinstance(row["status"], str)
         assert all(p.startswith(f"{path}:") for p in problems)
-        from ntp_opt.bench import summary
+        from ntp_opt.app.bench import summary
 
         summary(rows)
 

@@ -17,15 +17,15 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from ntp_opt.cli import main
-from ntp_opt.files import InputError, load_instance, load_plan
-from ntp_opt.importers import expand, import_k8s, import_slurm, read_nodes, read_topology
-from ntp_opt.importers.cli import load_job
-from ntp_opt.importers.hostlist import HostlistError
-from ntp_opt.importers.slurm import _failed_state, parse_gres
-from ntp_opt.instance import Instance
-from ntp_opt.plan import Plan, Replica, Stage
-from ntp_opt.validate import evaluate, validate
+from ntp_opt.app.cli import main
+from ntp_opt.app.importers import expand, import_k8s, import_slurm, read_nodes, read_topology
+from ntp_opt.app.importers.cli import load_job
+from ntp_opt.app.importers.hostlist import HostlistError
+from ntp_opt.app.importers.slurm import _failed_state, parse_gres
+from ntp_opt.model.files import InputError, load_instance, load_plan
+from ntp_opt.model.instance import Instance
+from ntp_opt.model.plan import Plan, Replica, Stage
+from ntp_opt.rules.validate import evaluate, validate
 
 FIX = Path(__file__).parent / "fixtures" / "import"
 GB = FIX / "gb200-slurm"

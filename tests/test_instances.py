@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from ntp_opt.files import load_instance
+from ntp_opt.model.files import load_instance
 from ntp_opt.solve import HEURISTICS, solve
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from pydantic import ValidationError
 
-from ntp_opt.job import Job
+from ntp_opt.model.job import Job
 
 
 def test_defaults():

@@ -13,14 +13,14 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from ntp_opt import goodput as gp
-from ntp_opt.cli import main
-from ntp_opt.files import load_instance
-from ntp_opt.instance import Instance
-from ntp_opt.milp import model
-from ntp_opt.milp.search import solve_exact
+from ntp_opt.app.cli import main
+from ntp_opt.model.files import load_instance
+from ntp_opt.model.instance import Instance
+from ntp_opt.planners.exact import model
+from ntp_opt.planners.exact.search import solve_exact
+from ntp_opt.rules import goodput as gp
+from ntp_opt.rules.validate import evaluate
 from ntp_opt.solve import Limit, solve
-from ntp_opt.validate import evaluate
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -131,7 +131,7 @@ def test_bounded_split_matches_the_full_one(monkeypatch: pytest.MonkeyPatch) -> 
     # admitted; with the threshold at 0 that path runs on every case, and its
     # goodput must equal brute force (small cases) and its batches the full
     # listing's (larger ones).
-    from ntp_opt.job import Job
+    from ntp_opt.model.job import Job
 
     rng = random.Random(7)
     for _ in range(120):
@@ -170,7 +170,7 @@ def test_bounded_split_memory_follows_b_not_m() -> None:
 @pytest.mark.parametrize("planner", ["risk-aware", "optimal-megatron", "highs", "optimal-nopower"])
 def test_every_time_limited_planner_stops_with_a_valid_plan(planner: str) -> None:
     # a limit that has passed before the first check: every phase must notice
-    from ntp_opt.riskaware import risk_instance
+    from ntp_opt.planners.riskaware import risk_instance
 
     inst = risk_instance("pack")
     res = solve(inst, planner, time_limit=1e-9)

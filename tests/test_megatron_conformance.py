@@ -41,12 +41,12 @@ from typing import Any
 
 import pytest
 
-from ntp_opt import topology
-from ntp_opt.export import equal_batch, export_megatron, import_megatron
-from ntp_opt.files import load_instance, load_plan
-from ntp_opt.instance import Instance
-from ntp_opt.job import Job
-from ntp_opt.plan import Plan
+from ntp_opt.app.export import equal_batch, export_megatron, import_megatron
+from ntp_opt.model import topology
+from ntp_opt.model.files import load_instance, load_plan
+from ntp_opt.model.instance import Instance
+from ntp_opt.model.job import Job
+from ntp_opt.model.plan import Plan
 from ntp_opt.solve import solve
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -8,8 +8,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from ntp_opt import Instance, Job, evaluate, load_instance, solve, topology
-from ntp_opt.milp.backends import available_backends
+from ntp_opt import Instance, Job, evaluate, load_instance, solve
+from ntp_opt.model import topology
+from ntp_opt.planners.exact.backends import available_backends
 from tests.helpers import HANG_GUARD
 
 from .bruteforce import brute_force

@@ -11,10 +11,10 @@ from pathlib import Path
 import pytest
 
 from ntp_opt import load_instance
-from ntp_opt.cli import build_parser, main
-from ntp_opt.files import json_schema
-from ntp_opt.replan import ClusterEvent
+from ntp_opt.app.cli import build_parser, main
+from ntp_opt.model.files import json_schema
 from ntp_opt.solve import solve
+from ntp_opt.workflows.replan import ClusterEvent
 
 ROOT = Path(__file__).resolve().parent.parent
 TINY = str(ROOT / "instances" / "tiny.json")
@@ -46,7 +46,7 @@ def test_schema_into_a_closed_pipe_is_quiet() -> None:
     os.close(read)  # deterministic: every write fails with EPIPE
     try:
         done = subprocess.run(
-            [sys.executable, "-m", "ntp_opt.cli", "schema", "instance"],
+            [sys.executable, "-m", "ntp_opt.app.cli", "schema", "instance"],
             cwd=ROOT,
             env=ENV,
             stdout=write,

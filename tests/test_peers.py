@@ -21,11 +21,12 @@ from typing import Any
 
 import pytest
 
-from ntp_opt import peers, topology
-from ntp_opt.instance import Instance
-from ntp_opt.job import Job
+from ntp_opt.model import topology
+from ntp_opt.model.instance import Instance
+from ntp_opt.model.job import Job
+from ntp_opt.planners import peers
+from ntp_opt.rules.validate import evaluate
 from ntp_opt.solve import HEURISTICS, solve
-from ntp_opt.validate import evaluate
 from tests.helpers import HANG_GUARD
 
 RHO = 0.01
@@ -207,8 +208,8 @@ def test_rack_budget_below_tdp_drops_replicas():
 
 
 def test_registered_and_never_above_the_optimum():
-    assert HEURISTICS["megatron-ntp"] == "ntp_opt.peers:megatron_ntp"
-    assert HEURISTICS["megatron-ntp-reordered"] == "ntp_opt.peers:megatron_ntp_reordered"
+    assert HEURISTICS["megatron-ntp"] == "ntp_opt.planners.peers:megatron_ntp"
+    assert HEURISTICS["megatron-ntp-reordered"] == "ntp_opt.planners.peers:megatron_ntp_reordered"
     g = topology.build_cluster(16, 8, 4, 2)
     topology.fail_random(g, count=6, seed=3)
     topology.add_stragglers(g, count=3, speed=(0.7, 0.95), seed=4)

@@ -1,4 +1,4 @@
-"""Pictures of a plan (ntp_opt.plot): the artists drawn, the CLI, the HTML page."""
+"""Pictures of a plan (ntp_opt.app.plot): the artists drawn, the CLI, the HTML page."""
 
 from __future__ import annotations
 
@@ -14,11 +14,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from ntp_opt.cli import main
-from ntp_opt.files import load_instance, load_plan, save_plan
-from ntp_opt.plan import Plan, Replica, Stage
-from ntp_opt.simulate import SimResult, SimStep
-from ntp_opt.validate import evaluate
+from ntp_opt.app.cli import main
+from ntp_opt.model.files import load_instance, load_plan, save_plan
+from ntp_opt.model.plan import Plan, Replica, Stage
+from ntp_opt.rules.validate import evaluate
+from ntp_opt.workflows.simulate import SimResult, SimStep
 
 from .helpers import make_instance
 
@@ -27,7 +27,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 from matplotlib.colors import to_hex  # noqa: E402
 
-from ntp_opt import plot as nplot  # noqa: E402
+from ntp_opt.app import plot as nplot  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 TINY = ROOT / "instances" / "tiny.json"
@@ -362,7 +362,7 @@ def test_plot_module_imports_without_matplotlib():
     # the HTML page needs no matplotlib; the module imports it lazily
     code = (
         "import sys; sys.modules['matplotlib'] = None\n"
-        "import ntp_opt.plot as p\n"
+        "import ntp_opt.app.plot as p\n"
         "try:\n"
         "    p.plot_plan(None, None)\n"
         "except ImportError as e:\n"
@@ -400,7 +400,7 @@ BENCH_ROWS = [
 
 
 def test_bench_goodput_losses_by_hand():
-    from ntp_opt.bench import goodput_losses
+    from ntp_opt.app.bench import goodput_losses
 
     got = goodput_losses(BENCH_ROWS)
     assert got[("a", "optimal")] == 0.0 and got[("b", "optimal")] == 0.0
@@ -410,7 +410,7 @@ def test_bench_goodput_losses_by_hand():
 
 
 def test_bench_figures_are_labelled(tmp_path, monkeypatch):
-    from ntp_opt.bench import LOSS_FLOOR, plot_gap, plot_goodput
+    from ntp_opt.app.bench import LOSS_FLOOR, plot_gap, plot_goodput
 
     captured = []
     monkeypatch.setattr(plt, "close", captured.append)  # keep the figures to inspect

@@ -12,17 +12,18 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from ntp_opt import evaluate, hardware, solve, topology
-from ntp_opt.failures import failed_instance
-from ntp_opt.files import InputError, instance_from_dict, instance_to_dict, load_instance
-from ntp_opt.instance import Instance
-from ntp_opt.job import Job
-from ntp_opt.milp.backends import available_backends
-from ntp_opt.milp.bounds import capacity_bound
-from ntp_opt.recourse import adapt
-from ntp_opt.replan import ClusterEvent, reboost, replan
+from ntp_opt import evaluate, solve
+from ntp_opt.model import hardware, topology
+from ntp_opt.model.failures import failed_instance
+from ntp_opt.model.files import InputError, instance_from_dict, instance_to_dict, load_instance
+from ntp_opt.model.instance import Instance
+from ntp_opt.model.job import Job
+from ntp_opt.model.topology import TopologyError, check_topology
+from ntp_opt.planners.exact.backends import available_backends
+from ntp_opt.planners.exact.bounds import capacity_bound
+from ntp_opt.rules.recourse import adapt
 from ntp_opt.solve import EXACT, PLANNERS
-from ntp_opt.topology import TopologyError, check_topology
+from ntp_opt.workflows.replan import ClusterEvent, reboost, replan
 
 from .bruteforce import brute_force, plan_figures
 from .helpers import make_instance
@@ -179,7 +180,7 @@ def test_lookup_unknown_names(name):
 
 
 def test_table_values():
-    # docs/model.md, spec section 6b board powers; maxima as documented in ntp_opt.hardware
+    # docs/model.md, spec section 6b board powers; maxima as documented in ntp_opt.model.hardware
     expected = {
         "h100-sxm": (700, 700),
         "h200-sxm": (700, 700),
@@ -390,8 +391,8 @@ def test_board_limits_change_optima():
 
 
 def test_gen_product(tmp_path, capsys):
-    from ntp_opt.cli import main
-    from ntp_opt.files import load_instance
+    from ntp_opt.app.cli import main
+    from ntp_opt.model.files import load_instance
 
     out = tmp_path / "h100.json"
     args = ["gen", "--builder", "dgx-h100", "--gpus", "64", "--tp", "8", "--fail-count", "3"]
@@ -447,7 +448,7 @@ def test_best_known_values_do_not_move(name):
 
 
 def test_info_reports_board_limits(tmp_path, capsys):
-    from ntp_opt.cli import main
+    from ntp_opt.app.cli import main
 
     out = tmp_path / "gb.json"
     args = ["gen", "--builder", "nvl72", "--gpus", "144", "--tp", "72", "-o", str(out)]
@@ -460,7 +461,7 @@ def test_info_reports_board_limits(tmp_path, capsys):
 
 
 def test_board_limits_break_domain_interchangeability():
-    from ntp_opt.simulate import interchangeable_domains
+    from ntp_opt.workflows.simulate import interchangeable_domains
 
     g = topology.build_cluster(3, 8, 4, 2)
     job = Job(tp=8, pp=1, dp=3, global_batch=24)

@@ -20,8 +20,8 @@ import pytest
 from hypothesis import assume, given, note, settings
 from hypothesis import strategies as st
 
-from ntp_opt import topology
-from ntp_opt.files import (
+from ntp_opt.model import topology
+from ntp_opt.model.files import (
     instance_from_dict,
     instance_to_dict,
     load_instance,
@@ -31,11 +31,11 @@ from ntp_opt.files import (
     save_instance,
     save_plan,
 )
-from ntp_opt.instance import Instance
-from ntp_opt.milp.backends import available_backends
-from ntp_opt.plan import Plan, Replica, Stage
+from ntp_opt.model.instance import Instance
+from ntp_opt.model.plan import Plan, Replica, Stage
+from ntp_opt.planners.exact.backends import available_backends
+from ntp_opt.rules.validate import RULES, evaluate, validate
 from ntp_opt.solve import HEURISTICS, Result, solve
-from ntp_opt.validate import RULES, evaluate, validate
 from tests.helpers import HANG_GUARD
 
 from .bruteforce import brute_force

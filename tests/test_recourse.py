@@ -7,13 +7,14 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from ntp_opt import baselines, topology
-from ntp_opt.failures import failed_instance
-from ntp_opt.instance import Instance
-from ntp_opt.job import Job
-from ntp_opt.plan import Plan, Replica, Stage
-from ntp_opt.recourse import adapt, goodput_after
-from ntp_opt.validate import check
+from ntp_opt.model import topology
+from ntp_opt.model.failures import failed_instance
+from ntp_opt.model.instance import Instance
+from ntp_opt.model.job import Job
+from ntp_opt.model.plan import Plan, Replica, Stage
+from ntp_opt.planners import heuristics as baselines
+from ntp_opt.rules.recourse import adapt, goodput_after
+from ntp_opt.rules.validate import check
 
 from .helpers import make_instance
 from .strategies import instances
@@ -200,7 +201,7 @@ def test_recourse_plans_are_feasible_and_below_the_bound(inst, planner, data):
     passes the validator on the failed instance, its goodput is what
     goodput_after reports, and no more than the failed instance's bound."""
     from ntp_opt import solve
-    from ntp_opt.milp.bounds import capacity_bound
+    from ntp_opt.planners.exact.bounds import capacity_bound
 
     plan = solve(inst, planner).plan
     assert plan is not None

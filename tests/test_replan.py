@@ -6,10 +6,11 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from ntp_opt import Instance, Job, Plan, Replica, Stage, check, solve, topology
-from ntp_opt.replan import ClusterEvent, apply_events, migration, replan
-from ntp_opt.simulate import Event
-from ntp_opt.validate import certified
+from ntp_opt import Instance, Job, Plan, Replica, Stage, check, solve
+from ntp_opt.model import topology
+from ntp_opt.rules.validate import certified
+from ntp_opt.workflows.replan import ClusterEvent, apply_events, migration, replan
+from ntp_opt.workflows.simulate import Event
 
 from .strategies import instances
 
@@ -170,7 +171,7 @@ def test_replanned_plans_are_valid_on_a_fresh_instance(inst, data):
 
 def test_cli_replan_writes_a_valid_plan_and_instance(tmp_path, capsys):
     from ntp_opt import load_instance, load_plan, save_instance, save_plan
-    from ntp_opt.cli import main
+    from ntp_opt.app.cli import main
 
     inst = two_domains()
     save_instance(inst, tmp_path / "i.json")
@@ -209,7 +210,7 @@ def test_cli_replan_writes_a_valid_plan_and_instance(tmp_path, capsys):
 )
 def test_cli_replan_bad_events(tmp_path, capsys, event, message):
     from ntp_opt import save_instance, save_plan
-    from ntp_opt.cli import main
+    from ntp_opt.app.cli import main
 
     inst = two_domains()
     save_instance(inst, tmp_path / "i.json")

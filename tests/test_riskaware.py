@@ -1,7 +1,7 @@
 """Risk-aware planning (issue 4, item 4): expected goodput after recourse.
 
 Expected values here are either computed by hand (argued in comments) or by
-exact enumeration with :func:`ntp_opt.expected.expected_goodput`, which the
+exact enumeration with :func:`ntp_opt.rules.expected.expected_goodput`, which the
 planner does not use to score its moves in these tests' comparisons against
 the risk-blind optimum.
 """
@@ -14,12 +14,11 @@ import time
 import numpy as np
 import pytest
 
-from ntp_opt import solve, topology
-from ntp_opt.expected import expected_goodput
-from ntp_opt.files import load_plan, save_plan
-from ntp_opt.instance import Instance
-from ntp_opt.recourse import adapt
-from ntp_opt.riskaware import (
+from ntp_opt import solve
+from ntp_opt.model import topology
+from ntp_opt.model.files import load_plan, save_plan
+from ntp_opt.model.instance import Instance
+from ntp_opt.planners.riskaware import (
     RISK_INSTANCES,
     fresh_scenarios,
     gpu_risk,
@@ -28,7 +27,9 @@ from ntp_opt.riskaware import (
     scenario_goodputs,
     training_scenarios,
 )
-from ntp_opt.validate import check
+from ntp_opt.rules.expected import expected_goodput
+from ntp_opt.rules.recourse import adapt
+from ntp_opt.rules.validate import check
 from tests.helpers import HANG_GUARD
 
 from .test_milp import exact_instance
@@ -214,8 +215,8 @@ def test_unknown_instance_name():
 @pytest.mark.parametrize("name", ["pack", "mixed", "mixed-fixed"])
 def test_fast_scorer_equals_recourse(name):
     # The search scores candidates replica by replica; it must agree with the
-    # reference recourse (ntp_opt.recourse.adapt) scenario for scenario.
-    from ntp_opt.riskaware import _FastScorer, _state_of, objective
+    # reference recourse (ntp_opt.rules.recourse.adapt) scenario for scenario.
+    from ntp_opt.planners.riskaware import _FastScorer, _state_of, objective
 
     inst = risk_instance(name)
     res = solve(inst, "ntp", time_limit=5)
@@ -229,7 +230,7 @@ def test_fast_scorer_equals_recourse(name):
 
 @pytest.mark.parametrize("seed", range(6))
 def test_fast_scorer_on_random_instances(seed):
-    from ntp_opt.riskaware import _FastScorer, _state_of, objective
+    from ntp_opt.planners.riskaware import _FastScorer, _state_of, objective
 
     inst = _random_risky(seed)
     for name in ("ntp", "dp-drop"):
@@ -246,7 +247,7 @@ def test_fast_scorer_on_random_instances(seed):
 def test_fast_scorer_declines_domains_across_racks():
     g = topology.nvl36x2(2)
     inst = Instance("x", g, risk_instance("mixed").job)
-    from ntp_opt.riskaware import _FastScorer
+    from ntp_opt.planners.riskaware import _FastScorer
 
     fast = _FastScorer(inst, training_scenarios(inst, samples=5))
     assert not fast.domain_ok

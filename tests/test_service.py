@@ -1,6 +1,6 @@
 """The HTTP/JSON service: a real ``ntp-opt serve`` process on loopback, a real client.
 
-The server runs as a subprocess of the command line (``python -m ntp_opt.cli
+The server runs as a subprocess of the command line (``python -m ntp_opt.app.cli
 serve``) on a free port of 127.0.0.1, with a 3 MiB body limit and a 5 s cap
 on time limits; httpx talks to it. Expected figures come from the package's
 validator run here, on the client side, or from the brute-force reference.
@@ -21,8 +21,8 @@ from typing import Any
 import httpx
 import pytest
 
-from ntp_opt.files import instance_from_dict, plan_from_dict
-from ntp_opt.validate import evaluate
+from ntp_opt.model.files import instance_from_dict, plan_from_dict
+from ntp_opt.rules.validate import evaluate
 
 from .bruteforce import brute_force
 
@@ -41,7 +41,7 @@ def _free_port() -> int:
 def client(tmp_path_factory: pytest.TempPathFactory) -> Iterator[httpx.Client]:
     port = _free_port()
     log = tmp_path_factory.mktemp("serve") / "server.log"
-    cmd = [sys.executable, "-m", "ntp_opt.cli", "serve", "--port", str(port)]
+    cmd = [sys.executable, "-m", "ntp_opt.app.cli", "serve", "--port", str(port)]
     cmd += ["--max-body-mb", "3", "--max-time-limit", str(CAP)]
     with log.open("w") as out:
         proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT)

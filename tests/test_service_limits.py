@@ -62,7 +62,7 @@ class Server:
 def start_server(tmp: Path, *args: str) -> Server:
     port = _free_port()
     log = tmp / f"server-{port}.log"
-    cmd = [sys.executable, "-m", "ntp_opt.cli", "serve", "--port", str(port), *args]
+    cmd = [sys.executable, "-m", "ntp_opt.app.cli", "serve", "--port", str(port), *args]
     with log.open("w") as out:
         proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT)
     server = Server(proc, port, log)
@@ -453,7 +453,7 @@ def test_fuzz_mutated_bodies_never_5xx(
 
 
 def test_serve_bad_port_is_one_line(capsys: pytest.CaptureFixture[str]) -> None:
-    from ntp_opt.cli import main
+    from ntp_opt.app.cli import main
 
     with pytest.raises(SystemExit) as exit_:
         main(["serve", "--port", "99999"])

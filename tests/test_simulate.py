@@ -1,4 +1,4 @@
-"""Failure traces and their replay (ntp_opt.simulate, docs/model.md, spec section 5)."""
+"""Failure traces and their replay (ntp_opt.workflows.simulate, docs/model.md, spec section 5)."""
 
 from __future__ import annotations
 
@@ -8,11 +8,13 @@ import networkx as nx
 import numpy as np
 import pytest
 
-from ntp_opt import solve, topology
-from ntp_opt.failures import failed_instance
-from ntp_opt.instance import Instance
-from ntp_opt.job import Job
-from ntp_opt.simulate import (
+from ntp_opt import solve
+from ntp_opt.model import topology
+from ntp_opt.model.failures import failed_instance
+from ntp_opt.model.instance import Instance
+from ntp_opt.model.job import Job
+from ntp_opt.rules.validate import check
+from ntp_opt.workflows.simulate import (
     Event,
     Trace,
     generate_trace,
@@ -22,7 +24,6 @@ from ntp_opt.simulate import (
     spares_needed,
     spares_search,
 )
-from ntp_opt.validate import check
 from tests.helpers import HANG_GUARD
 
 RHO = 1.01  # 1 + default reshard overhead

@@ -10,10 +10,10 @@ from pathlib import Path
 
 import pytest
 
-from ntp_opt import baselines
-from ntp_opt.files import load_instance, load_plan
-from ntp_opt.plan import Plan, Replica, Stage
-from ntp_opt.validate import evaluate
+from ntp_opt.model.files import load_instance, load_plan
+from ntp_opt.model.plan import Plan, Replica, Stage
+from ntp_opt.planners import heuristics as baselines
+from ntp_opt.rules.validate import evaluate
 
 ROOT = Path(__file__).resolve().parent.parent
 V_BOOSTED_TP3 = 0.75 * 1.3**0.65  # 3/4 of the GPUs, power 1.3, alpha 0.65

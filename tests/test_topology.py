@@ -1,4 +1,4 @@
-"""Tests for ntp_opt.topology: builders, failure/straggler/risk helpers, check_topology."""
+"""Tests for ntp_opt.model.topology: builders, failure/straggler/risk helpers, check_topology."""
 
 from __future__ import annotations
 
@@ -11,8 +11,8 @@ import networkx as nx
 import numpy as np
 import pytest
 
-from ntp_opt import topology as topo
-from ntp_opt.topology import (
+from ntp_opt.model import topology as topo
+from ntp_opt.model.topology import (
     BUILDERS,
     DEFAULT_TDP_W,
     NIC_GBPS_PER_GPU,

@@ -6,10 +6,10 @@ import dataclasses
 
 import pytest
 
-from ntp_opt import baselines
-from ntp_opt.instance import Instance
-from ntp_opt.plan import Plan, Replica, Stage
-from ntp_opt.validate import RULES, PlanError, check, evaluate, validate
+from ntp_opt.model.instance import Instance
+from ntp_opt.model.plan import Plan, Replica, Stage
+from ntp_opt.planners import heuristics as baselines
+from ntp_opt.rules.validate import RULES, PlanError, check, evaluate, validate
 
 from .helpers import make_instance
 
@@ -168,8 +168,8 @@ def test_power_range(inst, plan, power):
 def test_board_power():
     # 1 domain of 4 GPUs (1000 W each), racks and site with ample room; one board
     # accepts at most 1100 W: a stage on it may run at 1.1 x, not above
-    from ntp_opt import topology
-    from ntp_opt.job import Job
+    from ntp_opt.model import topology
+    from ntp_opt.model.job import Job
 
     g = topology.build_cluster(1, 4, 2, 2, rack_power_factor=2.0)
     g.graph["power_budget_w"] = 8000.0

@@ -10,7 +10,9 @@ import math
 import pytest
 from pydantic import ValidationError
 
-from ntp_opt import Instance, Job, topology
+from ntp_opt import Instance, Job
+from ntp_opt.model import topology
+from ntp_opt.model.plan import Plan
 from ntp_opt.multi import (
     MultiInstance,
     MultiPlan,
@@ -23,8 +25,7 @@ from ntp_opt.multi import (
     solve_static,
     validate_multi,
 )
-from ntp_opt.plan import Plan
-from ntp_opt.validate import check
+from ntp_opt.rules.validate import check
 from tests.helpers import HANG_GUARD, make_instance
 
 TL = HANG_GUARD  # every exact run here finishes; the limit only guards against a hang
@@ -518,8 +519,8 @@ def test_milp_matches_brute_force_random(seed: int) -> None:
 
 def test_files_round_trip_and_cli(tmp_path, capsys) -> None:  # type: ignore[no-untyped-def]
     from ntp_opt import save_instance
-    from ntp_opt.cli import main
-    from ntp_opt.files import InputError
+    from ntp_opt.app.cli import main
+    from ntp_opt.model.files import InputError
     from ntp_opt.multi.files import (
         load_multi_plan,
         load_workloads,

@@ -38,7 +38,9 @@ import math
 import time
 from pathlib import Path
 
-from ntp_opt import Instance, Job, topology
+from ntp_opt import Instance, Job
+from ntp_opt.model import topology
+from ntp_opt.model.safeio import atomic_write
 from ntp_opt.multi import (
     MultiEvaluation,
     MultiInstance,
@@ -47,7 +49,6 @@ from ntp_opt.multi import (
     solve_multi,
     solve_static,
 )
-from ntp_opt.safeio import atomic_write
 
 HERE = Path(__file__).resolve().parent
 DEFAULT_TABLE = HERE / "results.md"

@@ -17,7 +17,8 @@ import sys
 import time
 from pathlib import Path
 
-from ntp_opt.availability import (
+from ntp_opt.model.safeio import save_figure
+from ntp_opt.workflows.availability import (
     PAPER_N_FAILED,
     PAPER_N_GPUS,
     PUBLISHED_AVAILABILITY,
@@ -25,7 +26,6 @@ from ntp_opt.availability import (
     availability_sampled,
     availability_table,
 )
-from ntp_opt.safeio import save_figure
 
 DEFAULT_PLOT = Path(__file__).resolve().parent / "availability.png"
 TPS = (8, 16, 32, 64)

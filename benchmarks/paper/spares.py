@@ -11,7 +11,7 @@ b0 = 16. One failure trace per seed is drawn on the cluster with the most spares
 (Llama 3 rates: 4.7e-4 failures per GPU-day, 78 % hardware repaired after 5 days,
 22 % software after 3 hours) and every ``k`` sees its restriction, so spares fail too
 and every ``k`` and every policy faces the same failures
-(:func:`ntp_opt.simulate.spares_search`).
+(:func:`ntp_opt.workflows.simulate.spares_search`).
 
 Two criteria, both reported:
 
@@ -42,8 +42,8 @@ from typing import Any
 import numpy as np
 
 from ntp_opt import Instance
-from ntp_opt.safeio import atomic_write, save_figure
-from ntp_opt.simulate import Trace, generate_trace, restrict_trace, spares_search
+from ntp_opt.model.safeio import atomic_write, save_figure
+from ntp_opt.workflows.simulate import Trace, generate_trace, restrict_trace, spares_search
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parents[1] / "instances"))

@@ -23,8 +23,9 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from ntp_opt import Instance, Job, solve, topology
-from ntp_opt.safeio import atomic_write
+from ntp_opt import Instance, Job, solve
+from ntp_opt.model import topology
+from ntp_opt.model.safeio import atomic_write
 
 HERE = Path(__file__).resolve().parent
 DEFAULT_PLOT = HERE / "throughput_loss.png"

@@ -37,9 +37,9 @@ import time
 from pathlib import Path
 
 from ntp_opt import load_instance, solve
-from ntp_opt.instance import Instance
-from ntp_opt.job import Job
-from ntp_opt.peers import malleus_split, malleus_split_as_shipped, our_split
+from ntp_opt.model.instance import Instance
+from ntp_opt.model.job import Job
+from ntp_opt.planners.peers import malleus_split, malleus_split_as_shipped, our_split
 
 ROOT = Path(__file__).resolve().parents[2]
 INSTANCES = (

@@ -4,7 +4,7 @@ Usage::
 
     python benchmarks/risk/run.py [--time-limit 60] [--fresh 2000] [--out results.md]
 
-For every instance of :data:`ntp_opt.riskaware.RISK_INSTANCES` it runs the
+For every instance of :data:`ntp_opt.planners.riskaware.RISK_INSTANCES` it runs the
 risk-aware planner (which first solves the risk-blind optimum with
 ``solve(instance, "optimal")`` and starts from it), then evaluates both plans
 on ``--fresh`` FRESH failure scenarios (seed stream ``[1, 1]``, never seen by
@@ -22,17 +22,17 @@ import math
 import time
 from pathlib import Path
 
-from ntp_opt.expected import Z95, expected_goodput
-from ntp_opt.failures import MAX_EXACT_UNITS, failure_units
-from ntp_opt.riskaware import (
+from ntp_opt.model.failures import MAX_EXACT_UNITS, failure_units
+from ntp_opt.model.safeio import atomic_write
+from ntp_opt.planners.riskaware import (
     RISK_INSTANCES,
     fresh_scenarios,
     plan_risk_aware,
     risk_instance,
     scenario_goodputs,
 )
-from ntp_opt.safeio import atomic_write
-from ntp_opt.validate import check
+from ntp_opt.rules.expected import Z95, expected_goodput
+from ntp_opt.rules.validate import check
 
 HERE = Path(__file__).resolve().parent
 #: Seed of the fresh evaluation scenarios (the planner trains on seed 0).

@@ -1,26 +1,3 @@
-"""Read real clusters: Slurm, Kubernetes and ``nvidia-smi -q -x`` (``docs/import.md``).
+"""Compatibility path: the code lives in :mod:`ntp_opt.app.importers`."""
 
-:func:`import_slurm` and :func:`import_k8s` return a cluster graph whose node
-ids keep the real names (tray = host name, GPU = ``<host>:gpu<index>``);
-``ntp-opt import slurm|k8s`` wraps them and writes an instance file.
-"""
-
-from .compose import Host, SmiGpu, SmiHost, compose_cluster
-from .hostlist import HostlistError, expand
-from .k8s import import_k8s
-from .nvidia_smi import read_xml
-from .slurm import import_slurm, read_nodes, read_topology
-
-__all__ = [
-    "Host",
-    "HostlistError",
-    "SmiGpu",
-    "SmiHost",
-    "compose_cluster",
-    "expand",
-    "import_k8s",
-    "import_slurm",
-    "read_nodes",
-    "read_topology",
-    "read_xml",
-]
+from ntp_opt.app.importers import *  # noqa: F403

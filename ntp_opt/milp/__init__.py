@@ -1,1 +1,3 @@
-"""Integer-programming planners: a solver-neutral program and its backends."""
+"""Compatibility path: the code lives in :mod:`ntp_opt.planners.exact`."""
+
+from ntp_opt.planners.exact import *  # noqa: F403

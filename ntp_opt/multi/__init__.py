@@ -9,16 +9,16 @@
 See ``docs/workloads.md``.
 """
 
-from .milp import MultiResult, MultiStatus, solve_multi
-from .static import solve_static
-from .validate import (
+from ntp_opt.multi.milp import MultiResult, MultiStatus, solve_multi
+from ntp_opt.multi.static import solve_static
+from ntp_opt.multi.validate import (
     MULTI_RULES,
     MultiEvaluation,
     check_multi,
     evaluate_multi,
     validate_multi,
 )
-from .workloads import (
+from ntp_opt.multi.workloads import (
     MultiInstance,
     MultiPlan,
     ServingReplica,

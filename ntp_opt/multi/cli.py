@@ -12,13 +12,13 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
-from ..files import load_instance
-from ..safeio import check_target
-from .files import load_workloads, save_multi_plan
-from .milp import solve_multi
-from .static import solve_static
-from .validate import MultiEvaluation
-from .workloads import MultiInstance
+from ntp_opt.model.files import load_instance
+from ntp_opt.model.safeio import check_target
+from ntp_opt.multi.files import load_workloads, save_multi_plan
+from ntp_opt.multi.milp import solve_multi
+from ntp_opt.multi.static import solve_static
+from ntp_opt.multi.validate import MultiEvaluation
+from ntp_opt.multi.workloads import MultiInstance
 
 
 def _row(name: str, ev: MultiEvaluation, status: str, seconds: float) -> list[str]:

@@ -22,7 +22,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, ValidationError
 
-from ..files import (
+from ntp_opt.model.files import (
     InputError,
     check_format,
     plan_from_dict,
@@ -31,8 +31,8 @@ from ..files import (
     validation_problems,
     write_json,
 )
-from ..validate import evaluate
-from .workloads import MultiInstance, MultiPlan, ServingReplica, Workloads
+from ntp_opt.multi.workloads import MultiInstance, MultiPlan, ServingReplica, Workloads
+from ntp_opt.rules.validate import evaluate
 
 WORKLOADS_FORMAT = "ntp-opt/workloads@1"
 MULTI_PLAN_FORMAT = "ntp-opt/multi-plan@1"

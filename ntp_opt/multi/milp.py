@@ -39,12 +39,12 @@ from enum import StrEnum
 
 import numpy as np
 
-from ..goodput import replica_speed, split_batch
-from ..milp.backends import solve_program
-from ..milp.program import IntProgram, Row
-from ..plan import Plan, Replica, Stage
-from .validate import MultiEvaluation, check_multi, evaluate_multi
-from .workloads import MultiInstance, MultiPlan, ServingReplica
+from ntp_opt.model.plan import Plan, Replica, Stage
+from ntp_opt.multi.validate import MultiEvaluation, check_multi, evaluate_multi
+from ntp_opt.multi.workloads import MultiInstance, MultiPlan, ServingReplica
+from ntp_opt.planners.exact.backends import solve_program
+from ntp_opt.planners.exact.program import IntProgram, Row
+from ntp_opt.rules.goodput import replica_speed, split_batch
 
 #: Units of a fleet's normalised throughput (1 = its whole demand): each replica's share
 #: is rounded down to 1e-8 of the demand.

@@ -27,11 +27,11 @@ import math
 
 import numpy as np
 
-from ..instance import Instance
-from ..plan import Plan
-from ..solve import solve
-from .validate import MultiEvaluation, evaluate_multi
-from .workloads import MultiInstance, MultiPlan, ServingReplica, ServingWorkload
+from ntp_opt.model.instance import Instance
+from ntp_opt.model.plan import Plan
+from ntp_opt.multi.validate import MultiEvaluation, evaluate_multi
+from ntp_opt.multi.workloads import MultiInstance, MultiPlan, ServingReplica, ServingWorkload
+from ntp_opt.solve import solve
 
 
 def nominal_need(multi: MultiInstance) -> dict[str, float]:

@@ -16,8 +16,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..validate import POWER_TOL, Evaluation, PlanError, Violation, evaluate
-from .workloads import MultiInstance, MultiPlan
+from ntp_opt.multi.workloads import MultiInstance, MultiPlan
+from ntp_opt.rules.validate import POWER_TOL, Evaluation, PlanError, Violation, evaluate
 
 #: Rule codes added to :data:`ntp_opt.validate.RULES` for multi-workload plans.
 MULTI_RULES: dict[str, str] = {

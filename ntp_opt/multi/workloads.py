@@ -21,8 +21,8 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from ..instance import Instance
-from ..plan import Plan
+from ntp_opt.model.instance import Instance
+from ntp_opt.model.plan import Plan
 
 #: Name reserved for the training workload in reports.
 TRAINING = "training"

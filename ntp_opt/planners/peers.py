@@ -39,12 +39,12 @@ from typing import Literal, NamedTuple
 
 import numpy as np
 
-from .baselines import fits_at_power_one
-from .goodput import split_batch
-from .instance import Instance
-from .job import Job
-from .plan import Plan, Replica, Stage
-from .validate import certified
+from ntp_opt.model.instance import Instance
+from ntp_opt.model.job import Job
+from ntp_opt.model.plan import Plan, Replica, Stage
+from ntp_opt.planners.heuristics import fits_at_power_one
+from ntp_opt.rules.goodput import split_batch
+from ntp_opt.rules.validate import certified
 
 #: Rank orders of the launcher: ``"tp-dp-pp"`` is Megatron-LM's default
 #: (``order="tp-cp-ep-dp-pp"`` with no context or expert parallelism: TP ranks

@@ -32,7 +32,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .baselines import (
+from ntp_opt.model.instance import Instance
+from ntp_opt.model.plan import Plan
+from ntp_opt.planners.exact.bounds import capacity_bound
+from ntp_opt.planners.heuristics import (
     Slot,
     boost_slowest,
     domain_slots,
@@ -44,11 +47,8 @@ from .baselines import (
     to_replicas,
     used_mask,
 )
-from .instance import Instance
-from .milp.bounds import capacity_bound
-from .plan import Plan
-from .power import can_boost, stage_cap
-from .validate import certified
+from ntp_opt.rules.power import can_boost, stage_cap
+from ntp_opt.rules.validate import certified
 
 logger = logging.getLogger(__name__)
 

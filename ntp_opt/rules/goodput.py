@@ -21,7 +21,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .job import Job
+from ntp_opt.model.job import Job
 
 #: Largest number of ``(step time, replica)`` candidates :func:`split_batch`
 #: holds in memory (about 40 bytes each). Larger batch splits are refused

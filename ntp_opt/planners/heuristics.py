@@ -26,11 +26,11 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .goodput import BatchSplit, replica_speed, split_batch
-from .instance import Instance
-from .plan import Plan, Replica, Stage
-from .power import can_boost, stage_cap
-from .validate import certified
+from ntp_opt.model.instance import Instance
+from ntp_opt.model.plan import Plan, Replica, Stage
+from ntp_opt.rules.goodput import BatchSplit, replica_speed, split_batch
+from ntp_opt.rules.power import can_boost, stage_cap
+from ntp_opt.rules.validate import certified
 
 #: Safety margin on power headroom so that float rounding never breaks a budget.
 _POWER_MARGIN = 1e-9

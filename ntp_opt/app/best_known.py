@@ -31,7 +31,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from .safeio import atomic_write, locked
+from ntp_opt.model.safeio import atomic_write, locked
 
 FORMAT = "ntp-opt/best-known@1"
 """``format`` field of the table file."""
@@ -142,7 +142,7 @@ def merge(
         whose file is missing here, or whose ``sha256`` differs, are skipped
         (the file changed since the run).
     """
-    from .solve import INSTANCE_BOUNDS
+    from ntp_opt.solve import INSTANCE_BOUNDS
 
     entries: dict[str, Any] = table["instances"]
     changes: list[str] = []

@@ -26,9 +26,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .goodput import split_batch
-from .instance import Instance
-from .plan import Plan, Replica, Stage
+from ntp_opt.model.instance import Instance
+from ntp_opt.model.plan import Plan, Replica, Stage
+from ntp_opt.rules.goodput import split_batch
 
 
 @dataclass

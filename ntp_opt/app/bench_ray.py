@@ -24,12 +24,12 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from .bench import _Todo
+    from ntp_opt.app.bench import _Todo
 
 
 def _task(file: str, planner: str, seed: int, time_limit: float) -> Iterator[Any]:
     """Body of the Ray task: the steps of one run."""
-    from .bench import run_steps
+    from ntp_opt.app.bench import run_steps
 
     yield from run_steps(file, planner, seed, time_limit)
 
@@ -75,7 +75,7 @@ def execute(
         import ray
     except ImportError as err:
         raise ImportError("the ray backend needs ray: pip install 'ntp-opt[ray]'") from err
-    from .bench import timeout_row, utc_now
+    from ntp_opt.app.bench import timeout_row, utc_now
 
     started_ray = _connect(ray, address)
     remote = ray.remote(num_cpus=1, max_retries=0)(_task)

@@ -1,0 +1,1255 @@
+"""Export a plan to Megatron-LM's nonuniform TP runtime, its launchers and power limits.
+
+Megatron-LM's NTP code (``megatron/core/distributed/nonuniform_tp.py`` on its
+``dev`` branch) reads one object, ``NonuniformTPConfig(tp_base, tp_spares,
+num_reduced_tp_dp_ranks, non_active_ranks_per_dp)``, with
+``non_active_ranks_per_dp`` keyed by ``(dp, cp, pp)`` tuples, and its
+process-group helper ``initialize_nonuniform_tp_process_groups`` assumes that
+global ranks form blocks of ``tp_base`` consecutive ranks, that block ``b =
+rank // tp_base`` (no context parallelism) is rebuilt when ``b <
+num_reduced_tp_dp_ranks``, and that the active local ranks of block ``b`` are
+those of key ``(b, 0, 0)`` (or, without that key, the first ``tp_base -
+tp_spares``). :func:`export_megatron` writes what those functions read, in
+their types, and the files a launcher needs (``docs/export.md``):
+
+``ntp_config.py``
+    Builds the ``NonuniformTPConfig`` (tuple keys); nothing else.
+``megatron-args.txt``
+    The Megatron-LM flags the layout needs (parallel sizes, rank order,
+    global batch).
+``ranks.txt``
+    One line per global rank: host, device index, GPU, coordinates, power.
+``slurm-hostfile``, ``bind.sh``
+    ``SLURM_HOSTFILE`` for ``srun --distribution=arbitrary`` and the per-rank
+    wrapper that sets ``CUDA_VISIBLE_DEVICES`` (also used under torchrun).
+``torchrun-hosts.tsv``, ``torchrun.sh``
+    Per-host node rank, process count and first rank (only when every host's
+    ranks are contiguous; otherwise :attr:`Export.torchrun_note` says why).
+``power-limits.sh``, ``power-restore.sh``
+    Per host, ``nvidia-smi -i INDEX -pl WATTS`` for the boosted GPUs and back.
+``ntp-opt-extras.json``
+    Everything Megatron does not read (local batch, power, sizes, metrics).
+``LAUNCH.md``
+    The launch recipe with this export's numbers.
+
+Layout. The rank order is Megatron's ``tp-cp-ep-pp-dp`` (``--use-tp-pp-dp-mapping``;
+for PP = 1 it equals the default ``tp-cp-ep-dp-pp``): ``rank = tp + T * (pp +
+PP * dp)``. Replica ``r`` of the plan is DP rank ``r`` (reduced replicas first),
+its stage ``k`` is PP rank ``k`` and occupies block ``k + PP * r``; the stage's
+GPUs are its local ranks ``0 .. t-1`` and ``t .. T-1`` are inactive. So the
+reduced stages are exactly blocks ``0 .. PP * n_reduced - 1``, which is what
+the helper rebuilds when ``num_reduced_tp_dp_ranks = PP * n_reduced``; every
+reduced ``(dp, 0, pp)`` is a key of ``non_active_ranks_per_dp`` (the runtime's
+per-rank checks use the real coordinates), and the inactive local ranks are
+always the last ``tp_spares``, so blocks whose ``(b, 0, 0)`` key names another
+replica's stage still get the right active ranks.
+
+Inactive ranks must be launched (the world is ``DP * PP * T`` ranks; they exit
+once the groups exist). Each gets a GPU of its own on a host that runs no
+active rank: healthy GPUs of idle hosts of the cluster, then the
+``placeholder_hosts`` the caller names; without enough of them the export is
+refused.
+"""
+
+from __future__ import annotations
+
+import ast
+import json
+import math
+import os
+import re
+from collections.abc import Hashable, Sequence
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from ntp_opt.model.files import InputError
+from ntp_opt.model.instance import Instance
+from ntp_opt.model.plan import Plan, Replica, Stage
+from ntp_opt.model.safeio import atomic_write, check_target
+from ntp_opt.planners.megatron import MegatronError, megatron_compatible, megatron_order
+from ntp_opt.rules.validate import Violation, check, evaluate
+
+#: ``format`` of the sidecar file.
+EXTRAS_FORMAT = "ntp-opt/megatron-extras@1"
+#: Megatron-LM's rank order (``initialize_model_parallel(order=...)``) the export follows.
+RANK_ORDER = "tp-cp-ep-pp-dp"
+#: File names written by :func:`export_megatron`.
+CONFIG_NAME = "ntp_config.py"
+EXTRAS_NAME = "ntp-opt-extras.json"
+ARGS_NAME = "megatron-args.txt"
+RANKS_NAME = "ranks.txt"
+HOSTFILE_NAME = "slurm-hostfile"
+BIND_NAME = "bind.sh"
+TORCHRUN_HOSTS_NAME = "torchrun-hosts.tsv"
+TORCHRUN_NAME = "torchrun.sh"
+POWER_SET_NAME = "power-limits.sh"
+POWER_RESTORE_NAME = "power-restore.sh"
+LAUNCH_NAME = "LAUNCH.md"
+#: Columns of the rank file, in order.
+COLUMNS = (
+    "rank",
+    "host",
+    "device",
+    "gpu",
+    "domain",
+    "dp",
+    "pp",
+    "tp",
+    "active",
+    "power",
+    "power_w",
+)
+#: Names a host may have in the generated files (no shell or file-format metacharacters).
+HOST_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
+#: Node ids (GPUs, domains) the rank file may name: also ``host:gpu0`` and ``block/nvlink``
+#: as ``ntp-opt import`` writes them; no whitespace, quotes or shell metacharacters.
+ID_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:/@-]*")
+
+__all__ = [
+    "COLUMNS",
+    "EXTRAS_FORMAT",
+    "Export",
+    "MegatronError",
+    "RankRow",
+    "equal_batch",
+    "export_megatron",
+    "gpu_hosts",
+    "import_megatron",
+    "megatron_compatible",
+    "megatron_export",
+    "megatron_order",
+    "power_commands",
+]
+
+
+@dataclass(frozen=True)
+class RankRow:
+    """One global rank of the Megatron world.
+
+    Attributes
+    ----------
+    rank
+        Global rank.
+    host
+        Host name the process runs on.
+    device
+        CUDA device index on that host (``nvidia-smi -i``, ``CUDA_VISIBLE_DEVICES``).
+    gpu
+        Node id of the GPU, or ``None`` for a placeholder on a host outside the cluster.
+    domain
+        Node id of the GPU's NVLink domain (``None`` outside the cluster).
+    dp, pp, tp
+        Data-parallel, pipeline and local tensor-parallel rank.
+    active
+        The rank computes; inactive (placeholder) ranks exit after process-group set-up.
+    power
+        Power multiplier of an active rank (``None`` for placeholders).
+    power_w
+        The power limit to set, whole watts (``None`` for placeholders).
+    """
+
+    rank: int
+    host: str
+    device: int
+    gpu: Hashable | None
+    domain: Hashable | None
+    dp: int
+    pp: int
+    tp: int
+    active: bool
+    power: float | None
+    power_w: int | None
+
+    def line(self) -> str:
+        """The row as one line of the rank file."""
+        cells = [
+            self.rank,
+            self.host,
+            self.device,
+            "-" if self.gpu is None else self.gpu,
+            "-" if self.domain is None else self.domain,
+            self.dp,
+            self.pp,
+            self.tp,
+            int(self.active),
+            "-" if self.power is None else repr(self.power),
+            "-" if self.power_w is None else self.power_w,
+        ]
+        return " ".join(str(c) for c in cells)
+
+    def as_dict(self) -> dict[str, Any]:
+        """The row as a JSON object (keys :data:`COLUMNS`)."""
+        return {c: getattr(self, c) for c in COLUMNS}
+
+
+@dataclass
+class Export:
+    """Everything :func:`export_megatron` writes, before it is written.
+
+    Attributes
+    ----------
+    ntp_kwargs
+        Keyword arguments of ``NonuniformTPConfig`` (tuple keys).
+    megatron_args
+        Megatron-LM command-line flags the layout needs.
+    rows
+        One :class:`RankRow` per global rank, in rank order.
+    extras
+        The sidecar (JSON-ready): what Megatron does not read.
+    torchrun_hosts
+        ``(node_rank, host, nproc, first_rank)`` per host, or ``None`` when
+        some host's ranks are not contiguous.
+    torchrun_note
+        Why there is no torchrun variant (empty when there is one).
+    files
+        File name -> text of every file to write.
+    """
+
+    ntp_kwargs: dict[str, Any]
+    megatron_args: list[str]
+    rows: list[RankRow]
+    extras: dict[str, Any]
+    torchrun_hosts: list[tuple[int, str, int, int]] | None
+    torchrun_note: str
+    files: dict[str, str] = field(default_factory=dict)
+
+    def config_json(self) -> dict[str, Any]:
+        """``ntp_kwargs`` for JSON: the tuple keys become ``"dp,cp,pp"`` strings."""
+        na = self.ntp_kwargs["non_active_ranks_per_dp"]
+        return {
+            **self.ntp_kwargs,
+            "non_active_ranks_per_dp": None
+            if na is None
+            else {",".join(map(str, k)): v for k, v in na.items()},
+        }
+
+
+def gpu_hosts(instance: Instance) -> tuple[list[str], np.ndarray]:
+    """Host name and device index of every GPU (graph order).
+
+    The host is the GPU's ``host`` attribute, else its tray's ``host``
+    attribute, else the tray's node id. The device index is the GPU's
+    ``index`` attribute, else its position in its tray (graph order).
+
+    Parameters
+    ----------
+    instance
+        The instance.
+
+    Returns
+    -------
+    tuple
+        Host names (one per GPU) and device indices (int array).
+
+    Raises
+    ------
+    MegatronError
+        When a host name is unusable in a launcher file or two GPUs share a
+        host and device index.
+    """
+    a = instance.arrays
+    g = instance.cluster
+    hosts: list[str] = []
+    device = np.zeros(a.n_gpus, dtype=np.int64)
+    count: dict[int, int] = {}
+    seen: dict[tuple[str, int], Hashable] = {}
+    problems: list[Violation] = []
+    for i, gid in enumerate(a.gpu_ids):
+        tray = a.tray_ids[a.gpu_tray[i]]
+        attrs = g.nodes[gid]
+        host = attrs.get("host") or g.nodes[tray].get("host") or str(tray)
+        pos = count.get(int(a.gpu_tray[i]), 0)
+        count[int(a.gpu_tray[i])] = pos + 1
+        index = attrs.get("index")
+        dev = pos if index is None else int(index)
+        if not HOST_RE.fullmatch(str(host)):
+            problems.append(
+                Violation(
+                    "megatron-hosts", f"GPU {gid!r}: host name {host!r} is not [A-Za-z0-9._-]"
+                )
+            )
+        if (str(host), dev) in seen:
+            problems.append(
+                Violation(
+                    "megatron-hosts",
+                    f"GPUs {seen[(str(host), dev)]!r} and {gid!r} are both device {dev} of "
+                    f"host {host!r}",
+                )
+            )
+        seen[(str(host), dev)] = gid
+        hosts.append(str(host))
+        device[i] = dev
+    if problems:
+        raise MegatronError(problems)
+    return hosts, device
+
+
+def power_watts(instance: Instance, gpu: int, power: float) -> int:
+    """The power limit of GPU index ``gpu`` at multiplier ``power``, whole watts.
+
+    ``floor(power * tdp_w)``, never above the GPU's ``max_power_w`` attribute
+    when it has one.
+    """
+    a = instance.arrays
+    watts = math.floor(float(a.tdp[gpu]) * float(power) + 1e-9)
+    cap = instance.cluster.nodes[a.gpu_ids[gpu]].get("max_power_w")
+    if cap is not None:
+        watts = min(watts, math.floor(float(cap)))
+    return int(watts)
+
+
+def _stage_order(
+    gpus: Sequence[int], hosts: list[str], device: np.ndarray, prev: set[str], nxt: set[str]
+) -> list[int]:
+    """A stage's GPUs in local-rank order: grouped by host, each host's GPUs by device.
+
+    Hosts shared with the previous block come first and hosts shared with the
+    next block last, so that a host shared by consecutive blocks holds
+    consecutive ranks.
+    """
+    first: dict[str, int] = {}
+    for i in gpus:
+        first.setdefault(hosts[i], i)
+
+    def key(i: int) -> tuple[int, int, int]:
+        h = hosts[i]
+        side = 0 if h in prev else (2 if h in nxt else 1)
+        return (side, first[h], int(device[i]))
+
+    return sorted(gpus, key=key)
+
+
+def _placeholder_pool(
+    instance: Instance,
+    used_hosts: set[str],
+    hosts: list[str],
+    device: np.ndarray,
+    placeholder_hosts: Sequence[str],
+    placeholder_gpus: int,
+) -> list[list[tuple[str, int, int | None]]]:
+    """GPUs for placeholder ranks, one list per host: ``(host, device, gpu index or None)``.
+
+    Healthy GPUs of cluster hosts that run no active rank (graph order), then
+    the named extra hosts with devices ``0 .. placeholder_gpus - 1``.
+    """
+    a = instance.arrays
+    by_host: dict[str, list[tuple[str, int, int | None]]] = {}
+    for i in range(a.n_gpus):
+        h = hosts[i]
+        if h in used_hosts or not a.healthy[i]:
+            continue
+        by_host.setdefault(h, []).append((h, int(device[i]), i))
+    pool = [sorted(v, key=lambda x: x[1]) for v in by_host.values()]
+    for h in placeholder_hosts:
+        pool.append([(h, d, None) for d in range(placeholder_gpus)])
+    return pool
+
+
+def equal_batch(instance: Instance, plan: Plan, *, iterations: int = 50) -> Plan:
+    """The same placement with one local batch for every replica, power re-balanced.
+
+    Megatron-LM gives every DP rank the same local batch ``b``. With one ``b``
+    the step time is ``b / min_r v_r`` (times the resharding overhead), so the
+    goodput ``R b / theta`` no longer depends on ``b`` but only on the slowest
+    replica: ``b`` is ``min(max_local_batch, B // R)`` under ``elastic`` and
+    ``B / R`` under ``fixed`` (which must divide and fit), and the power
+    multipliers are re-chosen to maximise the slowest replica's speed: the
+    largest target speed (bisection, ``iterations`` steps) whose required
+    multipliers -- per stage the smallest ``pi >= 1`` reaching it, within
+    ``1 + max_boost`` and every GPU's ``max_power_w`` -- pass the validator's
+    rack and site budgets. If that is not better than keeping the plan's
+    multipliers, they are kept.
+
+    Parameters
+    ----------
+    instance
+        The instance.
+    plan
+        A plan that passes the validator.
+    iterations
+        Bisection steps on the target speed.
+
+    Returns
+    -------
+    Plan
+        The plan with equal local batches, metrics from the validator and
+        ``policy`` suffixed ``+equal-batch``.
+
+    Raises
+    ------
+    MegatronError
+        When no equal local batch fits (``fixed`` policy).
+    ntp_opt.validate.PlanError
+        If the plan breaks a rule of the model.
+    """
+    check(instance, plan)
+    job = instance.job
+    n = len(plan.replicas)
+    if n == 0 or len({r.local_batch for r in plan.replicas}) == 1:
+        return plan
+    if job.batch_policy == "fixed":
+        b, rest = divmod(job.global_batch, n)
+        if rest or b > job.local_batch_max:
+            raise MegatronError(
+                [
+                    Violation(
+                        "megatron-batch",
+                        f"the fixed global batch {job.global_batch} cannot be split equally "
+                        f"over {n} replicas with at most {job.local_batch_max} each",
+                    )
+                ]
+            )
+    else:
+        b = max(1, min(job.local_batch_max, job.global_batch // n))
+    policy = f"{plan.metrics.get('policy', 'plan')}+equal-batch"
+    kept = Plan(plan.instance, tuple(replace(r, local_batch=b) for r in plan.replicas), {})
+    best = kept.with_metrics(**check(instance, kept).as_metrics())
+    a = instance.arrays
+    alpha = job.power_exponent
+    # per stage: relative speed at pi = 1 and the largest multiplier its GPUs accept
+    base: list[list[float]] = []
+    cap: list[list[float]] = []
+    for rep in plan.replicas:
+        base.append([])
+        cap.append([])
+        for st in rep.stages:
+            idx = [a.gpu_index[g] for g in st.gpus]
+            base[-1].append(job.tp_factor(rep.tp) * min(float(a.speed[i]) for i in idx))
+            top = 1.0 + job.max_boost
+            for i in idx:
+                mx = instance.cluster.nodes[a.gpu_ids[i]].get("max_power_w")
+                if mx is not None:
+                    top = min(top, float(mx) / float(a.tdp[i]))
+            cap[-1].append(max(1.0, top))
+
+    def at(target: float) -> Plan | None:
+        reps = []
+        for r, rep in enumerate(plan.replicas):
+            stages = []
+            for k, st in enumerate(rep.stages):
+                need = max(1.0, (target / base[r][k]) ** (1.0 / alpha)) if base[r][k] > 0 else 1.0
+                if need > cap[r][k] * (1 + 1e-12):
+                    return None
+                stages.append(replace(st, power=min(need, cap[r][k])))
+            reps.append(replace(rep, local_batch=b, stages=tuple(stages)))
+        cand = Plan(plan.instance, tuple(reps), {})
+        ev = evaluate(instance, cand)
+        return cand.with_metrics(**ev.as_metrics()) if ev.feasible else None
+
+    lo = min(min(s) for s in base)  # everyone at pi = 1
+    hi = max(
+        max(x * c**alpha for x, c in zip(s, cs, strict=True))
+        for s, cs in zip(base, cap, strict=True)
+    )
+    low_plan = at(lo)
+    if low_plan is not None:
+        found = low_plan
+        for _ in range(iterations):
+            mid = (lo + hi) / 2
+            cand = at(mid)
+            if cand is None:
+                hi = mid
+            else:
+                lo, found = mid, cand
+        if found.metrics["goodput"] > best.metrics["goodput"]:
+            best = found
+    return best.with_metrics(policy=policy)
+
+
+def megatron_export(
+    instance: Instance,
+    plan: Plan,
+    *,
+    reorder: bool = False,
+    placeholder_hosts: Sequence[str] = (),
+    placeholder_gpus: int | None = None,
+) -> Export:
+    """Everything needed to launch ``plan`` with Megatron-LM's NTP code.
+
+    Parameters
+    ----------
+    instance
+        The instance.
+    plan
+        A plan that passes the validator.
+    reorder
+        Move reduced replicas first (:func:`megatron_order`) before checking.
+    placeholder_hosts
+        Host names outside the cluster (or idle in it) that may run the
+        inactive ranks, one contiguous run of ranks per host.
+    placeholder_gpus
+        Devices per placeholder host (default: the most GPUs any cluster host has).
+
+    Returns
+    -------
+    Export
+        The configuration, the rank table, the launcher and power files.
+
+    Raises
+    ------
+    ntp_opt.validate.PlanError
+        If the plan breaks a rule of the model (a plan for another instance included).
+    MegatronError
+        If Megatron-LM cannot run it as it is; the message names the limitation.
+    """
+    check(instance, plan)
+    if reorder:
+        plan = megatron_order(plan, instance.job.tp)
+    # The world-size check of megatron_compatible is replaced by the placeholder
+    # placement below (placeholders may run on hosts outside the cluster).
+    problems = [
+        v
+        for v in megatron_compatible(instance, plan, uniform_batch=True)
+        if v.rule != "megatron-slots"
+    ]
+    if problems:
+        raise MegatronError(problems)
+    for node in (*instance.arrays.gpu_ids, *instance.arrays.domain_ids):
+        if not ID_RE.fullmatch(str(node)):
+            raise MegatronError(
+                [
+                    Violation(
+                        "megatron-ids",
+                        f"node id {node!r} cannot be written: not [A-Za-z0-9._:/@-]",
+                    )
+                ]
+            )
+    for h in placeholder_hosts:
+        if not HOST_RE.fullmatch(h):
+            raise MegatronError(
+                [Violation("megatron-hosts", f"placeholder host {h!r} is not [A-Za-z0-9._-]")]
+            )
+    a = instance.arrays
+    job = instance.job
+    big_t, n_pp, n_dp = job.tp, job.pp, len(plan.replicas)
+    hosts, device = gpu_hosts(instance)
+    reduced = [r for r in plan.replicas if r.tp < big_t]
+    t_red = reduced[0].tp if reduced else big_t
+    spares = big_t - t_red
+    world = n_dp * n_pp * big_t
+
+    stage_gpus = [[a.gpu_index[g] for g in st.gpus] for rep in plan.replicas for st in rep.stages]
+    stage_hosts = [{hosts[i] for i in s} for s in stage_gpus]
+    rows: list[RankRow] = []
+    placeholders: list[tuple[int, int, int]] = []  # (first rank, length, block)
+    for r, rep in enumerate(plan.replicas):
+        for k, st in enumerate(rep.stages):
+            b = k + n_pp * r
+            prev = stage_hosts[b - 1] if b > 0 else set()
+            nxt = stage_hosts[b + 1] if b + 1 < len(stage_hosts) else set()
+            order = _stage_order(stage_gpus[b], hosts, device, prev, nxt)
+            for j, i in enumerate(order):
+                rows.append(
+                    RankRow(
+                        rank=b * big_t + j,
+                        host=hosts[i],
+                        device=int(device[i]),
+                        gpu=a.gpu_ids[i],
+                        domain=st.domain,
+                        dp=r,
+                        pp=k,
+                        tp=j,
+                        active=True,
+                        power=float(st.power),
+                        power_w=power_watts(instance, i, st.power),
+                    )
+                )
+            if rep.tp < big_t:
+                placeholders.append((b * big_t + rep.tp, big_t - rep.tp, b))
+    used_hosts = {row.host for row in rows}
+    if bad := sorted(set(placeholder_hosts) & used_hosts):
+        raise MegatronError(
+            [Violation("megatron-hosts", f"placeholder hosts {bad[:3]} run active ranks")]
+        )
+    cluster_hosts = set(hosts)
+    extra_hosts = list(dict.fromkeys(h for h in placeholder_hosts if h not in cluster_hosts))
+    per_host = max(np.bincount(a.gpu_tray).max(initial=1), 1)
+    pool = _placeholder_pool(
+        instance,
+        used_hosts,
+        hosts,
+        device,
+        extra_hosts,
+        int(placeholder_gpus if placeholder_gpus is not None else per_host),
+    )
+    need = sum(n for _, n, _ in placeholders)
+    cursor = 0
+    for first, n, b in placeholders:
+        r, k = divmod(b, n_pp)
+        j = 0
+        while j < n:
+            if cursor >= len(pool):
+                have = sum(len(p) for p in pool)
+                raise MegatronError(
+                    [
+                        Violation(
+                            "megatron-placeholders",
+                            f"Megatron's helper launches all {world} ranks of the nominal world "
+                            f"(dp {n_dp} x pp {n_pp} x tp_base {big_t}); the {need} inactive "
+                            f"ranks of the {len(reduced)} reduced replicas (tp_spares {spares} "
+                            f"per stage) each need a GPU of their own on a host without active "
+                            f"ranks, one run of ranks per host, and {len(pool)} such hosts "
+                            f"({have} GPUs) are not enough: name extra hosts with "
+                            "--placeholder-hosts",
+                        )
+                    ]
+                )
+            for host, dev, gi in pool[cursor]:
+                if j >= n:
+                    break
+                rows.append(
+                    RankRow(
+                        rank=first + j,
+                        host=host,
+                        device=dev,
+                        gpu=None if gi is None else a.gpu_ids[gi],
+                        domain=None if gi is None else a.domain_ids[a.gpu_domain[gi]],
+                        dp=r,
+                        pp=k,
+                        tp=(first + j) % big_t,
+                        active=False,
+                        power=None,
+                        power_w=None,
+                    )
+                )
+                j += 1
+            cursor += 1  # one run (or part of it) per host: ranks stay contiguous per host
+    rows.sort(key=lambda row: row.rank)
+    assert [row.rank for row in rows] == list(range(world))
+
+    non_active: dict[tuple[int, int, int], list[int]] | None = None
+    if reduced:
+        non_active = {
+            (r, 0, k): list(range(rep.tp, big_t))
+            for r, rep in enumerate(plan.replicas)
+            if rep.tp < big_t
+            for k in range(n_pp)
+        }
+    ntp_kwargs: dict[str, Any] = {
+        "tp_base": big_t,
+        "tp_spares": spares,
+        "num_reduced_tp_dp_ranks": len(reduced) * n_pp,
+        "non_active_ranks_per_dp": non_active,
+    }
+    local = plan.replicas[0].local_batch
+    args = [
+        "--tensor-model-parallel-size",
+        str(big_t),
+        "--pipeline-model-parallel-size",
+        str(n_pp),
+        "--global-batch-size",
+        str(local * n_dp),
+    ]
+    if n_pp > 1:
+        args.append("--use-tp-pp-dp-mapping")
+
+    torchrun_hosts, note = _torchrun_hosts(rows)
+    metrics = {
+        k: v
+        for k, v in plan.metrics.items()
+        if isinstance(v, str | int | bool) or (isinstance(v, float) and math.isfinite(v))
+    }
+    extras: dict[str, Any] = {
+        "format": EXTRAS_FORMAT,
+        "instance": plan.instance,
+        "megatron_config": CONFIG_NAME,
+        "rank_order": RANK_ORDER,
+        "tensor_model_parallel_size": big_t,
+        "pipeline_model_parallel_size": n_pp,
+        "context_parallel_size": 1,
+        "data_parallel_size": n_dp,
+        "world_size": world,
+        "reduced_replicas": len(reduced),
+        "tp_per_dp": [rep.tp for rep in plan.replicas],
+        "local_batch": local,
+        "global_batch": local * n_dp,
+        "placeholder_ranks": need,
+        "power_boost": any(st.power > 1.0 for rep in plan.replicas for st in rep.stages),
+        "rank_file": RANKS_NAME,
+        "torchrun": TORCHRUN_HOSTS_NAME if torchrun_hosts is not None else note,
+        "metrics": metrics,
+    }
+    ex = Export(ntp_kwargs, args, rows, extras, torchrun_hosts, note)
+    ex.files = _files(instance, ex)
+    return ex
+
+
+def _torchrun_hosts(rows: list[RankRow]) -> tuple[list[tuple[int, str, int, int]] | None, str]:
+    """Per host ``(node_rank, host, nproc, first_rank)`` if every host's ranks are contiguous."""
+    spans: dict[str, list[int]] = {}
+    for row in rows:
+        spans.setdefault(row.host, []).append(row.rank)
+    out = []
+    for host, ranks in spans.items():
+        if ranks[-1] - ranks[0] + 1 != len(ranks):
+            return None, (
+                f"no torchrun variant: host {host} holds ranks {ranks[0]}..{ranks[-1]} with "
+                "gaps (torchrun numbers each host's ranks contiguously); launch with srun"
+            )
+        out.append((ranks[0], host, len(ranks)))
+    out.sort()
+    return [(n, h, c, f) for n, (f, h, c) in enumerate(out)], ""
+
+
+def power_commands(rows: Sequence[RankRow], restore: bool, tdp: dict[tuple[str, int], int]) -> str:
+    """The power-limit script: per host, ``nvidia-smi -i INDEX -pl WATTS`` lines.
+
+    Parameters
+    ----------
+    rows
+        The rank table.
+    restore
+        Write the commands restoring the nominal limits instead.
+    tdp
+        Nominal limit (whole watts) per ``(host, device)``.
+
+    Returns
+    -------
+    str
+        A shell script with one ``case`` branch per host that has a boosted GPU.
+    """
+    by_host: dict[str, list[tuple[int, int]]] = {}
+    for row in rows:
+        if not row.active or row.power is None or row.power <= 1.0 or row.power_w is None:
+            continue
+        nominal = tdp[(row.host, row.device)]
+        if row.power_w <= nominal:
+            continue
+        watts = nominal if restore else row.power_w
+        by_host.setdefault(row.host, []).append((row.device, watts))
+    what = "restore the nominal power limits" if restore else "set the boosted power limits"
+    lines = [
+        "#!/bin/sh",
+        f"# Written by ntp-opt: {what}. Run once on every host (as root), for example",
+        "#   srun --ntasks-per-node=1 sh " + (POWER_RESTORE_NAME if restore else POWER_SET_NAME),
+        "set -e",
+        'host="${NTP_HOST:-${SLURMD_NODENAME:-$(hostname -s)}}"',
+        'case "$host" in',
+    ]
+    for host in sorted(by_host):
+        lines.append(f"{host})")
+        lines += [f"  nvidia-smi -i {d} -pl {w}" for d, w in sorted(by_host[host])]
+        lines.append("  ;;")
+    lines += ["*) ;;", "esac", ""]
+    return "\n".join(lines)
+
+
+def _config_module(ex: Export, instance_name: str) -> str:
+    kw = ex.ntp_kwargs
+    lines = [
+        f'"""Megatron-LM NonuniformTPConfig for the ntp-opt plan of instance {instance_name!r}.',
+        "",
+        "Written by ntp-opt; the training script calls ntp_config() (see LAUNCH.md).",
+        '"""',
+        "",
+        "NTP_CONFIG_KWARGS = {",
+        f'    "tp_base": {kw["tp_base"]},',
+        f'    "tp_spares": {kw["tp_spares"]},',
+        f'    "num_reduced_tp_dp_ranks": {kw["num_reduced_tp_dp_ranks"]},',
+    ]
+    if kw["non_active_ranks_per_dp"] is None:
+        lines.append('    "non_active_ranks_per_dp": None,')
+    else:
+        lines.append('    "non_active_ranks_per_dp": {')
+        lines += [f"        {key!r}: {v!r}," for key, v in kw["non_active_ranks_per_dp"].items()]
+        lines.append("    },")
+    lines += [
+        "}",
+        "",
+        "",
+        "def ntp_config():",
+        '    """The NonuniformTPConfig to pass to initialize_nonuniform_tp_process_groups."""',
+        "    from megatron.core.distributed.nonuniform_tp import NonuniformTPConfig",
+        "",
+        "    return NonuniformTPConfig(**NTP_CONFIG_KWARGS)",
+        "",
+    ]
+    return "\n".join(lines)
+
+
+BIND_SCRIPT = r"""#!/bin/sh
+# Written by ntp-opt. Per-rank wrapper: sets RANK, WORLD_SIZE, LOCAL_RANK=0 and
+# CUDA_VISIBLE_DEVICES=<the rank's device> from ranks.txt next to this script,
+# checks that the process runs on the planned host, then runs the command.
+#   srun:     SLURM_HOSTFILE=slurm-hostfile srun --distribution=arbitrary -n WORLD ./bind.sh CMD
+#   torchrun: torchrun ... --no-python ./bind.sh CMD   (via torchrun.sh)
+set -e
+dir="$(cd "$(dirname "$0")" && pwd)"
+host="${NTP_HOST:-${SLURMD_NODENAME:-$(hostname -s)}}"
+if [ -n "${SLURM_PROCID:-}" ] && [ -z "${TORCHELASTIC_RUN_ID:-}" ]; then
+  rank="$SLURM_PROCID"
+else
+  first="$(awk -v h="$host" '$2 == h {print $4; exit}' "$dir/torchrun-hosts.tsv")"
+  if [ -z "$first" ]; then echo "bind.sh: host $host is not in torchrun-hosts.tsv" >&2; exit 1; fi
+  rank=$((first + ${LOCAL_RANK:?LOCAL_RANK not set}))
+fi
+line="$(awk -v r="$rank" '$1 == r {print $2, $3; exit}' "$dir/ranks.txt")"
+want="${line% *}"
+dev="${line#* }"
+if [ -z "$line" ]; then echo "bind.sh: rank $rank is not in ranks.txt" >&2; exit 1; fi
+if [ "$want" != "$host" ]; then
+  echo "bind.sh: rank $rank runs on $host but is planned on $want" >&2
+  exit 1
+fi
+if [ -n "${RANK:-}" ] && [ "$RANK" != "$rank" ]; then
+  echo "bind.sh: warning: the launcher set RANK=$RANK, the plan says $rank; using $rank" >&2
+fi
+export RANK="$rank" WORLD_SIZE="$(($(grep -vc '^#' "$dir/ranks.txt")))" LOCAL_RANK=0
+export CUDA_VISIBLE_DEVICES="$dev"
+exec "$@"
+"""
+
+
+def _torchrun_script(hosts: list[tuple[int, str, int, int]], world: int) -> str:
+    return "\n".join(
+        [
+            "#!/bin/sh",
+            "# Written by ntp-opt. Run on every host of torchrun-hosts.tsv (one process per host):",
+            "#   MASTER_ADDR=<host of rank 0> MASTER_PORT=29500 ./torchrun.sh CMD ARGS...",
+            "# Each host starts its own number of processes; bind.sh sets RANK = first rank",
+            f"# of the host + LOCAL_RANK and WORLD_SIZE = {world}, and the device.",
+            "set -e",
+            'dir="$(cd "$(dirname "$0")" && pwd)"',
+            'host="${NTP_HOST:-$(hostname -s)}"',
+            'set -- "$dir/bind.sh" "$@"',
+            'line="$(awk -v h="$host" \'$2 == h {print $1, $3; exit}\' "$dir/torchrun-hosts.tsv")"',
+            'if [ -z "$line" ]; then echo "torchrun.sh: $host runs no rank" >&2; exit 0; fi',
+            'export NTP_HOST="$host"',
+            f'exec torchrun --nnodes={len(hosts)} --node-rank="${{line% *}}" '
+            '--nproc-per-node="${line#* }" \\',
+            '  --master-addr="${MASTER_ADDR:?}" --master-port="${MASTER_PORT:-29500}" '
+            '--no-python "$@"',
+            "",
+        ]
+    )
+
+
+def _launch_md(ex: Export, instance_name: str) -> str:
+    e = ex.extras
+    world = e["world_size"]
+    args = " ".join(ex.megatron_args)
+    tr = (
+        "./torchrun.sh python pretrain_gpt_ntp.py $(cat megatron-args.txt) ...   # on every host"
+        if ex.torchrun_hosts is not None
+        else f"(not available: {ex.torchrun_note})"
+    )
+    world_line = (
+        f"World: {world} ranks = DP {e['data_parallel_size']} x PP "
+        f"{e['pipeline_model_parallel_size']} x tp_base {e['tensor_model_parallel_size']}; "
+        f"{e['reduced_replicas']} reduced replicas at TP "
+        f"{e['tensor_model_parallel_size'] - ex.ntp_kwargs['tp_spares']}; "
+        f"{e['placeholder_ranks']} placeholder ranks that exit after the process groups "
+        "are built."
+    )
+    return f"""# Launching the ntp-opt plan of `{instance_name}` with Megatron-LM NTP
+
+{world_line}
+Rank order `{RANK_ORDER}`: rank = tp + tp_base * (pp + PP * dp).
+
+1. Training script: a copy of `pretrain_gpt.py` that, after
+   `initialize_model_parallel`, runs (Megatron-LM
+   `megatron/core/distributed/README_NONUNIFORM_TP.md`):
+
+   ```python
+   from ntp_config import ntp_config   # this directory on PYTHONPATH
+   from megatron.core.distributed.nonuniform_tp import (
+       NonuniformTPDistributedDataParallel, initialize_nonuniform_tp_process_groups,
+       ntp_init, ntp_map)
+   cfg = ntp_config()
+   initialize_nonuniform_tp_process_groups(cfg)   # placeholder ranks exit here
+   # after building the model: ntp_init(layer, cfg) per TransformerLayer,
+   # ntp_map(embedding / output layer, cfg, vocab_size); wrap with
+   # NonuniformTPDistributedDataParallel(..., ntp_config=cfg)
+   ```
+
+2. Megatron flags (`megatron-args.txt`): `{args}`, plus
+   `--micro-batch-size` dividing the local batch {e["local_batch"]} and the model's flags.
+
+3. Power (as root, before the job; `power-restore.sh` after it):
+   `srun --ntasks-per-node=1 sh power-limits.sh`
+
+4. Launch, Slurm:
+
+   ```sh
+   SLURM_HOSTFILE=slurm-hostfile srun --distribution=arbitrary --ntasks={world} \\
+       ./bind.sh python pretrain_gpt_ntp.py $(cat megatron-args.txt) ...
+   ```
+
+   torchrun: {tr}
+
+`ntp-opt-extras.json` holds what Megatron does not read (local batch, power,
+metrics); `ranks.txt` is the rank -> host, device, GPU table.
+"""
+
+
+def _files(instance: Instance, ex: Export) -> dict[str, str]:
+    a = instance.arrays
+    hosts, device = gpu_hosts(instance)
+    tdp = {(hosts[i], int(device[i])): math.floor(float(a.tdp[i]) + 1e-9) for i in range(a.n_gpus)}
+    name = str(ex.extras["instance"])
+    files = {
+        CONFIG_NAME: _config_module(ex, name),
+        ARGS_NAME: " ".join(ex.megatron_args) + "\n",
+        RANKS_NAME: "\n".join(["# " + " ".join(COLUMNS), *(row.line() for row in ex.rows)]) + "\n",
+        HOSTFILE_NAME: "".join(f"{row.host}\n" for row in ex.rows),
+        BIND_NAME: BIND_SCRIPT,
+        POWER_SET_NAME: power_commands(ex.rows, False, tdp),
+        POWER_RESTORE_NAME: power_commands(ex.rows, True, tdp),
+        EXTRAS_NAME: json.dumps(ex.extras, indent=1, allow_nan=False) + "\n",
+        LAUNCH_NAME: _launch_md(ex, name),
+    }
+    if ex.torchrun_hosts is not None:
+        files[TORCHRUN_HOSTS_NAME] = "".join(
+            ["# node_rank host nproc first_rank\n"]
+            + [f"{n} {h} {c} {f}\n" for n, h, c, f in ex.torchrun_hosts]
+        )
+        files[TORCHRUN_NAME] = _torchrun_script(ex.torchrun_hosts, len(ex.rows))
+    return files
+
+
+EXECUTABLE = (BIND_NAME, TORCHRUN_NAME, POWER_SET_NAME, POWER_RESTORE_NAME)
+
+
+def export_megatron(
+    instance: Instance,
+    plan: Plan,
+    out_dir: str | os.PathLike[str],
+    *,
+    reorder: bool = False,
+    placeholder_hosts: Sequence[str] = (),
+    placeholder_gpus: int | None = None,
+    inputs: Sequence[str | os.PathLike[str]] = (),
+) -> Export:
+    """Write the files of :func:`megatron_export` into ``out_dir``.
+
+    Parameters
+    ----------
+    instance, plan, reorder, placeholder_hosts, placeholder_gpus
+        As for :func:`megatron_export`.
+    out_dir
+        Output directory (created if missing).
+    inputs
+        Files the caller read (never overwritten).
+
+    Returns
+    -------
+    Export
+        What was written (``files`` names them).
+
+    Raises
+    ------
+    ntp_opt.validate.PlanError, MegatronError
+        As :func:`megatron_export`; nothing is written then.
+    """
+    ex = megatron_export(
+        instance,
+        plan,
+        reorder=reorder,
+        placeholder_hosts=placeholder_hosts,
+        placeholder_gpus=placeholder_gpus,
+    )
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    for stale in (TORCHRUN_HOSTS_NAME, TORCHRUN_NAME):
+        p = out / stale
+        if stale not in ex.files and p.is_file() and not p.is_symlink():
+            p.unlink()
+    inputs = list(inputs)
+    for name in ex.files:  # refuse before writing any file
+        check_target(out / name, inputs)
+    for name, text in ex.files.items():
+        atomic_write(out / name, text, inputs)
+        if name in EXECUTABLE:
+            os.chmod(out / name, 0o755)
+    return ex
+
+
+# --- reading an export back ------------------------------------------------------------
+
+
+def read_config_module(path: str | os.PathLike[str]) -> dict[str, Any]:
+    """``NTP_CONFIG_KWARGS`` of an ``ntp_config.py``, read without running it.
+
+    Raises
+    ------
+    InputError
+        When the file is missing, not Python, or has no literal ``NTP_CONFIG_KWARGS``.
+    """
+    source = str(path)
+    try:
+        tree = ast.parse(Path(path).read_text())
+    except (OSError, UnicodeDecodeError, SyntaxError, ValueError) as err:
+        raise InputError(source, [("", f"cannot read file: {err}")]) from None
+    for node in tree.body:
+        if (
+            isinstance(node, ast.Assign)
+            and len(node.targets) == 1
+            and isinstance(node.targets[0], ast.Name)
+            and node.targets[0].id == "NTP_CONFIG_KWARGS"
+        ):
+            try:
+                value = ast.literal_eval(node.value)
+            except ValueError as err:
+                raise InputError(source, [("NTP_CONFIG_KWARGS", f"not a literal: {err}")]) from None
+            if isinstance(value, dict):
+                return value
+    raise InputError(source, [("NTP_CONFIG_KWARGS", "missing (not an ntp-opt export)")])
+
+
+def _parse_rank_file(text: str, source: str) -> list[dict[str, Any]]:
+    rows: list[dict[str, Any]] = []
+    problems: list[tuple[str, str]] = []
+    for n, raw in enumerate(text.splitlines(), start=1):
+        line = raw.strip()
+        if not line or line.startswith("#"):
+            continue
+        cells = line.split()
+        if len(cells) != len(COLUMNS):
+            problems.append((f"line {n}", f"{len(cells)} columns, expected {len(COLUMNS)}"))
+            continue
+        row: dict[str, Any] = dict(zip(COLUMNS, cells, strict=True))
+        try:
+            for c in ("rank", "device", "dp", "pp", "tp", "active"):
+                row[c] = int(row[c])
+            row["power"] = None if row["power"] == "-" else float(row["power"])
+        except ValueError as err:
+            problems.append((f"line {n}", f"not a number: {err}"))
+            continue
+        if row["active"] not in (0, 1):
+            problems.append((f"line {n}", f"active must be 0 or 1, got {row['active']}"))
+        if row["active"] and (
+            row["power"] is None or not math.isfinite(row["power"]) or row["gpu"] == "-"
+        ):
+            problems.append((f"line {n}", "an active rank needs a GPU and a finite power"))
+        row["line"] = n
+        rows.append(row)
+    if problems:
+        raise InputError(source, problems)
+    return rows
+
+
+def import_megatron(path: str | os.PathLike[str], instance: Instance | None = None) -> Plan:
+    """Rebuild a plan's replicas from an export (:func:`export_megatron`).
+
+    Replica ``dp`` takes the sidecar's ``local_batch``; its stage ``pp`` takes
+    the active ranks of ``(dp, pp)`` in local-rank order, their domain and
+    power multiplier. Checked on the way: the rank numbering (``tp + tp_base
+    (pp + PP dp)``), one row per rank, every TP group complete, the active
+    ranks agreeing with ``ntp_config.py`` (the keys of
+    ``non_active_ranks_per_dp`` and ``num_reduced_tp_dp_ranks = PP x reduced
+    replicas``), one degree per replica, one domain and one power per stage.
+
+    Parameters
+    ----------
+    path
+        The export directory.
+    instance
+        The instance, to map node ids back to their type (a GPU id ``5``
+        stays an integer); without it every id is a string.
+
+    Returns
+    -------
+    Plan
+        Metrics ``{"policy": "megatron-import"}``; judge it with
+        :func:`ntp_opt.validate.evaluate`.
+
+    Raises
+    ------
+    InputError
+        Naming the file and the line or field of every inconsistency.
+    """
+    p = Path(path)
+    extras_path = p / EXTRAS_NAME if p.is_dir() else p
+    out_dir = extras_path.parent
+    source = str(extras_path)
+    try:
+        extras = json.loads(extras_path.read_text())
+    except (OSError, UnicodeDecodeError) as err:
+        raise InputError(source, [("", f"cannot read file: {err}")]) from None
+    except json.JSONDecodeError as err:
+        raise InputError(source, [("", f"malformed JSON: {err}")]) from None
+    if not isinstance(extras, dict) or extras.get("format") != EXTRAS_FORMAT:
+        got = extras.get("format") if isinstance(extras, dict) else type(extras).__name__
+        raise InputError(source, [("format", f"expected {EXTRAS_FORMAT!r}, got {got!r}")])
+    csource = str(out_dir / CONFIG_NAME)
+    kw = read_config_module(out_dir / CONFIG_NAME)
+    try:
+        big_t = int(kw["tp_base"])
+        spares = int(kw["tp_spares"])
+        n_blocks = int(kw["num_reduced_tp_dp_ranks"])
+        non_active = {
+            (int(key[0]), int(key[1]), int(key[2])): [int(x) for x in v]
+            for key, v in (kw.get("non_active_ranks_per_dp") or {}).items()
+        }
+    except (KeyError, TypeError, ValueError, IndexError) as err:
+        raise InputError(csource, [("", f"missing or malformed field: {err!r}")]) from None
+    try:
+        n_pp = int(extras["pipeline_model_parallel_size"])
+        n_dp = int(extras["data_parallel_size"])
+        batch = int(extras["local_batch"])
+        name = str(extras["instance"])
+    except (KeyError, TypeError, ValueError) as err:
+        raise InputError(source, [("", f"missing or malformed field: {err!r}")]) from None
+    if int(extras.get("tensor_model_parallel_size", big_t)) != big_t:
+        raise InputError(source, [("tensor_model_parallel_size", f"differs from tp_base {big_t}")])
+    ranks_path = out_dir / RANKS_NAME
+    try:
+        text = ranks_path.read_text()
+    except (OSError, UnicodeDecodeError) as err:
+        raise InputError(str(ranks_path), [("", f"cannot read file: {err}")]) from None
+    rsource = str(ranks_path)
+    rows = _parse_rank_file(text, rsource)
+    world = n_dp * n_pp * big_t
+    problems: list[tuple[str, str]] = []
+    if len(rows) != world:
+        problems.append(("", f"{len(rows)} ranks, the world has {world}"))
+    groups: dict[tuple[int, int], dict[int, dict[str, Any]]] = {}
+    for row in rows:
+        where = f"line {row['line']}"
+        dp, pp, tp = row["dp"], row["pp"], row["tp"]
+        if not (0 <= dp < n_dp and 0 <= pp < n_pp and 0 <= tp < big_t):
+            problems.append((where, f"coordinates dp={dp} pp={pp} tp={tp} outside the world"))
+            continue
+        if row["rank"] != tp + big_t * (pp + n_pp * dp):
+            problems.append(
+                (where, f"rank {row['rank']} is not tp + tp_base * (pp + PP * dp) ({RANK_ORDER})")
+            )
+        group = groups.setdefault((dp, pp), {})
+        if tp in group:
+            problems.append((where, f"local rank {tp} of dp={dp} pp={pp} appears twice"))
+        group[tp] = row
+    if problems:
+        raise InputError(rsource, problems)
+    ids: dict[str, Hashable] = {}
+    if instance is not None:
+        a = instance.arrays
+        ids = {str(x): x for x in (*a.gpu_ids, *a.domain_ids)}
+
+    def node(text: str, where: str) -> Hashable:
+        if instance is None:
+            return text
+        if text not in ids:
+            problems.append((where, f"{text!r} is not a GPU or domain of {instance.name!r}"))
+        return ids.get(text, text)
+
+    n_reduced = len({dp for dp, _, _ in non_active})
+    if n_blocks != n_reduced * n_pp:
+        raise InputError(
+            csource,
+            [
+                (
+                    "num_reduced_tp_dp_ranks",
+                    f"{n_blocks}, expected PP {n_pp} x {n_reduced} reduced replicas",
+                )
+            ],
+        )
+    replicas: list[Replica] = []
+    for dp in range(n_dp):
+        stages: list[Stage] = []
+        degree = None
+        for pp in range(n_pp):
+            group = groups[(dp, pp)]
+            inactive = sorted(tp for tp, row in group.items() if not row["active"])
+            want = non_active.get((dp, 0, pp), [])
+            if dp < n_reduced and len(want) != spares:
+                problems.append((f"dp={dp} pp={pp}", f"{len(want)} inactive, tp_spares {spares}"))
+            if inactive != sorted(want):
+                problems.append(
+                    (f"dp={dp} pp={pp}", f"inactive local ranks {inactive}, config says {want}")
+                )
+            active = [group[tp] for tp in range(big_t) if group[tp]["active"]]
+            if degree is None:
+                degree = len(active)
+            elif len(active) != degree:
+                problems.append(
+                    (f"dp={dp} pp={pp}", f"{len(active)} active ranks, stage 0 has {degree}")
+                )
+            domains = {row["domain"] for row in active}
+            powers = {row["power"] for row in active}
+            if len(domains) != 1 or len(powers) != 1:
+                problems.append(
+                    (
+                        f"dp={dp} pp={pp}",
+                        f"active ranks span domains {sorted(domains)} or "
+                        f"powers {sorted(powers)}; a stage has one of each",
+                    )
+                )
+                continue
+            where = f"line {active[0]['line']}"
+            stages.append(
+                Stage(
+                    node(active[0]["domain"], where),
+                    tuple(node(row["gpu"], f"line {row['line']}") for row in active),
+                    float(active[0]["power"]),
+                )
+            )
+        replicas.append(Replica(int(degree or 0), batch, tuple(stages)))
+    if problems:
+        raise InputError(rsource, problems)
+    return Plan(name, tuple(replicas), {"policy": "megatron-import"})
+
+
+def power_only(
+    instance: Instance,
+    plan: Plan,
+    out_dir: str | os.PathLike[str],
+    *,
+    inputs: Sequence[str | os.PathLike[str]] = (),
+) -> list[str]:
+    """Write only ``power-limits.sh`` and ``power-restore.sh`` for any valid plan.
+
+    Parameters
+    ----------
+    instance
+        The instance.
+    plan
+        A plan that passes the validator (Megatron's restrictions do not apply).
+    out_dir
+        Output directory (created if missing).
+    inputs
+        Files the caller read (never overwritten).
+
+    Returns
+    -------
+    list of str
+        The names written.
+
+    Raises
+    ------
+    ntp_opt.validate.PlanError
+        If the plan breaks a rule of the model.
+    MegatronError
+        If a host name or device index is unusable.
+    """
+    check(instance, plan)
+    a = instance.arrays
+    hosts, device = gpu_hosts(instance)
+    rows = [
+        RankRow(
+            rank=-1,
+            host=hosts[i],
+            device=int(device[i]),
+            gpu=g,
+            domain=st.domain,
+            dp=r,
+            pp=k,
+            tp=j,
+            active=True,
+            power=float(st.power),
+            power_w=power_watts(instance, i, st.power),
+        )
+        for r, rep in enumerate(plan.replicas)
+        for k, st in enumerate(rep.stages)
+        for j, g in enumerate(st.gpus)
+        for i in [a.gpu_index[g]]
+    ]
+    tdp = {(hosts[i], int(device[i])): math.floor(float(a.tdp[i]) + 1e-9) for i in range(a.n_gpus)}
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    for name, restore in ((POWER_SET_NAME, False), (POWER_RESTORE_NAME, True)):
+        atomic_write(out / name, power_commands(rows, restore, tdp), inputs)
+        os.chmod(out / name, 0o755)
+    return [POWER_SET_NAME, POWER_RESTORE_NAME]

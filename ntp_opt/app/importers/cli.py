@@ -1,0 +1,132 @@
+"""``ntp-opt import slurm|k8s``: write an instance file from a real cluster's descriptions.
+
+Registered by :func:`add_parser` in :mod:`ntp_opt.cli`. Warnings go to stderr;
+bad input raises :class:`ntp_opt.files.InputError` (exit 2, nothing written).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+from typing import Any
+
+from pydantic import ValidationError
+
+from ntp_opt.app.importers.k8s import DEFAULT_TOLERATED, import_k8s
+from ntp_opt.app.importers.slurm import import_slurm
+from ntp_opt.model.files import InputError, read_json, save_instance, validation_problems
+from ntp_opt.model.instance import Instance
+from ntp_opt.model.job import Job
+from ntp_opt.model.topology import TopologyError
+
+
+def load_job(path: str | Path) -> Job:
+    """Read a job file: the ``job`` object of an instance file (or a whole instance file).
+
+    Parameters
+    ----------
+    path : str or Path
+        The JSON file.
+
+    Returns
+    -------
+    Job
+        The validated job.
+
+    Raises
+    ------
+    ntp_opt.files.InputError
+        Naming the file and the field.
+    """
+    p = Path(path)
+    data = read_json(p)
+    prefix = ""
+    if isinstance(data, dict) and "format" in data and "job" in data:
+        data, prefix = data["job"], "job."
+    if not isinstance(data, dict):
+        raise InputError(str(p), [("", "expected a JSON object (the job of an instance file)")])
+    try:
+        return Job.model_validate(data)
+    except ValidationError as err:
+        raise InputError(str(p), [(prefix + f, m) for f, m in validation_problems(err)]) from None
+
+
+def _warn(msg: str) -> None:
+    print(f"ntp-opt: warning: {msg}", file=sys.stderr)
+
+
+def cmd_import(args: argparse.Namespace) -> int:
+    """Run ``ntp-opt import``."""
+    job = load_job(args.job)
+    name = args.name or Path(args.output).name.split(".")[0]
+    if args.source == "slurm":
+        graph = import_slurm(
+            args.topology,
+            args.nodes,
+            nvidia_smi=args.nvidia_smi,
+            name=name,
+            warn=_warn,
+            topology_name=args.topology_name,
+        )
+        meta: dict[str, Any] = {"source": "slurm", "topology": args.topology}
+    else:
+        tolerate = DEFAULT_TOLERATED + tuple(args.tolerate or ())
+        graph = import_k8s(
+            args.nodes,
+            nvidia_smi=args.nvidia_smi,
+            rack_label=args.rack_label,
+            tolerate=tolerate,
+            name=name,
+            warn=_warn,
+        )
+        meta = {"source": "k8s"}
+    meta["nodes"] = args.nodes
+    if args.nvidia_smi:
+        meta["nvidia_smi"] = args.nvidia_smi
+    try:
+        instance = Instance(name, graph, job, meta, copy_graph=False)
+    except TopologyError as err:  # the job does not fit the cluster the sources describe
+        raise InputError(str(args.job), [("", p) for p in err.problems]) from None
+    save_instance(instance, args.output)
+    s = instance.summary()
+    trays = sum(1 for _, k in graph.nodes(data="kind") if k == "tray")
+    print(
+        f"wrote {args.output}: {s['gpus']} GPUs ({s['failed']} failed) on {trays} hosts, "
+        f"{s['domains']} NVLink domains, {s['racks']} racks"
+    )
+    return 0
+
+
+def add_parser(sub: Any) -> None:
+    """Add the ``import`` sub-command to ``ntp-opt``'s sub-parsers."""
+    imp = sub.add_parser(
+        "import", help="write an instance from Slurm or Kubernetes output (docs/import.md)"
+    )
+    src = imp.add_subparsers(dest="source", required=True, metavar="SOURCE")
+
+    def common(p: argparse.ArgumentParser) -> None:
+        p.add_argument(
+            "--nvidia-smi", metavar="DIR", help="directory of <host>.xml (nvidia-smi -q -x)"
+        )
+        p.add_argument("--job", required=True, help="job file (the job object of an instance)")
+        p.add_argument("--name", help="instance name (default: output file stem)")
+        p.add_argument("-o", "--output", required=True, help="instance file to write")
+        p.set_defaults(func=cmd_import)
+
+    s = src.add_parser("slurm", help="topology/block + scontrol show node --oneliner")
+    s.add_argument("--topology", required=True, help="topology.yaml or topology.conf")
+    s.add_argument("--nodes", required=True, help="scontrol show node --oneliner output")
+    s.add_argument("--topology-name", help="block topology to use (topology.yaml with several)")
+    common(s)
+
+    k = src.add_parser("k8s", help="kubectl get nodes -o json")
+    k.add_argument("--nodes", required=True, help="kubectl get nodes -o json output")
+    k.add_argument("--rack-label", help="node label naming the rack (default: zone label)")
+    k.add_argument(
+        "--tolerate",
+        action="append",
+        metavar="KEY",
+        help="taint key the job tolerates, besides nvidia.com/gpu (repeatable)",
+    )
+    common(k)

@@ -1,0 +1,905 @@
+"""Pictures of a plan: the GPU map, rack power, goodput over time.
+
+The functions draw on a matplotlib ``Axes`` (``ax``; a new figure when
+``None``) and return it, so they compose into any figure::
+
+    fig, (top, bottom) = plt.subplots(2, 1)
+    plot_plan(instance, plan, ax=top)
+    plot_rack_power(instance, plan, ax=bottom)
+
+matplotlib is only needed here (``pip install 'ntp-opt[plot]'``); it is
+imported when a function is called. :func:`plan_html` needs nothing: it writes
+one self-contained HTML page (inline SVG and JavaScript, no network access)
+with an overview per rack and a drill-down to the domains and GPUs of a rack.
+
+What the map shows (``docs/plot.md``):
+
+- every GPU is a square, grouped by NVLink domain inside its rack; its colour
+  is its replica (hue) and pipeline stage (shade);
+- failed GPUs are crossed, stragglers (``speed < 1``) hatched, healthy GPUs
+  the plan does not use (spares) grey;
+- GPUs of a boosted stage (power multiplier above 1) have an orange edge and,
+  when the map is small enough to read, a label with their watts
+  (``tdp_w`` times the multiplier);
+- with ``diff=OLD_PLAN``, GPUs whose role changed (see :func:`plan_layout`)
+  have a magenta edge.
+
+Above :data:`GPU_LEVEL_MAX` GPUs the map draws one cell per domain (per rack
+part of a domain) instead, coloured by the replica holding most of its GPUs,
+crossed when it holds a failed GPU, hatched when it holds a straggler.
+"""
+
+from __future__ import annotations
+
+import colorsys
+import html
+import json
+import math
+from collections.abc import Hashable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Literal
+
+import numpy as np
+
+from ntp_opt.model.instance import Instance
+from ntp_opt.model.plan import Plan
+from ntp_opt.rules.validate import evaluate
+
+if TYPE_CHECKING:  # pragma: no cover
+    from matplotlib.axes import Axes
+    from matplotlib.figure import Figure
+
+    from ntp_opt.workflows.simulate import SimResult
+
+__all__ = [
+    "GPU_LEVEL_MAX",
+    "PlanLayout",
+    "plan_figure",
+    "plan_html",
+    "plan_layout",
+    "plot_goodput_over_time",
+    "plot_plan",
+    "plot_rack_power",
+    "replica_color",
+]
+
+GPU_LEVEL_MAX = 4096
+"""Largest cluster :func:`plot_plan` draws GPU by GPU with ``level="auto"``."""
+
+SPARE_COLOR = "#c8c8c8"
+FAILED_COLOR = "#ffffff"
+BOOST_EDGE = "#ff7f0e"
+MOVED_EDGE = "#d62fd6"
+LABEL_MAX = 64
+"""Boost labels (watts) are written on the map only up to this many boosted stage parts."""
+
+USED, SPARE, FAILED = 0, 1, 2
+STATE_NAMES = ("used", "spare", "failed")
+
+
+def _pyplot() -> Any:
+    try:
+        import matplotlib.pyplot as plt
+    except ImportError:  # pragma: no cover - depends on the environment
+        raise ImportError(
+            "ntp_opt.plot needs matplotlib: pip install 'ntp-opt[plot]'", name="matplotlib"
+        ) from None
+    return plt
+
+
+def replica_color(replica: int, stage: int = 0, n_stages: int = 1) -> str:
+    """The colour of a replica's stage, as ``#rrggbb``.
+
+    Replicas get hues spread by the golden ratio (neighbours differ most);
+    later stages of a replica are darker shades of its hue.
+
+    Parameters
+    ----------
+    replica
+        Replica index (0-based); negative means unused (spare grey).
+    stage
+        Stage index in the replica.
+    n_stages
+        Stages of the replica.
+
+    Returns
+    -------
+    str
+    """
+    if replica < 0:
+        return SPARE_COLOR
+    hue = (replica * 0.618033988749895) % 1.0
+    value = 0.95 - 0.4 * (stage / (n_stages - 1) if n_stages > 1 else 0.0)
+    r, g, b = colorsys.hsv_to_rgb(hue, 0.6, value)
+    return f"#{round(r * 255):02x}{round(g * 255):02x}{round(b * 255):02x}"
+
+
+@dataclass(frozen=True, eq=False)
+class PlanLayout:
+    """Per-GPU view of a plan on its instance (arrays in GPU order).
+
+    Attributes
+    ----------
+    replica, stage
+        Replica and stage index of every GPU; -1 when the plan does not use it.
+    multiplier
+        Power multiplier of the GPU's stage; 0 when unused.
+    watts
+        Power the GPU runs at: ``tdp_w * multiplier`` when used, the idle draw
+        ``idle_power_fraction * tdp_w`` for a healthy spare, 0 when failed.
+    state
+        ``USED`` (0), ``SPARE`` (1) or ``FAILED`` (2).
+    straggler
+        ``speed < 1``.
+    boosted
+        Used with a multiplier above 1.
+    moved
+        Role changed against ``diff`` (all False without it).
+    n_stages
+        Stages of every replica.
+    """
+
+    replica: np.ndarray
+    stage: np.ndarray
+    multiplier: np.ndarray
+    watts: np.ndarray
+    state: np.ndarray
+    straggler: np.ndarray
+    boosted: np.ndarray
+    moved: np.ndarray
+    n_stages: tuple[int, ...]
+
+    def color(self, g: int) -> str:
+        """Fill colour of GPU ``g``."""
+        if self.state[g] == FAILED:
+            return FAILED_COLOR
+        r = int(self.replica[g])
+        return replica_color(r, int(self.stage[g]), self.n_stages[r] if r >= 0 else 1)
+
+
+def _assignment(instance: Instance, plan: Plan) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    a = instance.arrays
+    replica = np.full(a.n_gpus, -1, dtype=np.int64)
+    stage = np.full(a.n_gpus, -1, dtype=np.int64)
+    mult = np.zeros(a.n_gpus, dtype=float)
+    for r, rep in enumerate(plan.replicas):
+        for s, st in enumerate(rep.stages):
+            for gid in st.gpus:
+                g = a.gpu_index.get(gid)
+                if g is None:
+                    raise ValueError(
+                        f"replicas[{r}].stages[{s}].gpus: GPU {gid!r} is not in instance "
+                        f"{instance.name!r}"
+                    )
+                replica[g], stage[g], mult[g] = r, s, float(st.power)
+    return replica, stage, mult
+
+
+def _moved(
+    replica: np.ndarray, stage: np.ndarray, old_replica: np.ndarray, old_stage: np.ndarray
+) -> np.ndarray:
+    # Replicas are matched to the old replica sharing most GPUs with them, so a
+    # renumbering alone moves nothing.
+    match: dict[int, int] = {}
+    used = replica >= 0
+    for r in np.unique(replica[used]):
+        olds = old_replica[(replica == r) & (old_replica >= 0)]
+        match[int(r)] = int(np.bincount(olds).argmax()) if len(olds) else -2
+    mapped = np.array([match.get(int(r), -1) if r >= 0 else -1 for r in replica], dtype=np.int64)
+    return (mapped != old_replica) | (stage != old_stage)
+
+
+def plan_layout(instance: Instance, plan: Plan, diff: Plan | None = None) -> PlanLayout:
+    """Where every GPU is in ``plan``: replica, stage, power, state.
+
+    Parameters
+    ----------
+    instance
+        The instance.
+    plan
+        A plan for it (every GPU it names must be in the instance).
+    diff
+        An earlier plan for the same cluster. A GPU has *moved* when it
+        became used or unused, or its stage index or replica changed;
+        replicas are matched to the earlier replica that shares most of
+        their GPUs, so renumbering replicas moves nothing.
+
+    Returns
+    -------
+    PlanLayout
+
+    Raises
+    ------
+    ValueError
+        A plan names a GPU that is not in the instance.
+    """
+    a = instance.arrays
+    replica, stage, mult = _assignment(instance, plan)
+    state = np.where(~a.healthy, FAILED, np.where(replica >= 0, USED, SPARE)).astype(np.int64)
+    idle = instance.job.idle_power_fraction
+    watts = np.where(replica >= 0, mult, np.where(a.healthy, idle, 0.0)) * a.tdp
+    if diff is None:
+        moved = np.zeros(a.n_gpus, dtype=bool)
+    else:
+        old_r, old_s, _ = _assignment(instance, diff)
+        moved = _moved(replica, stage, old_r, old_s)
+    return PlanLayout(
+        replica=replica,
+        stage=stage,
+        multiplier=mult,
+        watts=watts,
+        state=state,
+        straggler=a.speed < 1.0,
+        boosted=(replica >= 0) & (mult > 1.0 + 1e-9),
+        moved=moved,
+        n_stages=tuple(len(rep.stages) for rep in plan.replicas),
+    )
+
+
+# ------------------------------------------------------------------ geometry
+
+
+@dataclass(frozen=True)
+class _Part:
+    """The GPUs of one domain inside one rack."""
+
+    rack: int
+    domain: int
+    gpus: np.ndarray
+
+
+def _parts(instance: Instance) -> list[list[_Part]]:
+    """Per rack (in rack order), its domain parts (in domain order)."""
+    a = instance.arrays
+    order = np.lexsort((np.arange(a.n_gpus), a.gpu_domain, a.gpu_rack))
+    racks: list[list[_Part]] = [[] for _ in a.rack_ids]
+    key = a.gpu_rack[order] * (a.n_domains + 1) + a.gpu_domain[order]
+    starts = np.flatnonzero(np.r_[True, key[1:] != key[:-1]]) if len(order) else np.array([])
+    ends = np.r_[starts[1:], len(order)]
+    for s, e in zip(starts, ends, strict=True):
+        g = order[s:e]
+        racks[int(a.gpu_rack[g[0]])].append(
+            _Part(int(a.gpu_rack[g[0]]), int(a.gpu_domain[g[0]]), g)
+        )
+    return racks
+
+
+def _grid_cols(n: int, cell_w: float, cell_h: float, aspect: float = 2.0) -> int:
+    """Columns so that ``n`` blocks of ``cell_w x cell_h`` fill about ``aspect`` : 1."""
+    if n <= 0:
+        return 1
+    return max(1, min(n, round(math.sqrt(n * aspect * cell_h / cell_w))))
+
+
+def _cross(x: float, y: float, w: float, h: float) -> list[list[tuple[float, float]]]:
+    return [[(x, y), (x + w, y + h)], [(x, y + h), (x + w, y)]]
+
+
+def plot_plan(
+    instance: Instance,
+    plan: Plan,
+    ax: Axes | None = None,
+    diff: Plan | None = None,
+    *,
+    level: Literal["auto", "gpu", "domain"] = "auto",
+    legend: bool = True,
+) -> Axes:
+    """Draw the rack x domain x GPU map of a plan.
+
+    Parameters
+    ----------
+    instance
+        The instance.
+    plan
+        A plan for it.
+    ax
+        Axes to draw on (a new figure when ``None``).
+    diff
+        An earlier plan: GPUs that moved get a magenta edge (:func:`plan_layout`).
+    level
+        ``"gpu"``: one square per GPU; ``"domain"``: one cell per domain part
+        of a rack (dominant replica's colour); ``"auto"``: ``"gpu"`` up to
+        :data:`GPU_LEVEL_MAX` GPUs.
+    legend
+        Draw the legend (below the map).
+
+    Returns
+    -------
+    matplotlib.axes.Axes
+        The axes; its collections carry gids ``"gpus"`` (or ``"domains"``),
+        ``"failed"`` (two segments per cross), ``"stragglers"``, ``"boosted"``
+        and ``"moved"``.
+    """
+    plt = _pyplot()
+    from matplotlib.collections import LineCollection, PatchCollection
+    from matplotlib.patches import Patch, Rectangle
+
+    if ax is None:
+        _, ax = plt.subplots(figsize=(10, 6))
+    a = instance.arrays
+    lay = plan_layout(instance, plan, diff)
+    racks = _parts(instance)
+    if level == "auto":
+        level = "gpu" if a.n_gpus <= GPU_LEVEL_MAX else "domain"
+    if level not in ("gpu", "domain"):
+        raise ValueError(f"level must be 'auto', 'gpu' or 'domain', not {level!r}")
+
+    # Block sizes: a rack is a column of domain parts; a part is a grid of
+    # `per_row` GPUs per row (gpu level) or one cell (domain level).
+    per_row = 8
+    if level == "gpu":
+        heights = [
+            sum(math.ceil(len(p.gpus) / per_row) for p in parts) + 0.4 * max(0, len(parts) - 1)
+            for parts in racks
+        ]
+        block_w = float(per_row)
+    else:
+        heights = [float(len(parts)) for parts in racks]
+        block_w = 1.0
+    block_h = max(heights, default=1.0) or 1.0
+    gap = 0.25 * block_w if level == "domain" else 1.0
+    cols = _grid_cols(len(racks), block_w + gap, block_h + gap)
+
+    rects: list[Rectangle] = []
+    colors: list[str] = []
+    crosses: list[list[tuple[float, float]]] = []
+    hatch_rects: list[Rectangle] = []
+    boost_rects: list[Rectangle] = []
+    moved_rects: list[Rectangle] = []
+    labels: list[tuple[float, float, str]] = []
+    for ri, parts in enumerate(racks):
+        x0 = (ri % cols) * (block_w + gap)
+        y0 = (ri // cols) * (block_h + gap)
+        y = y0
+        if level == "gpu" and len(racks) <= 256:
+            ax.text(x0, y0 - 0.1, str(a.rack_ids[ri]), fontsize=5, va="bottom", gid="rack_label")
+        for part in parts:
+            gpus = part.gpus
+            if level == "gpu":
+                stage_seen: set[tuple[int, int]] = set()
+                for k, g in enumerate(gpus):
+                    x, yy = x0 + k % per_row, y + k // per_row
+                    rect = Rectangle((x + 0.05, yy + 0.05), 0.9, 0.9)
+                    rects.append(rect)
+                    colors.append(lay.color(int(g)))
+                    if lay.state[g] == FAILED:
+                        crosses += _cross(x + 0.15, yy + 0.15, 0.7, 0.7)
+                    if lay.straggler[g]:
+                        hatch_rects.append(Rectangle((x + 0.05, yy + 0.05), 0.9, 0.9))
+                    if lay.boosted[g]:
+                        boost_rects.append(Rectangle((x + 0.05, yy + 0.05), 0.9, 0.9))
+                        key = (int(lay.replica[g]), int(lay.stage[g]))
+                        if key not in stage_seen:
+                            stage_seen.add(key)
+                            labels.append((x + 0.5, yy + 0.5, f"{lay.watts[g]:.0f} W"))
+                    if lay.moved[g]:
+                        moved_rects.append(Rectangle((x + 0.1, yy + 0.1), 0.8, 0.8))
+                y += math.ceil(len(gpus) / per_row) + 0.4
+            else:
+                rect = Rectangle((x0, y), 0.9, 0.9)
+                rects.append(rect)
+                used = lay.replica[gpus]
+                used = used[used >= 0]
+                if len(used):
+                    r = int(np.bincount(used).argmax())
+                    stages = lay.stage[gpus][lay.replica[gpus] == r]
+                    s = int(np.bincount(stages).argmax())
+                    colors.append(replica_color(r, s, lay.n_stages[r]))
+                elif (lay.state[gpus] == FAILED).all():
+                    colors.append(FAILED_COLOR)
+                else:
+                    colors.append(SPARE_COLOR)
+                if (lay.state[gpus] == FAILED).any():
+                    crosses += _cross(x0 + 0.1, y + 0.1, 0.7, 0.7)
+                if lay.straggler[gpus].any():
+                    hatch_rects.append(Rectangle((x0, y), 0.9, 0.9))
+                if lay.boosted[gpus].any():
+                    boost_rects.append(Rectangle((x0, y), 0.9, 0.9))
+                if lay.moved[gpus].any():
+                    moved_rects.append(Rectangle((x0 + 0.08, y + 0.08), 0.74, 0.74))
+                y += 1.0
+
+    cells = PatchCollection(rects, facecolors=colors, edgecolors="none", linewidths=0)
+    cells.set_gid("gpus" if level == "gpu" else "domains")
+    ax.add_collection(cells)
+    small = len(rects) <= 1024
+    hatch = PatchCollection(
+        hatch_rects, facecolors="none", edgecolors="#333333", linewidths=0, hatch="////"
+    )
+    hatch.set_gid("stragglers")
+    ax.add_collection(hatch)
+    boost = PatchCollection(
+        boost_rects, facecolors="none", edgecolors=BOOST_EDGE, linewidths=1.5 if small else 0.6
+    )
+    boost.set_gid("boosted")
+    ax.add_collection(boost)
+    moved = PatchCollection(
+        moved_rects, facecolors="none", edgecolors=MOVED_EDGE, linewidths=1.5 if small else 0.6
+    )
+    moved.set_gid("moved")
+    ax.add_collection(moved)
+    cross = LineCollection(crosses, colors="black", linewidths=1.0 if small else 0.5)
+    cross.set_gid("failed")
+    ax.add_collection(cross)
+    if level == "gpu" and len(labels) <= LABEL_MAX:
+        for x, y, text in labels:
+            ax.text(x, y, text, fontsize=6, ha="left", va="center", color="black", gid="watts")
+
+    rows = math.ceil(len(racks) / cols) if racks else 1
+    ax.set_xlim(-gap / 2, cols * (block_w + gap) - gap / 2)
+    ax.set_ylim(rows * (block_h + gap) - gap / 2, -gap / 2)  # rack 0 at the top left
+    ax.set_aspect("equal")
+    ax.set_xticks([])
+    ax.set_yticks([])
+    for side in ("top", "right", "bottom", "left"):
+        ax.spines[side].set_visible(False)
+    ev_title = (
+        f"{instance.name}: {a.n_gpus:,} GPUs in {len(racks)} racks, {plan.n_replicas} replicas"
+        f" ({'one square per GPU' if level == 'gpu' else 'one cell per domain in a rack'})"
+    )
+    ax.set_title(ev_title, fontsize=10)
+    if legend:
+        handles = [
+            Patch(facecolor=replica_color(0), label="replica (hue), stage (shade)"),
+            Patch(facecolor=SPARE_COLOR, label=f"spare ({int((lay.state == SPARE).sum())})"),
+            Patch(
+                facecolor=FAILED_COLOR,
+                edgecolor="black",
+                label=f"failed, crossed ({int((lay.state == FAILED).sum())})",
+            ),
+            Patch(
+                facecolor="white",
+                hatch="////",
+                edgecolor="#333333",
+                label=f"straggler ({int(lay.straggler.sum())})",
+            ),
+            Patch(
+                facecolor="white",
+                edgecolor=BOOST_EDGE,
+                label=f"boosted, W = tdp x multiplier ({int(lay.boosted.sum())})",
+            ),
+        ]
+        if diff is not None:
+            handles.append(
+                Patch(
+                    facecolor="white",
+                    edgecolor=MOVED_EDGE,
+                    label=f"moved vs old plan ({int(lay.moved.sum())})",
+                )
+            )
+        ax.legend(
+            handles=handles,
+            loc="upper center",
+            bbox_to_anchor=(0.5, -0.01),
+            ncol=3,
+            fontsize=7,
+            frameon=False,
+        )
+    return ax
+
+
+def plot_rack_power(instance: Instance, plan: Plan, ax: Axes | None = None) -> Axes:
+    """Draw every rack's power draw against its budget.
+
+    Bars are the validator's rack sums (:func:`ntp_opt.validate.evaluate`,
+    ``rack_power_w``), red when above budget; the black ticks are the budgets.
+
+    Parameters
+    ----------
+    instance
+        The instance.
+    plan
+        A plan for it.
+    ax
+        Axes to draw on (a new figure when ``None``).
+
+    Returns
+    -------
+    matplotlib.axes.Axes
+        The bars (``ax.containers[0]``) carry gid ``"rack_power"``, the budget
+        ticks ``"rack_budget"``.
+    """
+    plt = _pyplot()
+    if ax is None:
+        _, ax = plt.subplots(figsize=(10, 3))
+    a = instance.arrays
+    ev = evaluate(instance, plan)
+    power = np.asarray(ev.rack_power_w, dtype=float) / 1e3
+    budget = a.rack_budget / 1e3
+    xs = np.arange(len(power))
+    over = power > budget * (1 + 1e-6)
+    bars = ax.bar(
+        xs,
+        power,
+        width=0.8 if len(xs) <= 256 else 1.0,
+        color=np.where(over, "#d62728", "#4c72b0").tolist(),
+        linewidth=0,
+        label="draw",
+    )
+    for bar in bars:
+        bar.set_gid("rack_power")
+    ticks = ax.hlines(budget, xs - 0.45, xs + 0.45, colors="black", linewidths=1.0, label="budget")
+    ticks.set_gid("rack_budget")
+    ax.set_xlim(-0.6, len(xs) - 0.4)
+    ax.set_ylim(0, max(float(budget.max(initial=0)), float(power.max(initial=0))) * 1.08 or 1)
+    ax.set_xlabel(f"rack (0 .. {len(xs) - 1}, in instance order)")
+    ax.set_ylabel("power (kW)")
+    worst = float((power / np.where(budget > 0, budget, np.inf)).max(initial=0))
+    ax.set_title(
+        f"rack power against budget: site {ev.site_power_w / 1e3:,.1f} of "
+        f"{a.site_budget / 1e3:,.1f} kW; fullest rack at {100 * worst:.1f} %"
+        + (f"; {int(over.sum())} over budget" if over.any() else ""),
+        fontsize=10,
+    )
+    if len(xs) <= 40:
+        ax.set_xticks(xs, [str(r) for r in a.rack_ids], rotation=90, fontsize=7)
+    ax.legend(fontsize=7, loc="lower right")
+    return ax
+
+
+def plot_goodput_over_time(sim_result: SimResult, ax: Axes | None = None) -> Axes:
+    """Draw the relative goodput of a :func:`ntp_opt.simulate` run over time.
+
+    Parameters
+    ----------
+    sim_result
+        The result of :func:`ntp_opt.simulate.simulate`.
+    ax
+        Axes to draw on (a new figure when ``None``).
+
+    Returns
+    -------
+    matplotlib.axes.Axes
+        The goodput step line carries gid ``"goodput"``, the GPUs down
+        ``"failed_gpus"`` (on a twin axis), the time average ``"mean"``.
+    """
+    plt = _pyplot()
+    if ax is None:
+        _, ax = plt.subplots(figsize=(8, 3))
+    steps = sim_result.steps
+    ts = [s.t_hours for s in steps] + [sim_result.horizon_hours]
+    gs = [s.relative_goodput for s in steps]
+    gs = [*gs, gs[-1]] if gs else [0.0]
+    (line,) = ax.step(ts if steps else [0.0], gs, where="post", color="#1f77b4", lw=1.5)
+    line.set_gid("goodput")
+    line.set_label(f"relative goodput ({sim_result.policy})")
+    mean = ax.axhline(
+        sim_result.mean_relative_goodput,
+        color="#1f77b4",
+        ls="--",
+        lw=0.8,
+        label=f"time average {sim_result.mean_relative_goodput:.4f}",
+    )
+    mean.set_gid("mean")
+    lo = min(gs)
+    hi = max(gs)
+    pad = max(0.002, 0.1 * (hi - lo))
+    ax.set_ylim(max(0.0, lo - pad), hi + pad)
+    ax.set_xlim(0, sim_result.horizon_hours)
+    ax.set_xlabel("time (hours)")
+    ax.set_ylabel("relative goodput")
+    twin = ax.twinx()
+    down = [s.failed_gpus for s in steps]
+    (dl,) = twin.step(
+        ts if steps else [0.0],
+        [*down, down[-1]] if down else [0],
+        where="post",
+        color="#7f7f7f",
+        lw=0.8,
+        label="GPUs down",
+    )
+    dl.set_gid("failed_gpus")
+    twin.set_ylabel("GPUs down", color="#7f7f7f")
+    twin.set_ylim(0, max(1, *down) * 1.15 if down else 1)
+    ax.set_zorder(twin.get_zorder() + 1)  # the goodput line above the GPUs down
+    ax.patch.set_visible(False)
+    handles = [line, mean, dl]
+    ax.legend(handles=handles, labels=[h.get_label() for h in handles], fontsize=7, loc="best")
+    ax.set_title(
+        f"{sim_result.policy}: goodput over {sim_result.horizon_hours:g} h, "
+        f"{sim_result.replans} re-plans, "
+        f"paused {sim_result.paused_hours:g} h",
+        fontsize=10,
+    )
+    return ax
+
+
+def plan_figure(instance: Instance, plan: Plan, diff: Plan | None = None) -> Figure:
+    """A figure with the plan map (top) and rack power (bottom).
+
+    Parameters
+    ----------
+    instance, plan, diff
+        As for :func:`plot_plan`.
+
+    Returns
+    -------
+    matplotlib.figure.Figure
+    """
+    plt = _pyplot()
+    fig, (top, bottom) = plt.subplots(
+        2, 1, figsize=(11, 10), gridspec_kw={"height_ratios": [3.2, 1]}, layout="constrained"
+    )
+    plot_plan(instance, plan, ax=top, diff=diff)
+    plot_rack_power(instance, plan, ax=bottom)
+    return fig
+
+
+# ---------------------------------------------------------------------- HTML
+
+
+def _html_data(instance: Instance, plan: Plan, diff: Plan | None) -> dict[str, Any]:
+    a = instance.arrays
+    lay = plan_layout(instance, plan, diff)
+    ev = evaluate(instance, plan)
+    palette = [[replica_color(r, s, n) for s in range(n)] for r, n in enumerate(lay.n_stages)]
+
+    def ident(x: Hashable) -> str:
+        return str(x)
+
+    return {
+        "name": instance.name,
+        "policy": str(plan.metrics.get("policy", "")),
+        "relative_goodput": ev.relative_goodput,
+        "feasible": ev.feasible,
+        "site_w": ev.site_power_w,
+        "site_budget_w": a.site_budget,
+        "diff": diff is not None,
+        "palette": palette,
+        "spare": SPARE_COLOR,
+        "failed_color": FAILED_COLOR,
+        "boost": BOOST_EDGE,
+        "moved_color": MOVED_EDGE,
+        "gpu": {
+            "id": [ident(g) for g in a.gpu_ids],
+            "rep": lay.replica.tolist(),
+            "stage": lay.stage.tolist(),
+            "state": lay.state.tolist(),
+            "speed": [round(float(x), 4) for x in a.speed],
+            "watts": [round(float(x), 1) for x in lay.watts],
+            "mult": [round(float(x), 4) for x in lay.multiplier],
+            "moved": lay.moved.astype(int).tolist(),
+        },
+        "racks": [
+            {
+                "id": ident(a.rack_ids[ri]),
+                "power": round(ev.rack_power_w[ri], 1),
+                "budget": round(float(a.rack_budget[ri]), 1),
+                "domains": [
+                    {"id": ident(a.domain_ids[p.domain]), "gpus": p.gpus.tolist()} for p in parts
+                ],
+            }
+            for ri, parts in enumerate(_parts(instance))
+        ],
+    }
+
+
+_PAGE = """<!DOCTYPE html>
+<html lang="en"><head><meta charset="utf-8">
+<meta name="viewport" content="width=device-width, initial-scale=1">
+<title>ntp-opt plot: __TITLE__</title>
+<style>
+body{font:13px system-ui,sans-serif;margin:12px;color:#222;background:#fff}
+h1{font-size:16px;margin:0 0 4px} .sub{color:#555;margin-bottom:8px}
+#legend span{display:inline-block;margin-right:14px}
+#legend i{display:inline-block;width:12px;height:12px;vertical-align:-2px;margin-right:4px;
+border:1px solid #999}
+svg{display:block} .rack{cursor:pointer} .rack:hover>rect.bg{stroke:#000;stroke-width:2}
+#detail{margin-top:10px;border-top:1px solid #ccc;padding-top:8px}
+#tip{position:fixed;pointer-events:none;background:#fffff0;border:1px solid #888;
+padding:4px 6px;font-size:12px;white-space:pre;display:none;z-index:9}
+button{font:inherit}
+</style></head><body>
+<h1 id="title"></h1><div class="sub" id="sub"></div>
+<div id="legend"></div>
+<div id="overview"></div>
+<div id="detail"></div>
+<div id="tip"></div>
+<script id="data" type="application/json">__DATA__</script>
+<script>
+"use strict";
+const D = JSON.parse(document.getElementById("data").textContent);
+const G = D.gpu, NS = "http://www.w3.org/2000/svg";
+const STATE = ["used", "spare", "failed"];
+function el(tag, attrs, parent) {
+  const e = document.createElementNS(NS, tag);
+  for (const k in attrs) e.setAttribute(k, attrs[k]);
+  if (parent) parent.appendChild(e);
+  return e;
+}
+function color(g) {
+  if (G.state[g] === 2) return D.failed_color;
+  const r = G.rep[g];
+  return r < 0 ? D.spare : D.palette[r][G.stage[g]];
+}
+function fmt(x) { return Math.round(x).toLocaleString("en-US"); }
+function defs(svg) {
+  const d = el("defs", {}, svg);
+  const p = el("pattern", {id: "hatch", width: 4, height: 4, patternUnits: "userSpaceOnUse",
+    patternTransform: "rotate(45)"}, d);
+  el("line", {x1: 0, y1: 0, x2: 0, y2: 4, stroke: "#333", "stroke-width": 1.2}, p);
+}
+function marks(g, x, y, s, parent, counts) {
+  // failed: cross; straggler: hatch; boosted: orange edge; moved: magenta edge
+  if (counts.failed) {
+    el("path", {d: `M${x + s * .15} ${y + s * .15}L${x + s * .85} ${y + s * .85}` +
+      `M${x + s * .85} ${y + s * .15}L${x + s * .15} ${y + s * .85}`,
+      stroke: "#000", "stroke-width": Math.max(1, s / 10)}, parent);
+  }
+  if (counts.straggler) el("rect", {x, y, width: s, height: s, fill: "url(#hatch)"}, parent);
+  if (counts.boosted) el("rect", {x: x + 1, y: y + 1, width: s - 2, height: s - 2, fill: "none",
+    stroke: D.boost, "stroke-width": 2}, parent);
+  if (counts.moved) el("rect", {x: x + 3, y: y + 3, width: s - 6, height: s - 6, fill: "none",
+    stroke: D.moved_color, "stroke-width": 2}, parent);
+}
+function rackStats(rack) {
+  const st = {gpus: 0, used: 0, spare: 0, failed: 0, straggler: 0, boosted: 0, moved: 0,
+    reps: new Map()};
+  for (const dom of rack.domains) for (const g of dom.gpus) {
+    st.gpus++; st[STATE[G.state[g]]]++;
+    if (G.speed[g] < 1) st.straggler++;
+    if (G.rep[g] >= 0 && G.mult[g] > 1 + 1e-9) st.boosted++;
+    if (G.moved[g]) st.moved++;
+    if (G.rep[g] >= 0) {
+      const k = G.rep[g] + "," + G.stage[g];
+      st.reps.set(k, (st.reps.get(k) || 0) + 1);
+    }
+  }
+  let best = null, n = 0;
+  for (const [k, c] of st.reps) if (c > n) { best = k; n = c; }
+  st.fill = best === null ? (st.failed === st.gpus ? D.failed_color : D.spare)
+    : D.palette[+best.split(",")[0]][+best.split(",")[1]];
+  st.replicas = new Set([...st.reps.keys()].map(k => k.split(",")[0])).size;
+  return st;
+}
+const tip = document.getElementById("tip");
+function showTip(ev, text) {
+  tip.textContent = text; tip.style.display = "block";
+  tip.style.left = Math.min(ev.clientX + 12, window.innerWidth - 260) + "px";
+  tip.style.top = (ev.clientY + 12) + "px";
+}
+function hideTip() { tip.style.display = "none"; }
+function gpuText(g) {
+  const r = G.rep[g];
+  return `GPU ${G.id[g]}\\nstate ${STATE[G.state[g]]}${G.speed[g] < 1 ? " (straggler)" : ""}` +
+    `\\nspeed ${G.speed[g]}` +
+    (r >= 0 ? `\\nreplica ${r}, stage ${G.stage[g]}\\npower ${fmt(G.watts[g])} W` +
+      ` (x${G.mult[g]})` : `\\npower ${fmt(G.watts[g])} W`) +
+    (D.diff ? `\\n${G.moved[g] ? "moved" : "unchanged"} vs old plan` : "");
+}
+function legend() {
+  const items = [[D.palette.length ? D.palette[0][0] : D.spare, "replica (hue), stage (shade)"],
+    [D.spare, "spare"], [D.failed_color, "failed (crossed)"], ["url", "straggler (hatched)"],
+    ["boost", "boosted (orange edge; W = tdp x multiplier)"]];
+  if (D.diff) items.push(["moved", "moved vs old plan (magenta edge)"]);
+  const L = document.getElementById("legend");
+  for (const [c, t] of items) {
+    const s = document.createElement("span"), i = document.createElement("i");
+    if (c === "url") {
+      i.style.background = "repeating-linear-gradient(45deg,#333 0 1px,#fff 1px 4px)";
+    }
+    else if (c === "boost") i.style.border = "2px solid " + D.boost;
+    else if (c === "moved") i.style.border = "2px solid " + D.moved_color;
+    else i.style.background = c;
+    s.appendChild(i); s.appendChild(document.createTextNode(t)); L.appendChild(s);
+  }
+}
+function overview() {
+  const n = D.racks.length, W = Math.max(320, Math.min(window.innerWidth - 30, 1400));
+  const size = n <= 64 ? 56 : n <= 256 ? 30 : n <= 1024 ? 20 : 12, gap = 3;
+  const cols = Math.max(1, Math.floor(W / (size + gap)));
+  const rows = Math.ceil(n / cols), h = rows * (size + gap) + 4;
+  const svg = el("svg", {width: cols * (size + gap) + 4, height: h, id: "racks"});
+  defs(svg);
+  D.racks.forEach((rack, i) => {
+    const st = rackStats(rack), x = 2 + (i % cols) * (size + gap);
+    const y = 2 + Math.floor(i / cols) * (size + gap);
+    const grp = el("g", {"class": "rack", "data-rack": i}, svg);
+    el("rect", {"class": "bg", x, y, width: size, height: size, fill: st.fill,
+      stroke: "#999", "stroke-width": .5}, grp);
+    // power bar along the bottom: draw / budget
+    const frac = rack.budget > 0 ? Math.min(1, rack.power / rack.budget) : 0;
+    el("rect", {x, y: y + size - 3, width: size * frac, height: 3,
+      fill: rack.power > rack.budget * (1 + 1e-6) ? "#d62728" : "#333"}, grp);
+    marks(null, x, y, size, grp, st);
+    grp.addEventListener("mousemove", ev => showTip(ev,
+      `rack ${rack.id}: ${st.gpus} GPUs in ${rack.domains.length} domain part(s)\\n` +
+      `${st.used} used, ${st.spare} spare, ${st.failed} failed, ${st.straggler} stragglers\\n` +
+      `${st.replicas} replica(s), ${st.boosted} boosted GPUs` +
+      (D.diff ? `, ${st.moved} moved` : "") +
+      `\\npower ${fmt(rack.power)} of ${fmt(rack.budget)} W\\nclick for its GPUs`));
+    grp.addEventListener("mouseleave", hideTip);
+    grp.addEventListener("click", () => { location.hash = "rack=" + encodeURIComponent(rack.id); });
+  });
+  document.getElementById("overview").appendChild(svg);
+}
+function detail(i) {
+  const box = document.getElementById("detail");
+  box.textContent = "";
+  if (i < 0) return;
+  const rack = D.racks[i], st = rackStats(rack);
+  const head = document.createElement("div");
+  head.innerHTML = "";
+  const b = document.createElement("button");
+  b.textContent = "close"; b.addEventListener("click", () => { location.hash = ""; });
+  const t = document.createElement("b");
+  t.textContent = `rack ${rack.id}: ${st.gpus} GPUs, power ${fmt(rack.power)} of ` +
+    `${fmt(rack.budget)} W `;
+  head.appendChild(t); head.appendChild(b); box.appendChild(head);
+  const s = 36, gap = 3, per = 16, lab = 110;
+  let rows = 0;
+  for (const dom of rack.domains) rows += Math.ceil(dom.gpus.length / per);
+  const svg = el("svg", {width: lab + per * (s + gap) + 4,
+    height: rows * (s + gap) + rack.domains.length * 8 + 4, id: "gpus"});
+  defs(svg);
+  let y = 2;
+  for (const dom of rack.domains) {
+    const txt = el("text", {x: 0, y: y + s * .7, "font-size": 12}, svg);
+    txt.textContent = "domain " + dom.id;
+    dom.gpus.forEach((g, k) => {
+      const x = lab + (k % per) * (s + gap), yy = y + Math.floor(k / per) * (s + gap);
+      const grp = el("g", {"class": "gpu", "data-gpu": g}, svg);
+      el("rect", {x, y: yy, width: s, height: s, fill: color(g), stroke: "#999",
+        "stroke-width": .5}, grp);
+      marks(g, x, yy, s, grp, {failed: G.state[g] === 2, straggler: G.speed[g] < 1,
+        boosted: G.rep[g] >= 0 && G.mult[g] > 1 + 1e-9, moved: G.moved[g]});
+      if (G.rep[g] >= 0) {
+        const boosted = G.mult[g] > 1 + 1e-9;
+        const lt = el("text", {x: x + s / 2, y: yy + s * (boosted ? .42 : .6), "font-size": 9,
+          "text-anchor": "middle"}, grp);
+        lt.textContent = G.rep[g] + "." + G.stage[g];
+        if (boosted) {
+          const wt = el("text", {x: x + s / 2, y: yy + s * .8, "font-size": 8,
+            "text-anchor": "middle"}, grp);
+          wt.textContent = Math.round(G.watts[g]) + " W";
+        }
+      }
+      grp.addEventListener("mousemove", ev => showTip(ev, gpuText(g)));
+      grp.addEventListener("mouseleave", hideTip);
+    });
+    y += Math.ceil(dom.gpus.length / per) * (s + gap) + 8;
+  }
+  box.appendChild(svg);
+}
+function route() {
+  const m = /rack=([^&]*)/.exec(location.hash);
+  const id = m ? decodeURIComponent(m[1]) : null;
+  detail(id === null ? -1 : D.racks.findIndex(r => r.id === id));
+}
+document.getElementById("title").textContent = `${D.name}: ${G.id.length.toLocaleString(
+  "en-US")} GPUs, ${D.racks.length} racks, ${D.palette.length} replicas`;
+document.getElementById("sub").textContent = (D.policy ? `policy ${D.policy}, ` : "") +
+  `relative goodput ${D.relative_goodput.toFixed(4)}` + (D.feasible ? "" : " (INFEASIBLE plan)") +
+  `, site power ${fmt(D.site_w)} of ${fmt(D.site_budget_w)} W. One square per rack ` +
+  "(colour: replica/stage holding most of its GPUs; bar: power / budget); click a rack.";
+legend();
+overview();
+window.addEventListener("hashchange", route);
+route();
+</script></body></html>
+"""
+
+
+def plan_html(instance: Instance, plan: Plan, diff: Plan | None = None) -> str:
+    """One self-contained HTML page showing a plan (no network access needed).
+
+    The page shows one square per rack (colour of the replica and stage
+    holding most of its GPUs, marks for failed, straggling, boosted and moved
+    GPUs, a bar for power against budget) and, on a click or with
+    ``#rack=ID`` in the address, the rack's domains and GPUs with tooltips
+    (GPU id, state, speed, replica, stage, power in watts).
+
+    Parameters
+    ----------
+    instance, plan, diff
+        As for :func:`plot_plan`.
+
+    Returns
+    -------
+    str
+        The page.
+    """
+    data = json.dumps(_html_data(instance, plan, diff), separators=(",", ":"))
+    # inside <script>, "</" must not appear literally
+    data = data.replace("</", "<\\/")
+    return _PAGE.replace("__TITLE__", html.escape(instance.name)).replace("__DATA__", data)

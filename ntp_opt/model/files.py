@@ -1,0 +1,763 @@
+"""JSON files for instances and plans (docs/model.md, spec section 7).
+
+Both formats are pydantic models; their JSON Schemas are published in
+``ntp_opt/schemas/`` (``ntp-opt schema instance|plan`` prints them). Loading
+validates everything and raises :class:`InputError` naming the file and the
+field path; unknown fields are errors. Files ending in ``.gz`` are
+gzip-compressed. Saving writes to a temporary file and renames it, so an
+interrupted save never leaves a truncated file behind.
+"""
+
+from __future__ import annotations
+
+import gzip
+import json
+import math
+import os
+import re
+import zlib
+from collections.abc import Hashable, Iterable
+from pathlib import Path
+from typing import Annotated, Any, Literal
+
+import networkx as nx
+import numpy as np
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    StrictInt,
+    StrictStr,
+    ValidationError,
+    ValidationInfo,
+    field_validator,
+)
+
+from ntp_opt.model.instance import Instance
+from ntp_opt.model.job import Job
+from ntp_opt.model.plan import Plan, Replica, Stage
+from ntp_opt.model.safeio import atomic_open
+from ntp_opt.model.topology import DEFAULT_TDP_W, TopologyError
+
+INSTANCE_FORMAT = "ntp-opt/instance@1"
+PLAN_FORMAT = "ntp-opt/plan@1"
+#: Largest number of cluster nodes a file may declare (about 900k GPUs).
+MAX_NODES = 1_000_000
+#: Largest file accepted, in bytes, uncompressed (a pretty-printed file takes
+#: about 330 bytes per node).
+MAX_FILE_BYTES = 512 * 1024**2
+#: JSON values (counted as ``,``, ``{`` and ``[`` bytes) allowed per node of
+#: :data:`MAX_NODES`: real instances have about 10.
+TOKENS_PER_NODE = 12
+#: JSON values allowed on top of ``TOKENS_PER_NODE * MAX_NODES``.
+TOKENS_EXTRA = 100_000
+#: Longest string (raw bytes between two quotes) accepted anywhere in a file.
+MAX_STRING_BYTES = 1 << 20
+_CHUNK = 1 << 22
+
+NodeId = StrictStr | StrictInt
+Finite = Annotated[float, Field(allow_inf_nan=False)]
+
+
+class InputError(ValueError):
+    """Bad input file or data; the message names the source and the field."""
+
+    def __init__(self, source: str, problems: list[tuple[str, str]]):
+        self.source = source
+        self.problems = problems
+        lines = [
+            f"{source}: {field}: {msg}" if field else f"{source}: {msg}" for field, msg in problems
+        ]
+        if len(lines) > 10:
+            lines = [*lines[:10], f"{source}: ... and {len(lines) - 10} more problems"]
+        super().__init__("\n".join(lines))
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class GpuNode(_Strict):
+    """A GPU (``kind: gpu``)."""
+
+    id: NodeId
+    kind: Literal["gpu"]
+    state: Literal["healthy", "failed"] = "healthy"
+    speed: Finite = Field(default=1.0, ge=1e-6, le=1000.0)
+    p_fail: Finite = Field(default=0.0, ge=0.0, le=1.0)
+    tdp_w: Finite = Field(default=DEFAULT_TDP_W, ge=1.0, le=1e6)
+    max_power_w: Finite | None = Field(
+        default=None,
+        ge=1.0,
+        le=1e6,
+        description=(
+            "Largest power limit the board accepts, in watts (must be >= tdp_w). "
+            "Absent: tdp_w * (1 + job.max_boost), i.e. only the job's boost cap applies."
+        ),
+    )
+    uuid: str | None = Field(
+        default=None, min_length=1, max_length=200, description="Device UUID (nvidia-smi)."
+    )
+    host: str | None = Field(
+        default=None, min_length=1, max_length=255, description="Hostname the GPU is on."
+    )
+    index: StrictInt | None = Field(
+        default=None, ge=0, le=1_000_000, description="Device index on its host."
+    )
+
+    @field_validator("max_power_w")
+    @classmethod
+    def _max_power_at_least_tdp(cls, v: float | None, info: ValidationInfo) -> float | None:
+        tdp = info.data.get("tdp_w")
+        if v is not None and tdp is not None and v < tdp:
+            raise ValueError(
+                f"{v:g} is below tdp_w {tdp:g} (a board accepts at least its nominal limit)"
+            )
+        return v
+
+
+class TrayNode(_Strict):
+    """A compute tray / host (``kind: tray``)."""
+
+    id: NodeId
+    kind: Literal["tray"]
+    p_fail: Finite = Field(default=0.0, ge=0.0, le=1.0)
+    host: str | None = Field(
+        default=None, min_length=1, max_length=255, description="Hostname (scheduler's name)."
+    )
+
+
+class DomainNode(_Strict):
+    """An NVLink scale-up domain (``kind: domain``)."""
+
+    id: NodeId
+    kind: Literal["domain"]
+    size: int = Field(ge=1, le=100_000)
+
+
+class RackNode(_Strict):
+    """A rack, the power unit (``kind: rack``)."""
+
+    id: NodeId
+    kind: Literal["rack"]
+    power_budget_w: Finite | None = Field(default=None, ge=0.0, le=1e12)
+
+
+class SwitchNode(_Strict):
+    """A scale-out switch (``kind: switch``)."""
+
+    id: NodeId
+    kind: Literal["switch"]
+    tier: Literal["leaf", "spine"] = "leaf"
+
+
+Node = Annotated[
+    GpuNode | TrayNode | DomainNode | RackNode | SwitchNode, Field(discriminator="kind")
+]
+
+
+class Link(_Strict):
+    """An edge of the cluster graph."""
+
+    source: NodeId
+    target: NodeId
+    bandwidth_gbps: Finite | None = Field(default=None, gt=0.0)
+
+
+class GraphAttrs(_Strict):
+    """Attributes of the cluster graph itself."""
+
+    name: str | None = None
+    power_budget_w: Finite | None = Field(default=None, ge=0.0, le=1e12)
+
+
+class ClusterData(_Strict):
+    """NetworkX node-link data (``node_link_data(G, edges="edges")``)."""
+
+    directed: Literal[False] = False
+    multigraph: Literal[False] = False
+    graph: GraphAttrs = Field(default_factory=GraphAttrs)
+    nodes: list[Node] = Field(max_length=MAX_NODES)
+    edges: list[Link] = Field(default_factory=list, max_length=4 * MAX_NODES)
+
+
+class InstanceFile(_Strict):
+    """An instance file, format ``ntp-opt/instance@1``."""
+
+    model_config = ConfigDict(
+        extra="forbid",
+        json_schema_extra={"$id": "https://ntp-opt.invalid/schemas/instance@1.schema.json"},
+    )
+
+    format: Literal["ntp-opt/instance@1"]
+    name: str = Field(min_length=1, max_length=200)
+    description: str | None = None
+    meta: dict[str, Any] = Field(default_factory=dict)
+    cluster: ClusterData
+    job: Job
+
+
+class StageData(_Strict):
+    """One stage of a replica."""
+
+    domain: NodeId
+    gpus: list[NodeId]
+    power: Finite = 1.0
+
+
+class ReplicaData(_Strict):
+    """One replica of a plan."""
+
+    tp: int = Field(ge=1, le=1_000_000)
+    local_batch: int = Field(ge=0, le=1_000_000_000_000)
+    stages: list[StageData]
+
+
+class MetricsData(BaseModel):
+    """Figures reported with a plan; other scalar fields are allowed."""
+
+    model_config = ConfigDict(extra="allow")
+
+    goodput: Finite = Field(ge=0.0)
+    relative_goodput: Finite = Field(ge=0.0)
+    bound: Finite | None = None
+
+
+class PlanFile(_Strict):
+    """A plan file, format ``ntp-opt/plan@1``."""
+
+    model_config = ConfigDict(
+        extra="forbid",
+        json_schema_extra={"$id": "https://ntp-opt.invalid/schemas/plan@1.schema.json"},
+    )
+
+    format: Literal["ntp-opt/plan@1"]
+    instance: str
+    replicas: list[ReplicaData]
+    metrics: MetricsData
+
+
+def _loc(loc: tuple[int | str, ...]) -> str:
+    parts: list[str] = []
+    for p in loc:
+        if isinstance(p, int):
+            parts.append(f"[{p}]")
+        elif (
+            p in {"gpu", "tray", "domain", "rack", "switch"} and parts and parts[-1].startswith("[")
+        ):
+            continue  # discriminator tag inserted by pydantic
+        else:
+            parts.append(("." if parts else "") + str(p))
+    return "".join(parts)
+
+
+def validation_problems(err: ValidationError) -> list[tuple[str, str]]:
+    """The ``(field path, message)`` pairs of a pydantic error, for :class:`InputError`."""
+    return [
+        (_loc(tuple(e["loc"])), e["msg"].removeprefix("Value error, "))
+        for e in err.errors(include_url=False)
+    ]
+
+
+def _limits() -> tuple[int, int, int]:
+    """(bytes, tokens, string bytes) a file may have, from the module's caps.
+
+    Read at each call, so that tests and the service can lower :data:`MAX_NODES`
+    and the others.
+    """
+    return MAX_FILE_BYTES, TOKENS_PER_NODE * MAX_NODES + TOKENS_EXTRA, MAX_STRING_BYTES
+
+
+class _Scan:
+    """Counts, chunk by chunk of the decompressed bytes, what bounds parsing memory.
+
+    ``,``, ``{`` and ``[`` bound the number of JSON values (strings containing
+    them only over-count), and the longest run of bytes between two ``"``
+    bounds every string's length (escapes only make the raw run longer than
+    the decoded string). No escape or encoding can hide from either count:
+    the bytes are the raw UTF-8 that will be parsed (anything else is refused).
+    """
+
+    def __init__(self, source: str):
+        self.source = source
+        self.max_bytes, self.max_tokens, self.max_string = _limits()
+        self.total = self.tokens = self.kinds = 0
+        self.run = 0  # bytes since the last quote
+        self.tail = b""
+
+    def feed(self, chunk: bytes) -> None:
+        self.total += len(chunk)
+        if self.total > self.max_bytes:
+            raise InputError(
+                self.source, [("", f"uncompressed data exceeds {self.max_bytes} bytes")]
+            )
+        # "kind" keys written plainly: a fast early refusal of plain node bombs (an
+        # escaped key such as "\\u006bind" is caught by the value count below).
+        window = self.tail + chunk
+        self.kinds += window.count(b'"kind"') - self.tail.count(b'"kind"')
+        self.tail = window[-5:]
+        if self.kinds > MAX_NODES:
+            raise InputError(
+                self.source,
+                [("cluster.nodes", f"declares more than {MAX_NODES} nodes (kind fields)")],
+            )
+        self.tokens += chunk.count(b",") + chunk.count(b"{") + chunk.count(b"[")
+        if self.tokens > self.max_tokens:
+            raise InputError(
+                self.source,
+                [
+                    (
+                        "",
+                        f"more than {self.max_tokens} JSON values: more than "
+                        f"{MAX_NODES} nodes' worth of data",
+                    )
+                ],
+            )
+        quotes = np.flatnonzero(np.frombuffer(chunk, dtype=np.uint8) == 0x22)
+        if quotes.size == 0:
+            longest = self.run + len(chunk)
+            self.run = longest
+        else:
+            inner = int(np.diff(quotes).max()) - 1 if quotes.size > 1 else 0
+            longest = max(self.run + int(quotes[0]), inner)
+            self.run = len(chunk) - int(quotes[-1]) - 1
+        if longest > self.max_string:
+            raise InputError(
+                self.source,
+                [
+                    (
+                        "",
+                        f"more than {self.max_string} bytes without a quote (a string, "
+                        "or a run of values, longer than the cap)",
+                    )
+                ],
+            )
+
+
+class _DuplicateKey(ValueError):
+    pass
+
+
+def _object(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    obj = dict(pairs)
+    if len(obj) != len(pairs):
+        seen: set[str] = set()
+        for k, _ in pairs:
+            if k in seen:
+                raise _DuplicateKey(k)
+            seen.add(k)
+    return obj
+
+
+def parse_json(raw: bytes, source: str) -> Any:
+    """Parse untrusted JSON bytes with the file rules; errors are :class:`InputError`.
+
+    The rules: at most :data:`MAX_FILE_BYTES` bytes, :data:`TOKENS_PER_NODE`
+    times :data:`MAX_NODES` values and :data:`MAX_STRING_BYTES` bytes per
+    string (all counted on the raw bytes, before parsing); UTF-8 only, no
+    byte-order mark; no duplicate keys; no ``NaN``, ``Infinity`` or numbers
+    that overflow a float (``1e999``), anywhere, ``meta`` included; nesting
+    deeper than Python's recursion limit is refused.
+
+    Parameters
+    ----------
+    raw
+        The bytes (already decompressed).
+    source
+        Name used in error messages.
+
+    Returns
+    -------
+    Any
+        The parsed value.
+    """
+    scan = _Scan(source)
+    for i in range(0, len(raw), _CHUNK):
+        scan.feed(raw[i : i + _CHUNK])
+    return _parse(raw, source)
+
+
+def _parse(raw: bytes, source: str) -> Any:
+    if raw.startswith((b"\xef\xbb\xbf", b"\xff\xfe", b"\xfe\xff")):
+        raise InputError(
+            source, [("", "starts with a byte-order mark; save it as UTF-8 without one")]
+        )
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as err:
+        raise InputError(
+            source, [("", f"not UTF-8 text: {err.reason} at byte {err.start}")]
+        ) from None
+    if "\x00" in text:
+        raise InputError(source, [("", "not UTF-8 JSON text: it holds NUL bytes (UTF-16?)")])
+
+    seen: list[str] = []
+    overflow: set[float] = set()
+
+    def constant(token: str) -> float:
+        seen.append(token)  # NaN, Infinity, -Infinity: refused below, naming the field
+        return float(token.replace("Infinity", "inf"))
+
+    def number(token: str) -> float:
+        x = float(token)
+        if not math.isfinite(x):
+            seen.append(token)
+            overflow.add(x)
+        return x
+
+    try:
+        data = json.loads(
+            text, parse_constant=constant, parse_float=number, object_pairs_hook=_object
+        )
+    except _DuplicateKey as err:
+        raise InputError(source, [("", f"duplicate key {err.args[0]!r}")]) from None
+    except json.JSONDecodeError as err:
+        raise InputError(
+            source, [("", f"malformed JSON at line {err.lineno} column {err.colno}: {err.msg}")]
+        ) from None
+    except RecursionError:
+        raise InputError(source, [("", "malformed JSON: nested too deeply")]) from None
+    except ValueError as err:  # e.g. an integer of more than 4300 digits
+        raise InputError(source, [("", f"malformed JSON: {err}")]) from None
+    del text
+    if seen:
+        try:
+            where = _nonfinite(data)
+        except RecursionError:
+            where = []
+        problems = [
+            (
+                _loc(loc),
+                "a number too large for a float (overflows to infinity)"
+                if x in overflow and _token(x) not in seen
+                else f"{_token(x)} is not valid JSON",
+            )
+            for loc, x in where
+        ]
+        raise InputError(
+            source, problems or [("", f"{seen[0]} is not valid JSON (not a finite number)")]
+        )
+    return data
+
+
+def read_json(path: Path) -> Any:
+    """Read a ``.json`` or ``.json.gz`` file under the rules of :func:`parse_json`.
+
+    Decompression is streamed and the caps are checked chunk by chunk, so a
+    gzip bomb is refused after reading at most :data:`MAX_FILE_BYTES` bytes.
+    """
+    source = str(path)
+    max_bytes = _limits()[0]
+    try:
+        st = path.stat()
+    except OSError as err:
+        raise InputError(source, [("", f"cannot read file: {err.strerror}")]) from None
+    if st.st_size > max_bytes:
+        raise InputError(source, [("", f"file is {st.st_size} bytes, more than {max_bytes}")])
+    scan = _Scan(source)
+    chunks: list[bytes] = []
+    try:
+        with gzip.open(path, "rb") if path.suffix == ".gz" else path.open("rb") as fh:
+            while chunk := fh.read(_CHUNK):
+                scan.feed(chunk)
+                chunks.append(chunk)
+    except (OSError, EOFError, zlib.error) as err:
+        raise InputError(source, [("", f"cannot read file: {err}")]) from None
+    raw = b"".join(chunks)
+    del chunks
+    return _parse(raw, source)
+
+
+def _token(x: float) -> str:
+    return "NaN" if math.isnan(x) else ("Infinity" if x > 0 else "-Infinity")
+
+
+def _nonfinite(
+    data: Any, loc: tuple[int | str, ...] = ()
+) -> list[tuple[tuple[int | str, ...], float]]:
+    """Paths and values of the non-finite floats in parsed JSON."""
+    if isinstance(data, float) and not math.isfinite(data):
+        return [(loc, data)]
+    out: list[tuple[tuple[int | str, ...], float]] = []
+    if isinstance(data, dict):
+        for k, v in data.items():
+            out += _nonfinite(v, (*loc, k))
+    elif isinstance(data, list):
+        for i, v in enumerate(data):
+            out += _nonfinite(v, (*loc, i))
+    return out
+
+
+def write_json(data: Any, path: Path, inputs: Iterable[str | os.PathLike[str]] = ()) -> None:
+    """Write through :func:`ntp_opt.safeio.atomic_open` (temp file, fsync, rename).
+
+    ``inputs`` are the files the command read: writing onto one is refused.
+    """
+    path = Path(path)
+    text = json.dumps(data, indent=None if path.suffix == ".gz" else 1, allow_nan=False)
+    with atomic_open(path, inputs) as fh:
+        if path.suffix == ".gz":
+            with gzip.GzipFile(fileobj=fh, mode="wb", mtime=0) as gz:
+                gz.write(text.encode())
+        else:
+            fh.write(text.encode() + b"\n")
+
+
+# --- instances ---------------------------------------------------------------
+
+
+def check_format(data: Any, expected: str, source: str) -> None:
+    """Raise :class:`InputError` unless ``data`` is an object whose ``format`` is ``expected``."""
+    if not isinstance(data, dict):
+        raise InputError(source, [("", f"expected a JSON object, got {type(data).__name__}")])
+    fmt = data.get("format")
+    if fmt != expected:
+        raise InputError(source, [("format", f"expected {expected!r}, got {fmt!r}")])
+
+
+def _check_counts(data: dict[str, Any], source: str) -> None:
+    """Refuse more than :data:`MAX_NODES` nodes (4x as many edges) before building objects."""
+    cluster = data.get("cluster")
+    if not isinstance(cluster, dict):
+        return
+    for key, cap in (("nodes", MAX_NODES), ("edges", 4 * MAX_NODES)):
+        items = cluster.get(key)
+        if isinstance(items, list) and len(items) > cap:
+            raise InputError(
+                source, [(f"cluster.{key}", f"declares more than {cap} {key} ({len(items)})")]
+            )
+
+
+_DIGITS = re.compile(r"[0-9]{1,9}")
+
+
+def _strict_ready(data: dict[str, Any]) -> dict[str, Any]:
+    """``data`` with the two JSON forms strict validation cannot take as they are.
+
+    ``job.tp_allowed`` (a JSON array) becomes a tuple and the keys of
+    ``job.tp_efficiency`` (JSON object keys are strings) that are plain decimal
+    integers become ints; any other key is left a string and refused. The rest
+    is validated strictly: ``true`` or ``"1.0"`` is not a number, ``"4"`` not
+    an integer, as the published schema says.
+    """
+    job = data.get("job")
+    if not isinstance(job, dict):
+        return data
+    job = dict(job)
+    if isinstance(job.get("tp_allowed"), list):
+        job["tp_allowed"] = tuple(job["tp_allowed"])
+    eff = job.get("tp_efficiency")
+    if isinstance(eff, dict):
+        job["tp_efficiency"] = {
+            int(k) if isinstance(k, str) and _DIGITS.fullmatch(k) else k: v for k, v in eff.items()
+        }
+    return {**data, "job": job}
+
+
+def instance_from_dict(data: Any, source: str = "<instance>") -> Instance:
+    """Build an :class:`Instance` from parsed JSON, validating everything.
+
+    Parameters
+    ----------
+    data
+        Parsed instance JSON.
+    source
+        Name used in error messages (usually the file name).
+
+    Returns
+    -------
+    Instance
+
+    Raises
+    ------
+    InputError
+        On any schema or topology problem, naming ``source`` and the field.
+    """
+    check_format(data, INSTANCE_FORMAT, source)
+    _check_counts(data, source)
+    try:
+        model = InstanceFile.model_validate(_strict_ready(data), strict=True)
+    except ValidationError as err:
+        raise InputError(source, validation_problems(err)) from None
+    graph = nx.Graph()
+    graph.graph.update(
+        {k: getattr(model.cluster.graph, k) for k in data["cluster"].get("graph", {})}
+    )
+    seen: set[Hashable] = set()
+    dups: list[tuple[str, str]] = []
+    node_rows = []
+    # Attributes keep the order of the file (so that load + save is the identity)
+    # and the validated values.
+    raw_nodes = data["cluster"]["nodes"]
+    for i, node in enumerate(model.cluster.nodes):
+        if node.id in seen:
+            dups.append((f"cluster.nodes[{i}].id", f"duplicate node id {node.id!r}"))
+        seen.add(node.id)
+        attrs = {k: getattr(node, k) for k in raw_nodes[i] if k != "id"}
+        if isinstance(node, SwitchNode):  # the schema's default tier, which the topology needs
+            attrs.setdefault("tier", node.tier)
+        node_rows.append((node.id, attrs))
+    graph.add_nodes_from(node_rows)
+    for i, link in enumerate(model.cluster.edges):
+        for end in ("source", "target"):
+            if getattr(link, end) not in seen:
+                dups.append((f"cluster.edges[{i}].{end}", f"unknown node {getattr(link, end)!r}"))
+    raw_edges = data["cluster"].get("edges", [])
+    graph.add_edges_from(
+        (
+            link.source,
+            link.target,
+            {k: getattr(link, k) for k in raw_edges[i] if k not in ("source", "target")},
+        )
+        for i, link in enumerate(model.cluster.edges)
+    )
+    if dups:
+        raise InputError(source, dups)
+    try:
+        meta = dict(model.meta)
+        if model.description is not None:
+            meta["description"] = model.description
+        return Instance(model.name, graph, model.job, meta, copy_graph=False)
+    except TopologyError as err:
+        raise InputError(source, [("cluster", p) for p in err.problems]) from None
+
+
+def check_cluster(graph: nx.Graph, source: str = "<cluster>") -> None:
+    """Check a cluster graph against the instance file schema (strict), as a load would.
+
+    Used by ``ntp-opt gen`` so that it never writes a file no command can load.
+
+    Raises
+    ------
+    InputError
+        Naming ``source`` and the field (``cluster.nodes[5].tdp_w``).
+    """
+    if graph.number_of_nodes() > MAX_NODES:
+        raise InputError(source, [("cluster.nodes", f"more than {MAX_NODES} nodes")])
+    data = nx.node_link_data(graph, edges="edges")
+    try:
+        ClusterData.model_validate(data, strict=True)
+    except ValidationError as err:
+        raise InputError(
+            source, [(f"cluster.{f}", m) for f, m in validation_problems(err)]
+        ) from None
+
+
+def instance_to_dict(instance: Instance) -> dict[str, Any]:
+    """The JSON form of ``instance`` (format ``ntp-opt/instance@1``)."""
+    meta = dict(instance.meta)
+    description = meta.pop("description", None)
+    for node in instance.cluster.nodes:
+        if isinstance(node, bool) or not isinstance(node, str | int):
+            raise ValueError(f"node id {node!r} is not a string or an integer; JSON needs one")
+    cluster = nx.node_link_data(instance.cluster, edges="edges")
+    data: dict[str, Any] = {"format": INSTANCE_FORMAT, "name": instance.name}
+    if description is not None:
+        data["description"] = description
+    data["meta"] = meta
+    data["job"] = instance.job.model_dump(mode="json")
+    data["cluster"] = cluster
+    return data
+
+
+def load_instance(path: str | os.PathLike[str]) -> Instance:
+    """Load and validate an instance file (``.json`` or ``.json.gz``).
+
+    Raises
+    ------
+    InputError
+        Naming the file and the field path of every problem.
+    """
+    p = Path(path)
+    return instance_from_dict(read_json(p), str(p))
+
+
+def save_instance(
+    instance: Instance,
+    path: str | os.PathLike[str],
+    inputs: Iterable[str | os.PathLike[str]] = (),
+) -> None:
+    """Write ``instance`` to ``path`` atomically (gzip if it ends in ``.gz``).
+
+    ``inputs``: files the command read; writing onto one of them is refused
+    (:class:`ntp_opt.safeio.UnsafeTargetError`).
+    """
+    write_json(instance_to_dict(instance), Path(path), inputs)
+
+
+# --- plans -------------------------------------------------------------------
+
+
+def plan_from_dict(data: Any, source: str = "<plan>") -> Plan:
+    """Build a :class:`Plan` from parsed JSON (schema checks only).
+
+    The model's rules (healthy GPUs, budgets, ...) are the validator's job:
+    see :func:`ntp_opt.validate.validate`.
+    """
+    check_format(data, PLAN_FORMAT, source)
+    try:
+        model = PlanFile.model_validate(data, strict=True)
+    except ValidationError as err:
+        raise InputError(source, validation_problems(err)) from None
+    replicas = tuple(
+        Replica(
+            tp=r.tp,
+            local_batch=r.local_batch,
+            stages=tuple(Stage(s.domain, tuple(s.gpus), s.power) for s in r.stages),
+        )
+        for r in model.replicas
+    )
+    return Plan(model.instance, replicas, model.metrics.model_dump(exclude_unset=True))
+
+
+def plan_to_dict(plan: Plan) -> dict[str, Any]:
+    """The JSON form of ``plan`` (format ``ntp-opt/plan@1``).
+
+    Raises
+    ------
+    ValueError
+        If the plan's metrics lack ``goodput`` or ``relative_goodput`` (use
+        :func:`ntp_opt.validate.evaluate` to compute them).
+    """
+    metrics = {
+        k: v for k, v in plan.metrics.items() if not (isinstance(v, float) and not math.isfinite(v))
+    }
+    missing = [k for k in ("goodput", "relative_goodput") if k not in metrics]
+    if missing:
+        raise ValueError(f"plan metrics lack {missing}; evaluate the plan first")
+    return {
+        "format": PLAN_FORMAT,
+        "instance": plan.instance,
+        "replicas": [
+            {
+                "tp": r.tp,
+                "local_batch": r.local_batch,
+                "stages": [
+                    {"domain": s.domain, "gpus": list(s.gpus), "power": s.power} for s in r.stages
+                ],
+            }
+            for r in plan.replicas
+        ],
+        "metrics": metrics,
+    }
+
+
+def load_plan(path: str | os.PathLike[str]) -> Plan:
+    """Load a plan file; schema errors raise :class:`InputError`."""
+    p = Path(path)
+    return plan_from_dict(read_json(p), str(p))
+
+
+def save_plan(
+    plan: Plan, path: str | os.PathLike[str], inputs: Iterable[str | os.PathLike[str]] = ()
+) -> None:
+    """Write ``plan`` to ``path`` atomically (never onto one of ``inputs``)."""
+    write_json(plan_to_dict(plan), Path(path), inputs)
+
+
+def json_schema(kind: Literal["instance", "plan"]) -> dict[str, Any]:
+    """The published JSON Schema of an instance or plan file."""
+    model = InstanceFile if kind == "instance" else PlanFile
+    schema = model.model_json_schema()
+    schema["$schema"] = "https://json-schema.org/draft/2020-12/schema"
+    return schema

@@ -1,0 +1,260 @@
+"""A planning instance: a cluster graph and a job, validated and immutable.
+
+NetworkX stays at the edge: :class:`Instance` keeps the (frozen) graph for
+users and files, and compiles it once into :class:`ClusterArrays`, the
+flat numpy view that planners and the validator work on.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Hashable
+from dataclasses import InitVar, dataclass, field
+from functools import cached_property
+from typing import Any
+
+import networkx as nx
+import numpy as np
+
+from ntp_opt.model.job import Job
+from ntp_opt.model.topology import DEFAULT_TDP_W, TopologyError, check_topology
+
+
+@dataclass(frozen=True, eq=False)
+class ClusterArrays:
+    """Flat, index-based view of a cluster graph.
+
+    GPUs, trays, domains and racks are numbered in graph order. Every array
+    indexed by GPU has one entry per GPU. ``max_power`` is each GPU's
+    ``max_power_w``, ``inf`` where the graph gives none (then only the job's
+    ``max_boost`` caps its boost: :attr:`Instance.max_multiplier`).
+    """
+
+    gpu_ids: tuple[Hashable, ...]
+    gpu_index: dict[Hashable, int]
+    gpu_tray: np.ndarray
+    gpu_domain: np.ndarray
+    gpu_rack: np.ndarray
+    healthy: np.ndarray
+    speed: np.ndarray
+    p_fail: np.ndarray
+    tdp: np.ndarray
+    max_power: np.ndarray
+    tray_ids: tuple[Hashable, ...]
+    tray_p_fail: np.ndarray
+    domain_ids: tuple[Hashable, ...]
+    domain_index: dict[Hashable, int]
+    domain_gpus: tuple[np.ndarray, ...]
+    rack_ids: tuple[Hashable, ...]
+    rack_index: dict[Hashable, int]
+    rack_budget: np.ndarray
+    site_budget: float
+
+    @property
+    def n_gpus(self) -> int:
+        """Number of GPUs."""
+        return len(self.gpu_ids)
+
+    @property
+    def n_domains(self) -> int:
+        """Number of NVLink domains."""
+        return len(self.domain_ids)
+
+    def healthy_in_domain(self) -> np.ndarray:
+        """Healthy GPU count of every domain."""
+        return np.bincount(self.gpu_domain[self.healthy], minlength=self.n_domains).astype(np.int64)
+
+
+def compile_cluster(graph: nx.Graph) -> ClusterArrays:
+    """Compile a checked cluster graph into :class:`ClusterArrays`.
+
+    Parameters
+    ----------
+    graph
+        A cluster that passes :func:`ntp_opt.topology.check_topology`.
+
+    Returns
+    -------
+    ClusterArrays
+    """
+    kinds: dict[str, list[Hashable]] = {k: [] for k in ("gpu", "tray", "domain", "rack")}
+    for node, kind in graph.nodes(data="kind"):
+        if kind in kinds:
+            kinds[kind].append(node)
+    gpu_ids = tuple(kinds["gpu"])
+    tray_ids = tuple(kinds["tray"])
+    domain_ids = tuple(kinds["domain"])
+    rack_ids = tuple(kinds["rack"])
+    domain_index = {d: i for i, d in enumerate(domain_ids)}
+    rack_index = {r: i for i, r in enumerate(rack_ids)}
+    tray_index = {t: i for i, t in enumerate(tray_ids)}
+    tray_domain = np.empty(len(tray_ids), dtype=np.int64)
+    tray_rack = np.empty(len(tray_ids), dtype=np.int64)
+    for i, t in enumerate(tray_ids):
+        for nb in graph.adj[t]:
+            kind = graph.nodes[nb].get("kind")
+            if kind == "domain":
+                tray_domain[i] = domain_index[nb]
+            elif kind == "rack":
+                tray_rack[i] = rack_index[nb]
+    n = len(gpu_ids)
+    gpu_tray = np.empty(n, dtype=np.int64)
+    healthy = np.empty(n, dtype=bool)
+    speed = np.empty(n, dtype=float)
+    p_fail = np.empty(n, dtype=float)
+    tdp = np.empty(n, dtype=float)
+    max_power = np.full(n, np.inf)
+    nodes = graph.nodes
+    for i, g in enumerate(gpu_ids):
+        attrs = nodes[g]
+        for nb in graph.adj[g]:
+            if nodes[nb].get("kind") == "tray":
+                gpu_tray[i] = tray_index[nb]
+                break
+        healthy[i] = attrs.get("state", "healthy") == "healthy"
+        speed[i] = attrs.get("speed", 1.0)
+        p_fail[i] = attrs.get("p_fail", 0.0)
+        tdp[i] = attrs.get("tdp_w", DEFAULT_TDP_W)
+        mx = attrs.get("max_power_w")
+        if mx is not None:
+            max_power[i] = mx
+    gpu_domain = tray_domain[gpu_tray] if n else np.empty(0, dtype=np.int64)
+    gpu_rack = tray_rack[gpu_tray] if n else np.empty(0, dtype=np.int64)
+    order = np.argsort(gpu_domain, kind="stable")
+    bounds = np.searchsorted(gpu_domain[order], np.arange(len(domain_ids) + 1))
+    domain_gpus = tuple(order[bounds[i] : bounds[i + 1]] for i in range(len(domain_ids)))
+    rack_tdp = np.bincount(gpu_rack, weights=tdp, minlength=len(rack_ids))
+    budgets = [nodes[r].get("power_budget_w") for r in rack_ids]
+    rack_budget = np.array(
+        [float(rack_tdp[i]) if b is None else float(b) for i, b in enumerate(budgets)],
+        dtype=float,
+    )
+    site = graph.graph.get("power_budget_w")
+    site_budget = float(tdp.sum()) if site is None else float(site)
+    tray_p = np.array([float(nodes[t].get("p_fail", 0.0)) for t in tray_ids], dtype=float)
+    arrs = (gpu_tray, gpu_domain, gpu_rack, healthy, speed, p_fail, tdp, max_power, rack_budget)
+    for arr in (*arrs, tray_p):
+        arr.setflags(write=False)
+    return ClusterArrays(
+        gpu_ids=gpu_ids,
+        gpu_index={g: i for i, g in enumerate(gpu_ids)},
+        gpu_tray=gpu_tray,
+        gpu_domain=gpu_domain,
+        gpu_rack=gpu_rack,
+        healthy=healthy,
+        speed=speed,
+        p_fail=p_fail,
+        tdp=tdp,
+        max_power=max_power,
+        tray_ids=tray_ids,
+        tray_p_fail=tray_p,
+        domain_ids=domain_ids,
+        domain_index=domain_index,
+        domain_gpus=domain_gpus,
+        rack_ids=rack_ids,
+        rack_index=rack_index,
+        rack_budget=rack_budget,
+        site_budget=site_budget,
+    )
+
+
+@dataclass(frozen=True, eq=False)
+class Instance:
+    """A cluster and a job: the input of every planner.
+
+    Construction checks the topology and the job against it and raises
+    :class:`ntp_opt.topology.TopologyError` with every problem found. The
+    graph is copied and frozen, so later changes to the caller's graph do not
+    leak in.
+
+    Parameters
+    ----------
+    name
+        Instance name (plans refer to it).
+    cluster
+        Cluster graph (docs/model.md, spec section 1).
+    job
+        The job (docs/model.md, spec section 2).
+    meta
+        Free-form description (builder, failure settings, source); stored in
+        files as ``"meta"``.
+    copy_graph
+        Copy ``cluster`` before freezing it (default). Pass ``False`` only for
+        a graph nobody else holds, to save the copy on large clusters.
+    """
+
+    name: str
+    cluster: nx.Graph
+    job: Job
+    meta: dict[str, Any] = field(default_factory=dict)
+    copy_graph: InitVar[bool] = True
+
+    def __post_init__(self, copy_graph: bool) -> None:
+        graph = nx.freeze(self.cluster.copy() if copy_graph else self.cluster)
+        object.__setattr__(self, "cluster", graph)
+        check_topology(graph)
+        problems = []
+        sizes = {d: s for d, s in graph.nodes(data="size") if graph.nodes[d]["kind"] == "domain"}
+        small = [d for d, s in sizes.items() if s < self.job.tp]
+        if small:
+            listed = ", ".join(map(str, small[:5])) + (" ..." if len(small) > 5 else "")
+            problems.append(
+                f"job.tp={self.job.tp} is larger than {len(small)} NVLink domain(s) "
+                f"({listed}; smallest size {min(sizes[d] for d in small)}): "
+                "a TP group never leaves its domain"
+            )
+        if problems:
+            raise TopologyError(problems)
+
+    @cached_property
+    def arrays(self) -> ClusterArrays:
+        """The compiled cluster (computed once)."""
+        return compile_cluster(self.cluster)
+
+    @cached_property
+    def max_multiplier(self) -> np.ndarray:
+        """Per GPU, the largest power multiplier job and board allow (computed once).
+
+        ``min(1 + job.max_boost, max_power_w / tdp_w)``, never below 1 (read-only):
+        the board's limit is data of the instance, so it is compiled here; the
+        power rules that use it are in :mod:`ntp_opt.rules.power`.
+        """
+        a = self.arrays
+        caps = np.minimum(1.0 + self.job.max_boost, a.max_power / a.tdp)
+        caps = np.maximum(caps, 1.0)  # max_power >= tdp is checked; guards rounding only
+        caps.setflags(write=False)
+        return caps
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, Instance):
+            return NotImplemented
+        return (
+            self.name == other.name
+            and self.job == other.job
+            and self.meta == other.meta
+            and self.cluster.graph == other.cluster.graph
+            and list(self.cluster.nodes(data=True)) == list(other.cluster.nodes(data=True))
+            and _edge_set(self.cluster) == _edge_set(other.cluster)
+        )
+
+    __hash__ = None  # type: ignore[assignment]
+
+    def summary(self) -> dict[str, Any]:
+        """Counts that describe the instance (GPUs, failed, domains, racks, ...)."""
+        a = self.arrays
+        return {
+            "name": self.name,
+            "gpus": a.n_gpus,
+            "failed": int((~a.healthy).sum()),
+            "stragglers": int((a.healthy & (a.speed < 1.0)).sum()),
+            "domains": a.n_domains,
+            "racks": len(a.rack_ids),
+            "tp": self.job.tp,
+            "pp": self.job.pp,
+            "dp": self.job.dp,
+            "global_batch": self.job.global_batch,
+            "batch_policy": self.job.batch_policy,
+        }
+
+
+def _edge_set(graph: nx.Graph) -> set[tuple[frozenset[Hashable], tuple[tuple[str, Any], ...]]]:
+    return {(frozenset((u, v)), tuple(sorted(d.items()))) for u, v, d in graph.edges(data=True)}

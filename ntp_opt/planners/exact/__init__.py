@@ -1,0 +1,1 @@
+"""Integer-programming planners: a solver-neutral program and its backends."""

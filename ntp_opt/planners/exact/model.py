@@ -1,0 +1,632 @@
+"""The capacity model: the integer program solved at a fixed step time.
+
+At a fixed (pre-overhead) step time ``theta'``, a replica of TP degree ``t``
+can take local batch ``b`` exactly when every one of its stages runs at speed
+at least ``b / theta'``. A stage of degree ``t`` on a block of GPUs whose
+slowest GPU has speed ``s`` reaches it with the power multiplier
+
+    pi = max(1, (b c / (theta' f(t) s)) ** (1 / alpha)),  f(t) = t eta(t) / (T eta(T))
+
+(infeasible above the stage's cap: ``1 + max_boost``, or less where a GPU's
+board accepts less, ``max_power_w / tdp_w``; see :mod:`ntp_opt.power`), which
+fixes its power draw. So at fixed
+``theta'`` the planning problem is linear and integer: choose, for every
+domain, a *configuration* (the stages it hosts, each with its degree and
+batch level), such that stages of each class ``(t, b)`` come in multiples of
+``pp`` (they form the replicas), budgets hold, and ``sum b`` is maximal. That
+maximum, the *capacity* ``C(theta')``, is monotone in ``theta'``; the search in
+:mod:`ntp_opt.milp.search` finds the best step time with it.
+
+Symmetry: domains are grouped into *power units* (connected components of the
+domain–rack containment graph). A unit with one domain (NVL32, NVL72,
+NVL36x2: racks hold parts of one domain only) is interchangeable with every
+unit of the same profile (healthy GPU speeds and TDPs in stage order, rack
+budgets): such units are aggregated into classes and the program counts how
+many units of a class take each configuration, so identical domains create no
+symmetry at all. Units with several domains (NVL8: four DGX nodes per rack)
+keep one binary per domain and configuration and their rack budgets as rows.
+
+Within a domain, GPUs are used fastest first (among equal speeds, the
+highest board power cap first; remaining ties alternate between the domain's
+racks, so that a boosted stage spreads its draw); a configuration's stages
+take consecutive blocks of that order, the stage needing the highest speed
+first. When a domain's healthy GPUs share one TDP and one rack, and no faster
+GPU has a lower cap than a slower one, this choice is optimal (an earlier GPU
+is never worse in speed nor in cap, and every GPU left out draws the same idle
+power). Otherwise (mixed TDPs, a domain spanning racks such as NVL36x2, or
+caps that disagree with speeds) a slower or lower-power GPU, or another rack
+split, can be better: the search then still returns a validated plan, but reports
+it as feasible with the capacity bound, not as optimal
+(:attr:`Prepared.inexact` says why).
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import numpy as np
+
+from ntp_opt.model.instance import Instance
+from ntp_opt.planners.exact.program import IntProgram, Row
+
+#: Largest number of configurations, per domain class and in one program.
+MAX_CONFIGS = 20_000
+#: Milliwatts per watt: power enters the integer program in mW.
+MW = 1000.0
+#: Slack (mW) forgiven when rounding a draw up, so that a plan exactly at a
+#: budget (a common case: a full rack at TDP) is not excluded by float noise.
+_ROUND_SLACK = 1e-3
+
+
+class ModelTooLarge(RuntimeError):
+    """The exact model would need more configurations than :data:`MAX_CONFIGS`."""
+
+
+class DeadlineReached(RuntimeError):
+    """The caller's deadline passed while a capacity program was being built."""
+
+
+def _check_deadline(deadline: float | None) -> None:
+    if deadline is not None and time.perf_counter() >= deadline:
+        raise DeadlineReached("time limit reached while building a capacity program")
+
+
+def _ceil_mw(watts: float) -> int:
+    return math.ceil(watts * MW - _ROUND_SLACK)
+
+
+def _floor_mw(watts: float) -> int:
+    return math.floor(watts * MW + _ROUND_SLACK)
+
+
+@dataclass(frozen=True)
+class Domain:
+    """A domain's healthy GPUs in stage order, and where they draw power."""
+
+    index: int
+    gpus: np.ndarray  # GPU indices, fastest first
+    speed: np.ndarray
+    tdp: np.ndarray
+    rack_pos: np.ndarray  # position of each GPU's rack in its unit's rack list
+    cap: np.ndarray  # largest power multiplier of each GPU (job and board)
+
+
+@dataclass(frozen=True)
+class Unit:
+    """A power unit: domains and the racks they share."""
+
+    domains: tuple[int, ...]
+    racks: tuple[int, ...]
+    budget_mw: tuple[int, ...]  # per rack
+    idle_w: tuple[float, ...]  # per rack: draw when no stage runs in the unit
+
+
+@dataclass(frozen=True)
+class Prepared:
+    """Everything about an instance the capacity model needs, computed once."""
+
+    instance: Instance
+    domains: tuple[Domain, ...]
+    units: tuple[Unit, ...]
+    classes: tuple[tuple[int, ...], ...]  # single-domain units grouped: unit indices
+    multi: tuple[int, ...]  # units with several domains
+    site_budget_mw: int
+    site_idle_w: float
+    speeds: tuple[float, ...]  # distinct healthy GPU speeds
+    inexact: str = ""  # why "fastest GPUs first" may miss the optimum ("" = it cannot)
+
+
+def prepare(instance: Instance) -> Prepared:
+    """Compile an instance into domains, power units and unit classes.
+
+    Parameters
+    ----------
+    instance
+        The instance.
+
+    Returns
+    -------
+    Prepared
+    """
+    a = instance.arrays
+    caps = instance.max_multiplier
+    idle_frac = instance.job.idle_power_fraction
+    # power units: union-find over domains joined by shared racks
+    parent = list(range(a.n_domains))
+
+    def find(i: int) -> int:
+        while parent[i] != i:
+            parent[i] = parent[parent[i]]
+            i = parent[i]
+        return i
+
+    rack_first: dict[int, int] = {}
+    for d, r in zip(a.gpu_domain.tolist(), a.gpu_rack.tolist(), strict=True):
+        if r in rack_first:
+            ra, rb = find(rack_first[r]), find(d)
+            if ra != rb:
+                parent[max(ra, rb)] = min(ra, rb)
+        else:
+            rack_first[r] = d
+    members: dict[int, list[int]] = {}
+    for d in range(a.n_domains):
+        members.setdefault(find(d), []).append(d)
+
+    domains: list[Domain] = []
+    unit_racks: dict[int, list[int]] = {}
+    for root, ds in members.items():
+        racks: list[int] = []
+        for d in ds:
+            for r in a.gpu_rack[a.domain_gpus[d]].tolist():
+                if r not in racks:
+                    racks.append(r)
+        unit_racks[root] = racks
+    unit_of_domain = {d: root for root, ds in members.items() for d in ds}
+    for d in range(a.n_domains):
+        idx = a.domain_gpus[d]
+        idx = idx[a.healthy[idx]]
+        racks = unit_racks[unit_of_domain[d]]
+        pos_of = {r: i for i, r in enumerate(racks)}
+        rpos = np.array([pos_of[r] for r in a.gpu_rack[idx].tolist()], dtype=np.int64)
+        # fastest first; among equal speeds the highest cap first, then alternate
+        # racks (round robin)
+        rank = np.zeros(len(idx), dtype=np.int64)
+        seen: dict[tuple[float, float, int], int] = {}
+        for j, (s, cp, rp) in enumerate(
+            zip(a.speed[idx].tolist(), caps[idx].tolist(), rpos.tolist(), strict=True)
+        ):
+            rank[j] = seen.get((s, cp, rp), 0)
+            seen[(s, cp, rp)] = rank[j] + 1
+        order = np.lexsort((np.arange(len(idx)), rpos, rank, -caps[idx], -a.speed[idx]))
+        idx = idx[order]
+        domains.append(
+            Domain(d, idx, a.speed[idx].copy(), a.tdp[idx].copy(), rpos[order], caps[idx].copy())
+        )
+
+    units: list[Unit] = []
+    for root, ds in members.items():
+        racks = unit_racks[root]
+        idle = np.zeros(len(racks))
+        for d in ds:
+            dom = domains[d]
+            np.add.at(idle, dom.rack_pos, dom.tdp * idle_frac)
+        units.append(
+            Unit(
+                tuple(ds),
+                tuple(racks),
+                tuple(_floor_mw(float(a.rack_budget[r])) for r in racks),
+                tuple(float(x) for x in idle),
+            )
+        )
+    single: dict[tuple[object, ...], list[int]] = {}
+    multi: list[int] = []
+    for u, unit in enumerate(units):
+        if len(unit.domains) == 1:
+            dom = domains[unit.domains[0]]
+            key = (
+                tuple(dom.speed.tolist()),
+                tuple(dom.tdp.tolist()),
+                tuple(dom.rack_pos.tolist()),
+                tuple(dom.cap.tolist()),
+                unit.budget_mw,
+                unit.idle_w,
+            )
+            single.setdefault(key, []).append(u)
+        else:
+            multi.append(u)
+    healthy_speeds = sorted({float(s) for s in a.speed[a.healthy].tolist()}, reverse=True)
+    # Fastest-first is optimal when a domain's healthy GPUs share one TDP and
+    # one rack: then a faster GPU never costs more power anywhere.
+    inexact = ""
+    for dom in domains:
+        if len(set(dom.tdp.tolist())) > 1:
+            inexact = f"domain {a.domain_ids[dom.index]!r} mixes GPU TDPs"
+            break
+        if len(set(dom.rack_pos.tolist())) > 1:
+            inexact = f"domain {a.domain_ids[dom.index]!r} spans racks"
+            break
+        if len(dom.cap) > 1 and np.any(np.diff(dom.cap) > 0):
+            inexact = (
+                f"domain {a.domain_ids[dom.index]!r} has a faster GPU whose board accepts "
+                "less power than a slower one's"
+            )
+            break
+    site_idle = float((a.tdp * a.healthy).sum() * idle_frac)
+    return Prepared(
+        instance=instance,
+        domains=tuple(domains),
+        units=tuple(units),
+        classes=tuple(tuple(us) for us in single.values()),
+        multi=tuple(multi),
+        site_budget_mw=_floor_mw(a.site_budget),
+        site_idle_w=site_idle,
+        speeds=tuple(healthy_speeds),
+        inexact=inexact,
+    )
+
+
+@dataclass(frozen=True)
+class StageChoice:
+    """One stage of a configuration: GPUs ``[start, start + t)`` of the domain's order."""
+
+    t: int
+    b: int
+    start: int
+    power: float
+
+
+@dataclass(frozen=True)
+class Config:
+    """What one domain hosts at a given step time, and its extra draw per rack."""
+
+    stages: tuple[StageChoice, ...]
+    extra_w: tuple[float, ...]  # per rack of the unit: draw above idle
+
+
+def stage_power(
+    prep: Prepared, t: int, b: int, slowest: float, theta: float, hi: float | None = None
+) -> float | None:
+    """Smallest power multiplier for a degree-``t`` stage to carry batch ``b`` at ``theta``.
+
+    ``hi`` is the stage's cap (default ``1 + max_boost``: no board limit below
+    it). Returns ``None`` when even ``hi`` is not enough.
+    """
+    job = prep.instance.job
+    speed_needed = b * job.seq_time_s / (theta * job.tp_factor(t) * slowest)
+    if speed_needed <= 1.0 * (1 + 1e-12):
+        return 1.0
+    alpha = job.power_exponent
+    if hi is None:
+        hi = 1.0 + job.max_boost
+    if alpha <= 0 or job.max_boost <= 0 or hi <= 1.0:
+        return None
+    pi = speed_needed ** (1.0 / alpha)
+    if pi > hi * (1 + 1e-12):
+        return None
+    return min(pi, hi)
+
+
+def max_level(prep: Prepared, t: int, slowest: float, theta: float) -> int:
+    """Largest batch level a degree-``t`` stage whose slowest GPU has speed
+    ``slowest`` can carry at ``theta`` (at most ``min(M, B)``; may be 0).
+
+    One above the exact value at most (float slack): :func:`stage_power`
+    decides each level.
+    """
+    job = prep.instance.job
+    cap = min(job.local_batch_max, job.global_batch)
+    boost = 1.0
+    if job.power_exponent > 0 and job.max_boost > 0:
+        boost = (1.0 + job.max_boost) ** job.power_exponent
+    top = theta * job.tp_factor(t) * slowest * boost / job.seq_time_s
+    if not math.isfinite(top) or top >= cap:
+        return cap
+    return min(cap, math.floor(top * (1 + 1e-9)) + 1)
+
+
+def domain_configs(
+    prep: Prepared,
+    dom: Domain,
+    n_racks: int,
+    theta: float,
+    degrees: tuple[int, ...],
+    deadline: float | None = None,
+) -> list[Config]:
+    """Every configuration of one domain at step time ``theta`` (the empty one first).
+
+    Stages are listed with non-increasing speed requirement ``b / f(t)``, so
+    that the most demanding stage takes the fastest block and no multiset of
+    stages appears twice. Only the batch levels a stage on the domain's
+    fastest block can carry are listed (:func:`max_level`), so the work grows
+    with the configurations, not with ``max_local_batch``.
+
+    Raises
+    ------
+    ModelTooLarge
+        More than :data:`MAX_CONFIGS` configurations (checked before listing
+        them when the single-stage ones alone are too many).
+    DeadlineReached
+        ``deadline`` (a :func:`time.perf_counter` value) passed.
+    """
+    job = prep.instance.job
+    idle_frac = job.idle_power_fraction
+    h = len(dom.gpus)
+    options: list[tuple[float, int, int]] = []  # (requirement, t, b)
+    for t in degrees:
+        if t > h or h == 0:
+            continue
+        top = max_level(prep, t, float(dom.speed[t - 1]), theta)
+        if top > MAX_CONFIGS + 1 or len(options) + top > MAX_CONFIGS + len(degrees):
+            # each level below the top is a single-stage configuration on the fastest block
+            raise ModelTooLarge(
+                f"domain {prep.instance.arrays.domain_ids[dom.index]!r} has more than "
+                f"{MAX_CONFIGS} stage configurations at this step time"
+            )
+        for b in range(1, top + 1):
+            options.append((b / job.tp_factor(t), t, b))
+    options.sort(key=lambda o: (-o[0], -o[1], -o[2]))
+    configs: list[Config] = [Config((), (0.0,) * n_racks)]
+    tdp_cum = dom.tdp
+    min_t = min((t for t in degrees), default=h + 1)
+    _check_deadline(deadline)
+
+    def extend(start: int, first_opt: int, stages: list[StageChoice], extra: np.ndarray) -> None:
+        if start + min_t > h:
+            return
+        for oi in range(first_opt, len(options)):
+            _, t, b = options[oi]
+            if start + t > h:
+                continue
+            block = slice(start, start + t)
+            hi = float(dom.cap[block].min())
+            pi = stage_power(prep, t, b, float(dom.speed[start + t - 1]), theta, hi)
+            if pi is None:
+                continue
+            add = np.zeros(n_racks)
+            np.add.at(add, dom.rack_pos[block], tdp_cum[block] * (pi - idle_frac))
+            new_extra = extra + add
+            new_stages = [*stages, StageChoice(t, b, start, pi)]
+            configs.append(Config(tuple(new_stages), tuple(new_extra.tolist())))
+            if len(configs) % 512 == 0:
+                _check_deadline(deadline)
+            if len(configs) > MAX_CONFIGS:
+                raise ModelTooLarge(
+                    f"domain {prep.instance.arrays.domain_ids[dom.index]!r} has more than "
+                    f"{MAX_CONFIGS} stage configurations at this step time"
+                )
+            extend(start + t, oi, new_stages, new_extra)
+
+    extend(0, 0, [], np.zeros(n_racks))
+    return configs
+
+
+@dataclass(frozen=True)
+class Capacity:
+    """The capacity program at one step time and how to read its solution."""
+
+    theta: float
+    degrees: tuple[int, ...]
+    program: IntProgram
+    # variable blocks: (unit indices sharing the variable, domain position in unit, config)
+    columns: tuple[tuple[tuple[int, ...], int, Config], ...]
+    classes: tuple[tuple[int, int], ...]  # replica class (t, b) of each n variable
+    n_offset: int
+
+
+def _unit_fits(unit: Unit, extra_w: tuple[float, ...]) -> bool:
+    return all(
+        _ceil_mw(idle + x) <= budget
+        for idle, x, budget in zip(unit.idle_w, extra_w, unit.budget_mw, strict=True)
+    )
+
+
+def build_capacity(
+    prep: Prepared, theta: float, degrees: tuple[int, ...], deadline: float | None = None
+) -> Capacity:
+    """The integer program ``C(theta)``: maximise ``sum b`` at step time ``theta``.
+
+    Parameters
+    ----------
+    prep
+        From :func:`prepare`.
+    theta
+        Step time before the resharding overhead factor, in seconds.
+    degrees
+        TP degrees replicas may use.
+    deadline
+        :func:`time.perf_counter` value after which :class:`DeadlineReached` is raised.
+
+    Returns
+    -------
+    Capacity
+    """
+    job = prep.instance.job
+    lb: list[int] = []
+    ub: list[int] = []
+    obj: list[int] = []
+    names: list[str] = []
+    columns: list[tuple[tuple[int, ...], int, Config]] = []
+    rows: list[Row] = []
+    class_terms: dict[tuple[int, int], list[tuple[int, int]]] = {}
+    site_var: list[int] = []
+    site_coef: list[int] = []
+
+    def add_column(units: tuple[int, ...], pos: int, cfg: Config, upper: int) -> int:
+        j = len(lb)
+        if j >= MAX_CONFIGS:
+            raise ModelTooLarge(f"more than {MAX_CONFIGS} domain configurations in all")
+        lb.append(0)
+        ub.append(upper)
+        obj.append(0)
+        names.append(f"u{units[0]}d{pos}c{len(columns)}")
+        columns.append((units, pos, cfg))
+        counts: dict[tuple[int, int], int] = {}
+        for st in cfg.stages:
+            counts[(st.t, st.b)] = counts.get((st.t, st.b), 0) + 1
+        for key, k in counts.items():
+            class_terms.setdefault(key, []).append((j, k))
+        extra = _ceil_mw(sum(cfg.extra_w))
+        if extra:
+            site_var.append(j)
+            site_coef.append(extra)
+        return j
+
+    for members in prep.classes:
+        unit = prep.units[members[0]]
+        dom = prep.domains[unit.domains[0]]
+        vars_here = []
+        for cfg in domain_configs(prep, dom, len(unit.racks), theta, degrees, deadline)[1:]:
+            if _unit_fits(unit, cfg.extra_w):
+                vars_here.append(add_column(members, 0, cfg, len(members)))
+        if vars_here:
+            rows.append(
+                Row(
+                    tuple(vars_here),
+                    (1,) * len(vars_here),
+                    None,
+                    len(members),
+                    f"class{members[0]}",
+                )
+            )
+    for u in prep.multi:
+        unit = prep.units[u]
+        rack_terms: list[dict[int, int]] = [dict() for _ in unit.racks]
+        for pos, d in enumerate(unit.domains):
+            dom = prep.domains[d]
+            vars_here = []
+            for cfg in domain_configs(prep, dom, len(unit.racks), theta, degrees, deadline)[1:]:
+                if not _unit_fits(unit, cfg.extra_w):
+                    continue
+                j = add_column((u,), pos, cfg, 1)
+                vars_here.append(j)
+                for r, x in enumerate(cfg.extra_w):
+                    if x:
+                        rack_terms[r][j] = _ceil_mw(x)
+            if vars_here:
+                rows.append(Row(tuple(vars_here), (1,) * len(vars_here), None, 1, f"dom{d}"))
+        for r, terms in enumerate(rack_terms):
+            room = unit.budget_mw[r] - _ceil_mw(unit.idle_w[r])
+            if terms:
+                rows.append(Row(tuple(terms), tuple(terms.values()), None, room, f"rack{r}@{u}"))
+
+    # replica classes: sum of stages of class (t, b) = pp * n[t, b]
+    n_offset = len(lb)
+    classes = tuple(sorted(class_terms, key=lambda k: (-k[0], -k[1])))
+    for t, b in classes:
+        lb.append(0)
+        ub.append(job.replicas_max)
+        obj.append(b)
+        names.append(f"n[{t},{b}]")
+    for i, key in enumerate(classes):
+        column_counts = class_terms[key]
+        rows.append(
+            Row(
+                (*(j for j, _ in column_counts), n_offset + i),
+                (*(k for _, k in column_counts), -job.pp),
+                0,
+                0,
+                f"stages{key}",
+            )
+        )
+    n_vars = tuple(range(n_offset, n_offset + len(classes)))
+    if classes:
+        rows.append(Row(n_vars, (1,) * len(classes), None, job.replicas_max, "dp_max"))
+        rows.append(
+            Row(n_vars, tuple(b for _, b in classes), None, job.global_batch, "global_batch")
+        )
+    if site_var:
+        room = prep.site_budget_mw - _ceil_mw(prep.site_idle_w)
+        rows.append(Row(tuple(site_var), tuple(site_coef), None, room, "site"))
+    program = IntProgram(
+        lb=np.array(lb, dtype=np.int64),
+        ub=np.array(ub, dtype=np.int64),
+        obj=np.array(obj, dtype=np.int64),
+        rows=tuple(rows),
+        names=tuple(names),
+    )
+    return Capacity(theta, degrees, program, tuple(columns), classes, n_offset)
+
+
+def iter_stages(
+    prep: Prepared, cap: Capacity, x: np.ndarray
+) -> Iterator[tuple[int, int, int, tuple[int, ...], float]]:
+    """Stages of a solution: ``(t, b, domain index, GPU indices, power)``, in domain order."""
+    used_units: dict[tuple[int, int], int] = {}  # (class, domain position) -> units used
+    out = []
+    for j, (units, pos, cfg) in enumerate(cap.columns):
+        count = int(x[j])
+        for _ in range(count):
+            k = used_units.get((units[0], pos), 0)
+            used_units[(units[0], pos)] = k + 1
+            unit = prep.units[units[k]]
+            dom = prep.domains[unit.domains[pos]]
+            for st in cfg.stages:
+                gpus = tuple(int(g) for g in dom.gpus[st.start : st.start + st.t])
+                out.append((st.t, st.b, dom.index, gpus, st.power))
+    out.sort(key=lambda s: (s[2], s[3]))
+    yield from out
+
+
+def tighten(
+    prep: Prepared, stages: list[tuple[int, int, int, tuple[int, ...], float]], theta: float
+) -> tuple[float, list[float]]:
+    """Smallest step time at which the same stages still fit, and their powers there.
+
+    Lowering the step time raises every stage's power need; the stages keep
+    fitting while every multiplier stays within its stage's cap and every
+    rack and the site stay within budget. That set of step times is an
+    interval ending at ``theta``; its left end is found by bisection (to a
+    relative 1e-12), or exactly when power cannot be boosted.
+
+    Parameters
+    ----------
+    prep
+        From :func:`prepare`.
+    stages
+        ``(t, b, domain index, GPU indices, power)`` as from :func:`iter_stages`,
+        feasible at ``theta``.
+    theta
+        The step time they were found at.
+
+    Returns
+    -------
+    (float, list of float)
+        The tightened step time and each stage's power multiplier there.
+    """
+    inst = prep.instance
+    job = inst.job
+    a = inst.arrays
+    if not stages:
+        return theta, []
+    need = np.array(
+        [
+            b * job.seq_time_s / (job.tp_factor(t) * float(a.speed[list(g)].min()))
+            for t, b, _, g, _ in stages
+        ]
+    )  # theta * (speed-up needed) per stage
+    if job.max_boost <= 0 or job.power_exponent <= 0:
+        return float(need.max()), [1.0] * len(stages)
+    alpha = job.power_exponent
+    # per stage: 1 + max_boost, or less where a board accepts less
+    hi_pi = np.array([float(inst.max_multiplier[list(g)].min()) for *_, g, _ in stages])
+    idle = job.idle_power_fraction
+    tdp = [a.tdp[list(g)] for *_, g, _ in stages]
+    racks = [a.gpu_rack[list(g)] for *_, g, _ in stages]
+    stage_tdp = np.array([x.sum() for x in tdp])
+    base_rack = np.bincount(
+        a.gpu_rack, weights=np.where(a.healthy, a.tdp * idle, 0.0), minlength=len(a.rack_ids)
+    )
+    rack_budget = a.rack_budget
+
+    def powers(th: float) -> np.ndarray:
+        return np.maximum(1.0, (need / th) ** (1.0 / alpha))
+
+    def fits(th: float) -> bool:
+        pi = powers(th)
+        if np.any(pi > hi_pi * (1 + 1e-12)):
+            return False
+        rack = base_rack.copy()
+        for p, w, r in zip(pi, tdp, racks, strict=True):
+            np.add.at(rack, r, w * (p - idle))
+        if np.any(rack > rack_budget * (1 + 1e-10)):
+            return False
+        site = float(base_rack.sum() + ((pi - idle) * stage_tdp).sum())
+        return site <= a.site_budget * (1 + 1e-10)
+
+    lo = float((need / hi_pi**alpha).max())  # below this some stage needs too much power
+    hi = theta
+    if not fits(hi):
+        return theta, [float(p) for p in powers(theta)]
+    if fits(lo):
+        hi = lo
+    else:
+        while hi / lo - 1 > 1e-12:
+            mid = math.sqrt(lo * hi)
+            if fits(mid):
+                hi = mid
+            else:
+                lo = mid
+    return hi, [min(float(p), float(c)) for p, c in zip(powers(hi), hi_pi, strict=True)]

@@ -1,0 +1,571 @@
+"""The exact planner: a search over the step time with the capacity program.
+
+``C(theta')`` (:mod:`ntp_opt.milp.model`) is the largest total batch any plan
+carries at pre-overhead step time ``theta'``; it is a non-decreasing step
+function. Two cases are searched: only the nominal degree ``T`` (no resharding
+overhead), and every allowed degree (step time ``theta' (1 + rho)``).
+
+* ``fixed``: the goodput is ``B / theta``, so the search wants the smallest
+  ``theta'`` with ``C(theta') >= B``: bisection. Without power boost
+  (``max_boost == 0``, ``alpha == 0``, or no board accepting more than its
+  ``tdp_w``) every jump of ``C`` lies in the finite
+  set ``{b c / (f(t) s)}`` and the bisection over that set is exact; with
+  boost it runs on the continuous axis until the bracket is within the
+  tolerance, and the lower end is a proven bound.
+* ``elastic``: the goodput is ``min(B, C(theta')) / theta'``, maximal at a
+  jump of ``C`` no later than where ``C`` first reaches ``min(B, C_max)``.
+  Branch and bound over ``theta'`` intervals ``[a, b]``: ``C(b) / a`` bounds
+  every point inside; an interval whose ends have equal ``C`` is settled.
+
+Every plan found is checked by the validator; the best one (or the warm
+start, if better) is returned with the best proven bound.
+"""
+
+from __future__ import annotations
+
+import heapq
+import logging
+import math
+import time
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from ntp_opt.model.control import Control
+from ntp_opt.model.instance import Instance
+from ntp_opt.model.plan import Plan, Replica, Stage
+from ntp_opt.planners import heuristics as baselines
+from ntp_opt.planners.exact.backends import solve_program
+from ntp_opt.planners.exact.bounds import capacity_bound
+from ntp_opt.planners.exact.model import (
+    MAX_CONFIGS,
+    DeadlineReached,
+    ModelTooLarge,
+    Prepared,
+    build_capacity,
+    iter_stages,
+    prepare,
+    tighten,
+)
+from ntp_opt.rules.goodput import replica_speed, split_batch
+from ntp_opt.rules.power import can_boost, largest_cap
+from ntp_opt.rules.validate import evaluate
+
+logger = logging.getLogger(__name__)
+
+#: Relative tolerance of the step-time search (and of "optimal").
+REL_TOL = 1e-6
+
+
+@dataclass
+class SearchOutcome:
+    """What :func:`solve_exact` found."""
+
+    plan: Plan
+    goodput: float
+    bound: float | None
+    proven: bool
+    time_limit_hit: bool
+    evaluations: int
+    interrupted: bool = False
+    log: list[str] = field(default_factory=list)
+
+
+class _Deadline(Exception):
+    pass
+
+
+class _Interrupted(Exception):
+    pass
+
+
+@dataclass
+class _Search:
+    prep: Prepared
+    backend: str
+    deadline: float | None
+    threads: int
+    seed: int
+    keep_log: bool
+    best_plan: Plan
+    best_value: float
+    evaluations: int = 0
+    unproven: bool = False
+    global_bound: float = math.inf
+    log: list[str] = field(default_factory=list)
+    control: Control | None = None
+    report_bounds: bool = True
+
+    def note(self, line: str, *, keep: bool = True) -> None:
+        """A line of the search log (also logged at INFO level)."""
+        logger.info("%s", line)
+        if keep:
+            self.log.append(line)
+
+    def report(self) -> None:
+        """Pass the incumbent (and the capacity bound, if valid here) to the control."""
+        if self.control is not None:
+            bound = self.global_bound if self.report_bounds else None
+            self.control.report(self.best_value if self.best_value >= 0 else None, bound)
+
+    # -- capacity oracle ---------------------------------------------------
+
+    def capacity(self, theta: float, degrees: tuple[int, ...]) -> tuple[int, int, float]:
+        """Bounds ``(lower, upper)`` on ``C(theta)`` (equal when proven), and a step
+        time ``<= theta`` at which the solution found still carries ``lower``."""
+        remaining = None
+        if self.control is not None and self.control.cancelled:
+            raise _Interrupted
+        if self.deadline is not None:
+            remaining = self.deadline - time.perf_counter()
+            if remaining <= 0.01:
+                raise _Deadline
+        try:
+            cap = build_capacity(self.prep, theta, degrees, self.deadline)
+        except DeadlineReached:
+            raise _Deadline from None
+        self.evaluations += 1
+        if not cap.classes:
+            return 0, 0, theta
+        sol = solve_program(
+            cap.program,
+            self.backend,
+            time_limit=remaining,
+            threads=self.threads,
+            seed=self.seed,
+            cancel=None if self.control is None else self.control.cancel,
+        )
+        job = self.prep.instance.job
+        lower = int(sol.objective) if sol.objective is not None else 0
+        if sol.status == "optimal":
+            upper = lower
+        elif sol.status == "infeasible":  # x = 0 is always feasible; be safe anyway
+            upper = 0
+        else:
+            self.unproven = True
+            upper = math.floor(sol.bound + 1e-6) if sol.bound is not None else job.global_batch
+        tight = theta
+        if sol.x is not None and lower > 0:
+            stages = list(iter_stages(self.prep, cap, sol.x))
+            tight, powers = tighten(self.prep, stages, theta)
+            if self.deadline is not None and time.perf_counter() >= self.deadline:
+                raise _Deadline
+            if job.batch_policy == "elastic" or lower >= job.global_batch:
+                self._offer(stages, powers)
+        if self.keep_log or logger.isEnabledFor(logging.DEBUG):
+            line = (
+                f"theta'={theta:.9g} degrees={list(degrees)} vars={cap.program.n_vars} "
+                f"status={sol.status} C={sol.objective} bound={sol.bound} "
+                f"tight={tight:.9g} {sol.runtime_s:.3f}s"
+            )
+            logger.debug("%s", line)
+            if self.keep_log:
+                self.log.append(line)
+        if sol.interrupted or (self.control is not None and self.control.cancelled):
+            raise _Interrupted
+        if sol.time_limit_hit and sol.status != "optimal":
+            raise _Deadline
+        return lower, upper, tight
+
+    def _offer(
+        self, stages: list[tuple[int, int, int, tuple[int, ...], float]], powers: list[float]
+    ) -> None:
+        plan = build_plan(self.prep, stages, powers)
+        ev = evaluate(self.prep.instance, plan)
+        if ev.feasible and ev.goodput > self.best_value:
+            self.best_plan = plan.with_metrics(**ev.as_metrics())
+            self.best_value = ev.goodput
+            self.report()
+
+
+def build_plan(
+    prep: Prepared,
+    stages: list[tuple[int, int, int, tuple[int, ...], float]],
+    powers: list[float],
+) -> Plan:
+    """Turn the stages of a capacity solution into a plan; batches re-split exactly."""
+    inst = prep.instance
+    a = inst.arrays
+    by_class: dict[tuple[int, int], list[Stage]] = {}
+    for (t, b, d, gpus, _), power in zip(stages, powers, strict=True):
+        by_class.setdefault((t, b), []).append(
+            Stage(a.domain_ids[d], tuple(a.gpu_ids[g] for g in gpus), float(power))
+        )
+    pp = inst.job.pp
+    groups: list[tuple[int, int, tuple[Stage, ...]]] = []
+    for (t, b), members in sorted(by_class.items(), key=lambda kv: (-kv[0][0], -kv[0][1])):
+        for i in range(0, len(members) - len(members) % pp, pp):
+            groups.append((t, b, tuple(members[i : i + pp])))
+    speeds = [
+        replica_speed(
+            inst.job,
+            t,
+            [min(float(a.speed[a.gpu_index[g]]) for g in st.gpus) for st in members],
+            [st.power for st in members],
+        )
+        for t, _, members in groups
+    ]
+    split = split_batch(inst.job, speeds, [t for t, _, _ in groups])
+    batches = split.batches if split is not None else tuple(b for _, b, _ in groups)
+    replicas = tuple(
+        Replica(t, int(bb), members) for (t, _, members), bb in zip(groups, batches, strict=True)
+    )
+    return Plan(inst.name, replicas, {"policy": "optimal"})
+
+
+def _candidates(prep: Prepared, degrees: tuple[int, ...]) -> np.ndarray | None:
+    """Sorted step times where ``C`` can jump, or ``None`` when power makes them continuous."""
+    job = prep.instance.job
+    if can_boost(prep.instance):
+        return None
+    cap = min(job.local_batch_max, job.global_batch)
+    if cap * len(degrees) * len(prep.speeds) > 50 * MAX_CONFIGS:
+        # too many to list: search the continuous axis (exact to REL_TOL)
+        return None
+    values = {
+        b * job.seq_time_s / (job.tp_factor(t) * s)
+        for t in degrees
+        for s in prep.speeds
+        for b in range(1, cap + 1)
+    }
+    return np.array(sorted(values))
+
+
+def _theta_range(prep: Prepared, degrees: tuple[int, ...]) -> tuple[float, float]:
+    """``theta'`` below which no replica carries one sequence; above which all carry the cap.
+
+    The first is ``1 / v_max`` with ``v_max`` the fastest any replica can be.
+    """
+    job = prep.instance.job
+    if not prep.speeds:
+        return 1.0, 1.0
+    boost = largest_cap(prep.instance) ** job.power_exponent
+    v_max = max(job.tp_factor(t) for t in degrees) * prep.speeds[0] * boost / job.seq_time_s
+    v_min = min(job.tp_factor(t) for t in degrees) * prep.speeds[-1] / job.seq_time_s
+    cap = min(job.local_batch_max, job.global_batch)
+    # strictly below the first point where any replica carries one sequence
+    return 1.0 / v_max / (1 + 1e-9), cap / v_min * (1 + 1e-9)
+
+
+def _min_theta(
+    s: _Search, degrees: tuple[int, ...], target: int, lo: float, hi: float
+) -> tuple[float, float]:
+    """Smallest ``theta'`` with ``C >= target`` in ``(lo, hi]``: ``(feasible hi, proven lo)``.
+
+    ``C(hi) >= target`` must hold; every ``theta' <= lo`` has ``C < target``.
+    """
+    cands = _candidates(s.prep, degrees)
+    if cands is not None:
+        i_lo = int(np.searchsorted(cands, lo, side="right"))  # first candidate > lo
+        i_hi = int(np.searchsorted(cands, hi, side="right")) - 1  # last candidate <= hi
+        if i_hi < i_lo:
+            return hi, lo
+        # C is constant between candidates: search the smallest feasible candidate
+        best = i_hi
+        while i_lo < best:
+            m = (i_lo + best) // 2
+            low, up, tight = s.capacity(float(cands[m]), degrees)
+            if low >= target:
+                # the solution still fits at `tight`: C is constant on [tight, cands[m]]
+                first = int(np.searchsorted(cands, tight * (1 - 1e-12), side="left"))
+                best = max(i_lo, min(m, first))
+            elif up < target:
+                i_lo = m + 1
+            else:
+                raise _Deadline
+        # every candidate below `best` is infeasible and C only jumps at
+        # candidates: no step time below cands[best] reaches the target
+        return float(cands[best]), float(cands[best])
+    probe = True  # hi is where a known solution stops fitting: C often drops right below
+    while hi / lo - 1 > REL_TOL:
+        mid = max(hi * (1 - REL_TOL / 2), lo * (1 + 1e-15)) if probe else math.sqrt(lo * hi)
+        low, up, tight_at = s.capacity(mid, degrees)
+        probe = not probe
+        if low >= target:
+            hi = max(tight_at, lo)
+            probe = True
+        elif up < target:
+            lo = mid
+        else:
+            raise _Deadline
+    return hi, lo
+
+
+def _case_fixed(s: _Search, degrees: tuple[int, ...], factor: float) -> float:
+    """Search one degree set under ``fixed``; returns the case's goodput bound."""
+    job = s.prep.instance.job
+    lo, hi = _theta_range(s.prep, degrees)
+    big_b = job.global_batch
+    low, up, _ = s.capacity(hi, degrees)
+    if up < big_b:
+        return 0.0  # the job cannot run at all in this case
+    if low < big_b:
+        raise _Deadline
+    # any plan has a replica with b >= B / dp_max
+    lo = max(lo, math.ceil(big_b / max(1, job.replicas_max)) * lo) / (1 + 1e-9)
+    # warm start: the incumbent's step time is feasible if its plan fits this case
+    inc = s.best_plan
+    if inc.replicas and all(r.tp in degrees for r in inc.replicas):
+        ev = evaluate(s.prep.instance, inc)
+        theta_inc = ev.step_time / (factor if any(r.tp < job.tp for r in inc.replicas) else 1.0)
+        if lo < theta_inc < hi:
+            low, up, tight = s.capacity(theta_inc * (1 + 1e-12), degrees)
+            if low >= big_b:
+                hi = min(hi, tight)
+    hi, lo = _min_theta(s, degrees, big_b, lo, hi)
+    return big_b / (lo * factor)
+
+
+def _elastic(s: _Search, cases: list[tuple[tuple[int, ...], float]]) -> float:
+    """Search every degree set under ``elastic``; returns the goodput bound.
+
+    First, per case, the step time where ``C`` first reaches its largest useful
+    value (a fixed-batch search: good plans come early); then one best-first
+    branch and bound over the step-time intervals of all cases.
+    """
+    job = s.prep.instance.job
+    big_b = job.global_batch
+    best = 0.0
+    # intervals (-upper bound, a, C(a), b, C(b), b is a tight point, case)
+    heap: list[tuple[float, float, int, float, int, bool, int]] = []
+
+    def push(i: int, a: float, ca: int, b: float, cb: int, tight_end: bool) -> None:
+        nonlocal best
+        factor = cases[i][1]
+        best = max(best, min(big_b, ca) / (a * factor))
+        if ca >= cb:
+            return  # C constant on [a, b]: its best point is a
+        heapq.heappush(heap, (-min(big_b, cb) / (a * factor), a, ca, b, cb, tight_end, i))
+
+    for i, (degrees, factor) in enumerate(cases):
+        lo, hi = _theta_range(s.prep, degrees)
+        c_max, up, _ = s.capacity(hi, degrees)
+        if up == 0:
+            continue
+        if c_max < up:
+            raise _Deadline
+        hi, _ = _min_theta(s, degrees, min(big_b, c_max), lo, hi)
+        c_hi = s.capacity(hi, degrees)[0]  # C at the top of the search range
+        best = max(best, c_hi / (hi * factor))
+        # Doubling: below theta_cut every solution at theta, with its batches
+        # doubled, stays feasible at 2 theta (same speed needs, no batch cap
+        # reached since b <= theta v_max <= M / 2 and 2 C(theta) <= B): so
+        # G(theta) <= G(2 theta) and the search may start at theta_cut.
+        v_max = 1.0 / (lo * (1 + 1e-9))
+        cap = min(job.local_batch_max, big_b)
+        theta_cut = min(cap, big_b / max(1, job.replicas_max)) / (2 * v_max)
+        c_lo = 0
+        if lo < theta_cut < hi:
+            lo = theta_cut
+            c_lo, up_lo, _ = s.capacity(lo, degrees)
+            if c_lo < up_lo:
+                raise _Deadline
+        push(i, lo, c_lo, hi, c_hi, True)
+
+    candidates = [_candidates(s.prep, degrees) for degrees, _ in cases]
+    while heap:
+        neg_ub, a, ca, b, cb, tight_end, i = heap[0]
+        if min(-neg_ub, s.global_bound) <= max(best, s.best_value) * (1 + REL_TOL):
+            break
+        heapq.heappop(heap)
+        degrees, factor = cases[i]
+        cands = candidates[i]
+        if cands is not None:
+            inside = cands[(cands > a) & (cands < b)]
+            if len(inside) == 0:
+                continue  # C jumps only at b: settled
+            # right below a tight point C usually drops: probe there first
+            target = math.log(b) if tight_end else 0.5 * math.log(a * b)
+            mid = float(inside[int(np.argmin(np.abs(np.log(inside) - target)))])
+        else:
+            if b / a - 1 <= REL_TOL:
+                heapq.heappush(heap, (neg_ub, a, ca, b, cb, tight_end, i))
+                break
+            mid = max(b * (1 - REL_TOL / 2), a * (1 + 1e-15)) if tight_end else math.sqrt(a * b)
+        c_mid, up_mid, tight = s.capacity(mid, degrees)
+        if c_mid < up_mid:
+            raise _Deadline
+        # the solution at mid still fits at `tight`: C is constant on [tight, mid]
+        tight = min(max(a, tight), mid)
+        best = max(best, min(big_b, c_mid) / (tight * factor))
+        if tight > a:
+            push(i, a, ca, tight, c_mid, tight < mid)
+        push(i, mid, c_mid, b, cb, tight_end)
+    remaining = max((-item[0] for item in heap), default=0.0)
+    return max(best, remaining)
+
+
+def solve_exact(
+    instance: Instance,
+    backend: str = "cpsat",
+    *,
+    time_limit: float | None = None,
+    threads: int = 1,
+    seed: int = 0,
+    initial_plan: Plan | None = None,
+    log: bool = False,
+    control: Control | None = None,
+    report_bounds: bool = True,
+) -> SearchOutcome:
+    """Maximise goodput exactly (to :data:`REL_TOL`) with the given backend.
+
+    Parameters
+    ----------
+    instance
+        The instance.
+    backend
+        ``"cpsat"``, ``"highs"`` or ``"cbc"``.
+    time_limit
+        Seconds for the whole search (``None``: no limit).
+    threads, seed
+        Passed to the backend.
+    initial_plan
+        Warm start; the result is never worse. Default: the best baseline.
+    log
+        Keep one line per capacity program solved (they also go to this
+        module's logger at DEBUG level).
+    control
+        Progress reports and the cancel token (:class:`ntp_opt.control.Control`):
+        once it is set, the search stops at the next program (CP-SAT and
+        HiGHS stop the running one) and returns its best plan, ``interrupted``.
+    report_bounds
+        Pass the search's bounds to ``control`` (False when they bound
+        another problem than the caller's).
+
+    Returns
+    -------
+    SearchOutcome
+    """
+    start = time.perf_counter()
+    deadline = None if time_limit is None else start + time_limit
+    prep = prepare(instance)
+    starts = [baselines.ntp_pw(instance), baselines.ntp(instance), baselines.dp_drop(instance)]
+    if initial_plan is not None:
+        starts.insert(0, initial_plan)
+    job = instance.job
+    sub_evaluations = 0
+    sub_interrupted = False
+    if can_boost(instance):
+        # warm start: the same search without boost has finitely many step
+        # times to try and finds a good plan fast; it is valid here too
+        plain = Instance(
+            instance.name,
+            instance.cluster,
+            job.model_copy(update={"max_boost": 0.0}),
+            instance.meta,
+            copy_graph=False,
+        )
+        sub = solve_exact(
+            plain,
+            backend,
+            time_limit=None if time_limit is None else time_limit / 3,
+            threads=threads,
+            seed=seed,
+            log=log,
+            control=control,
+            report_bounds=False,  # a bound without boost is no bound with it
+        )
+        starts.insert(0, sub.plan)
+        sub_evaluations = sub.evaluations
+        sub_interrupted = sub.interrupted
+    best_plan, best_value = starts[1], -1.0
+    for p in starts:
+        ev = evaluate(instance, p)
+        if ev.feasible and ev.goodput > best_value:
+            best_plan, best_value = p.with_metrics(**ev.as_metrics()), ev.goodput
+    s = _Search(prep, backend, deadline, threads, seed, log, best_plan, best_value)
+    s.control, s.report_bounds = control, report_bounds
+    s.global_bound = capacity_bound(instance)
+    s.report()
+    s.evaluations = sub_evaluations
+    # The job cannot run at all: too few stages of degree >= tp_min, or (fixed)
+    # too little batch capacity. Proven without any program.
+    stages = int((instance.arrays.healthy_in_domain() // job.min_tp).sum())
+    no_batch = job.batch_policy == "fixed" and job.replicas_max * job.local_batch_max < (
+        job.global_batch
+    )
+    if stages < job.pp or no_batch or job.replicas_max == 0:
+        s.note("the job cannot run: paused, proven without a program")
+        return SearchOutcome(
+            plan=s.best_plan,
+            goodput=s.best_value,
+            bound=s.best_value,
+            proven=True,
+            time_limit_hit=False,
+            evaluations=s.evaluations,
+            log=s.log,
+        )
+    cases: list[tuple[tuple[int, ...], float]] = [((job.tp,), 1.0)]
+    if len(job.allowed) > 1:
+        cases.append((job.allowed, 1.0 + job.reshard_overhead))
+    # A case whose program is too large at its largest step time (where every
+    # configuration fits) is left out: the result is then not proven.
+    kept = []
+    left_out = False
+    deadline_hit = False
+    for degrees, factor in cases:
+        try:
+            build_capacity(prep, _theta_range(prep, degrees)[1], degrees, deadline)
+            kept.append((degrees, factor))
+        except ModelTooLarge as err:
+            s.unproven = left_out = True
+            s.note(f"left out degrees {list(degrees)}: {err}")
+        except DeadlineReached:
+            s.unproven = left_out = deadline_hit = True
+            s.note(f"left out degrees {list(degrees)}: time limit reached")
+    cases = kept
+    if left_out and not cases and (deadline is None or time.perf_counter() < deadline):
+        # no case can be searched (huge batch levels, many stages per domain):
+        # the time goes to the sort-and-pack planner, scale-free, a better
+        # warm start there than the baselines
+        from ntp_opt.planners.fast import plan_fast
+
+        fast_plan, _ = plan_fast(instance, validate=False)
+        ev = evaluate(instance, fast_plan)
+        if ev.feasible and ev.goodput > s.best_value:
+            s.best_plan = fast_plan.with_metrics(**ev.as_metrics())
+            s.best_value = ev.goodput
+    bound = 0.0
+    timed_out, interrupted = deadline_hit, False
+    try:
+        if sub_interrupted:
+            raise _Interrupted  # Ctrl-C or cancel during the warm start: stop here too
+        if job.batch_policy == "fixed":
+            for degrees, factor in cases:
+                bound = max(bound, _case_fixed(s, degrees, factor))
+        else:
+            bound = _elastic(s, cases)
+    except _Deadline:
+        timed_out = True
+        bound = math.inf
+    except (KeyboardInterrupt, _Interrupted):  # Ctrl-C or cancel: the best plan so far
+        interrupted = True
+        bound = math.inf
+    except ModelTooLarge as err:  # should not happen after the check above
+        s.unproven = True
+        bound = math.inf
+        s.note(f"exact model too large: {err}")
+    if left_out:
+        bound = math.inf  # the search bounds cover the cases searched only
+    if prep.inexact:
+        bound = math.inf  # the search bounds hold for fastest-first placements only
+        s.note(f"not proven optimal: {prep.inexact}", keep=log)
+    bound = max(min(bound, s.global_bound), s.best_value)
+    proven = (
+        not prep.inexact
+        and not timed_out
+        and not s.unproven
+        and bound <= s.best_value * (1 + 2 * REL_TOL)
+    )
+    if s.best_value <= 0 and not timed_out and not s.unproven and bound <= 0:
+        proven = True
+    return SearchOutcome(
+        plan=s.best_plan,
+        goodput=s.best_value,
+        bound=None if math.isinf(bound) else bound,
+        proven=proven,
+        time_limit_hit=timed_out,
+        interrupted=interrupted,
+        evaluations=s.evaluations,
+        log=s.log,
+    )

@@ -1,0 +1,344 @@
+"""Recourse: how a running plan reacts to failures (docs/model.md, spec section 4).
+
+:func:`adapt` is the deterministic NTP reaction documented in
+``docs/failures.md`` (step 5 only with ``boost=True``):
+
+1. GPUs of the plan that failed leave their stages. The *pool* of a domain is
+   its healthy, non-failed GPUs that no stage of the plan uses, fastest first
+   (ties in graph order).
+2. Replicas are processed in plan order. A replica's new degree is the
+   largest allowed degree ``t <= t_r`` such that, for every domain it uses,
+   the refills its stages need (``sum_k max(0, t - survivors_k)``) fit in that
+   domain's pool. No such degree (below ``tp_min``): the replica drops out
+   and its surviving GPUs return to their pools for later replicas.
+3. A stage with more survivors than ``t`` keeps its ``t`` fastest (ties in
+   stage order) and returns the others to the pool; a stage with fewer takes
+   the first GPUs of its domain's pool.
+4. Every stage keeps its power multiplier (a refilled stage's is lowered to
+   the largest its new GPUs' boards accept, :func:`ntp_opt.power.stage_cap`,
+   when it exceeds it). If a rack is over budget, every
+   stage with a GPU in such a rack goes back to power 1; if the site is still
+   over budget, every stage does; if a budget still fails (possible only when
+   a budget is below the GPUs' TDP), the last replicas drop until it holds.
+5. Only with ``boost=True`` (default off): the replicas whose degree dropped
+   in step 2 raise the power of their stages toward the nominal speed
+   ``1 / c`` (never above ``1 + max_boost`` or the stage's board limit,
+   never below their current power), the one needing the fewest extra watts
+   first, each as far as the remaining rack and site budgets allow (the
+   reachable speed is found by bisection) — docs/model.md's "its racks boost".
+6. Local batches are re-split exactly with :func:`ntp_opt.goodput.split_batch`
+   under the job's policy; under ``fixed`` a set of replicas that cannot carry
+   ``B`` pauses the job (empty plan).
+
+The result is feasible for :func:`ntp_opt.failures.failed_instance`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import numpy as np
+
+from ntp_opt.model.instance import Instance
+from ntp_opt.model.plan import Plan, Replica, Stage
+from ntp_opt.rules import goodput as gp
+from ntp_opt.rules.power import can_boost, stage_cap
+from ntp_opt.rules.validate import POWER_TOL
+
+#: Share of the remaining budgets a boost leaves unspent, so rounding never breaks one.
+_BOOST_MARGIN = 1e-9
+
+
+def _mask(instance: Instance, failed_mask: np.ndarray | None) -> np.ndarray:
+    n = instance.arrays.n_gpus
+    if failed_mask is None:
+        return np.zeros(n, dtype=bool)
+    mask = np.asarray(failed_mask, dtype=bool)
+    if mask.shape != (n,):
+        raise ValueError(f"failed_mask must have shape ({n},), got {mask.shape}")
+    return mask
+
+
+def _draw(
+    instance: Instance, alive: np.ndarray, stages: list[tuple[np.ndarray, float]]
+) -> tuple[np.ndarray, float]:
+    """Watts per rack and for the site."""
+    a = instance.arrays
+    per = np.where(alive, instance.job.idle_power_fraction, 0.0)
+    for g, pw in stages:
+        per[g] = pw
+    per = per * a.tdp
+    return np.bincount(a.gpu_rack, weights=per, minlength=len(a.rack_ids)), float(per.sum())
+
+
+def _over(instance: Instance, rack: np.ndarray, site: float) -> tuple[np.ndarray, bool]:
+    a = instance.arrays
+    # The validator's tolerance: plans it accepts (the exact planner's boosts
+    # may sit ~1e-10 above a budget) are not "over budget" here either.
+    racks = rack > a.rack_budget * (1 + POWER_TOL) + 1e-9
+    return racks, bool(site > a.site_budget * (1 + POWER_TOL) + 1e-9)
+
+
+def adapt(
+    instance: Instance, plan: Plan, failed_mask: np.ndarray | None, *, boost: bool = False
+) -> Plan:
+    """The plan after recourse to the failures in ``failed_mask``.
+
+    Parameters
+    ----------
+    instance
+        The instance the plan was made for (before the failures).
+    plan
+        A feasible plan for ``instance``.
+    failed_mask
+        Bool per GPU (``instance.arrays`` order): True = failed in the horizon.
+    boost
+        Let the replicas whose degree dropped boost their racks (step 5 of the
+        module docstring) instead of only taking a smaller batch. Default
+        ``False``: the documented recourse, which never raises a power.
+
+    Returns
+    -------
+    Plan
+        Feasible for ``failed_instance(instance, failed_mask)``; empty when
+        the job pauses. ``metrics`` holds ``goodput``, ``relative_goodput``,
+        ``paused``, ``policy="recourse"``, ``dropped`` (replicas that dropped
+        out), ``reduced_power`` (the power rule of step 4 fired) and, with
+        ``boost``, ``boosted`` (replicas whose power step 5 raised).
+    """
+    mask = _mask(instance, failed_mask)
+    return adapt_indices(instance, plan, mask, plan_indices(instance, plan), boost=boost)
+
+
+def plan_indices(instance: Instance, plan: Plan) -> list[list[np.ndarray]]:
+    """GPU indices of every stage of ``plan`` (per replica, per stage)."""
+    index = instance.arrays.gpu_index
+    return [
+        [np.array([index[g] for g in st.gpus], dtype=np.int64) for st in rep.stages]
+        for rep in plan.replicas
+    ]
+
+
+def adapt_indices(
+    instance: Instance,
+    plan: Plan,
+    mask: np.ndarray,
+    reps: list[list[np.ndarray]],
+    *,
+    boost: bool = False,
+) -> Plan:
+    """:func:`adapt` with the plan's stage indices precomputed.
+
+    Parameters
+    ----------
+    instance, plan, boost
+        As for :func:`adapt`.
+    mask
+        Boolean per GPU index: the GPUs that fail.
+    reps
+        :func:`plan_indices` of ``plan``: per replica, per stage, its GPU indices.
+
+    Returns
+    -------
+    Plan
+        The adapted plan (feasible; possibly empty).
+    """
+    a = instance.arrays
+    job = instance.job
+    alive = a.healthy & ~mask
+    speed = a.speed
+    used = np.zeros(a.n_gpus, dtype=bool)
+    for stages in reps:
+        for g in stages:
+            used[g] = True
+    # pools: per domain, list of free alive GPU indices, fastest first, graph order
+    pools: dict[int, list[int]] = {}
+
+    def sort_pool(items: list[int]) -> list[int]:
+        return sorted(items, key=lambda i: (-float(speed[i]), i))
+
+    def pool(d: int) -> list[int]:
+        if d not in pools:
+            members = a.domain_gpus[d]
+            free = members[alive[members] & ~used[members]]
+            pools[d] = sort_pool([int(i) for i in free])
+        return pools[d]
+
+    new_reps: list[tuple[int, list[np.ndarray], list[float], int]] = []  # (t, gpus, powers, r)
+    reduced: set[int] = set()  # plan indices of the replicas whose degree dropped
+    dropped = 0
+    for r, (rep, stages) in enumerate(zip(plan.replicas, reps, strict=True)):
+        doms = [a.domain_index[st.domain] for st in rep.stages]
+        survivors = [g[alive[g]] for g in stages]
+        if all(len(s) == rep.tp for s in survivors):
+            new_reps.append((rep.tp, survivors, [float(st.power) for st in rep.stages], r))
+            continue
+        t_new = None
+        for t in reversed(job.allowed):
+            if t > rep.tp:
+                continue
+            need: dict[int, int] = {}
+            for d, s in zip(doms, survivors, strict=True):
+                need[d] = need.get(d, 0) + max(0, t - len(s))
+            if all(n <= len(pool(d)) for d, n in need.items()):
+                t_new = t
+                break
+        if t_new is None:
+            dropped += 1
+            for d, s in zip(doms, survivors, strict=True):
+                pools[d] = sort_pool(pool(d) + [int(i) for i in s])
+            continue
+        out = []
+        pws = [float(st.power) for st in rep.stages]
+        for k, (d, s) in enumerate(zip(doms, survivors, strict=True)):
+            if len(s) >= t_new:
+                order = np.argsort(-speed[s], kind="stable")  # fastest first, stage order
+                keep = s[order[:t_new]]
+                back = [int(i) for i in s[order[t_new:]]]
+                if back:
+                    pools[d] = sort_pool(pool(d) + back)
+                out.append(keep)
+            else:
+                p = pool(d)
+                take = t_new - len(s)
+                out.append(np.concatenate([s, np.array(p[:take], dtype=np.int64)]))
+                pools[d] = p[take:]
+                cap = stage_cap(instance, out[-1])  # a refill may bring a lower board limit
+                if pws[k] > cap * (1 + POWER_TOL):
+                    pws[k] = cap
+        new_reps.append((t_new, out, pws, r))
+        reduced.add(r)
+
+    # power (step 4)
+    reduced_power = False
+
+    def flat() -> list[tuple[np.ndarray, float]]:
+        return [(g, pw) for _, gs, pws, _ in new_reps for g, pw in zip(gs, pws, strict=True)]
+
+    racks_over, site_over = _over(instance, *_draw(instance, alive, flat()))
+    if racks_over.any():
+        reduced_power = True
+        for _, gs, pws, _ in new_reps:
+            for k, g in enumerate(gs):
+                if racks_over[a.gpu_rack[g]].any():
+                    pws[k] = 1.0
+        racks_over, site_over = _over(instance, *_draw(instance, alive, flat()))
+    if site_over:
+        reduced_power = True
+        for _, _, pws, _ in new_reps:
+            pws[:] = [1.0] * len(pws)
+        racks_over, site_over = _over(instance, *_draw(instance, alive, flat()))
+    while new_reps and (racks_over.any() or site_over):
+        reduced_power = True
+        new_reps.pop()
+        dropped += 1
+        racks_over, site_over = _over(instance, *_draw(instance, alive, flat()))
+
+    boosted = _boost(instance, alive, new_reps, reduced, flat) if boost else 0
+
+    # batches (step 6)
+    tps = [t for t, _, _, _ in new_reps]
+    speeds = [
+        gp.replica_speed(job, t, [float(speed[g].min()) for g in gs], pws)
+        for t, gs, pws, _ in new_reps
+    ]
+    split = gp.split_batch(job, speeds, tps)
+    replicas: tuple[Replica, ...] = ()
+    if split is not None and new_reps:
+        replicas = tuple(
+            Replica(
+                tp=t,
+                local_batch=int(b),
+                stages=tuple(
+                    st
+                    if pw == st.power and np.array_equal(g, g0)  # unchanged: reuse
+                    else Stage(domain=st.domain, gpus=tuple(a.gpu_ids[i] for i in g), power=pw)
+                    for st, g, g0, pw in zip(plan.replicas[r].stages, gs, reps[r], pws, strict=True)
+                ),
+            )
+            for (t, gs, pws, r), b in zip(new_reps, split.batches, strict=True)
+        )
+        value = gp.goodput(job, tps, list(split.batches), speeds)
+    else:
+        value = 0.0
+    return Plan(
+        plan.instance,
+        replicas,
+        {
+            "policy": "recourse",
+            "paused": not replicas,
+            "goodput": value,
+            "relative_goodput": gp.relative_goodput(job, value),
+            "dropped": dropped,
+            "reduced_power": reduced_power,
+            **({"boosted": boosted} if boost else {}),
+        },
+    )
+
+
+def _boost(
+    instance: Instance,
+    alive: np.ndarray,
+    new_reps: list[tuple[int, list[np.ndarray], list[float], int]],
+    reduced: set[int],
+    flat: Callable[[], list[tuple[np.ndarray, float]]],
+) -> int:
+    """Step 5: raise the power of reduced replicas toward nominal speed; count them."""
+    a = instance.arrays
+    job = instance.job
+    alpha = job.power_exponent
+    if not can_boost(instance):
+        return 0
+    rack_draw, site_draw = _draw(instance, alive, flat())
+    rack_room = a.rack_budget - rack_draw
+    site_room = a.site_budget - site_draw
+    target = 1.0 / job.seq_time_s
+    margin = 1.0 - _BOOST_MARGIN
+
+    def need(i: int, goal: float) -> tuple[list[float], np.ndarray, float]:
+        t, gs, pws, _ = new_reps[i]
+        factor = job.tp_factor(t) / job.seq_time_s
+        mult, extra_rack, extra = [], np.zeros(len(a.rack_ids)), 0.0
+        for g, pw in zip(gs, pws, strict=True):
+            hi = stage_cap(instance, g)
+            pi = (goal / (factor * float(a.speed[g].min()))) ** (1.0 / alpha)
+            pi = min(max(pi, pw), max(hi, pw))
+            watts = a.tdp[g] * (pi - pw)
+            np.add.at(extra_rack, a.gpu_rack[g], watts)
+            extra += float(watts.sum())
+            mult.append(pi)
+        return mult, extra_rack, extra
+
+    def fits(extra_rack: np.ndarray, extra: float) -> bool:
+        return bool(np.all(extra_rack <= rack_room * margin) and extra <= site_room * margin)
+
+    def speed(i: int) -> float:
+        t, gs, pws, _ = new_reps[i]
+        return gp.replica_speed(job, t, [float(a.speed[g].min()) for g in gs], pws)
+
+    slow = [i for i, rep in enumerate(new_reps) if rep[3] in reduced and speed(i) < target]
+    slow.sort(key=lambda i: (need(i, target)[2], i))
+    boosted = 0
+    for i in slow:
+        mult, extra_rack, extra = need(i, target)
+        if not fits(extra_rack, extra):
+            lo, up = speed(i), target  # bisect on the reachable speed
+            for _ in range(60):
+                mid = 0.5 * (lo + up)
+                if fits(*need(i, mid)[1:]):
+                    lo = mid
+                else:
+                    up = mid
+            mult, extra_rack, extra = need(i, lo)
+            if not fits(extra_rack, extra) or extra <= 0:
+                continue
+        new_reps[i][2][:] = mult
+        rack_room = rack_room - extra_rack
+        site_room -= extra
+        boosted += 1
+    return boosted
+
+
+def goodput_after(instance: Instance, plan: Plan, failed_mask: np.ndarray | None) -> float:
+    """Goodput (sequences per second) of ``plan`` after recourse to ``failed_mask``."""
+    return float(adapt(instance, plan, failed_mask).metrics["goodput"])

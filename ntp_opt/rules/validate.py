@@ -1,0 +1,513 @@
+"""The independent validator: every rule of docs/model.md, spec section 3, and goodput.
+
+:func:`validate` lists every violated rule with a message that names the
+replica, stage, GPU or rack; :func:`evaluate` recomputes goodput from the
+instance and the plan alone. Planners never bypass them: every plan that
+leaves the package went through :func:`check`.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Hashable
+from dataclasses import dataclass
+
+import numpy as np
+
+from ntp_opt.model.instance import Instance
+from ntp_opt.model.plan import Plan
+from ntp_opt.rules import goodput as gp
+from ntp_opt.rules.power import rack_and_site_draw
+
+#: Relative tolerance on power budgets and power ranges.
+POWER_TOL = 1e-9
+#: Relative tolerance when comparing a plan's claimed goodput with ours.
+METRIC_TOL = 1e-6
+
+#: Rule codes and what each one forbids.
+RULES: dict[str, str] = {
+    "instance": "the plan names another instance",
+    "replica-count": "more replicas than job.dp_max",
+    "tp-allowed": "a replica's TP degree is not in job.tp_allowed",
+    "batch-range": "a local batch is not an integer in [1, job.max_local_batch]",
+    "stage-count": "a replica does not have exactly job.pp stages",
+    "domain-unknown": "a stage names a node that is not a domain",
+    "power-range": "a stage's power multiplier is outside [1, 1 + job.max_boost]",
+    "board-power": "a stage's power multiplier times a GPU's tdp_w exceeds its max_power_w",
+    "stage-size": "a stage does not have exactly its replica's TP degree of GPUs",
+    "gpu-unknown": "a stage names a node that is not a GPU",
+    "gpu-failed": "a stage uses a failed GPU",
+    "gpu-outside-domain": "a stage uses a GPU of another domain",
+    "gpu-reused": "a GPU is used more than once",
+    "batch-sum": "fixed policy: local batches do not sum to B; elastic: they exceed B",
+    "rack-power": "a rack draws more than its power budget",
+    "site-power": "the site draws more than its power budget",
+    "metrics": "the plan's reported goodput differs from the recomputed one",
+}
+
+
+@dataclass(frozen=True)
+class Violation:
+    """One broken rule.
+
+    Attributes
+    ----------
+    rule
+        A key of :data:`RULES`.
+    message
+        Human-readable, naming the replica, stage, GPU or rack.
+    replica, stage
+        Indices (0-based) where the rule is broken, if it is local.
+    node
+        Node id (GPU, domain or rack) involved, if any.
+    """
+
+    rule: str
+    message: str
+    replica: int | None = None
+    stage: int | None = None
+    node: Hashable | None = None
+
+    def __str__(self) -> str:
+        return f"[{self.rule}] {self.message}"
+
+
+class PlanError(ValueError):
+    """A plan broke rules of the model; ``violations`` lists them all."""
+
+    def __init__(self, violations: list[Violation]):
+        self.violations = violations
+        head = "; ".join(str(v) for v in violations[:5])
+        more = f" (and {len(violations) - 5} more)" if len(violations) > 5 else ""
+        super().__init__(f"infeasible plan: {head}{more}")
+
+
+@dataclass(frozen=True)
+class Evaluation:
+    """Figures of a plan, recomputed from the instance and the plan alone.
+
+    Attributes
+    ----------
+    feasible
+        No rule is broken.
+    violations
+        The broken rules.
+    goodput
+        Sequences per second (the formula's value even for an infeasible
+        plan: check ``feasible``).
+    relative_goodput
+        ``goodput * c / R``: 1.0 for the same job with no failures.
+    step_time
+        ``theta`` in seconds (``inf`` for an empty plan).
+    total_batch
+        ``sum_r b_r``.
+    replica_speeds
+        ``v_r`` for every replica, sequences per second.
+    n_replicas, n_reduced
+        Replicas, and replicas below the nominal TP degree.
+    gpus_used
+        GPUs in some stage.
+    site_power_w
+        Site draw in watts; ``rack_power_w`` per rack, in rack order.
+    """
+
+    feasible: bool
+    violations: tuple[Violation, ...]
+    goodput: float
+    relative_goodput: float
+    step_time: float
+    total_batch: int
+    replica_speeds: tuple[float, ...]
+    n_replicas: int
+    n_reduced: int
+    gpus_used: int
+    site_power_w: float
+    rack_power_w: tuple[float, ...]
+
+    def as_metrics(self) -> dict[str, float | int]:
+        """The figures a plan file stores under ``metrics``."""
+        return {
+            "goodput": self.goodput,
+            "relative_goodput": self.relative_goodput,
+            "step_time_s": self.step_time if math.isfinite(self.step_time) else -1.0,
+            "replicas": self.n_replicas,
+            "reduced_replicas": self.n_reduced,
+            "gpus_used": self.gpus_used,
+            "site_power_w": self.site_power_w,
+        }
+
+
+def _fmt(x: float) -> str:
+    return f"{x:.6g}"
+
+
+def _clean_stages(
+    instance: Instance, plan: Plan
+) -> tuple[np.ndarray, list[float], np.ndarray, np.ndarray] | None:
+    """Vectorised look at every stage's GPUs at once.
+
+    Returns the slowest speed of every stage (plan order), an empty list for
+    their power multipliers, the GPU indices and the stage sizes, when every
+    GPU of the plan is known, healthy, in its stage's domain, used once and no
+    stage is empty or names an unknown domain; ``None`` otherwise (then the
+    per-GPU checks find and name each problem).
+    """
+    a = instance.arrays
+    stages = [st for rep in plan.replicas for st in rep.stages]
+    if not stages:
+        return None
+    lengths = np.fromiter((len(st.gpus) for st in stages), np.int64, len(stages))
+    dom = np.fromiter((a.domain_index.get(st.domain, -1) for st in stages), np.int64, len(stages))
+    if lengths.min() == 0 or dom.min() < 0:
+        return None
+    total = int(lengths.sum())
+    get = a.gpu_index.get
+    idx = np.fromiter((get(g, -1) for st in stages for g in st.gpus), np.int64, total)
+    if idx.min() < 0 or not a.healthy[idx].all():
+        return None
+    if not (a.gpu_domain[idx] == np.repeat(dom, lengths)).all():
+        return None
+    if np.bincount(idx, minlength=a.n_gpus).max() > 1:
+        return None
+    starts = np.concatenate(([0], np.cumsum(lengths)[:-1]))
+    return np.minimum.reduceat(a.speed[idx], starts), [], idx, lengths
+
+
+def _check(instance: Instance, plan: Plan) -> tuple[list[Violation], list[float], np.ndarray]:
+    """Check every rule; return violations, replica speeds and per-GPU use."""
+    job = instance.job
+    a = instance.arrays
+    out: list[Violation] = []
+    if plan.instance != instance.name:
+        out.append(
+            Violation("instance", f"plan is for instance {plan.instance!r}, not {instance.name!r}")
+        )
+    if len(plan.replicas) > job.replicas_max:
+        out.append(
+            Violation(
+                "replica-count",
+                f"{len(plan.replicas)} replicas exceed dp_max={job.replicas_max}",
+            )
+        )
+    allowed = set(job.allowed)
+    cap = job.local_batch_max
+    hi_power = 1.0 + job.max_boost
+    # power multiplier of every used GPU (0 = unused); first use wins
+    power_of = np.zeros(a.n_gpus, dtype=float)
+    owner = np.full(a.n_gpus, -1, dtype=np.int64)  # replica * 65536 + stage of first use
+    clean = _clean_stages(instance, plan)  # per-stage slowest speeds when every GPU is fine
+    stage_no = 0
+    speeds: list[float] = []
+    for r, rep in enumerate(plan.replicas):
+        where = f"replica {r}"
+        if rep.tp not in allowed:
+            out.append(
+                Violation(
+                    "tp-allowed",
+                    f"{where}: TP degree {rep.tp} not in tp_allowed {list(job.allowed)}",
+                    replica=r,
+                )
+            )
+        b = rep.local_batch
+        if isinstance(b, bool) or not isinstance(b, int | np.integer) or not 1 <= b <= cap:
+            out.append(
+                Violation(
+                    "batch-range",
+                    f"{where}: local batch {b!r} is not an integer in [1, {cap}]",
+                    replica=r,
+                )
+            )
+        if len(rep.stages) != job.pp:
+            out.append(
+                Violation(
+                    "stage-count",
+                    f"{where}: {len(rep.stages)} stages, job.pp={job.pp}",
+                    replica=r,
+                )
+            )
+        stage_speeds: list[float] = []
+        stage_powers: list[float] = []
+        for k, st in enumerate(rep.stages):
+            sw = f"{where} stage {k}"
+            d = a.domain_index.get(st.domain)
+            if d is None:
+                out.append(
+                    Violation(
+                        "domain-unknown",
+                        f"{sw}: {st.domain!r} is not a domain of the cluster",
+                        replica=r,
+                        stage=k,
+                        node=st.domain,
+                    )
+                )
+            pw = st.power
+            if not (isinstance(pw, int | float) and math.isfinite(pw)) or not (
+                1.0 - POWER_TOL <= pw <= hi_power * (1 + POWER_TOL)
+            ):
+                out.append(
+                    Violation(
+                        "power-range",
+                        f"{sw}: power multiplier {pw!r} outside [1, {_fmt(hi_power)}]",
+                        replica=r,
+                        stage=k,
+                    )
+                )
+                pw = min(max(float(pw), 1.0), hi_power) if math.isfinite(float(pw)) else 1.0
+            if len(st.gpus) != rep.tp:
+                out.append(
+                    Violation(
+                        "stage-size",
+                        f"{sw}: {len(st.gpus)} GPUs for TP degree {rep.tp}",
+                        replica=r,
+                        stage=k,
+                    )
+                )
+            stage_no += 1
+            if clean is not None:  # every GPU known, healthy, in its domain, used once
+                stage_speeds.append(float(clean[0][stage_no - 1]))
+                stage_powers.append(pw)
+                clean[1].append(pw)
+                continue
+            slowest = math.inf
+            for g in st.gpus:
+                i = a.gpu_index.get(g)
+                if i is None:
+                    out.append(
+                        Violation(
+                            "gpu-unknown",
+                            f"{sw}: {g!r} is not a GPU of the cluster",
+                            replica=r,
+                            stage=k,
+                            node=g,
+                        )
+                    )
+                    continue
+                slowest = min(slowest, float(a.speed[i]))
+                if not a.healthy[i]:
+                    out.append(
+                        Violation(
+                            "gpu-failed",
+                            f"{sw}: GPU {g!r} has failed",
+                            replica=r,
+                            stage=k,
+                            node=g,
+                        )
+                    )
+                if d is not None and a.gpu_domain[i] != d:
+                    out.append(
+                        Violation(
+                            "gpu-outside-domain",
+                            f"{sw}: GPU {g!r} belongs to domain "
+                            f"{a.domain_ids[a.gpu_domain[i]]!r}, not {st.domain!r}",
+                            replica=r,
+                            stage=k,
+                            node=g,
+                        )
+                    )
+                if owner[i] >= 0:
+                    r0, k0 = divmod(int(owner[i]), 65536)
+                    out.append(
+                        Violation(
+                            "gpu-reused",
+                            f"{sw}: GPU {g!r} is already used by replica {r0} stage {k0}",
+                            replica=r,
+                            stage=k,
+                            node=g,
+                        )
+                    )
+                else:
+                    owner[i] = r * 65536 + k
+                    power_of[i] = pw
+            stage_speeds.append(slowest if math.isfinite(slowest) else 0.0)
+            stage_powers.append(pw)
+        speeds.append(gp.replica_speed(job, rep.tp, stage_speeds, stage_powers))
+    if clean is not None:
+        _, pws, idx, lengths = clean
+        power_of[idx] = np.repeat(np.asarray(pws, dtype=float), lengths)
+    total = sum(int(rep.local_batch) for rep in plan.replicas)
+    if plan.replicas:
+        if job.batch_policy == "fixed" and total != job.global_batch:
+            out.append(
+                Violation(
+                    "batch-sum",
+                    f"local batches sum to {total}, fixed policy needs global_batch="
+                    f"{job.global_batch}",
+                )
+            )
+        elif job.batch_policy == "elastic" and total > job.global_batch:
+            out.append(
+                Violation(
+                    "batch-sum",
+                    f"local batches sum to {total} > global_batch={job.global_batch}",
+                )
+            )
+    return out, speeds, power_of
+
+
+def _board_power(instance: Instance, plan: Plan, power_of: np.ndarray) -> list[Violation]:
+    """GPUs asked for more than the power limit their board accepts (v1.1)."""
+    a = instance.arrays
+    over = np.flatnonzero(power_of * a.tdp > a.max_power * (1 + POWER_TOL))
+    if not over.size:
+        return []
+    where: dict[int, tuple[int, int]] = {}
+    index = a.gpu_index
+    for r, rep in enumerate(plan.replicas):
+        for k, st in enumerate(rep.stages):
+            for g in st.gpus:
+                i = index.get(g)
+                if i is not None:
+                    where.setdefault(i, (r, k))
+    out = []
+    for i in over.tolist():
+        r, k = where[i]
+        g = a.gpu_ids[i]
+        out.append(
+            Violation(
+                "board-power",
+                f"replica {r} stage {k}: GPU {g!r} at power multiplier {_fmt(power_of[i])} "
+                f"asks for {_fmt(power_of[i] * a.tdp[i])} W, above its max_power_w "
+                f"{_fmt(a.max_power[i])} W",
+                replica=r,
+                stage=k,
+                node=g,
+            )
+        )
+    return out
+
+
+def evaluate(instance: Instance, plan: Plan) -> Evaluation:
+    """Recompute a plan's figures and check every rule.
+
+    Parameters
+    ----------
+    instance
+        The instance.
+    plan
+        The plan to evaluate; its ``metrics`` are checked, never used.
+
+    Returns
+    -------
+    Evaluation
+    """
+    job = instance.job
+    a = instance.arrays
+    violations, speeds, power_of = _check(instance, plan)
+    violations += _board_power(instance, plan, power_of)
+    rack_w, site_w = rack_and_site_draw(instance, power_of)
+    for i in np.flatnonzero(rack_w > a.rack_budget * (1 + POWER_TOL) + 1e-9):
+        violations.append(
+            Violation(
+                "rack-power",
+                f"rack {a.rack_ids[i]!r} draws {_fmt(rack_w[i])} W, budget "
+                f"{_fmt(a.rack_budget[i])} W",
+                node=a.rack_ids[i],
+            )
+        )
+    if site_w > a.site_budget * (1 + POWER_TOL) + 1e-9:
+        violations.append(
+            Violation(
+                "site-power",
+                f"site draws {_fmt(site_w)} W, budget {_fmt(a.site_budget)} W",
+            )
+        )
+    tps = [rep.tp for rep in plan.replicas]
+    batches = [int(rep.local_batch) for rep in plan.replicas]
+    theta = gp.step_time(job, tps, batches, speeds)
+    value = gp.goodput(job, tps, batches, speeds)
+    claimed = plan.metrics.get("goodput")
+    if isinstance(claimed, int | float) and not math.isclose(
+        float(claimed), value, rel_tol=METRIC_TOL, abs_tol=1e-12
+    ):
+        violations.append(
+            Violation(
+                "metrics",
+                f"plan reports goodput {_fmt(float(claimed))}, recomputed {_fmt(value)}",
+            )
+        )
+    return Evaluation(
+        feasible=not violations,
+        violations=tuple(violations),
+        goodput=value,
+        relative_goodput=gp.relative_goodput(job, value),
+        step_time=theta,
+        total_batch=sum(batches),
+        replica_speeds=tuple(speeds),
+        n_replicas=len(plan.replicas),
+        n_reduced=sum(1 for t in tps if t < job.tp),
+        gpus_used=int((power_of > 0).sum()),
+        site_power_w=site_w,
+        rack_power_w=tuple(float(x) for x in rack_w),
+    )
+
+
+def validate(instance: Instance, plan: Plan) -> list[Violation]:
+    """Every rule of docs/model.md, spec section 3 that ``plan`` breaks (empty if feasible).
+
+    Parameters
+    ----------
+    instance
+        The instance.
+    plan
+        The plan.
+
+    Returns
+    -------
+    list of Violation
+    """
+    return list(evaluate(instance, plan).violations)
+
+
+def check(instance: Instance, plan: Plan) -> Evaluation:
+    """Evaluate ``plan`` and raise :class:`PlanError` if it breaks any rule."""
+    ev = evaluate(instance, plan)
+    if not ev.feasible:
+        raise PlanError(list(ev.violations))
+    return ev
+
+
+def certified(instance: Instance, plan: Plan) -> Plan:
+    """``plan`` checked by :func:`check`, with the validator's figures as its metrics."""
+    return plan.with_metrics(**check(instance, plan).as_metrics())
+
+
+def infeasibility(instance: Instance) -> str | None:
+    """Why no plan at all is feasible, or ``None`` when the paused job is.
+
+    The paused job (no replicas) breaks a rule only when the idle draw of the
+    healthy GPUs alone exceeds a rack or site power budget.
+    """
+    ev = evaluate(instance, Plan(instance.name, ()))
+    if ev.feasible:
+        return None
+    return "no feasible plan, not even the paused job: " + "; ".join(
+        v.message for v in ev.violations
+    )
+
+
+def pause_reason(instance: Instance, proven: bool) -> str:
+    """Why a planner returned the paused job (no replicas), for :class:`Result`."""
+    job = instance.job
+    a = instance.arrays
+    healthy = a.healthy_in_domain()
+    stages = int(sum(int(h) // job.min_tp for h in healthy))
+    if stages < job.pp:
+        why = (
+            f"the healthy GPUs of the domains hold only {stages} stage(s) of degree "
+            f">= tp_min={job.min_tp}; a replica needs pp={job.pp}"
+        )
+    elif job.batch_policy == "fixed" and job.replicas_max * job.local_batch_max < (
+        job.global_batch
+    ):
+        why = (
+            f"dp_max={job.replicas_max} replicas of at most {job.local_batch_max} sequences "
+            f"cannot carry global_batch={job.global_batch}"
+        )
+    elif job.batch_policy == "fixed":
+        why = (
+            f"no set of replicas that fits the cluster and the power budgets carries "
+            f"global_batch={job.global_batch} (fixed policy)"
+        )
+    else:
+        why = "no replica fits the cluster and the power budgets"
+    return f"paused: {why}" + (" (proven)" if proven else "")

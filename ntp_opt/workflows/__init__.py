@@ -1,0 +1,1 @@
+"""The workflows layer: re-planning after events, trace simulation, spares and availability."""
