@@ -10,6 +10,9 @@ The public API:
   :func:`save_plan` read and write the JSON formats.
 """
 
+# ``ntp_opt.validate`` is both a function (below) and a compatibility module path; load the
+# module first so that importing it later never rebinds the package attribute to the module.
+import ntp_opt.validate  # noqa: F401  # isort: skip
 from ntp_opt.model import topology
 from ntp_opt.model.files import InputError, load_instance, load_plan, save_instance, save_plan
 from ntp_opt.model.instance import Instance

@@ -135,3 +135,12 @@ def _is_shim(path: pathlib.Path) -> bool:
 def test_compatibility_paths_are_the_same_module(old: str, new: str) -> None:
     """A documented old path gives the very module (monkeypatching one patches the other)."""
     assert importlib.import_module(old) is importlib.import_module(new)
+
+
+def test_compatibility_paths_do_not_shadow_the_api() -> None:
+    """Importing every compatibility path leaves ``ntp_opt.validate`` etc. the functions."""
+    for path in sorted(PACKAGE.glob("*.py")):
+        if _is_shim(path):
+            importlib.import_module(f"ntp_opt.{path.stem}")
+    assert callable(ntp_opt.validate) and ntp_opt.validate.__name__ == "validate"
+    assert callable(ntp_opt.solve) and ntp_opt.solve.__name__ == "solve"
