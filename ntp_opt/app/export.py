@@ -58,7 +58,7 @@ import json
 import math
 import os
 import re
-from collections.abc import Hashable, Sequence
+from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -1146,15 +1146,7 @@ def import_megatron(path: str | os.PathLike[str], instance: Instance | None = No
     extras_path = p / EXTRAS_NAME if p.is_dir() else p
     out_dir = extras_path.parent
     source = str(extras_path)
-    try:
-        extras = json.loads(extras_path.read_text())
-    except (OSError, UnicodeDecodeError) as err:
-        raise InputError(source, [("", f"cannot read file: {err}")]) from None
-    except json.JSONDecodeError as err:
-        raise InputError(source, [("", f"malformed JSON: {err}")]) from None
-    if not isinstance(extras, dict) or extras.get("format") != EXTRAS_FORMAT:
-        got = extras.get("format") if isinstance(extras, dict) else type(extras).__name__
-        raise InputError(source, [("format", f"expected {EXTRAS_FORMAT!r}, got {got!r}")])
+    extras = _read_sidecar(extras_path)
     csource = str(out_dir / CONFIG_NAME)
     kw = read_config_module(out_dir / CONFIG_NAME)
     try:
@@ -1182,40 +1174,7 @@ def import_megatron(path: str | os.PathLike[str], instance: Instance | None = No
     except (OSError, UnicodeDecodeError) as err:
         raise InputError(str(ranks_path), [("", f"cannot read file: {err}")]) from None
     rsource = str(ranks_path)
-    rows = _parse_rank_file(text, rsource)
-    world = n_dp * n_pp * big_t
-    problems: list[tuple[str, str]] = []
-    if len(rows) != world:
-        problems.append(("", f"{len(rows)} ranks, the world has {world}"))
-    groups: dict[tuple[int, int], dict[int, dict[str, Any]]] = {}
-    for row in rows:
-        where = f"line {row['line']}"
-        dp, pp, tp = row["dp"], row["pp"], row["tp"]
-        if not (0 <= dp < n_dp and 0 <= pp < n_pp and 0 <= tp < big_t):
-            problems.append((where, f"coordinates dp={dp} pp={pp} tp={tp} outside the world"))
-            continue
-        if row["rank"] != tp + big_t * (pp + n_pp * dp):
-            problems.append(
-                (where, f"rank {row['rank']} is not tp + tp_base * (pp + PP * dp) ({RANK_ORDER})")
-            )
-        group = groups.setdefault((dp, pp), {})
-        if tp in group:
-            problems.append((where, f"local rank {tp} of dp={dp} pp={pp} appears twice"))
-        group[tp] = row
-    if problems:
-        raise InputError(rsource, problems)
-    ids: dict[str, Hashable] = {}
-    if instance is not None:
-        a = instance.arrays
-        ids = {str(x): x for x in (*a.gpu_ids, *a.domain_ids)}
-
-    def node(text: str, where: str) -> Hashable:
-        if instance is None:
-            return text
-        if text not in ids:
-            problems.append((where, f"{text!r} is not a GPU or domain of {instance.name!r}"))
-        return ids.get(text, text)
-
+    groups = _rank_groups(_parse_rank_file(text, rsource), n_dp, n_pp, big_t, rsource)
     n_reduced = len({dp for dp, _, _ in non_active})
     if n_blocks != n_reduced * n_pp:
         raise InputError(
@@ -1227,6 +1186,8 @@ def import_megatron(path: str | os.PathLike[str], instance: Instance | None = No
                 )
             ],
         )
+    problems: list[tuple[str, str]] = []
+    node = _node_ids(instance, problems)
     replicas: list[Replica] = []
     for dp in range(n_dp):
         stages: list[Stage] = []
@@ -1248,29 +1209,102 @@ def import_megatron(path: str | os.PathLike[str], instance: Instance | None = No
                 problems.append(
                     (f"dp={dp} pp={pp}", f"{len(active)} active ranks, stage 0 has {degree}")
                 )
-            domains = {row["domain"] for row in active}
-            powers = {row["power"] for row in active}
-            if len(domains) != 1 or len(powers) != 1:
-                problems.append(
-                    (
-                        f"dp={dp} pp={pp}",
-                        f"active ranks span domains {sorted(domains)} or "
-                        f"powers {sorted(powers)}; a stage has one of each",
-                    )
-                )
-                continue
-            where = f"line {active[0]['line']}"
-            stages.append(
-                Stage(
-                    node(active[0]["domain"], where),
-                    tuple(node(row["gpu"], f"line {row['line']}") for row in active),
-                    float(active[0]["power"]),
-                )
-            )
+            stage = _imported_stage(active, dp, pp, node, problems)
+            if stage is not None:
+                stages.append(stage)
         replicas.append(Replica(int(degree or 0), batch, tuple(stages)))
     if problems:
         raise InputError(rsource, problems)
     return Plan(name, tuple(replicas), {"policy": "megatron-import"})
+
+
+def _read_sidecar(extras_path: Path) -> dict[str, Any]:
+    """The export's sidecar JSON, checked to be of :data:`EXTRAS_FORMAT`."""
+    source = str(extras_path)
+    try:
+        extras = json.loads(extras_path.read_text())
+    except (OSError, UnicodeDecodeError) as err:
+        raise InputError(source, [("", f"cannot read file: {err}")]) from None
+    except json.JSONDecodeError as err:
+        raise InputError(source, [("", f"malformed JSON: {err}")]) from None
+    if not isinstance(extras, dict) or extras.get("format") != EXTRAS_FORMAT:
+        got = extras.get("format") if isinstance(extras, dict) else type(extras).__name__
+        raise InputError(source, [("format", f"expected {EXTRAS_FORMAT!r}, got {got!r}")])
+    return extras
+
+
+def _rank_groups(
+    rows: list[dict[str, Any]], n_dp: int, n_pp: int, big_t: int, rsource: str
+) -> dict[tuple[int, int], dict[int, dict[str, Any]]]:
+    """The rank file's rows by ``(dp, pp)`` and local rank, once the numbering checks out."""
+    world = n_dp * n_pp * big_t
+    problems: list[tuple[str, str]] = []
+    if len(rows) != world:
+        problems.append(("", f"{len(rows)} ranks, the world has {world}"))
+    groups: dict[tuple[int, int], dict[int, dict[str, Any]]] = {}
+    for row in rows:
+        where = f"line {row['line']}"
+        dp, pp, tp = row["dp"], row["pp"], row["tp"]
+        if not (0 <= dp < n_dp and 0 <= pp < n_pp and 0 <= tp < big_t):
+            problems.append((where, f"coordinates dp={dp} pp={pp} tp={tp} outside the world"))
+            continue
+        if row["rank"] != tp + big_t * (pp + n_pp * dp):
+            problems.append(
+                (where, f"rank {row['rank']} is not tp + tp_base * (pp + PP * dp) ({RANK_ORDER})")
+            )
+        group = groups.setdefault((dp, pp), {})
+        if tp in group:
+            problems.append((where, f"local rank {tp} of dp={dp} pp={pp} appears twice"))
+        group[tp] = row
+    if problems:
+        raise InputError(rsource, problems)
+    return groups
+
+
+def _node_ids(
+    instance: Instance | None, problems: list[tuple[str, str]]
+) -> Callable[[str, str], Hashable]:
+    """Maps a node id as written back to the instance's id (unknown ones go to ``problems``)."""
+    ids: dict[str, Hashable] = {}
+    if instance is not None:
+        a = instance.arrays
+        ids = {str(x): x for x in (*a.gpu_ids, *a.domain_ids)}
+
+    def node(text: str, where: str) -> Hashable:
+        if instance is None:
+            return text
+        if text not in ids:
+            problems.append((where, f"{text!r} is not a GPU or domain of {instance.name!r}"))
+        return ids.get(text, text)
+
+    return node
+
+
+def _imported_stage(
+    active: list[dict[str, Any]],
+    dp: int,
+    pp: int,
+    node: Callable[[str, str], Hashable],
+    problems: list[tuple[str, str]],
+) -> Stage | None:
+    """The stage of the active rows of ``(dp, pp)``; None (and a problem) if they disagree."""
+    domains = {row["domain"] for row in active}
+    powers = {row["power"] for row in active}
+    if len(domains) != 1 or len(powers) != 1:
+        problems.append(
+            (
+                f"dp={dp} pp={pp}",
+                f"active ranks span domains {sorted(domains)} or "
+                f"powers {sorted(powers)}; a stage has one of each",
+            )
+        )
+        return None
+    where = f"line {active[0]['line']}"
+    return Stage(
+        node(active[0]["domain"], where),
+        tuple(node(row["gpu"], f"line {row['line']}") for row in active),
+        float(active[0]["power"]),
+    )
 
 
 def power_only(
