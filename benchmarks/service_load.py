@@ -48,30 +48,6 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def _tree(pid: int) -> list[int]:
-    out, todo = [pid], [pid]
-    while todo:
-        p = todo.pop()
-        for task in Path(f"/proc/{p}/task").glob("*"):
-            try:
-                kids = [int(x) for x in (task / "children").read_text().split()]
-            except OSError:
-                continue
-            out += kids
-            todo += kids
-    return out
-
-
-def _status_kb(pid: int, key: str) -> int:
-    try:
-        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-            if line.startswith(key + ":"):
-                return int(line.split()[1])
-    except OSError:
-        pass
-    return 0
-
-
 class Sampler(threading.Thread):
     """Peak of the summed RSS of a process tree, every ``period`` seconds."""
 
@@ -83,11 +59,12 @@ class Sampler(threading.Thread):
         self.stop = threading.Event()
 
     def run(self) -> None:
+        from ntp_opt.app.proctree import tree_rss_kb
+
         while not self.stop.is_set():
-            pids = _tree(self.pid)
-            total = sum(_status_kb(p, "VmRSS") for p in pids)
+            total, procs = tree_rss_kb(self.pid)
             if total > self.peak_kb:
-                self.peak_kb, self.peak_procs = total, len(pids)
+                self.peak_kb, self.peak_procs = total, procs
             time.sleep(self.period)
 
 
@@ -152,6 +129,7 @@ async def _load(base: str, body: bytes, clients: int, retry: bool, big: bool) ->
 
 async def _main(args: argparse.Namespace) -> int:
     sys.path.insert(0, str(ROOT))
+    from ntp_opt.app.proctree import status_kb, tree_rss_kb
     from ntp_opt.model.files import instance_from_dict, plan_to_dict
     from ntp_opt.solve import solve
 
@@ -177,7 +155,7 @@ async def _main(args: argparse.Namespace) -> int:
             print("server did not start; see", args.log)
             return 1
         time.sleep(0.1)
-    idle_kb = sum(_status_kb(p, "VmRSS") for p in _tree(proc.pid))
+    idle_kb = tree_rss_kb(proc.pid)[0]
     sampler = Sampler(proc.pid)
     sampler.start()
     probe = subprocess.Popen(
@@ -190,7 +168,7 @@ async def _main(args: argparse.Namespace) -> int:
     counts = await _load(base, body, args.clients, args.retry, big=True)
     load_s = time.perf_counter() - t0
     latencies: list[float] = json.loads(probe.communicate("")[0])
-    hwm_kb = _status_kb(proc.pid, "VmHWM")
+    hwm_kb = status_kb(proc.pid, "VmHWM")
 
     # second burst, SIGTERM while workers are busy
     burst = asyncio.create_task(_load(base, body, 8, False, big=False))

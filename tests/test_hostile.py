@@ -36,6 +36,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from ntp_opt.app.cli import main
+from ntp_opt.app.proctree import alive
 from ntp_opt.model import files
 from ntp_opt.model.safeio import UnsafeTargetError, atomic_append, atomic_write, save_figure
 
@@ -549,14 +550,6 @@ def stuck(instance, time_limit, seed):
         signal.pause()
 
 
-def _alive(pid: int) -> bool:
-    try:
-        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    except (FileNotFoundError, ProcessLookupError):
-        return False
-    return state not in ("Z", "X")
-
-
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="PR_SET_PDEATHSIG is Linux")
 def test_item6_worker_dies_with_its_driver(tmp_path):
     out = tmp_path / "bench"
@@ -570,15 +563,15 @@ def test_item6_worker_dies_with_its_driver(tmp_path):
         for _ in _waiting(lambda: marker.exists() and marker.read_text()):
             pass
         worker = int(marker.read_text())
-        assert _alive(worker)
+        assert alive(worker)
         driver.kill()  # SIGKILL: no finally runs in the driver
         driver.wait()
-        for _ in _waiting(lambda: not _alive(worker)):
+        for _ in _waiting(lambda: not alive(worker)):
             pass
     finally:
         if driver.poll() is None:
             driver.kill()
-        if worker is not None and _alive(worker):
+        if worker is not None and alive(worker):
             os.kill(worker, signal.SIGKILL)
             raise AssertionError("the worker outlived its driver")
 

@@ -256,8 +256,8 @@ def test_slurm_without_nvidia_smi_and_conf_form() -> None:
     assert set(G.edges) == set(Y.edges)
 
 
-def test_nvidia_smi_by_node_hostname_and_hosts_outside_the_topology(tmp_path: Path) -> None:
-    d = _copy_gb(tmp_path)
+def test_nvidia_smi_by_node_hostname_and_hosts_outside_the_topology(gb: Path) -> None:
+    d = gb
     text = (d / "nodes.txt").read_text()
     (d / "nodes.txt").write_text(text.replace("NodeHostName=gb-002 ", "NodeHostName=gb-002.lan "))
     smi = d / "nvidia-smi"
@@ -482,10 +482,26 @@ def test_cli_k8s_counts_failed_gpus(tmp_path: Path, capsys: pytest.CaptureFixtur
 # --- bad input ------------------------------------------------------------------
 
 
-def _copy_gb(tmp: Path) -> Path:
-    d = tmp / "gb"
+@pytest.fixture
+def gb(tmp_path: Path) -> Path:
+    """A writable copy of the GB200 fixture folder."""
+    d = tmp_path / "gb"
     shutil.copytree(GB, d)
     return d
+
+
+@pytest.fixture
+def out(tmp_path: Path) -> Path:
+    """The output file of a failing import (must stay as it was)."""
+    return tmp_path / "out.json"
+
+
+def _bad_topology(
+    gb: Path, name: str, text: str, out: Path, pattern: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Write ``text`` as the topology file ``name`` and check the import fails with ``pattern``."""
+    (gb / name).write_text(text)
+    _bad(slurm_argv(out, **{"--topology": str(gb / name)}), out, pattern, capsys)
 
 
 def _bad(argv: list[str], out: Path, pattern: str, capsys: pytest.CaptureFixture[str]) -> None:
@@ -543,12 +559,9 @@ CONF_CASES = [
 
 @pytest.mark.parametrize(("conf", "pattern"), CONF_CASES)
 def test_bad_topology_conf(
-    conf: str, pattern: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+    conf: str, pattern: str, gb: Path, out: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    d = _copy_gb(tmp_path)
-    (d / "topology.conf").write_text(conf)
-    out = tmp_path / "out.json"
-    _bad(slurm_argv(out, **{"--topology": str(d / "topology.conf")}), out, pattern, capsys)
+    _bad_topology(gb, "topology.conf", conf, out, pattern, capsys)
 
 
 YAML_CASES = [
@@ -568,18 +581,14 @@ YAML_CASES = [
 
 @pytest.mark.parametrize(("text", "pattern"), YAML_CASES)
 def test_bad_topology_yaml(
-    text: str, pattern: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+    text: str, pattern: str, gb: Path, out: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    d = _copy_gb(tmp_path)
-    (d / "topology.yaml").write_text(text)
-    out = tmp_path / "out.json"
-    _bad(slurm_argv(out, **{"--topology": str(d / "topology.yaml")}), out, pattern, capsys)
+    _bad_topology(gb, "topology.yaml", text, out, pattern, capsys)
 
 
-def test_bad_scontrol_lines(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    d = _copy_gb(tmp_path)
+def test_bad_scontrol_lines(gb: Path, out: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    d = gb
     lines = (GB / "nodes.txt").read_text().splitlines()
-    out = tmp_path / "out.json"
     (d / "nodes.txt").write_text("\n".join([*lines[:3], "garbage here", *lines[3:]]) + "\n")
     _bad(
         slurm_argv(out, **{"--nodes": str(d / "nodes.txt")}),
@@ -603,10 +612,8 @@ def test_bad_scontrol_lines(tmp_path: Path, capsys: pytest.CaptureFixture[str]) 
     )
 
 
-def test_bad_nvidia_smi(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    d = _copy_gb(tmp_path)
-    smi = d / "nvidia-smi"
-    out = tmp_path / "out.json"
+def test_bad_nvidia_smi(gb: Path, out: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    smi = gb / "nvidia-smi"
     argv = slurm_argv(out, **{"--nvidia-smi": str(smi)})
     # XML from another host: gb-001's file copied as gb-002's
     shutil.copy(smi / "gb-001.xml", smi / "gb-002.xml")
@@ -971,14 +978,11 @@ def test_garbage_is_an_input_error_never_a_crash(
             assert len(msg.splitlines()) == 1 and msg.startswith((str(tmp), str(GB)))
 
 
-def test_block_named_like_a_host(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    d = _copy_gb(tmp_path)
-    (d / "topology.conf").write_text(
-        "BlockName=b01 Nodes=gb-[001-018]\nBlockName=gb-001 Nodes=gb-[019-036]\n"
-    )
-    out = tmp_path / "out.json"
-    _bad(
-        slurm_argv(out, **{"--topology": str(d / "topology.conf")}),
+def test_block_named_like_a_host(gb: Path, out: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    _bad_topology(
+        gb,
+        "topology.conf",
+        "BlockName=b01 Nodes=gb-[001-018]\nBlockName=gb-001 Nodes=gb-[019-036]\n",
         out,
         r"topology\.conf:2: name 'gb-001' is used both as a domain and as a tray",
         capsys,

@@ -26,6 +26,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from ntp_opt.app.proctree import alive, descendants, status_kb
+
 ROOT = Path(__file__).resolve().parent.parent
 HANG_GUARD = 60.0  # seconds: only to fail instead of hanging
 
@@ -301,10 +303,7 @@ def test_bounded_rss_under_concurrent_validates(tmp_path: Path) -> None:
             t.join(HANG_GUARD)
         assert len(statuses) == 20 and set(statuses) <= {200, 503}, statuses
         assert 200 in statuses and 503 in statuses  # 8 admitted, the rest refused
-        peak_kb = 0
-        for line in Path(f"/proc/{s.proc.pid}/status").read_text().splitlines():
-            if line.startswith("VmHWM:"):
-                peak_kb = int(line.split()[1])
+        peak_kb = status_kb(s.proc.pid, "VmHWM")
         assert 0 < peak_kb < 400 * 1024, peak_kb  # bodies: 8 x 0.4 MB, in flight
     finally:
         s.stop()
@@ -332,41 +331,18 @@ def test_sigterm_stops_a_running_solve_and_exits(tmp_path: Path) -> None:
     t.start()
     try:
         wait_for(lambda: health(s)["workers_running"] == 1, "the solve did not start")
-        children = _descendants(s.proc.pid)
+        children = descendants(s.proc.pid)
         assert children
         s.proc.send_signal(signal.SIGTERM)
         # uvicorn shuts down, then re-raises the signal (the conventional exit status)
         assert s.proc.wait(timeout=HANG_GUARD) in (0, -signal.SIGTERM)
         t.join(HANG_GUARD)
         assert answers and answers[0] in (503, -1)
-        wait_for(lambda: not any(_alive(p) for p in children), "workers outlived the server")
+        wait_for(lambda: not any(alive(p) for p in children), "workers outlived the server")
     finally:
         s.stop()
     text = s.log.read_text()
     assert "Traceback" not in text and "Finished server process" in text
-
-
-def _descendants(pid: int) -> list[int]:
-    out: list[int] = []
-    todo = [pid]
-    while todo:
-        p = todo.pop()
-        for task in Path(f"/proc/{p}/task").glob("*"):
-            try:
-                kids = [int(x) for x in (task / "children").read_text().split()]
-            except OSError:
-                continue
-            out += kids
-            todo += kids
-    return out
-
-
-def _alive(pid: int) -> bool:
-    try:
-        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    except OSError:
-        return False
-    return state != "Z"
 
 
 # --- fuzzing: mutated valid bodies get 2xx or 4xx, never 5xx ---------------------------

@@ -25,7 +25,6 @@ may be given as ``"package.module:function"``: the worker imports it and calls
 from __future__ import annotations
 
 import csv
-import importlib
 import io
 import json
 import logging
@@ -35,9 +34,7 @@ import os
 import signal
 import sys
 import time
-from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
 from multiprocessing.connection import Connection, wait
 from multiprocessing.process import BaseProcess
 from pathlib import Path
@@ -54,6 +51,7 @@ from rich.progress import (
 )
 
 from ntp_opt.app.best_known import md_cell
+from ntp_opt.app.runs import OnFinish, OnStart, Todo, check_planner, run_steps, timeout_row, utc_now
 from ntp_opt.model.safeio import atomic_append, atomic_write, check_target, locked
 
 logger = logging.getLogger(__name__)
@@ -113,72 +111,6 @@ def expand_paths(paths: list[Path]) -> list[Path]:
         else:
             out.append(p)
     return out
-
-
-def _check_planner(name: str) -> None:
-    from ntp_opt.solve import PLANNERS
-
-    if name not in PLANNERS and ":" not in name:
-        raise ValueError(
-            f"unknown planner {name!r}; known: {', '.join(PLANNERS)} (or module:function)"
-        )
-
-
-def _planner(name: str) -> Callable[..., Any]:
-    from ntp_opt.solve import solve
-
-    if ":" not in name:
-        return lambda inst, time_limit, seed: solve(inst, name, time_limit=time_limit, seed=seed)
-    module, func = name.split(":", 1)
-    planner: Callable[..., Any] = getattr(importlib.import_module(module), func)
-    return planner
-
-
-def run_steps(
-    file: str, planner: str, seed: int, time_limit: float
-) -> Iterator[tuple[str, dict[str, Any]]]:
-    """One run: yields ``("info", {...})`` once the instance loaded, then ``("row", {...})``.
-
-    The row's goodput is the validator's: built-in planners return checked
-    plans (:func:`ntp_opt.solve.solve`), a ``module:function`` planner's plan
-    is checked here (``validated`` says so; a plan that fails the check is an
-    ``error`` row).
-    """
-    row: dict[str, Any] = {}
-    try:
-        from ntp_opt.app.best_known import file_sha256
-        from ntp_opt.model.files import load_instance
-
-        instance = load_instance(file)
-        s = instance.summary()
-        info = {
-            "instance": s["name"],
-            "gpus": s["gpus"],
-            "failed": s["failed"],
-            "sha256": file_sha256(file),
-        }
-        yield ("info", info)
-        res = _planner(planner)(instance, time_limit=time_limit, seed=seed)
-        goodput = res.relative_objective
-        if res.plan is not None and ":" in planner:  # never trust a custom planner
-            from ntp_opt.rules.validate import check
-
-            goodput = check(instance, res.plan).relative_goodput
-        job = instance.job
-        bound = None if res.bound is None else res.bound * job.seq_time_s / job.dp
-        row = {
-            "status": str(res.status),
-            "limit": str(res.limit),
-            "relative_goodput": goodput,
-            "bound": bound,
-            "gap": res.gap,
-            "runtime_s": res.runtime_s,
-            "validated": res.plan is not None,
-            "message": res.reason,
-        }
-    except Exception as err:  # recorded, never raised
-        row = {"status": "error", "message": f"{type(err).__name__}: {err}"}
-    yield ("row", row)
 
 
 def _die_with_parent(parent: int) -> None:
@@ -321,14 +253,6 @@ Backend = Literal["process", "ray"]
 BACKENDS: tuple[str, ...] = ("process", "ray")
 
 
-@dataclass
-class _Todo:
-    key: str
-    file: Path
-    planner: str
-    seed: int
-
-
 def run_bench(
     instances: list[Path],
     planners: list[str],
@@ -397,7 +321,7 @@ def run_bench(
     if not timeout > 0 or not time_limit > 0:
         raise ValueError("time_limit and timeout must be positive")
     for p in planners:
-        _check_planner(p)
+        check_planner(p)
     files = expand_paths(instances)
     if not files:
         raise ValueError("no instance files given")
@@ -442,10 +366,10 @@ def _run_locked(
     for line in problems:
         print(f"ntp-opt bench: warning: {line}", file=sys.stderr)
     wanted = [(run_key(f, p, s), f, p, s) for f in files for p in planners for s in seeds]
-    todo = [_Todo(*w) for w in dict((w[0], w) for w in wanted).values() if w[0] not in done]
+    todo = [Todo(*w) for w in dict((w[0], w) for w in wanted).values() if w[0] not in done]
 
     def finish(
-        item: _Todo, info: dict[str, Any], result: dict[str, Any], wall: float, started: str
+        item: Todo, info: dict[str, Any], result: dict[str, Any], wall: float, started: str
     ) -> None:
         row: dict[str, Any] = dict.fromkeys(FIELDS)
         row.update(
@@ -486,7 +410,7 @@ def _run_locked(
     ) as bar:
         task = bar.add_task("bench", total=len(todo))
 
-        def started(item: _Todo) -> None:
+        def started(item: Todo) -> None:
             bar.update(task, description=f"{Path(item.file).name} {item.planner} seed {item.seed}")
 
         def finished(*args: Any) -> None:
@@ -531,23 +455,13 @@ def update_best_known(
     return {path: bk.update(path, rs) for path, rs in tables.items()}
 
 
-def utc_now() -> str:
-    """The current UTC time as ISO 8601 to the second (a row's ``started``)."""
-    return datetime.now(UTC).isoformat(timespec="seconds")
-
-
-def timeout_row(timeout: float) -> dict[str, Any]:
-    """The result fields of a run killed at its hard ``timeout`` (seconds)."""
-    return {"status": "timeout", "message": f"killed after the {timeout:g} s timeout"}
-
-
 def _execute_local(
-    todo: list[_Todo],
+    todo: list[Todo],
     time_limit: float,
     timeout: float,
     workers: int,
-    on_start: Callable[[_Todo], None],
-    on_finish: Callable[..., None],
+    on_start: OnStart,
+    on_finish: OnFinish,
 ) -> None:
     """Run ``todo`` in a local process pool, at most ``workers`` at once."""
     todo = list(todo)
@@ -589,7 +503,7 @@ def _execute_local(
 
 @dataclass
 class _Run:
-    item: _Todo
+    item: Todo
     proc: BaseProcess
     conn: Connection
     start: float

@@ -1,7 +1,7 @@
 """Ray backend of the batch runner (``ntp-opt bench --backend ray``).
 
 Each run is one Ray task, a streaming generator that yields what
-:func:`ntp_opt.bench.run_steps` yields: the instance's size once it has loaded,
+:func:`ntp_opt.app.runs.run_steps` yields: the instance's size once it has loaded,
 then the result row. The driver keeps at most ``workers`` tasks in flight
 (default: the cluster's CPU count, one CPU per task) and starts a run's clock
 when it submits the task, so a run that is still going ``timeout`` seconds
@@ -19,24 +19,21 @@ planner) installed and see the instance files at the same path; see
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-if TYPE_CHECKING:
-    from ntp_opt.app.bench import _Todo
+from ntp_opt.app.runs import Message, OnFinish, OnStart, Todo, run_steps, timeout_row, utc_now
 
 
-def _task(file: str, planner: str, seed: int, time_limit: float) -> Iterator[Any]:
+def _task(file: str, planner: str, seed: int, time_limit: float) -> Iterator[Message]:
     """Body of the Ray task: the steps of one run."""
-    from ntp_opt.app.bench import run_steps
-
     yield from run_steps(file, planner, seed, time_limit)
 
 
 @dataclass
 class _Flight:
-    item: _Todo
+    item: Todo
     gen: Any
     start: float
     deadline: float
@@ -56,13 +53,13 @@ def _connect(ray: Any, address: str | None) -> bool:
 
 
 def execute(
-    todo: list[_Todo],
+    todo: list[Todo],
     time_limit: float,
     timeout: float,
     workers: int | None,
     address: str | None,
-    on_start: Callable[[_Todo], None],
-    on_finish: Callable[..., None],
+    on_start: OnStart,
+    on_finish: OnFinish,
 ) -> None:
     """Run ``todo`` as Ray tasks; calls ``on_finish(item, info, row, wall_s, started_at)``.
 
@@ -75,8 +72,6 @@ def execute(
         import ray
     except ImportError as err:
         raise ImportError("the ray backend needs ray: pip install 'ntp-opt[ray]'") from err
-    from ntp_opt.app.bench import timeout_row, utc_now
-
     started_ray = _connect(ray, address)
     remote = ray.remote(num_cpus=1, max_retries=0)(_task)
     if workers is None:

@@ -58,7 +58,7 @@ import json
 import math
 import os
 import re
-from collections.abc import Hashable, Sequence
+from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -301,6 +301,33 @@ def power_watts(instance: Instance, gpu: int, power: float) -> int:
     return int(watts)
 
 
+def _active_row(
+    instance: Instance,
+    hosts: list[str],
+    device: np.ndarray,
+    i: int,
+    stage: Stage,
+    rank: int,
+    dp: int,
+    pp: int,
+    tp: int,
+) -> RankRow:
+    """The rank row of GPU index ``i`` computing local rank ``tp`` of ``stage`` (dp, pp)."""
+    return RankRow(
+        rank=rank,
+        host=hosts[i],
+        device=int(device[i]),
+        gpu=instance.arrays.gpu_ids[i],
+        domain=stage.domain,
+        dp=dp,
+        pp=pp,
+        tp=tp,
+        active=True,
+        power=float(stage.power),
+        power_w=power_watts(instance, i, stage.power),
+    )
+
+
 def _stage_order(
     gpus: Sequence[int], hosts: list[str], device: np.ndarray, prev: set[str], nxt: set[str]
 ) -> list[int]:
@@ -495,6 +522,34 @@ def megatron_export(
     MegatronError
         If Megatron-LM cannot run it as it is; the message names the limitation.
     """
+    plan = _exportable(instance, plan, reorder, placeholder_hosts)
+    job = instance.job
+    big_t, n_pp, n_dp = job.tp, job.pp, len(plan.replicas)
+    hosts, device = gpu_hosts(instance)
+    rows, placeholders = _active_rows(instance, plan, hosts, device)
+    rows += _placeholder_rows(
+        instance, plan, rows, placeholders, hosts, device, placeholder_hosts, placeholder_gpus
+    )
+    rows.sort(key=lambda row: row.rank)
+    assert [row.rank for row in rows] == list(range(n_dp * n_pp * big_t))
+    torchrun_hosts, note = _torchrun_hosts(rows)
+    extras = _extras(plan, n_pp, big_t, sum(n for _, n, _ in placeholders), torchrun_hosts, note)
+    ex = Export(
+        _ntp_kwargs(plan, big_t, n_pp),
+        _megatron_args(plan, n_pp, big_t),
+        rows,
+        extras,
+        torchrun_hosts,
+        note,
+    )
+    ex.files = _files(instance, ex)
+    return ex
+
+
+def _exportable(
+    instance: Instance, plan: Plan, reorder: bool, placeholder_hosts: Sequence[str]
+) -> Plan:
+    """``plan`` (reordered if asked) once it passes the validator and Megatron's restrictions."""
     check(instance, plan)
     if reorder:
         plan = megatron_order(plan, instance.job.tp)
@@ -522,15 +577,15 @@ def megatron_export(
             raise MegatronError(
                 [Violation("megatron-hosts", f"placeholder host {h!r} is not [A-Za-z0-9._-]")]
             )
-    a = instance.arrays
-    job = instance.job
-    big_t, n_pp, n_dp = job.tp, job.pp, len(plan.replicas)
-    hosts, device = gpu_hosts(instance)
-    reduced = [r for r in plan.replicas if r.tp < big_t]
-    t_red = reduced[0].tp if reduced else big_t
-    spares = big_t - t_red
-    world = n_dp * n_pp * big_t
+    return plan
 
+
+def _active_rows(
+    instance: Instance, plan: Plan, hosts: list[str], device: np.ndarray
+) -> tuple[list[RankRow], list[tuple[int, int, int]]]:
+    """The rows of the active ranks, and ``(first rank, length, block)`` of every inactive run."""
+    a = instance.arrays
+    big_t, n_pp = instance.job.tp, instance.job.pp
     stage_gpus = [[a.gpu_index[g] for g in st.gpus] for rep in plan.replicas for st in rep.stages]
     stage_hosts = [{hosts[i] for i in s} for s in stage_gpus]
     rows: list[RankRow] = []
@@ -542,24 +597,26 @@ def megatron_export(
             nxt = stage_hosts[b + 1] if b + 1 < len(stage_hosts) else set()
             order = _stage_order(stage_gpus[b], hosts, device, prev, nxt)
             for j, i in enumerate(order):
-                rows.append(
-                    RankRow(
-                        rank=b * big_t + j,
-                        host=hosts[i],
-                        device=int(device[i]),
-                        gpu=a.gpu_ids[i],
-                        domain=st.domain,
-                        dp=r,
-                        pp=k,
-                        tp=j,
-                        active=True,
-                        power=float(st.power),
-                        power_w=power_watts(instance, i, st.power),
-                    )
-                )
+                rows.append(_active_row(instance, hosts, device, i, st, b * big_t + j, r, k, j))
             if rep.tp < big_t:
                 placeholders.append((b * big_t + rep.tp, big_t - rep.tp, b))
-    used_hosts = {row.host for row in rows}
+    return rows, placeholders
+
+
+def _placeholder_rows(
+    instance: Instance,
+    plan: Plan,
+    active: list[RankRow],
+    placeholders: list[tuple[int, int, int]],
+    hosts: list[str],
+    device: np.ndarray,
+    placeholder_hosts: Sequence[str],
+    placeholder_gpus: int | None,
+) -> list[RankRow]:
+    """The rows of the inactive ranks: one contiguous run per host without active ranks."""
+    a = instance.arrays
+    big_t, n_pp, n_dp = instance.job.tp, instance.job.pp, len(plan.replicas)
+    used_hosts = {row.host for row in active}
     if bad := sorted(set(placeholder_hosts) & used_hosts):
         raise MegatronError(
             [Violation("megatron-hosts", f"placeholder hosts {bad[:3]} run active ranks")]
@@ -576,6 +633,7 @@ def megatron_export(
         int(placeholder_gpus if placeholder_gpus is not None else per_host),
     )
     need = sum(n for _, n, _ in placeholders)
+    rows: list[RankRow] = []
     cursor = 0
     for first, n, b in placeholders:
         r, k = divmod(b, n_pp)
@@ -583,17 +641,18 @@ def megatron_export(
         while j < n:
             if cursor >= len(pool):
                 have = sum(len(p) for p in pool)
+                n_reduced = sum(rep.tp < big_t for rep in plan.replicas)
                 raise MegatronError(
                     [
                         Violation(
                             "megatron-placeholders",
-                            f"Megatron's helper launches all {world} ranks of the nominal world "
-                            f"(dp {n_dp} x pp {n_pp} x tp_base {big_t}); the {need} inactive "
-                            f"ranks of the {len(reduced)} reduced replicas (tp_spares {spares} "
-                            f"per stage) each need a GPU of their own on a host without active "
-                            f"ranks, one run of ranks per host, and {len(pool)} such hosts "
-                            f"({have} GPUs) are not enough: name extra hosts with "
-                            "--placeholder-hosts",
+                            f"Megatron's helper launches all {n_dp * n_pp * big_t} ranks of the "
+                            f"nominal world (dp {n_dp} x pp {n_pp} x tp_base {big_t}); the {need} "
+                            f"inactive ranks of the {n_reduced} reduced replicas (tp_spares "
+                            f"{_spares(plan, big_t)} per stage) each need a GPU of their own on a "
+                            f"host without active ranks, one run of ranks per host, and "
+                            f"{len(pool)} such hosts ({have} GPUs) are not enough: name extra "
+                            "hosts with --placeholder-hosts",
                         )
                     ]
                 )
@@ -617,23 +676,36 @@ def megatron_export(
                 )
                 j += 1
             cursor += 1  # one run (or part of it) per host: ranks stay contiguous per host
-    rows.sort(key=lambda row: row.rank)
-    assert [row.rank for row in rows] == list(range(world))
+    return rows
 
+
+def _spares(plan: Plan, big_t: int) -> int:
+    """``tp_spares``: inactive ranks per stage of a reduced replica (0 when none is reduced)."""
+    reduced = [r for r in plan.replicas if r.tp < big_t]
+    return big_t - (reduced[0].tp if reduced else big_t)
+
+
+def _ntp_kwargs(plan: Plan, big_t: int, n_pp: int) -> dict[str, Any]:
+    """The keyword arguments of Megatron's ``NonuniformTPConfig``."""
+    n_reduced = sum(rep.tp < big_t for rep in plan.replicas)
     non_active: dict[tuple[int, int, int], list[int]] | None = None
-    if reduced:
+    if n_reduced:
         non_active = {
             (r, 0, k): list(range(rep.tp, big_t))
             for r, rep in enumerate(plan.replicas)
             if rep.tp < big_t
             for k in range(n_pp)
         }
-    ntp_kwargs: dict[str, Any] = {
+    return {
         "tp_base": big_t,
-        "tp_spares": spares,
-        "num_reduced_tp_dp_ranks": len(reduced) * n_pp,
+        "tp_spares": _spares(plan, big_t),
+        "num_reduced_tp_dp_ranks": n_reduced * n_pp,
         "non_active_ranks_per_dp": non_active,
     }
+
+
+def _megatron_args(plan: Plan, n_pp: int, big_t: int) -> list[str]:
+    """The Megatron-LM command-line flags the layout needs."""
     local = plan.replicas[0].local_batch
     args = [
         "--tensor-model-parallel-size",
@@ -641,18 +713,30 @@ def megatron_export(
         "--pipeline-model-parallel-size",
         str(n_pp),
         "--global-batch-size",
-        str(local * n_dp),
+        str(local * len(plan.replicas)),
     ]
     if n_pp > 1:
         args.append("--use-tp-pp-dp-mapping")
+    return args
 
-    torchrun_hosts, note = _torchrun_hosts(rows)
+
+def _extras(
+    plan: Plan,
+    n_pp: int,
+    big_t: int,
+    need: int,
+    torchrun_hosts: list[tuple[int, str, int, int]] | None,
+    note: str,
+) -> dict[str, Any]:
+    """The sidecar: what Megatron does not read (sizes, batch, placeholders, metrics)."""
+    n_dp = len(plan.replicas)
+    local = plan.replicas[0].local_batch
     metrics = {
         k: v
         for k, v in plan.metrics.items()
         if isinstance(v, str | int | bool) or (isinstance(v, float) and math.isfinite(v))
     }
-    extras: dict[str, Any] = {
+    return {
         "format": EXTRAS_FORMAT,
         "instance": plan.instance,
         "megatron_config": CONFIG_NAME,
@@ -661,8 +745,8 @@ def megatron_export(
         "pipeline_model_parallel_size": n_pp,
         "context_parallel_size": 1,
         "data_parallel_size": n_dp,
-        "world_size": world,
-        "reduced_replicas": len(reduced),
+        "world_size": n_dp * n_pp * big_t,
+        "reduced_replicas": sum(rep.tp < big_t for rep in plan.replicas),
         "tp_per_dp": [rep.tp for rep in plan.replicas],
         "local_batch": local,
         "global_batch": local * n_dp,
@@ -672,9 +756,6 @@ def megatron_export(
         "torchrun": TORCHRUN_HOSTS_NAME if torchrun_hosts is not None else note,
         "metrics": metrics,
     }
-    ex = Export(ntp_kwargs, args, rows, extras, torchrun_hosts, note)
-    ex.files = _files(instance, ex)
-    return ex
 
 
 def _torchrun_hosts(rows: list[RankRow]) -> tuple[list[tuple[int, str, int, int]] | None, str]:
@@ -1065,15 +1146,7 @@ def import_megatron(path: str | os.PathLike[str], instance: Instance | None = No
     extras_path = p / EXTRAS_NAME if p.is_dir() else p
     out_dir = extras_path.parent
     source = str(extras_path)
-    try:
-        extras = json.loads(extras_path.read_text())
-    except (OSError, UnicodeDecodeError) as err:
-        raise InputError(source, [("", f"cannot read file: {err}")]) from None
-    except json.JSONDecodeError as err:
-        raise InputError(source, [("", f"malformed JSON: {err}")]) from None
-    if not isinstance(extras, dict) or extras.get("format") != EXTRAS_FORMAT:
-        got = extras.get("format") if isinstance(extras, dict) else type(extras).__name__
-        raise InputError(source, [("format", f"expected {EXTRAS_FORMAT!r}, got {got!r}")])
+    extras = _read_sidecar(extras_path)
     csource = str(out_dir / CONFIG_NAME)
     kw = read_config_module(out_dir / CONFIG_NAME)
     try:
@@ -1101,40 +1174,7 @@ def import_megatron(path: str | os.PathLike[str], instance: Instance | None = No
     except (OSError, UnicodeDecodeError) as err:
         raise InputError(str(ranks_path), [("", f"cannot read file: {err}")]) from None
     rsource = str(ranks_path)
-    rows = _parse_rank_file(text, rsource)
-    world = n_dp * n_pp * big_t
-    problems: list[tuple[str, str]] = []
-    if len(rows) != world:
-        problems.append(("", f"{len(rows)} ranks, the world has {world}"))
-    groups: dict[tuple[int, int], dict[int, dict[str, Any]]] = {}
-    for row in rows:
-        where = f"line {row['line']}"
-        dp, pp, tp = row["dp"], row["pp"], row["tp"]
-        if not (0 <= dp < n_dp and 0 <= pp < n_pp and 0 <= tp < big_t):
-            problems.append((where, f"coordinates dp={dp} pp={pp} tp={tp} outside the world"))
-            continue
-        if row["rank"] != tp + big_t * (pp + n_pp * dp):
-            problems.append(
-                (where, f"rank {row['rank']} is not tp + tp_base * (pp + PP * dp) ({RANK_ORDER})")
-            )
-        group = groups.setdefault((dp, pp), {})
-        if tp in group:
-            problems.append((where, f"local rank {tp} of dp={dp} pp={pp} appears twice"))
-        group[tp] = row
-    if problems:
-        raise InputError(rsource, problems)
-    ids: dict[str, Hashable] = {}
-    if instance is not None:
-        a = instance.arrays
-        ids = {str(x): x for x in (*a.gpu_ids, *a.domain_ids)}
-
-    def node(text: str, where: str) -> Hashable:
-        if instance is None:
-            return text
-        if text not in ids:
-            problems.append((where, f"{text!r} is not a GPU or domain of {instance.name!r}"))
-        return ids.get(text, text)
-
+    groups = _rank_groups(_parse_rank_file(text, rsource), n_dp, n_pp, big_t, rsource)
     n_reduced = len({dp for dp, _, _ in non_active})
     if n_blocks != n_reduced * n_pp:
         raise InputError(
@@ -1146,6 +1186,8 @@ def import_megatron(path: str | os.PathLike[str], instance: Instance | None = No
                 )
             ],
         )
+    problems: list[tuple[str, str]] = []
+    node = _node_ids(instance, problems)
     replicas: list[Replica] = []
     for dp in range(n_dp):
         stages: list[Stage] = []
@@ -1167,29 +1209,102 @@ def import_megatron(path: str | os.PathLike[str], instance: Instance | None = No
                 problems.append(
                     (f"dp={dp} pp={pp}", f"{len(active)} active ranks, stage 0 has {degree}")
                 )
-            domains = {row["domain"] for row in active}
-            powers = {row["power"] for row in active}
-            if len(domains) != 1 or len(powers) != 1:
-                problems.append(
-                    (
-                        f"dp={dp} pp={pp}",
-                        f"active ranks span domains {sorted(domains)} or "
-                        f"powers {sorted(powers)}; a stage has one of each",
-                    )
-                )
-                continue
-            where = f"line {active[0]['line']}"
-            stages.append(
-                Stage(
-                    node(active[0]["domain"], where),
-                    tuple(node(row["gpu"], f"line {row['line']}") for row in active),
-                    float(active[0]["power"]),
-                )
-            )
+            stage = _imported_stage(active, dp, pp, node, problems)
+            if stage is not None:
+                stages.append(stage)
         replicas.append(Replica(int(degree or 0), batch, tuple(stages)))
     if problems:
         raise InputError(rsource, problems)
     return Plan(name, tuple(replicas), {"policy": "megatron-import"})
+
+
+def _read_sidecar(extras_path: Path) -> dict[str, Any]:
+    """The export's sidecar JSON, checked to be of :data:`EXTRAS_FORMAT`."""
+    source = str(extras_path)
+    try:
+        extras = json.loads(extras_path.read_text())
+    except (OSError, UnicodeDecodeError) as err:
+        raise InputError(source, [("", f"cannot read file: {err}")]) from None
+    except json.JSONDecodeError as err:
+        raise InputError(source, [("", f"malformed JSON: {err}")]) from None
+    if not isinstance(extras, dict) or extras.get("format") != EXTRAS_FORMAT:
+        got = extras.get("format") if isinstance(extras, dict) else type(extras).__name__
+        raise InputError(source, [("format", f"expected {EXTRAS_FORMAT!r}, got {got!r}")])
+    return extras
+
+
+def _rank_groups(
+    rows: list[dict[str, Any]], n_dp: int, n_pp: int, big_t: int, rsource: str
+) -> dict[tuple[int, int], dict[int, dict[str, Any]]]:
+    """The rank file's rows by ``(dp, pp)`` and local rank, once the numbering checks out."""
+    world = n_dp * n_pp * big_t
+    problems: list[tuple[str, str]] = []
+    if len(rows) != world:
+        problems.append(("", f"{len(rows)} ranks, the world has {world}"))
+    groups: dict[tuple[int, int], dict[int, dict[str, Any]]] = {}
+    for row in rows:
+        where = f"line {row['line']}"
+        dp, pp, tp = row["dp"], row["pp"], row["tp"]
+        if not (0 <= dp < n_dp and 0 <= pp < n_pp and 0 <= tp < big_t):
+            problems.append((where, f"coordinates dp={dp} pp={pp} tp={tp} outside the world"))
+            continue
+        if row["rank"] != tp + big_t * (pp + n_pp * dp):
+            problems.append(
+                (where, f"rank {row['rank']} is not tp + tp_base * (pp + PP * dp) ({RANK_ORDER})")
+            )
+        group = groups.setdefault((dp, pp), {})
+        if tp in group:
+            problems.append((where, f"local rank {tp} of dp={dp} pp={pp} appears twice"))
+        group[tp] = row
+    if problems:
+        raise InputError(rsource, problems)
+    return groups
+
+
+def _node_ids(
+    instance: Instance | None, problems: list[tuple[str, str]]
+) -> Callable[[str, str], Hashable]:
+    """Maps a node id as written back to the instance's id (unknown ones go to ``problems``)."""
+    ids: dict[str, Hashable] = {}
+    if instance is not None:
+        a = instance.arrays
+        ids = {str(x): x for x in (*a.gpu_ids, *a.domain_ids)}
+
+    def node(text: str, where: str) -> Hashable:
+        if instance is None:
+            return text
+        if text not in ids:
+            problems.append((where, f"{text!r} is not a GPU or domain of {instance.name!r}"))
+        return ids.get(text, text)
+
+    return node
+
+
+def _imported_stage(
+    active: list[dict[str, Any]],
+    dp: int,
+    pp: int,
+    node: Callable[[str, str], Hashable],
+    problems: list[tuple[str, str]],
+) -> Stage | None:
+    """The stage of the active rows of ``(dp, pp)``; None (and a problem) if they disagree."""
+    domains = {row["domain"] for row in active}
+    powers = {row["power"] for row in active}
+    if len(domains) != 1 or len(powers) != 1:
+        problems.append(
+            (
+                f"dp={dp} pp={pp}",
+                f"active ranks span domains {sorted(domains)} or "
+                f"powers {sorted(powers)}; a stage has one of each",
+            )
+        )
+        return None
+    where = f"line {active[0]['line']}"
+    return Stage(
+        node(active[0]["domain"], where),
+        tuple(node(row["gpu"], f"line {row['line']}") for row in active),
+        float(active[0]["power"]),
+    )
 
 
 def power_only(
@@ -1228,19 +1343,7 @@ def power_only(
     a = instance.arrays
     hosts, device = gpu_hosts(instance)
     rows = [
-        RankRow(
-            rank=-1,
-            host=hosts[i],
-            device=int(device[i]),
-            gpu=g,
-            domain=st.domain,
-            dp=r,
-            pp=k,
-            tp=j,
-            active=True,
-            power=float(st.power),
-            power_w=power_watts(instance, i, st.power),
-        )
+        _active_row(instance, hosts, device, i, st, -1, r, k, j)
         for r, rep in enumerate(plan.replicas)
         for k, st in enumerate(rep.stages)
         for j, g in enumerate(st.gpus)

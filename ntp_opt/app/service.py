@@ -887,17 +887,57 @@ def create_app(
         },
     )
     app.add_middleware(Guard, limits=limits)
-    pool = _Pool(limits)
-    app.state.pool = pool
+    service = _Service(app, limits)
+    app.state.pool = service.pool
     app.state.limits = limits
-    bodies: dict[str, type[BaseModel]] = {
-        "SolveRequest": SolveRequest,
-        "PlanRequest": PlanRequest,
-        "ExportRequest": ExportRequest,
-        "ReplanRequest": ReplanRequest,
-    }
+    app.openapi = service.openapi  # type: ignore[method-assign]
+    app.get("/health")(service.health)
+    app.post("/solve", response_model=SolveResponse, openapi_extra=_body_doc("SolveRequest"))(
+        service.solve_endpoint
+    )
+    app.post("/validate", response_model=ValidateResponse, openapi_extra=_body_doc("PlanRequest"))(
+        service.validate_endpoint
+    )
+    app.post("/evaluate", response_model=EvaluateResponse, openapi_extra=_body_doc("PlanRequest"))(
+        service.evaluate_endpoint
+    )
+    app.post(
+        "/export/megatron-ntp",
+        response_model=ExportResponse,
+        openapi_extra=_body_doc("ExportRequest"),
+    )(service.export_endpoint)
+    app.post("/replan", response_model=ReplanResponse, openapi_extra=_body_doc("ReplanRequest"))(
+        service.replan_endpoint
+    )
+    return app
 
-    def _openapi() -> dict[str, Any]:
+
+#: The request bodies of the endpoints, published as OpenAPI components.
+_BODIES: dict[str, type[BaseModel]] = {
+    "SolveRequest": SolveRequest,
+    "PlanRequest": PlanRequest,
+    "ExportRequest": ExportRequest,
+    "ReplanRequest": ReplanRequest,
+}
+
+
+def _body_doc(name: str) -> dict[str, Any]:
+    """The OpenAPI ``requestBody`` of an endpoint whose body is component ``name``."""
+    ref = {"$ref": f"#/components/schemas/{name}"}
+    return {"requestBody": {"required": True, "content": {"application/json": {"schema": ref}}}}
+
+
+class _Service:
+    """The endpoints of one application and their state: its limits and its worker pool."""
+
+    def __init__(self, app: FastAPI, limits: Limits):
+        self.app = app
+        self.limits = limits
+        self.pool = _Pool(limits)
+
+    def openapi(self) -> dict[str, Any]:
+        """The OpenAPI schema, with the file formats and request bodies as components."""
+        app = self.app
         if app.openapi_schema is None:
             schema = get_openapi(
                 title=app.title,
@@ -906,7 +946,7 @@ def create_app(
                 routes=app.routes,
             )
             components = schema.setdefault("components", {}).setdefault("schemas", {})
-            models: list[type[BaseModel]] = [InstanceFile, PlanFile, *bodies.values()]
+            models: list[type[BaseModel]] = [InstanceFile, PlanFile, *_BODIES.values()]
             _, top = models_json_schema(
                 [(m, "validation") for m in models], ref_template="#/components/schemas/{model}"
             )
@@ -914,13 +954,9 @@ def create_app(
             app.openapi_schema = schema
         return app.openapi_schema
 
-    app.openapi = _openapi  # type: ignore[method-assign]
-
-    def body_doc(name: str) -> dict[str, Any]:
-        ref = {"$ref": f"#/components/schemas/{name}"}
-        return {"requestBody": {"required": True, "content": {"application/json": {"schema": ref}}}}
-
-    async def run(endpoint: str, request: Request, timeout: float | None = None) -> Response:
+    async def run(self, endpoint: str, request: Request, timeout: float | None = None) -> Response:
+        """Admit the request, read its body and compute ``endpoint`` in a worker process."""
+        limits, pool = self.limits, self.pool
         cap = limits.endpoint_body_bytes
         declared = request.headers.get("content-length")
         if declared is not None and declared.isdigit() and int(declared) > cap:
@@ -963,9 +999,9 @@ def create_app(
         finally:
             pool.release(reserve)
 
-    @app.get("/health")
-    async def health() -> dict[str, Any]:
+    async def health(self) -> dict[str, Any]:
         """Liveness: version, planner names and the server's limits."""
+        limits, pool = self.limits, self.pool
         return {
             "status": "ok",
             "version": __version__,
@@ -982,38 +1018,27 @@ def create_app(
             "workers_running": len(pool.children),
         }
 
-    @app.post("/solve", response_model=SolveResponse, openapi_extra=body_doc("SolveRequest"))
-    async def solve_endpoint(request: Request) -> Response:
+    async def solve_endpoint(self, request: Request) -> Response:
         """Plan the instance with a planner; the plan passed the validator."""
         # the worker is killed at the largest time limit plus a grace; the
         # planner itself returns at the requested one
-        return await run("solve", request, limits.max_time_limit + SOLVE_GRACE_S)
+        return await self.run("solve", request, self.limits.max_time_limit + SOLVE_GRACE_S)
 
-    @app.post("/validate", response_model=ValidateResponse, openapi_extra=body_doc("PlanRequest"))
-    async def validate_endpoint(request: Request) -> Response:
+    async def validate_endpoint(self, request: Request) -> Response:
         """Every rule of the model the plan breaks (empty when feasible)."""
-        return await run("validate", request)
+        return await self.run("validate", request)
 
-    @app.post("/evaluate", response_model=EvaluateResponse, openapi_extra=body_doc("PlanRequest"))
-    async def evaluate_endpoint(request: Request) -> Response:
+    async def evaluate_endpoint(self, request: Request) -> Response:
         """The validator's recomputed goodput, power and rule violations."""
-        return await run("evaluate", request)
+        return await self.run("evaluate", request)
 
-    @app.post(
-        "/export/megatron-ntp",
-        response_model=ExportResponse,
-        openapi_extra=body_doc("ExportRequest"),
-    )
-    async def export_endpoint(request: Request) -> Response:
+    async def export_endpoint(self, request: Request) -> Response:
         """Megatron-LM NTP configuration and rank table of a plan (422 if not expressible)."""
-        return await run("export", request)
+        return await self.run("export", request)
 
-    @app.post("/replan", response_model=ReplanResponse, openapi_extra=body_doc("ReplanRequest"))
-    async def replan_endpoint(request: Request) -> Response:
+    async def replan_endpoint(self, request: Request) -> Response:
         """Re-plan a running plan after failures, repairs or stragglers (few GPUs move)."""
-        return await run("replan", request)
-
-    return app
+        return await self.run("replan", request)
 
 
 def serve(

@@ -117,6 +117,14 @@ def _product_power(product: str | None, host: str, warn: Warn, seen: set[str]) -
     return _Power(DEFAULT_TDP_W, None)
 
 
+def _clash(
+    first: dict[str, tuple[str, str]], key: str, value: str, host: str
+) -> tuple[str, str] | None:
+    """``(value, host)`` first recorded for ``key`` if it differs from ``value``, else None."""
+    prev = first.setdefault(key, (value, host))
+    return prev if prev[0] != value else None
+
+
 def _check_cliques(hosts: list[Host], smi: dict[str, SmiHost]) -> None:
     clique_of_domain: dict[str, tuple[str, str]] = {}
     domain_of_clique: dict[str, tuple[str, str]] = {}
@@ -134,16 +142,14 @@ def _check_cliques(hosts: list[Host], smi: dict[str, SmiHost]) -> None:
                     f"scheduler's NVLink domain {h.fabric_domain} for host {h.name} ({h.where})",
                     g.field,
                 )
-            prev = clique_of_domain.setdefault(h.domain, (g.clique, h.name))
-            if prev[0] != g.clique:
+            if prev := _clash(clique_of_domain, h.domain, g.clique, h.name):
                 fail(
                     g.where,
                     f"fabric clique {g.clique} of host {h.name} differs from clique {prev[0]} "
                     f"of host {prev[1]}, but the scheduler puts both in NVLink domain {h.domain}",
                     g.field,
                 )
-            other = domain_of_clique.setdefault(g.clique, (h.domain, h.name))
-            if other[0] != h.domain:
+            if other := _clash(domain_of_clique, g.clique, h.domain, h.name):
                 fail(
                     g.where,
                     f"fabric clique {g.clique} of host {h.name} (domain {h.domain}) is also "

@@ -100,9 +100,29 @@ def read_nodes(
         listed twice, GPU counts that disagree, a malformed clique label, or a
         missing ``rack_label``.
     """
-    p = Path(path)
-    src = str(p)
-    data = read_json(p)
+    src = str(Path(path))
+    hosts: list[Host] = []
+    seen: dict[str, int] = {}
+    skipped = 0
+    for i, item in enumerate(_items(read_json(Path(path)), src)):
+        host = _node(i, item, src, seen, rack_label, tolerate, warn)
+        if isinstance(host, str):
+            skipped += 1
+            if left_out is not None:
+                left_out.add(host)
+        else:
+            hosts.append(host)
+    if not hosts:
+        fail(
+            src, "no GPU node (none has status.capacity['nvidia.com/gpu'] or nvidia.com/gpu.count)"
+        )
+    if skipped:
+        warn(f"{src}: {skipped} node(s) without GPUs left out")
+    return hosts
+
+
+def _items(data: Any, src: str) -> list[Any]:
+    """The node objects of a ``NodeList``/``List``, or of a single ``Node``."""
     if isinstance(data, dict) and data.get("kind") == "Node":
         items: Any = [data]
     elif isinstance(data, dict) and "items" in data:
@@ -111,129 +131,128 @@ def read_nodes(
         fail(src, "expected a NodeList or List (kubectl get nodes -o json) with 'items'")
     if not isinstance(items, list):
         fail(src, "expected a list", "items")
-    hosts: list[Host] = []
-    seen: dict[str, int] = {}
-    skipped = 0
-    for i, item in enumerate(items):
-        base = f"items[{i}]"
-        item = _obj(item, src, base)
-        meta = _obj(item.get("metadata"), src, f"{base}.metadata")
-        spec = _obj(item.get("spec"), src, f"{base}.spec")
-        status = _obj(item.get("status"), src, f"{base}.status")
-        name = meta.get("name")
-        if not isinstance(name, str) or not name:
-            fail(src, "node without a name", f"{base}.metadata.name")
-        if name in seen:
-            fail(src, f"node {name} listed twice (first at items[{seen[name]}])", base)
-        seen[name] = i
-        labels = _obj(meta.get("labels"), src, f"{base}.metadata.labels")
-        capacity = _obj(status.get("capacity"), src, f"{base}.status.capacity")
-        allocatable = _obj(status.get("allocatable"), src, f"{base}.status.allocatable")
-        cap_path = f'{base}.status.capacity["nvidia.com/gpu"]'
-        cap = (
-            _int(capacity["nvidia.com/gpu"], src, cap_path)
-            if "nvidia.com/gpu" in capacity
-            else None
+    return items
+
+
+def _node(
+    i: int,
+    item: Any,
+    src: str,
+    seen: dict[str, int],
+    rack_label: str | None,
+    tolerate: tuple[str, ...],
+    warn: Warn,
+) -> Host | str:
+    """Node ``items[i]`` as a :class:`Host`, or its name when it has no GPU."""
+    base = f"items[{i}]"
+    item = _obj(item, src, base)
+    meta = _obj(item.get("metadata"), src, f"{base}.metadata")
+    spec = _obj(item.get("spec"), src, f"{base}.spec")
+    status = _obj(item.get("status"), src, f"{base}.status")
+    name = meta.get("name")
+    if not isinstance(name, str) or not name:
+        fail(src, "node without a name", f"{base}.metadata.name")
+    if name in seen:
+        fail(src, f"node {name} listed twice (first at items[{seen[name]}])", base)
+    seen[name] = i
+    labels = _obj(meta.get("labels"), src, f"{base}.metadata.labels")
+    capacity = _obj(status.get("capacity"), src, f"{base}.status.capacity")
+    allocatable = _obj(status.get("allocatable"), src, f"{base}.status.allocatable")
+    cap, gpus = _gpu_count(i, name, labels, capacity, src)
+    if not gpus:
+        return name
+    if "nvidia.com/gpu" in allocatable and cap is not None:
+        alloc = _int(
+            allocatable["nvidia.com/gpu"], src, f'{base}.status.allocatable["nvidia.com/gpu"]'
         )
-        lab = (
-            _int(labels["nvidia.com/gpu.count"], src, _label_path(i, "nvidia.com/gpu.count"))
-            if "nvidia.com/gpu.count" in labels
-            else None
-        )
-        if cap is None and lab is None:
-            skipped += 1
-            if left_out is not None:
-                left_out.add(name)
-            continue
-        gpus = lab if lab is not None else cap
-        assert gpus is not None
-        if cap is not None and lab is not None and cap != lab:
-            rep = labels.get("nvidia.com/gpu.replicas")
-            reps = int(rep) if isinstance(rep, str) and rep.isdigit() else 1
-            if cap != lab * reps:
-                fail(
-                    src,
-                    f"node {name}: {cap} GPUs in status.capacity but the label "
-                    f"nvidia.com/gpu.count says {lab}",
-                    cap_path,
-                )
-        if gpus == 0:
-            skipped += 1
-            if left_out is not None:
-                left_out.add(name)
-            continue
-        if "nvidia.com/gpu" in allocatable and cap is not None:
-            alloc = _int(
-                allocatable["nvidia.com/gpu"], src, f'{base}.status.allocatable["nvidia.com/gpu"]'
+        if alloc < cap:
+            warn(
+                f"{src}: {base}: node {name} has {alloc} of {cap} GPUs allocatable: the "
+                "device plugin reports unhealthy GPUs; give --nvidia-smi output to mark "
+                "which ones failed"
             )
-            if alloc < cap:
-                warn(
-                    f"{src}: {base}: node {name} has {alloc} of {cap} GPUs allocatable: the "
-                    "device plugin reports unhealthy GPUs; give --nvidia-smi output to mark "
-                    "which ones failed"
-                )
-        clique = labels.get("nvidia.com/gpu.clique")
-        if clique is not None:
-            if not isinstance(clique, str) or not _CLIQUE.match(clique):
-                fail(
-                    src,
-                    f"expected '<cluster UUID>.<clique id>', got {clique!r}",
-                    _label_path(i, "nvidia.com/gpu.clique"),
-                )
-            domain = clique
-        else:
-            domain = f"{name}/nvlink"
-        if rack_label is not None:
-            rack = labels.get(rack_label)
-            if not isinstance(rack, str) or not rack:
-                fail(
-                    src, f"node {name} has no rack label {rack_label!r}", _label_path(i, rack_label)
-                )
-        else:
-            zone = labels.get("topology.kubernetes.io/zone")
-            rack = zone if isinstance(zone, str) and zone else f"{domain}/rack"
-        reasons: list[str] = []
-        conds = status.get("conditions") or []
-        if not isinstance(conds, list):
-            fail(src, "expected a list", f"{base}.status.conditions")
-        ready = [c for c in conds if isinstance(c, dict) and c.get("type") == "Ready"]
-        if not ready:
-            reasons.append("without a Ready condition")
-        elif ready[0].get("status") != "True":
-            reasons.append(f"NotReady (Ready={ready[0].get('status')})")
-        if spec.get("unschedulable") is True:
-            reasons.append("cordoned (spec.unschedulable)")
-        taints = spec.get("taints") or []
-        if not isinstance(taints, list):
-            fail(src, "expected a list", f"{base}.spec.taints")
-        for t in taints:
-            if not isinstance(t, dict):
+    clique = labels.get("nvidia.com/gpu.clique")
+    if clique is not None:
+        if not isinstance(clique, str) or not _CLIQUE.match(clique):
+            fail(
+                src,
+                f"expected '<cluster UUID>.<clique id>', got {clique!r}",
+                _label_path(i, "nvidia.com/gpu.clique"),
+            )
+        domain = clique
+    else:
+        domain = f"{name}/nvlink"
+    if rack_label is not None:
+        rack = labels.get(rack_label)
+        if not isinstance(rack, str) or not rack:
+            fail(src, f"node {name} has no rack label {rack_label!r}", _label_path(i, rack_label))
+    else:
+        zone = labels.get("topology.kubernetes.io/zone")
+        rack = zone if isinstance(zone, str) and zone else f"{domain}/rack"
+    product = labels.get("nvidia.com/gpu.product")
+    return Host(
+        name=name,
+        gpus=gpus,
+        domain=domain,
+        rack=rack,
+        where=f"{src}: {base}",
+        failed_reason=", ".join(_unusable(spec, status, tolerate, src, base)) or None,
+        product=product if isinstance(product, str) else None,
+        fabric_domain=clique,
+    )
+
+
+def _gpu_count(
+    i: int, name: str, labels: dict[str, Any], capacity: dict[str, Any], src: str
+) -> tuple[int | None, int | None]:
+    """``status.capacity``'s GPU count (or None) and the node's GPU count (None: no GPU figure)."""
+    cap_path = f'items[{i}].status.capacity["nvidia.com/gpu"]'
+    cap = _int(capacity["nvidia.com/gpu"], src, cap_path) if "nvidia.com/gpu" in capacity else None
+    lab = (
+        _int(labels["nvidia.com/gpu.count"], src, _label_path(i, "nvidia.com/gpu.count"))
+        if "nvidia.com/gpu.count" in labels
+        else None
+    )
+    if cap is not None and lab is not None and cap != lab:
+        rep = labels.get("nvidia.com/gpu.replicas")
+        reps = int(rep) if isinstance(rep, str) and rep.isdigit() else 1
+        if cap != lab * reps:
+            fail(
+                src,
+                f"node {name}: {cap} GPUs in status.capacity but the label "
+                f"nvidia.com/gpu.count says {lab}",
+                cap_path,
+            )
+    return cap, lab if lab is not None else cap
+
+
+def _unusable(
+    spec: dict[str, Any], status: dict[str, Any], tolerate: tuple[str, ...], src: str, base: str
+) -> list[str]:
+    """Why the node cannot run work: not Ready, cordoned, tainted (empty: usable)."""
+    reasons: list[str] = []
+    conds = status.get("conditions") or []
+    if not isinstance(conds, list):
+        fail(src, "expected a list", f"{base}.status.conditions")
+    ready = [c for c in conds if isinstance(c, dict) and c.get("type") == "Ready"]
+    if not ready:
+        reasons.append("without a Ready condition")
+    elif ready[0].get("status") != "True":
+        reasons.append(f"NotReady (Ready={ready[0].get('status')})")
+    if spec.get("unschedulable") is True:
+        reasons.append("cordoned (spec.unschedulable)")
+    taints = spec.get("taints") or []
+    if not isinstance(taints, list):
+        fail(src, "expected a list", f"{base}.spec.taints")
+    for t in taints:
+        if not isinstance(t, dict):
+            continue
+        if t.get("effect") in ("NoSchedule", "NoExecute") and t.get("key") not in tolerate:
+            if t.get("key") == "node.kubernetes.io/unschedulable" and spec.get("unschedulable"):
                 continue
-            if t.get("effect") in ("NoSchedule", "NoExecute") and t.get("key") not in tolerate:
-                if t.get("key") == "node.kubernetes.io/unschedulable" and spec.get("unschedulable"):
-                    continue
-                val = f"={t['value']}" if t.get("value") else ""
-                reasons.append(f"tainted {t.get('key')}{val}:{t.get('effect')}")
-        product = labels.get("nvidia.com/gpu.product")
-        hosts.append(
-            Host(
-                name=name,
-                gpus=gpus,
-                domain=domain,
-                rack=rack,
-                where=f"{src}: {base}",
-                failed_reason=", ".join(reasons) or None,
-                product=product if isinstance(product, str) else None,
-                fabric_domain=clique,
-            )
-        )
-    if not hosts:
-        fail(
-            src, "no GPU node (none has status.capacity['nvidia.com/gpu'] or nvidia.com/gpu.count)"
-        )
-    if skipped:
-        warn(f"{src}: {skipped} node(s) without GPUs left out")
-    return hosts
+            val = f"={t['value']}" if t.get("value") else ""
+            reasons.append(f"tainted {t.get('key')}{val}:{t.get('effect')}")
+    return reasons
 
 
 def import_k8s(
