@@ -156,6 +156,61 @@ def _candidates(
     return out
 
 
+def _check_search_args(
+    policy: str, prune: str, max_spares: int, start: int, min_relative_goodput: float
+) -> float:
+    """Validate :func:`spares_search`'s arguments; return the goodput threshold."""
+    if policy not in POLICIES:
+        raise ValueError(f"unknown policy {policy!r}; known: {', '.join(POLICIES)}")
+    if prune not in PRUNES:
+        raise ValueError(f"prune must be one of {', '.join(PRUNES)}, got {prune!r}")
+    if not (isinstance(max_spares, int) and max_spares >= 0):
+        raise ValueError(f"max_spares must be an integer >= 0, got {max_spares!r}")
+    if not (isinstance(start, int) and 0 <= start <= max_spares):
+        raise ValueError(f"start must be an integer in [0, max_spares={max_spares}], got {start!r}")
+    thr = float(min_relative_goodput)
+    if not (math.isfinite(thr) and thr >= 0):
+        raise ValueError(f"min_relative_goodput must be finite and >= 0, got {thr!r}")
+    return thr
+
+
+def _fewest_that_run(runs: Callable[[int], bool], start: int, max_spares: int) -> int | None:
+    """Fewest k in [0, max_spares] for which ``runs(k)`` (monotone in k), or None."""
+    # Exponential search from `start` (start, start + 1, start + 2, start + 4,
+    # ... up to max_spares, or downwards when `start` already suffices), then
+    # bisection between the last k that stalls and the first that runs. Probes
+    # that stall stop at their first stalling state, so they are cheap.
+    lo, hi = -1, None  # lo: a k that stalls (-1: none); hi: a k that runs
+    if runs(start):
+        hi, step = start, 1
+        while hi - lo > 1:
+            k = max(lo, hi - step)
+            if k <= lo or k < 0:
+                break
+            if runs(k):
+                hi, step = k, 2 * step
+            else:
+                lo = k
+                break
+    else:
+        lo, step = start, 1
+        while lo < max_spares:
+            k = min(max_spares, lo + step)
+            if runs(k):
+                hi = k
+                break
+            lo, step = k, 2 * step
+    if hi is None:
+        return None
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        if runs(mid):
+            hi = mid
+        else:
+            lo = mid
+    return hi
+
+
 def spares_search(
     build: Callable[[int], Instance],
     trace: Trace,
@@ -241,17 +296,7 @@ def spares_search(
         ``prune="symmetric"`` on a cluster whose domains are not
         interchangeable.
     """
-    if policy not in POLICIES:
-        raise ValueError(f"unknown policy {policy!r}; known: {', '.join(POLICIES)}")
-    if prune not in PRUNES:
-        raise ValueError(f"prune must be one of {', '.join(PRUNES)}, got {prune!r}")
-    if not (isinstance(max_spares, int) and max_spares >= 0):
-        raise ValueError(f"max_spares must be an integer >= 0, got {max_spares!r}")
-    if not (isinstance(start, int) and 0 <= start <= max_spares):
-        raise ValueError(f"start must be an integer in [0, max_spares={max_spares}], got {start!r}")
-    thr = float(min_relative_goodput)
-    if not (math.isfinite(thr) and thr >= 0):
-        raise ValueError(f"min_relative_goodput must be finite and >= 0, got {thr!r}")
+    thr = _check_search_args(policy, prune, max_spares, start, min_relative_goodput)
     big = build(max_spares)
     check_trace(big, trace)
     instances: dict[int, Instance] = {max_spares: big}
@@ -301,39 +346,7 @@ def spares_search(
         if why is not None:
             raise ValueError(f"prune='symmetric' needs interchangeable domains: {why}")
     n_states = len({d for _, d in trace_states(big, trace)})
-    # Exponential search from `start` (start, start + 1, start + 2, start + 4,
-    # ... up to max_spares, or downwards when `start` already suffices), then
-    # bisection between the last k that stalls and the first that runs. Probes
-    # that stall stop at their first stalling state, so they are cheap.
-    lo, hi = -1, None  # lo: a k that stalls (-1: none); hi: a k that runs
-    if runs(start):
-        hi, step = start, 1
-        while hi - lo > 1:
-            k = max(lo, hi - step)
-            if k <= lo or k < 0:
-                break
-            if runs(k):
-                hi, step = k, 2 * step
-            else:
-                lo = k
-                break
-    else:
-        lo, step = start, 1
-        while lo < max_spares:
-            k = min(max_spares, lo + step)
-            if runs(k):
-                hi = k
-                break
-            lo, step = k, 2 * step
-    answer: int | None = None
-    if hi is not None:
-        while hi - lo > 1:
-            mid = (lo + hi) // 2
-            if runs(mid):
-                hi = mid
-            else:
-                lo = mid
-        answer = hi
+    answer = _fewest_that_run(runs, start, max_spares)
     binding = stall_at.get(max_spares if answer is None else answer - 1)
     return SparesResult(
         policy=policy,
