@@ -130,7 +130,7 @@ def preset_instances(draw: st.DrawFn) -> Instance:
         g.graph["power_budget_w"] = g.graph["power_budget_w"] * draw(
             st.sampled_from([0.8, 0.95, 1.1])
         )
-    size = topology._DOMAIN_SIZE[kind]
+    size = topology.DOMAIN_SIZE[kind]
     tp = draw(st.sampled_from([t for t in (8, 16, 32, 36, 72) if t <= size]))
     return Instance(f"{kind}-{n}", g, draw(jobs(tp, max_pp=3, max_dp=4)))
 
