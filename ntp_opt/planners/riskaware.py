@@ -58,7 +58,8 @@ from ntp_opt.model.job import Job
 from ntp_opt.model.plan import Plan, Replica, Stage
 from ntp_opt.rules import goodput as gp
 from ntp_opt.rules.expected import Z95, _Scorer
-from ntp_opt.rules.validate import POWER_TOL, certified, evaluate, infeasibility
+from ntp_opt.rules.power import board_over, over_budget, rack_and_site_draw
+from ntp_opt.rules.validate import certified, evaluate, infeasibility
 
 logger = logging.getLogger(__name__)
 
@@ -457,20 +458,15 @@ class _Search:
         return Plan(self.instance.name, reps, {"policy": "risk-aware"})
 
     def _power_ok(self, state: _State) -> bool:
-        a, job = self.a, self.job
-        per = np.where(a.healthy, job.idle_power_fraction, 0.0)
+        """The validator's board and budget checks (:mod:`ntp_opt.rules.power`)."""
+        power_of = np.zeros(self.a.n_gpus)
         for _, st in state:
             for _, g, p in st:
-                per[g] = p
-                if p > 1.0 and np.any(p * a.tdp[g] > a.max_power[g] * (1 + POWER_TOL)):
-                    return False  # a board refuses the stage's power limit
-        per = per * a.tdp
-        rack = np.bincount(a.gpu_rack, weights=per, minlength=len(a.rack_ids))
-        # the validator's tolerance (the exact planner's boosts may sit on it)
-        return bool(
-            np.all(rack <= a.rack_budget * (1 + POWER_TOL) + 1e-9)
-            and per.sum() <= a.site_budget * (1 + POWER_TOL) + 1e-9
-        )
+                power_of[g] = p
+        if board_over(self.instance, power_of).any():
+            return False  # a board refuses the stage's power limit
+        racks, site = over_budget(self.instance, *rack_and_site_draw(self.instance, power_of))
+        return not (racks.any() or site)
 
     def score(self, plan: Plan, state: _State) -> float:
         self.evaluations += 1

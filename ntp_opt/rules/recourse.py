@@ -42,11 +42,14 @@ import numpy as np
 from ntp_opt.model.instance import Instance
 from ntp_opt.model.plan import Plan, Replica, Stage
 from ntp_opt.rules import goodput as gp
-from ntp_opt.rules.power import can_boost, stage_cap
-from ntp_opt.rules.validate import POWER_TOL
-
-#: Share of the remaining budgets a boost leaves unspent, so rounding never breaks one.
-_BOOST_MARGIN = 1e-9
+from ntp_opt.rules.power import (
+    boost_toward,
+    can_boost,
+    over_budget,
+    rack_and_site_draw,
+    stage_cap,
+)
+from ntp_opt.rules.tolerances import POWER_TOL
 
 
 def _mask(instance: Instance, failed_mask: np.ndarray | None) -> np.ndarray:
@@ -62,21 +65,11 @@ def _mask(instance: Instance, failed_mask: np.ndarray | None) -> np.ndarray:
 def _draw(
     instance: Instance, alive: np.ndarray, stages: list[tuple[np.ndarray, float]]
 ) -> tuple[np.ndarray, float]:
-    """Watts per rack and for the site."""
-    a = instance.arrays
-    per = np.where(alive, instance.job.idle_power_fraction, 0.0)
+    """Watts per rack and for the site (:func:`ntp_opt.rules.power.rack_and_site_draw`)."""
+    power_of = np.zeros(instance.arrays.n_gpus)
     for g, pw in stages:
-        per[g] = pw
-    per = per * a.tdp
-    return np.bincount(a.gpu_rack, weights=per, minlength=len(a.rack_ids)), float(per.sum())
-
-
-def _over(instance: Instance, rack: np.ndarray, site: float) -> tuple[np.ndarray, bool]:
-    a = instance.arrays
-    # The validator's tolerance: plans it accepts (the exact planner's boosts
-    # may sit ~1e-10 above a budget) are not "over budget" here either.
-    racks = rack > a.rack_budget * (1 + POWER_TOL) + 1e-9
-    return racks, bool(site > a.site_budget * (1 + POWER_TOL) + 1e-9)
+        power_of[g] = pw
+    return rack_and_site_draw(instance, power_of, alive)
 
 
 def adapt(
@@ -215,24 +208,24 @@ def adapt_indices(
     def flat() -> list[tuple[np.ndarray, float]]:
         return [(g, pw) for _, gs, pws, _ in new_reps for g, pw in zip(gs, pws, strict=True)]
 
-    racks_over, site_over = _over(instance, *_draw(instance, alive, flat()))
+    racks_over, site_over = over_budget(instance, *_draw(instance, alive, flat()))
     if racks_over.any():
         reduced_power = True
         for _, gs, pws, _ in new_reps:
             for k, g in enumerate(gs):
                 if racks_over[a.gpu_rack[g]].any():
                     pws[k] = 1.0
-        racks_over, site_over = _over(instance, *_draw(instance, alive, flat()))
+        racks_over, site_over = over_budget(instance, *_draw(instance, alive, flat()))
     if site_over:
         reduced_power = True
         for _, _, pws, _ in new_reps:
             pws[:] = [1.0] * len(pws)
-        racks_over, site_over = _over(instance, *_draw(instance, alive, flat()))
+        racks_over, site_over = over_budget(instance, *_draw(instance, alive, flat()))
     while new_reps and (racks_over.any() or site_over):
         reduced_power = True
         new_reps.pop()
         dropped += 1
-        racks_over, site_over = _over(instance, *_draw(instance, alive, flat()))
+        racks_over, site_over = over_budget(instance, *_draw(instance, alive, flat()))
 
     boosted = _boost(instance, alive, new_reps, reduced, flat) if boost else 0
 
@@ -283,60 +276,29 @@ def _boost(
     reduced: set[int],
     flat: Callable[[], list[tuple[np.ndarray, float]]],
 ) -> int:
-    """Step 5: raise the power of reduced replicas toward nominal speed; count them."""
+    """Step 5: raise the power of reduced replicas toward nominal speed; count them.
+
+    :func:`ntp_opt.rules.power.boost_toward` with 60 bisection steps.
+    """
     a = instance.arrays
     job = instance.job
-    alpha = job.power_exponent
     if not can_boost(instance):
         return 0
     rack_draw, site_draw = _draw(instance, alive, flat())
     rack_room = a.rack_budget - rack_draw
     site_room = a.site_budget - site_draw
     target = 1.0 / job.seq_time_s
-    margin = 1.0 - _BOOST_MARGIN
-
-    def need(i: int, goal: float) -> tuple[list[float], np.ndarray, float]:
-        t, gs, pws, _ = new_reps[i]
-        factor = job.tp_factor(t) / job.seq_time_s
-        mult, extra_rack, extra = [], np.zeros(len(a.rack_ids)), 0.0
-        for g, pw in zip(gs, pws, strict=True):
-            hi = stage_cap(instance, g)
-            pi = (goal / (factor * float(a.speed[g].min()))) ** (1.0 / alpha)
-            pi = min(max(pi, pw), max(hi, pw))
-            watts = a.tdp[g] * (pi - pw)
-            np.add.at(extra_rack, a.gpu_rack[g], watts)
-            extra += float(watts.sum())
-            mult.append(pi)
-        return mult, extra_rack, extra
-
-    def fits(extra_rack: np.ndarray, extra: float) -> bool:
-        return bool(np.all(extra_rack <= rack_room * margin) and extra <= site_room * margin)
+    reps = [(t, gs, pws) for t, gs, pws, _ in new_reps]
 
     def speed(i: int) -> float:
         t, gs, pws, _ = new_reps[i]
         return gp.replica_speed(job, t, [float(a.speed[g].min()) for g in gs], pws)
 
     slow = [i for i, rep in enumerate(new_reps) if rep[3] in reduced and speed(i) < target]
-    slow.sort(key=lambda i: (need(i, target)[2], i))
-    boosted = 0
-    for i in slow:
-        mult, extra_rack, extra = need(i, target)
-        if not fits(extra_rack, extra):
-            lo, up = speed(i), target  # bisect on the reachable speed
-            for _ in range(60):
-                mid = 0.5 * (lo + up)
-                if fits(*need(i, mid)[1:]):
-                    lo = mid
-                else:
-                    up = mid
-            mult, extra_rack, extra = need(i, lo)
-            if not fits(extra_rack, extra) or extra <= 0:
-                continue
-        new_reps[i][2][:] = mult
-        rack_room = rack_room - extra_rack
-        site_room -= extra
-        boosted += 1
-    return boosted
+    powers, boosted = boost_toward(instance, reps, slow, rack_room, site_room, steps=60)
+    for i in boosted:
+        new_reps[i][2][:] = powers[i]
+    return len(boosted)
 
 
 def goodput_after(instance: Instance, plan: Plan, failed_mask: np.ndarray | None) -> float:

@@ -17,12 +17,8 @@ import numpy as np
 from ntp_opt.model.instance import Instance
 from ntp_opt.model.plan import Plan
 from ntp_opt.rules import goodput as gp
-from ntp_opt.rules.power import rack_and_site_draw
-
-#: Relative tolerance on power budgets and power ranges.
-POWER_TOL = 1e-9
-#: Relative tolerance when comparing a plan's claimed goodput with ours.
-METRIC_TOL = 1e-6
+from ntp_opt.rules.power import board_over, over_budget, rack_and_site_draw
+from ntp_opt.rules.tolerances import METRIC_ABS_TOL, METRIC_TOL, POWER_TOL
 
 #: Rule codes and what each one forbids.
 RULES: dict[str, str] = {
@@ -347,7 +343,7 @@ def _check(instance: Instance, plan: Plan) -> tuple[list[Violation], list[float]
 def _board_power(instance: Instance, plan: Plan, power_of: np.ndarray) -> list[Violation]:
     """GPUs asked for more than the power limit their board accepts (v1.1)."""
     a = instance.arrays
-    over = np.flatnonzero(power_of * a.tdp > a.max_power * (1 + POWER_TOL))
+    over = np.flatnonzero(board_over(instance, power_of))
     if not over.size:
         return []
     where: dict[int, tuple[int, int]] = {}
@@ -395,7 +391,8 @@ def evaluate(instance: Instance, plan: Plan) -> Evaluation:
     violations, speeds, power_of = _check(instance, plan)
     violations += _board_power(instance, plan, power_of)
     rack_w, site_w = rack_and_site_draw(instance, power_of)
-    for i in np.flatnonzero(rack_w > a.rack_budget * (1 + POWER_TOL) + 1e-9):
+    racks_over, site_over = over_budget(instance, rack_w, site_w)
+    for i in np.flatnonzero(racks_over):
         violations.append(
             Violation(
                 "rack-power",
@@ -404,7 +401,7 @@ def evaluate(instance: Instance, plan: Plan) -> Evaluation:
                 node=a.rack_ids[i],
             )
         )
-    if site_w > a.site_budget * (1 + POWER_TOL) + 1e-9:
+    if site_over:
         violations.append(
             Violation(
                 "site-power",
@@ -417,7 +414,7 @@ def evaluate(instance: Instance, plan: Plan) -> Evaluation:
     value = gp.goodput(job, tps, batches, speeds)
     claimed = plan.metrics.get("goodput")
     if isinstance(claimed, int | float) and not math.isclose(
-        float(claimed), value, rel_tol=METRIC_TOL, abs_tol=1e-12
+        float(claimed), value, rel_tol=METRIC_TOL, abs_tol=METRIC_ABS_TOL
     ):
         violations.append(
             Violation(
