@@ -35,11 +35,12 @@ The result is feasible for :func:`ntp_opt.failures.failed_instance`.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 import numpy as np
 
 from ntp_opt.model.instance import Instance
+from ntp_opt.model.layout import Layout
 from ntp_opt.model.plan import Plan, Replica, Stage
 from ntp_opt.rules import goodput as gp
 from ntp_opt.rules.power import (
@@ -105,11 +106,77 @@ def adapt(
 
 def plan_indices(instance: Instance, plan: Plan) -> list[list[np.ndarray]]:
     """GPU indices of every stage of ``plan`` (per replica, per stage)."""
-    index = instance.arrays.gpu_index
-    return [
-        [np.array([index[g] for g in st.gpus], dtype=np.int64) for st in rep.stages]
-        for rep in plan.replicas
-    ]
+    return Layout.from_plan(instance, plan).per_replica()
+
+
+def replica_degree(
+    allowed: Sequence[int],
+    t_r: int,
+    doms: Sequence[int],
+    survivors: Sequence[np.ndarray],
+    room: Callable[[int], int],
+) -> int | None:
+    """Step 2: a replica's new degree, or ``None`` when it drops out.
+
+    Parameters
+    ----------
+    allowed
+        The job's allowed degrees, ascending.
+    t_r
+        The replica's degree in the plan.
+    doms
+        Per stage: its domain index.
+    survivors
+        Per stage: the GPU indices of its GPUs that did not fail.
+    room
+        GPUs in a domain's pool (by domain index).
+
+    Returns
+    -------
+    int or None
+        The largest allowed ``t <= t_r`` whose refills
+        (``sum_k max(0, t - survivors_k)`` per domain) fit the pools.
+    """
+    for t in reversed(allowed):
+        if t > t_r:
+            continue
+        need: dict[int, int] = {}
+        for d, s in zip(doms, survivors, strict=True):
+            need[d] = need.get(d, 0) + max(0, t - len(s))
+        if all(n <= room(d) for d, n in need.items()):
+            return t
+    return None
+
+
+def stage_after(
+    speed: np.ndarray, survivors: np.ndarray, t: int, pool: Sequence[int] | np.ndarray
+) -> tuple[np.ndarray, np.ndarray, int]:
+    """Step 3: a stage's GPUs at degree ``t``.
+
+    Parameters
+    ----------
+    speed
+        Per GPU index: its speed.
+    survivors
+        The stage's GPU indices that did not fail.
+    t
+        The replica's new degree (:func:`replica_degree`).
+    pool
+        The stage's domain's pool, fastest first.
+
+    Returns
+    -------
+    tuple of (numpy.ndarray, numpy.ndarray, int)
+        The stage's GPUs (its ``t`` fastest survivors in speed order, ties in
+        stage order, or all survivors then the pool's first ones), the survivors
+        it returns to the pool, and how many GPUs it takes from the pool's front.
+    """
+    if len(survivors) >= t:
+        order = np.argsort(-speed[survivors], kind="stable")  # fastest first, stage order
+        return survivors[order[:t]], survivors[order[t:]], 0
+    take = t - len(survivors)
+    refill = np.asarray(pool[:take], dtype=np.int64)
+    return np.concatenate([survivors, refill]), np.empty(0, dtype=np.int64), take
 
 
 def adapt_indices(
@@ -166,16 +233,7 @@ def adapt_indices(
         if all(len(s) == rep.tp for s in survivors):
             new_reps.append((rep.tp, survivors, [float(st.power) for st in rep.stages], r))
             continue
-        t_new = None
-        for t in reversed(job.allowed):
-            if t > rep.tp:
-                continue
-            need: dict[int, int] = {}
-            for d, s in zip(doms, survivors, strict=True):
-                need[d] = need.get(d, 0) + max(0, t - len(s))
-            if all(n <= len(pool(d)) for d, n in need.items()):
-                t_new = t
-                break
+        t_new = replica_degree(job.allowed, rep.tp, doms, survivors, lambda d: len(pool(d)))
         if t_new is None:
             dropped += 1
             for d, s in zip(doms, survivors, strict=True):
@@ -184,19 +242,13 @@ def adapt_indices(
         out = []
         pws = [float(st.power) for st in rep.stages]
         for k, (d, s) in enumerate(zip(doms, survivors, strict=True)):
-            if len(s) >= t_new:
-                order = np.argsort(-speed[s], kind="stable")  # fastest first, stage order
-                keep = s[order[:t_new]]
-                back = [int(i) for i in s[order[t_new:]]]
-                if back:
-                    pools[d] = sort_pool(pool(d) + back)
-                out.append(keep)
-            else:
-                p = pool(d)
-                take = t_new - len(s)
-                out.append(np.concatenate([s, np.array(p[:take], dtype=np.int64)]))
-                pools[d] = p[take:]
-                cap = stage_cap(instance, out[-1])  # a refill may bring a lower board limit
+            stage, back, take = stage_after(speed, s, t_new, pool(d))
+            out.append(stage)
+            if len(back):
+                pools[d] = sort_pool(pool(d) + [int(i) for i in back])
+            if take:
+                pools[d] = pool(d)[take:]
+                cap = stage_cap(instance, stage)  # a refill may bring a lower board limit
                 if pws[k] > cap * (1 + POWER_TOL):
                     pws[k] = cap
         new_reps.append((t_new, out, pws, r))

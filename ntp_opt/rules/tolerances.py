@@ -9,6 +9,7 @@ from __future__ import annotations
 
 __all__ = [
     "BOOST_MARGIN",
+    "BOUND_TOL",
     "BUDGET_SLACK",
     "FLOAT_NOISE",
     "IMPROVE_TOL",
@@ -18,6 +19,7 @@ __all__ = [
     "PROB_CLIP",
     "REL_TOL",
     "SHARE_TOL",
+    "SPLIT_TOL",
     "WATT_SLACK",
 ]
 
@@ -57,3 +59,9 @@ SHARE_TOL = 1e-9
 
 #: Largest failure probability used under a logarithm (``log1p(-p)`` stays finite).
 PROB_CLIP = 1 - 1e-15
+
+#: Relative slack of "a value never exceeds its proven upper bound" checks.
+BOUND_TOL = 1e-9
+
+#: Relative slack of the batch split's candidate cut-off (``theta_K (1 + SPLIT_TOL)``).
+SPLIT_TOL = 1e-9
