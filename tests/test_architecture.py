@@ -44,8 +44,6 @@ def _imports(name: str, path: pathlib.Path) -> list[tuple[str, list[str], int]]:
     return found
 
 
-#: Being removed by the restructuring in progress (issue 14); must end empty.
-TO_FIX: tuple[str, ...] = ("ntp_opt.rules.expected._Scorer",)
 
 
 def test_import_linter_contracts_hold() -> None:
@@ -75,7 +73,6 @@ def test_no_private_name_is_imported_from_another_module() -> None:
             for imported in names:
                 if imported.startswith("_") and not imported.startswith("__"):
                     bad.append(f"{path.relative_to(ROOT)}:{line}: {module}.{imported}")
-    bad = [b for b in bad if not b.endswith(TO_FIX)]
     assert not bad, "private names imported across modules:\n" + "\n".join(bad)
 
 

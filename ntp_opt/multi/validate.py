@@ -17,7 +17,9 @@ from dataclasses import dataclass
 import numpy as np
 
 from ntp_opt.multi.workloads import MultiInstance, MultiPlan
-from ntp_opt.rules.validate import POWER_TOL, Evaluation, PlanError, Violation, evaluate
+from ntp_opt.rules.power import over_budget, rack_and_site_draw
+from ntp_opt.rules.tolerances import METRIC_ABS_TOL, METRIC_TOL, SHARE_TOL
+from ntp_opt.rules.validate import Evaluation, PlanError, Violation, evaluate
 
 #: Rule codes added to :data:`ntp_opt.validate.RULES` for multi-workload plans.
 MULTI_RULES: dict[str, str] = {
@@ -37,10 +39,6 @@ MULTI_RULES: dict[str, str] = {
     "site-power": "the site draws more than its budget (all workloads together)",
     "metrics": "the plan's reported weighted goodput differs from the recomputed one",
 }
-
-#: Relative tolerance on minimum shares and on the claimed weighted goodput.
-SHARE_TOL = 1e-9
-METRIC_TOL = 1e-6
 
 
 @dataclass(frozen=True)
@@ -256,11 +254,9 @@ def evaluate_multi(multi: MultiInstance, plan: MultiPlan) -> MultiEvaluation:
             )
         )
     # power over all workloads: used at tdp * pi, idle healthy at the idle share
-    per_gpu = (
-        np.where(power_of > 0, power_of, np.where(a.healthy, job.idle_power_fraction, 0.0)) * a.tdp
-    )
-    rack_w = np.bincount(a.gpu_rack, weights=per_gpu, minlength=len(a.rack_ids))
-    for ri in np.flatnonzero(rack_w > a.rack_budget * (1 + POWER_TOL) + 1e-9).tolist():
+    rack_w, site_w = rack_and_site_draw(inst, power_of)
+    racks_over, site_over = over_budget(inst, rack_w, site_w)
+    for ri in np.flatnonzero(racks_over).tolist():
         out.append(
             Violation(
                 "rack-power",
@@ -269,14 +265,13 @@ def evaluate_multi(multi: MultiInstance, plan: MultiPlan) -> MultiEvaluation:
                 node=a.rack_ids[ri],
             )
         )
-    site_w = float(per_gpu.sum())
-    if site_w > a.site_budget * (1 + POWER_TOL) + 1e-9:
+    if site_over:
         out.append(
             Violation("site-power", f"site draws {_fmt(site_w)} W, budget {_fmt(a.site_budget)} W")
         )
     claimed = plan.metrics.get("weighted_goodput")
     if isinstance(claimed, int | float) and not math.isclose(
-        float(claimed), value, rel_tol=METRIC_TOL, abs_tol=1e-12
+        float(claimed), value, rel_tol=METRIC_TOL, abs_tol=METRIC_ABS_TOL
     ):
         out.append(
             Violation(

@@ -47,7 +47,9 @@ from ntp_opt.planners.heuristics import (
     to_replicas,
     used_mask,
 )
-from ntp_opt.rules.power import can_boost, stage_cap
+from ntp_opt.rules.power import boost_floor as power_boost_floor
+from ntp_opt.rules.power import can_boost, headroom, over_budget
+from ntp_opt.rules.tolerances import BUDGET_SLACK
 from ntp_opt.rules.validate import certified
 
 logger = logging.getLogger(__name__)
@@ -107,69 +109,16 @@ def speed_aware_slots(instance: Instance) -> list[Slot]:
 def boost_floor(instance: Instance, groups: list[tuple[int, list[Slot]]]) -> list[list[float]]:
     """Power multipliers raising every replica to the highest common speed the budgets allow.
 
-    Bisection on the target speed ``tau``: each stage gets the least power
-    reaching ``tau`` (capped at ``1 + max_boost`` and at its boards' limits,
-    :func:`ntp_opt.power.stage_cap`); the largest ``tau`` whose
-    extra draw fits every rack and the site is kept. Under the ``fixed``
+    :func:`ntp_opt.rules.power.boost_floor` from power 1. Under the ``fixed``
     policy goodput is set by the slowest replica, so this is the boost that
-    counts; it complements :func:`ntp_opt.baselines.boost_slowest`, which only lifts
-    slow replicas up to nominal speed.
+    counts; it complements :func:`ntp_opt.planners.heuristics.boost_slowest`,
+    which only lifts slow replicas up to nominal speed.
     """
-    a = instance.arrays
-    job = instance.job
-    alpha = job.power_exponent
-    ones = [[1.0] * len(m) for _, m in groups]
     if not groups or not can_boost(instance):
-        return ones
-    rack_draw, site_draw = draw_at_power_one(instance, used_mask(instance, groups))
-    rack_room = a.rack_budget - rack_draw
-    site_room = a.site_budget - site_draw
-    gpus = [np.concatenate([s.gpus[:t] for s in m]) for t, m in groups]
-    base = np.concatenate(
-        [np.repeat([job.tp_factor(t) * s.speed(a.speed, t) for s in m], t) for t, m in groups]
-    )
-    flat = np.concatenate(gpus)
-    # per stage (and per GPU, repeated): the largest multiplier job and boards allow
-    caps = np.concatenate(
-        [np.repeat([stage_cap(instance, s.gpus[:t]) for s in m], t) for t, m in groups]
-    )
-    # aggregate per (stage, rack): one power multiplier per stage
-    sizes = np.concatenate([np.full(len(m), t) for t, m in groups])
-    stage = np.repeat(np.arange(len(sizes)), sizes)
-    n_racks = len(a.rack_ids)
-    key, inverse = np.unique(stage * n_racks + a.gpu_rack[flat], return_inverse=True)
-    tdp = np.bincount(inverse, weights=a.tdp[flat], minlength=len(key))  # watts per group
-    rack = key % n_racks
-    first = np.searchsorted(stage, key // n_racks)
-    u_base = base[first]  # the group's stage's base
-    u_caps = caps[first]
-
-    def powers(tau: float, b: np.ndarray, hi: np.ndarray) -> np.ndarray:
-        return np.clip((tau / b) ** (1.0 / alpha), 1.0, hi)
-
-    def fits(tau: float) -> bool:
-        extra = tdp * (powers(tau, u_base, u_caps) - 1.0)  # tdp here: total watts of the group
-        per_rack = np.bincount(rack, weights=extra, minlength=len(a.rack_ids))
-        return bool(
-            np.all(per_rack <= rack_room * (1 - 1e-9)) and extra.sum() <= site_room * (1 - 1e-9)
-        )
-
-    lo = float(base.min())
-    top = float((base * caps**alpha).min())  # the fastest the slowest stage can get
-    if not fits(lo):
-        return ones
-    for _ in range(60):
-        mid = 0.5 * (lo + top)
-        if fits(mid):
-            lo = mid
-        else:
-            top = mid
-    pw = powers(lo, base, caps)
-    out, k = [], 0
-    for t, m in groups:
-        out.append([float(pw[k + i * t]) for i in range(len(m))])
-        k += t * len(m)
-    return out
+        return [[1.0] * len(m) for _, m in groups]
+    rack_room, site_room = headroom(instance, used_mask(instance, groups).astype(float))
+    reps = [(t, [s.gpus[:t] for s in m]) for t, m in groups]
+    return power_boost_floor(instance, reps, rack_room, site_room)
 
 
 def fit_power_by_degree(
@@ -196,9 +145,8 @@ def fit_power_by_degree(
     saving = a.tdp * (1.0 - job.idle_power_fraction)  # a GPU going from used to idle
 
     def over() -> bool:
-        return bool(
-            np.any(rack > a.rack_budget * (1 + 1e-12)) or site > a.site_budget * (1 + 1e-12)
-        )
+        racks, site_over = over_budget(instance, rack, site, tol=BUDGET_SLACK, slack=0.0)
+        return bool(racks.any() or site_over)
 
     r = len(out) - 1  # worst replica first, one degree step each, round after round
     stuck = 0

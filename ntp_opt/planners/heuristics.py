@@ -29,11 +29,15 @@ import numpy as np
 from ntp_opt.model.instance import Instance
 from ntp_opt.model.plan import Plan, Replica, Stage
 from ntp_opt.rules.goodput import BatchSplit, replica_speed, split_batch
-from ntp_opt.rules.power import can_boost, stage_cap
+from ntp_opt.rules.power import (
+    boost_toward,
+    can_boost,
+    headroom,
+    over_budget,
+    rack_and_site_draw,
+)
+from ntp_opt.rules.tolerances import BUDGET_SLACK, FLOAT_NOISE
 from ntp_opt.rules.validate import certified
-
-#: Safety margin on power headroom so that float rounding never breaks a budget.
-_POWER_MARGIN = 1e-9
 
 
 @dataclass(frozen=True)
@@ -117,62 +121,23 @@ def pack_replicas(
 
 
 def boost_slowest(instance: Instance, groups: list[tuple[int, list[Slot]]]) -> list[list[float]]:
-    """Power multipliers per replica and stage: boost slow replicas, cheapest first."""
+    """Power multipliers per replica and stage: boost slow replicas, cheapest first.
+
+    :func:`ntp_opt.rules.power.boost_toward` (50 bisection steps) from power 1,
+    for the replicas slower than nominal.
+    """
     a = instance.arrays
     job = instance.job
-    alpha = job.power_exponent
-    powers = [[1.0] * len(members) for _, members in groups]
     if not can_boost(instance):
-        return powers
-    # per stage: the largest multiplier the job and every board of the stage allow
-    caps = [[stage_cap(instance, s.gpus[:t]) for s in members] for t, members in groups]
-    rack_draw, site_draw = draw_at_power_one(instance, used_mask(instance, groups))
-    rack_room = a.rack_budget - rack_draw
-    site_room = a.site_budget - site_draw
+        return [[1.0] * len(members) for _, members in groups]
+    rack_room, site_room = headroom(instance, used_mask(instance, groups).astype(float))
     target = 1.0 / job.seq_time_s  # nominal speed of a healthy full-TP replica
-
-    def need(r: int, goal: float) -> tuple[list[float], np.ndarray, float]:
-        """Multipliers reaching speed ``goal``, extra watts per rack and in all."""
-        t, members = groups[r]
-        factor = job.tp_factor(t) / job.seq_time_s
-        mult, extra_rack, extra = [], np.zeros(len(a.rack_ids)), 0.0
-        for s, hi in zip(members, caps[r], strict=True):
-            g = s.gpus[:t]
-            pi = max(1.0, (goal / (factor * float(a.speed[g].min()))) ** (1.0 / alpha))
-            pi = min(pi, hi)
-            watts = a.tdp[g] * (pi - 1.0)
-            np.add.at(extra_rack, a.gpu_rack[g], watts)
-            extra += float(watts.sum())
-            mult.append(pi)
-        return mult, extra_rack, extra
-
-    def fits(extra_rack: np.ndarray, extra: float) -> bool:
-        return bool(
-            np.all(extra_rack <= rack_room * (1 - _POWER_MARGIN))
-            and extra <= site_room * (1 - _POWER_MARGIN)
-        )
-
+    reps = [(t, [s.gpus[:t] for s in m], [1.0] * len(m)) for t, m in groups]
     speeds = [
         replica_speed(job, t, [s.speed(a.speed, t) for s in m], [1.0] * len(m)) for t, m in groups
     ]
-    slow = [r for r in range(len(groups)) if speeds[r] < target * (1 - 1e-12)]
-    slow.sort(key=lambda r: (need(r, target)[2], r))
-    for r in slow:
-        mult, extra_rack, extra = need(r, target)
-        if not fits(extra_rack, extra):
-            lo, hi_goal = speeds[r], target  # bisect on the reachable speed
-            for _ in range(50):
-                mid = 0.5 * (lo + hi_goal)
-                if fits(*need(r, mid)[1:]):
-                    lo = mid
-                else:
-                    hi_goal = mid
-            mult, extra_rack, extra = need(r, lo)
-            if not fits(extra_rack, extra):
-                continue
-        powers[r] = mult
-        rack_room -= extra_rack
-        site_room -= extra
+    slow = [r for r in range(len(groups)) if speeds[r] < target * (1 - FLOAT_NOISE)]
+    powers, _ = boost_toward(instance, reps, slow, rack_room, site_room, steps=50)
     return powers
 
 
@@ -190,16 +155,15 @@ def draw_at_power_one(instance: Instance, used: np.ndarray) -> tuple[np.ndarray,
 
     Unused healthy GPUs draw their idle share, failed GPUs nothing.
     """
-    a = instance.arrays
-    draw = np.where(used, 1.0, np.where(a.healthy, instance.job.idle_power_fraction, 0.0)) * a.tdp
-    return np.bincount(a.gpu_rack, weights=draw, minlength=len(a.rack_ids)), float(draw.sum())
+    return rack_and_site_draw(instance, used.astype(float))
 
 
 def fits_at_power_one(instance: Instance, used: np.ndarray) -> bool:
     """Do the ``used`` GPUs at power 1 (and the idle ones) fit every rack and the site?"""
-    a = instance.arrays
-    rack, site = draw_at_power_one(instance, used)
-    return bool(np.all(rack <= a.rack_budget * (1 + 1e-12)) and site <= a.site_budget * (1 + 1e-12))
+    racks, site = over_budget(
+        instance, *draw_at_power_one(instance, used), tol=BUDGET_SLACK, slack=0.0
+    )
+    return not (racks.any() or site)
 
 
 Groups = list[tuple[int, list[Slot]]]

@@ -57,13 +57,16 @@ from ntp_opt.model.instance import Instance
 from ntp_opt.model.job import Job
 from ntp_opt.model.plan import Plan, Replica, Stage
 from ntp_opt.rules import goodput as gp
-from ntp_opt.rules.expected import Z95, _Scorer
-from ntp_opt.rules.validate import POWER_TOL, certified, evaluate, infeasibility
+from ntp_opt.rules.expected import Z95, Scorer
+from ntp_opt.rules.power import board_over, over_budget, rack_and_site_draw
+from ntp_opt.rules.recourse import replica_degree, stage_after
+from ntp_opt.rules.tolerances import FLOAT_NOISE, PROB_CLIP
+from ntp_opt.rules.validate import certified, evaluate, infeasibility
 
 logger = logging.getLogger(__name__)
 
 #: Relative improvement a move must bring to be accepted (guards against float noise).
-_IMPROVE_TOL = 1e-12
+_IMPROVE_TOL = FLOAT_NOISE
 #: Share of the time limit given to the risk-blind optimum.
 BLIND_SHARE = 0.4
 #: Share of the time limit reserved for the fresh-scenario estimate at the end.
@@ -217,7 +220,7 @@ def scenario_goodputs(
     numpy.ndarray
         Goodput (sequences per second) per scored scenario.
     """
-    scorer = _Scorer(instance, plan)
+    scorer = Scorer(instance, plan)
     out = np.empty(len(scenarios))
     for i, g in enumerate(scenarios):
         if i > 0 and (
@@ -252,8 +255,8 @@ def gpu_risk(instance: Instance, blast_radius: str = "gpu", scale: float = 1.0) 
     a = instance.arrays
     p_gpu = np.minimum(a.p_fail * scale, 1.0) * a.healthy
     p_tray = np.minimum(a.tray_p_fail * scale, 1.0)
-    log_ok_gpu = np.log1p(-np.minimum(p_gpu, 1 - 1e-15))
-    log_ok_tray = np.log1p(-np.minimum(p_tray, 1 - 1e-15))
+    log_ok_gpu = np.log1p(-np.minimum(p_gpu, PROB_CLIP))
+    log_ok_tray = np.log1p(-np.minimum(p_tray, PROB_CLIP))
     if blast_radius == "gpu":
         log_ok = log_ok_gpu + log_ok_tray[a.gpu_tray]
     elif blast_radius == "tray":
@@ -320,7 +323,11 @@ class _FastScorer:
     def _replica(
         self, t_r: int, stages: list[_Stage], failed: np.ndarray
     ) -> tuple[int, float] | None:
-        """Recourse of one replica whose domains no other replica uses (recourse.py, step 2-3)."""
+        """Recourse of one replica whose domains no other replica uses (recourse steps 2-3).
+
+        :func:`ntp_opt.rules.recourse.replica_degree` and
+        :func:`ntp_opt.rules.recourse.stage_after` on this replica's pools.
+        """
         a, job = self.instance.arrays, self.job
         speed = a.speed
         powers = [p for _, _, p in stages]
@@ -342,30 +349,17 @@ class _FastScorer:
             dead[failed] = False
             for _, g, _ in stages:
                 dead[g] = False
-        t_new = None
-        for t in reversed(job.allowed):
-            if t > t_r:
-                continue
-            need: dict[int, int] = {}
-            for (d, _, _), s in zip(stages, survivors, strict=True):
-                need[d] = need.get(d, 0) + max(0, t - len(s))
-            if all(n <= len(pools[d]) for d, n in need.items()):
-                t_new = t
-                break
+        doms = [d for d, _, _ in stages]
+        t_new = replica_degree(job.allowed, t_r, doms, survivors, lambda d: len(pools[d]))
         if t_new is None:
             return None
         mins = []
-        for (d, _, _), s in zip(stages, survivors, strict=True):
-            if len(s) == t_new:
-                mins.append(float(speed[s].min()))
-            elif len(s) > t_new:
-                order = np.argsort(-speed[s], kind="stable")
-                pools[d] = _fastest_first(speed, np.concatenate([pools[d], s[order[t_new:]]]))
-                mins.append(float(speed[s[order[:t_new]]].min()))
-            else:
-                take = t_new - len(s)
-                mins.append(float(speed[np.concatenate([s, pools[d][:take]])].min()))
-                pools[d] = pools[d][take:]
+        for d, s in zip(doms, survivors, strict=True):
+            stage, back, take = stage_after(speed, s, t_new, pools[d])
+            mins.append(float(speed[stage].min()))
+            if len(back):
+                pools[d] = _fastest_first(speed, np.concatenate([pools[d], back]))
+            pools[d] = pools[d][take:]
         return t_new, gp.replica_speed(job, t_new, mins, powers)
 
     def value(self, state: _State) -> float:
@@ -457,20 +451,15 @@ class _Search:
         return Plan(self.instance.name, reps, {"policy": "risk-aware"})
 
     def _power_ok(self, state: _State) -> bool:
-        a, job = self.a, self.job
-        per = np.where(a.healthy, job.idle_power_fraction, 0.0)
+        """The validator's board and budget checks (:mod:`ntp_opt.rules.power`)."""
+        power_of = np.zeros(self.a.n_gpus)
         for _, st in state:
             for _, g, p in st:
-                per[g] = p
-                if p > 1.0 and np.any(p * a.tdp[g] > a.max_power[g] * (1 + POWER_TOL)):
-                    return False  # a board refuses the stage's power limit
-        per = per * a.tdp
-        rack = np.bincount(a.gpu_rack, weights=per, minlength=len(a.rack_ids))
-        # the validator's tolerance (the exact planner's boosts may sit on it)
-        return bool(
-            np.all(rack <= a.rack_budget * (1 + POWER_TOL) + 1e-9)
-            and per.sum() <= a.site_budget * (1 + POWER_TOL) + 1e-9
-        )
+                power_of[g] = p
+        if board_over(self.instance, power_of).any():
+            return False  # a board refuses the stage's power limit
+        racks, site = over_budget(self.instance, *rack_and_site_draw(self.instance, power_of))
+        return not (racks.any() or site)
 
     def score(self, plan: Plan, state: _State) -> float:
         self.evaluations += 1
@@ -481,7 +470,7 @@ class _Search:
     def stage_risk(self, stage: _Stage) -> float:
         """Probability that some GPU of the stage fails (independence over GPUs, an estimate)."""
         g = stage[1]
-        return float(-np.expm1(np.log1p(-np.minimum(self.risk[g], 1 - 1e-15)).sum()))
+        return float(-np.expm1(np.log1p(-np.minimum(self.risk[g], PROB_CLIP)).sum()))
 
 
 def _state_of(instance: Instance, plan: Plan) -> _State:
@@ -703,7 +692,7 @@ def _local_search(s: _Search, state: _State, plan: Plan, value: float) -> tuple[
             if v > value + _IMPROVE_TOL * max(1.0, abs(value)):
                 keep = True
             else:  # a tie never lowers the objective, not even by rounding
-                keep = v >= value and _used_risk(s, cand) < used_risk - 1e-12
+                keep = v >= value and _used_risk(s, cand) < used_risk - FLOAT_NOISE
             if keep:
                 state, plan, value = cand, p, v
                 used_risk = _used_risk(s, state)
@@ -838,7 +827,7 @@ def plan_risk_aware(
         instance,
         scenarios,
         risk,
-        nominal.goodput * (1 - nominal_tolerance) * (1 - 1e-12),
+        nominal.goodput * (1 - nominal_tolerance) * (1 - FLOAT_NOISE),
         search_end,
         cancel,
     )

@@ -61,8 +61,20 @@ class Estimate:
     relative_mean: float = 0.0
 
 
-class _Scorer:
-    """Goodput after recourse, cached by the failed GPUs inside the plan's domains."""
+class Scorer:
+    """Goodput of ``plan`` after recourse, cached by the failed GPUs inside the plan's domains.
+
+    Scores scenarios with :func:`ntp_opt.rules.recourse.adapt_indices` (the
+    recourse kernel itself); a scenario failing no GPU of a domain the plan
+    uses scores :attr:`base` without running recourse.
+
+    Parameters
+    ----------
+    instance
+        The instance.
+    plan
+        A feasible plan for ``instance``.
+    """
 
     def __init__(self, instance: Instance, plan: Plan) -> None:
         a = instance.arrays
@@ -131,7 +143,7 @@ def expected_goodput(
     Estimate
     """
     job = instance.job
-    scorer = _Scorer(instance, plan)
+    scorer = Scorer(instance, plan)
     if method == "exact":
         total = 0.0
         count = 0

@@ -22,6 +22,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ntp_opt.model.job import Job
+from ntp_opt.rules.tolerances import FLOAT_NOISE, SPLIT_TOL
 
 #: Largest number of ``(step time, replica)`` candidates :func:`split_batch`
 #: holds in memory (about 40 bytes each). Larger batch splits are refused
@@ -220,7 +221,7 @@ def split_batch(
         ks = np.arange(k_min, len(times) + 1)
         values = np.minimum(ks, big_b) / times[ks - 1]
         # Among equal goodputs prefer the largest batch (closest to B).
-        best = np.flatnonzero(values >= values.max() * (1 - 1e-12))
+        best = np.flatnonzero(values >= values.max() * (1 - FLOAT_NOISE))
         k = int(ks[best[-1]])
     # Take the first k candidates (every replica's first one included), then
     # drop the latest optional ones until at most B remain.
@@ -262,5 +263,5 @@ def _candidate_counts(v: np.ndarray, per: int, big_b: int, n: int) -> np.ndarray
             lo = mid
     hi = max(hi, 1.0 / v_min)  # every replica's first candidate (k_min) is admitted
     # floor(hi v) is within one of the exact count of candidates b / v <= hi
-    keep = np.floor(np.minimum(per, hi * (1 + 1e-9) * v)).astype(np.int64) + 2
+    keep = np.floor(np.minimum(per, hi * (1 + SPLIT_TOL) * v)).astype(np.int64) + 2
     return np.minimum(full, np.maximum(keep, 1))

@@ -35,18 +35,22 @@ The result is feasible for :func:`ntp_opt.failures.failed_instance`.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 import numpy as np
 
 from ntp_opt.model.instance import Instance
+from ntp_opt.model.layout import Layout
 from ntp_opt.model.plan import Plan, Replica, Stage
 from ntp_opt.rules import goodput as gp
-from ntp_opt.rules.power import can_boost, stage_cap
-from ntp_opt.rules.validate import POWER_TOL
-
-#: Share of the remaining budgets a boost leaves unspent, so rounding never breaks one.
-_BOOST_MARGIN = 1e-9
+from ntp_opt.rules.power import (
+    boost_toward,
+    can_boost,
+    over_budget,
+    rack_and_site_draw,
+    stage_cap,
+)
+from ntp_opt.rules.tolerances import POWER_TOL
 
 
 def _mask(instance: Instance, failed_mask: np.ndarray | None) -> np.ndarray:
@@ -62,21 +66,11 @@ def _mask(instance: Instance, failed_mask: np.ndarray | None) -> np.ndarray:
 def _draw(
     instance: Instance, alive: np.ndarray, stages: list[tuple[np.ndarray, float]]
 ) -> tuple[np.ndarray, float]:
-    """Watts per rack and for the site."""
-    a = instance.arrays
-    per = np.where(alive, instance.job.idle_power_fraction, 0.0)
+    """Watts per rack and for the site (:func:`ntp_opt.rules.power.rack_and_site_draw`)."""
+    power_of = np.zeros(instance.arrays.n_gpus)
     for g, pw in stages:
-        per[g] = pw
-    per = per * a.tdp
-    return np.bincount(a.gpu_rack, weights=per, minlength=len(a.rack_ids)), float(per.sum())
-
-
-def _over(instance: Instance, rack: np.ndarray, site: float) -> tuple[np.ndarray, bool]:
-    a = instance.arrays
-    # The validator's tolerance: plans it accepts (the exact planner's boosts
-    # may sit ~1e-10 above a budget) are not "over budget" here either.
-    racks = rack > a.rack_budget * (1 + POWER_TOL) + 1e-9
-    return racks, bool(site > a.site_budget * (1 + POWER_TOL) + 1e-9)
+        power_of[g] = pw
+    return rack_and_site_draw(instance, power_of, alive)
 
 
 def adapt(
@@ -112,11 +106,77 @@ def adapt(
 
 def plan_indices(instance: Instance, plan: Plan) -> list[list[np.ndarray]]:
     """GPU indices of every stage of ``plan`` (per replica, per stage)."""
-    index = instance.arrays.gpu_index
-    return [
-        [np.array([index[g] for g in st.gpus], dtype=np.int64) for st in rep.stages]
-        for rep in plan.replicas
-    ]
+    return Layout.from_plan(instance, plan).per_replica()
+
+
+def replica_degree(
+    allowed: Sequence[int],
+    t_r: int,
+    doms: Sequence[int],
+    survivors: Sequence[np.ndarray],
+    room: Callable[[int], int],
+) -> int | None:
+    """Step 2: a replica's new degree, or ``None`` when it drops out.
+
+    Parameters
+    ----------
+    allowed
+        The job's allowed degrees, ascending.
+    t_r
+        The replica's degree in the plan.
+    doms
+        Per stage: its domain index.
+    survivors
+        Per stage: the GPU indices of its GPUs that did not fail.
+    room
+        GPUs in a domain's pool (by domain index).
+
+    Returns
+    -------
+    int or None
+        The largest allowed ``t <= t_r`` whose refills
+        (``sum_k max(0, t - survivors_k)`` per domain) fit the pools.
+    """
+    for t in reversed(allowed):
+        if t > t_r:
+            continue
+        need: dict[int, int] = {}
+        for d, s in zip(doms, survivors, strict=True):
+            need[d] = need.get(d, 0) + max(0, t - len(s))
+        if all(n <= room(d) for d, n in need.items()):
+            return t
+    return None
+
+
+def stage_after(
+    speed: np.ndarray, survivors: np.ndarray, t: int, pool: Sequence[int] | np.ndarray
+) -> tuple[np.ndarray, np.ndarray, int]:
+    """Step 3: a stage's GPUs at degree ``t``.
+
+    Parameters
+    ----------
+    speed
+        Per GPU index: its speed.
+    survivors
+        The stage's GPU indices that did not fail.
+    t
+        The replica's new degree (:func:`replica_degree`).
+    pool
+        The stage's domain's pool, fastest first.
+
+    Returns
+    -------
+    tuple of (numpy.ndarray, numpy.ndarray, int)
+        The stage's GPUs (its ``t`` fastest survivors in speed order, ties in
+        stage order, or all survivors then the pool's first ones), the survivors
+        it returns to the pool, and how many GPUs it takes from the pool's front.
+    """
+    if len(survivors) >= t:
+        order = np.argsort(-speed[survivors], kind="stable")  # fastest first, stage order
+        return survivors[order[:t]], survivors[order[t:]], 0
+    take = t - len(survivors)
+    refill = np.asarray(pool[:take], dtype=np.int64)
+    return np.concatenate([survivors, refill]), np.empty(0, dtype=np.int64), take
 
 
 def adapt_indices(
@@ -173,16 +233,7 @@ def adapt_indices(
         if all(len(s) == rep.tp for s in survivors):
             new_reps.append((rep.tp, survivors, [float(st.power) for st in rep.stages], r))
             continue
-        t_new = None
-        for t in reversed(job.allowed):
-            if t > rep.tp:
-                continue
-            need: dict[int, int] = {}
-            for d, s in zip(doms, survivors, strict=True):
-                need[d] = need.get(d, 0) + max(0, t - len(s))
-            if all(n <= len(pool(d)) for d, n in need.items()):
-                t_new = t
-                break
+        t_new = replica_degree(job.allowed, rep.tp, doms, survivors, lambda d: len(pool(d)))
         if t_new is None:
             dropped += 1
             for d, s in zip(doms, survivors, strict=True):
@@ -191,19 +242,13 @@ def adapt_indices(
         out = []
         pws = [float(st.power) for st in rep.stages]
         for k, (d, s) in enumerate(zip(doms, survivors, strict=True)):
-            if len(s) >= t_new:
-                order = np.argsort(-speed[s], kind="stable")  # fastest first, stage order
-                keep = s[order[:t_new]]
-                back = [int(i) for i in s[order[t_new:]]]
-                if back:
-                    pools[d] = sort_pool(pool(d) + back)
-                out.append(keep)
-            else:
-                p = pool(d)
-                take = t_new - len(s)
-                out.append(np.concatenate([s, np.array(p[:take], dtype=np.int64)]))
-                pools[d] = p[take:]
-                cap = stage_cap(instance, out[-1])  # a refill may bring a lower board limit
+            stage, back, take = stage_after(speed, s, t_new, pool(d))
+            out.append(stage)
+            if len(back):
+                pools[d] = sort_pool(pool(d) + [int(i) for i in back])
+            if take:
+                pools[d] = pool(d)[take:]
+                cap = stage_cap(instance, stage)  # a refill may bring a lower board limit
                 if pws[k] > cap * (1 + POWER_TOL):
                     pws[k] = cap
         new_reps.append((t_new, out, pws, r))
@@ -215,24 +260,24 @@ def adapt_indices(
     def flat() -> list[tuple[np.ndarray, float]]:
         return [(g, pw) for _, gs, pws, _ in new_reps for g, pw in zip(gs, pws, strict=True)]
 
-    racks_over, site_over = _over(instance, *_draw(instance, alive, flat()))
+    racks_over, site_over = over_budget(instance, *_draw(instance, alive, flat()))
     if racks_over.any():
         reduced_power = True
         for _, gs, pws, _ in new_reps:
             for k, g in enumerate(gs):
                 if racks_over[a.gpu_rack[g]].any():
                     pws[k] = 1.0
-        racks_over, site_over = _over(instance, *_draw(instance, alive, flat()))
+        racks_over, site_over = over_budget(instance, *_draw(instance, alive, flat()))
     if site_over:
         reduced_power = True
         for _, _, pws, _ in new_reps:
             pws[:] = [1.0] * len(pws)
-        racks_over, site_over = _over(instance, *_draw(instance, alive, flat()))
+        racks_over, site_over = over_budget(instance, *_draw(instance, alive, flat()))
     while new_reps and (racks_over.any() or site_over):
         reduced_power = True
         new_reps.pop()
         dropped += 1
-        racks_over, site_over = _over(instance, *_draw(instance, alive, flat()))
+        racks_over, site_over = over_budget(instance, *_draw(instance, alive, flat()))
 
     boosted = _boost(instance, alive, new_reps, reduced, flat) if boost else 0
 
@@ -283,60 +328,29 @@ def _boost(
     reduced: set[int],
     flat: Callable[[], list[tuple[np.ndarray, float]]],
 ) -> int:
-    """Step 5: raise the power of reduced replicas toward nominal speed; count them."""
+    """Step 5: raise the power of reduced replicas toward nominal speed; count them.
+
+    :func:`ntp_opt.rules.power.boost_toward` with 60 bisection steps.
+    """
     a = instance.arrays
     job = instance.job
-    alpha = job.power_exponent
     if not can_boost(instance):
         return 0
     rack_draw, site_draw = _draw(instance, alive, flat())
     rack_room = a.rack_budget - rack_draw
     site_room = a.site_budget - site_draw
     target = 1.0 / job.seq_time_s
-    margin = 1.0 - _BOOST_MARGIN
-
-    def need(i: int, goal: float) -> tuple[list[float], np.ndarray, float]:
-        t, gs, pws, _ = new_reps[i]
-        factor = job.tp_factor(t) / job.seq_time_s
-        mult, extra_rack, extra = [], np.zeros(len(a.rack_ids)), 0.0
-        for g, pw in zip(gs, pws, strict=True):
-            hi = stage_cap(instance, g)
-            pi = (goal / (factor * float(a.speed[g].min()))) ** (1.0 / alpha)
-            pi = min(max(pi, pw), max(hi, pw))
-            watts = a.tdp[g] * (pi - pw)
-            np.add.at(extra_rack, a.gpu_rack[g], watts)
-            extra += float(watts.sum())
-            mult.append(pi)
-        return mult, extra_rack, extra
-
-    def fits(extra_rack: np.ndarray, extra: float) -> bool:
-        return bool(np.all(extra_rack <= rack_room * margin) and extra <= site_room * margin)
+    reps = [(t, gs, pws) for t, gs, pws, _ in new_reps]
 
     def speed(i: int) -> float:
         t, gs, pws, _ = new_reps[i]
         return gp.replica_speed(job, t, [float(a.speed[g].min()) for g in gs], pws)
 
     slow = [i for i, rep in enumerate(new_reps) if rep[3] in reduced and speed(i) < target]
-    slow.sort(key=lambda i: (need(i, target)[2], i))
-    boosted = 0
-    for i in slow:
-        mult, extra_rack, extra = need(i, target)
-        if not fits(extra_rack, extra):
-            lo, up = speed(i), target  # bisect on the reachable speed
-            for _ in range(60):
-                mid = 0.5 * (lo + up)
-                if fits(*need(i, mid)[1:]):
-                    lo = mid
-                else:
-                    up = mid
-            mult, extra_rack, extra = need(i, lo)
-            if not fits(extra_rack, extra) or extra <= 0:
-                continue
-        new_reps[i][2][:] = mult
-        rack_room = rack_room - extra_rack
-        site_room -= extra
-        boosted += 1
-    return boosted
+    powers, boosted = boost_toward(instance, reps, slow, rack_room, site_room, steps=60)
+    for i in boosted:
+        new_reps[i][2][:] = powers[i]
+    return len(boosted)
 
 
 def goodput_after(instance: Instance, plan: Plan, failed_mask: np.ndarray | None) -> float:

@@ -15,14 +15,11 @@ from dataclasses import dataclass
 import numpy as np
 
 from ntp_opt.model.instance import Instance
-from ntp_opt.model.plan import Plan
+from ntp_opt.model.layout import SLOT
+from ntp_opt.model.plan import Plan, Replica, Stage
 from ntp_opt.rules import goodput as gp
-from ntp_opt.rules.power import rack_and_site_draw
-
-#: Relative tolerance on power budgets and power ranges.
-POWER_TOL = 1e-9
-#: Relative tolerance when comparing a plan's claimed goodput with ours.
-METRIC_TOL = 1e-6
+from ntp_opt.rules.power import board_over, over_budget, rack_and_site_draw
+from ntp_opt.rules.tolerances import METRIC_ABS_TOL, METRIC_TOL, POWER_TOL
 
 #: Rule codes and what each one forbids.
 RULES: dict[str, str] = {
@@ -173,10 +170,9 @@ def _clean_stages(
     return np.minimum.reduceat(a.speed[idx], starts), [], idx, lengths
 
 
-def _check(instance: Instance, plan: Plan) -> tuple[list[Violation], list[float], np.ndarray]:
-    """Check every rule; return violations, replica speeds and per-GPU use."""
+def _check_plan(instance: Instance, plan: Plan) -> list[Violation]:
+    """The plan's instance name and replica count."""
     job = instance.job
-    a = instance.arrays
     out: list[Violation] = []
     if plan.instance != instance.name:
         out.append(
@@ -189,165 +185,223 @@ def _check(instance: Instance, plan: Plan) -> tuple[list[Violation], list[float]
                 f"{len(plan.replicas)} replicas exceed dp_max={job.replicas_max}",
             )
         )
-    allowed = set(job.allowed)
+    return out
+
+
+def _check_replica(instance: Instance, r: int, rep: Replica) -> list[Violation]:
+    """Replica ``r``'s degree, local batch and stage count."""
+    job = instance.job
     cap = job.local_batch_max
-    hi_power = 1.0 + job.max_boost
+    where = f"replica {r}"
+    out: list[Violation] = []
+    if rep.tp not in set(job.allowed):
+        out.append(
+            Violation(
+                "tp-allowed",
+                f"{where}: TP degree {rep.tp} not in tp_allowed {list(job.allowed)}",
+                replica=r,
+            )
+        )
+    b = rep.local_batch
+    if isinstance(b, bool) or not isinstance(b, int | np.integer) or not 1 <= b <= cap:
+        out.append(
+            Violation(
+                "batch-range",
+                f"{where}: local batch {b!r} is not an integer in [1, {cap}]",
+                replica=r,
+            )
+        )
+    if len(rep.stages) != job.pp:
+        out.append(
+            Violation(
+                "stage-count",
+                f"{where}: {len(rep.stages)} stages, job.pp={job.pp}",
+                replica=r,
+            )
+        )
+    return out
+
+
+def _check_stage(
+    instance: Instance, r: int, k: int, rep: Replica, out: list[Violation]
+) -> tuple[int | None, float]:
+    """Stage ``k`` of replica ``r``: its domain, power range and size.
+
+    Appends to ``out``; returns the stage's domain index (``None``: unknown) and
+    its power multiplier clipped into range.
+    """
+    a = instance.arrays
+    hi_power = 1.0 + instance.job.max_boost
+    st = rep.stages[k]
+    sw = f"replica {r} stage {k}"
+    d = a.domain_index.get(st.domain)
+    if d is None:
+        out.append(
+            Violation(
+                "domain-unknown",
+                f"{sw}: {st.domain!r} is not a domain of the cluster",
+                replica=r,
+                stage=k,
+                node=st.domain,
+            )
+        )
+    pw = st.power
+    if not (isinstance(pw, int | float) and math.isfinite(pw)) or not (
+        1.0 - POWER_TOL <= pw <= hi_power * (1 + POWER_TOL)
+    ):
+        out.append(
+            Violation(
+                "power-range",
+                f"{sw}: power multiplier {pw!r} outside [1, {_fmt(hi_power)}]",
+                replica=r,
+                stage=k,
+            )
+        )
+        pw = min(max(float(pw), 1.0), hi_power) if math.isfinite(float(pw)) else 1.0
+    if len(st.gpus) != rep.tp:
+        out.append(
+            Violation(
+                "stage-size",
+                f"{sw}: {len(st.gpus)} GPUs for TP degree {rep.tp}",
+                replica=r,
+                stage=k,
+            )
+        )
+    return d, pw
+
+
+def _check_gpus(
+    instance: Instance,
+    r: int,
+    k: int,
+    st: Stage,
+    d: int | None,
+    pw: float,
+    owner: np.ndarray,
+    power_of: np.ndarray,
+    out: list[Violation],
+) -> float:
+    """Every GPU of stage ``k`` of replica ``r``: known, healthy, in the domain, used once.
+
+    Appends to ``out``; records first uses in ``owner`` (``replica * SLOT + stage``)
+    and ``power_of``; returns the slowest known GPU's speed (``inf``: none).
+    """
+    a = instance.arrays
+    sw = f"replica {r} stage {k}"
+    slowest = math.inf
+    for g in st.gpus:
+        i = a.gpu_index.get(g)
+        if i is None:
+            out.append(
+                Violation(
+                    "gpu-unknown",
+                    f"{sw}: {g!r} is not a GPU of the cluster",
+                    replica=r,
+                    stage=k,
+                    node=g,
+                )
+            )
+            continue
+        slowest = min(slowest, float(a.speed[i]))
+        if not a.healthy[i]:
+            out.append(
+                Violation(
+                    "gpu-failed",
+                    f"{sw}: GPU {g!r} has failed",
+                    replica=r,
+                    stage=k,
+                    node=g,
+                )
+            )
+        if d is not None and a.gpu_domain[i] != d:
+            out.append(
+                Violation(
+                    "gpu-outside-domain",
+                    f"{sw}: GPU {g!r} belongs to domain "
+                    f"{a.domain_ids[a.gpu_domain[i]]!r}, not {st.domain!r}",
+                    replica=r,
+                    stage=k,
+                    node=g,
+                )
+            )
+        if owner[i] >= 0:
+            r0, k0 = divmod(int(owner[i]), SLOT)
+            out.append(
+                Violation(
+                    "gpu-reused",
+                    f"{sw}: GPU {g!r} is already used by replica {r0} stage {k0}",
+                    replica=r,
+                    stage=k,
+                    node=g,
+                )
+            )
+        else:
+            owner[i] = r * SLOT + k
+            power_of[i] = pw
+    return slowest
+
+
+def _check_batch_sum(instance: Instance, plan: Plan) -> list[Violation]:
+    """The local batches' sum under the job's batch policy."""
+    job = instance.job
+    total = sum(int(rep.local_batch) for rep in plan.replicas)
+    if not plan.replicas:
+        return []
+    if job.batch_policy == "fixed" and total != job.global_batch:
+        return [
+            Violation(
+                "batch-sum",
+                f"local batches sum to {total}, fixed policy needs global_batch={job.global_batch}",
+            )
+        ]
+    if job.batch_policy == "elastic" and total > job.global_batch:
+        return [
+            Violation(
+                "batch-sum",
+                f"local batches sum to {total} > global_batch={job.global_batch}",
+            )
+        ]
+    return []
+
+
+def _check(instance: Instance, plan: Plan) -> tuple[list[Violation], list[float], np.ndarray]:
+    """Check every rule; return violations, replica speeds and per-GPU use."""
+    job = instance.job
+    a = instance.arrays
+    out = _check_plan(instance, plan)
     # power multiplier of every used GPU (0 = unused); first use wins
     power_of = np.zeros(a.n_gpus, dtype=float)
-    owner = np.full(a.n_gpus, -1, dtype=np.int64)  # replica * 65536 + stage of first use
+    owner = np.full(a.n_gpus, -1, dtype=np.int64)  # replica * SLOT + stage of first use
     clean = _clean_stages(instance, plan)  # per-stage slowest speeds when every GPU is fine
     stage_no = 0
     speeds: list[float] = []
     for r, rep in enumerate(plan.replicas):
-        where = f"replica {r}"
-        if rep.tp not in allowed:
-            out.append(
-                Violation(
-                    "tp-allowed",
-                    f"{where}: TP degree {rep.tp} not in tp_allowed {list(job.allowed)}",
-                    replica=r,
-                )
-            )
-        b = rep.local_batch
-        if isinstance(b, bool) or not isinstance(b, int | np.integer) or not 1 <= b <= cap:
-            out.append(
-                Violation(
-                    "batch-range",
-                    f"{where}: local batch {b!r} is not an integer in [1, {cap}]",
-                    replica=r,
-                )
-            )
-        if len(rep.stages) != job.pp:
-            out.append(
-                Violation(
-                    "stage-count",
-                    f"{where}: {len(rep.stages)} stages, job.pp={job.pp}",
-                    replica=r,
-                )
-            )
+        out += _check_replica(instance, r, rep)
         stage_speeds: list[float] = []
         stage_powers: list[float] = []
         for k, st in enumerate(rep.stages):
-            sw = f"{where} stage {k}"
-            d = a.domain_index.get(st.domain)
-            if d is None:
-                out.append(
-                    Violation(
-                        "domain-unknown",
-                        f"{sw}: {st.domain!r} is not a domain of the cluster",
-                        replica=r,
-                        stage=k,
-                        node=st.domain,
-                    )
-                )
-            pw = st.power
-            if not (isinstance(pw, int | float) and math.isfinite(pw)) or not (
-                1.0 - POWER_TOL <= pw <= hi_power * (1 + POWER_TOL)
-            ):
-                out.append(
-                    Violation(
-                        "power-range",
-                        f"{sw}: power multiplier {pw!r} outside [1, {_fmt(hi_power)}]",
-                        replica=r,
-                        stage=k,
-                    )
-                )
-                pw = min(max(float(pw), 1.0), hi_power) if math.isfinite(float(pw)) else 1.0
-            if len(st.gpus) != rep.tp:
-                out.append(
-                    Violation(
-                        "stage-size",
-                        f"{sw}: {len(st.gpus)} GPUs for TP degree {rep.tp}",
-                        replica=r,
-                        stage=k,
-                    )
-                )
+            d, pw = _check_stage(instance, r, k, rep, out)
             stage_no += 1
             if clean is not None:  # every GPU known, healthy, in its domain, used once
                 stage_speeds.append(float(clean[0][stage_no - 1]))
                 stage_powers.append(pw)
                 clean[1].append(pw)
                 continue
-            slowest = math.inf
-            for g in st.gpus:
-                i = a.gpu_index.get(g)
-                if i is None:
-                    out.append(
-                        Violation(
-                            "gpu-unknown",
-                            f"{sw}: {g!r} is not a GPU of the cluster",
-                            replica=r,
-                            stage=k,
-                            node=g,
-                        )
-                    )
-                    continue
-                slowest = min(slowest, float(a.speed[i]))
-                if not a.healthy[i]:
-                    out.append(
-                        Violation(
-                            "gpu-failed",
-                            f"{sw}: GPU {g!r} has failed",
-                            replica=r,
-                            stage=k,
-                            node=g,
-                        )
-                    )
-                if d is not None and a.gpu_domain[i] != d:
-                    out.append(
-                        Violation(
-                            "gpu-outside-domain",
-                            f"{sw}: GPU {g!r} belongs to domain "
-                            f"{a.domain_ids[a.gpu_domain[i]]!r}, not {st.domain!r}",
-                            replica=r,
-                            stage=k,
-                            node=g,
-                        )
-                    )
-                if owner[i] >= 0:
-                    r0, k0 = divmod(int(owner[i]), 65536)
-                    out.append(
-                        Violation(
-                            "gpu-reused",
-                            f"{sw}: GPU {g!r} is already used by replica {r0} stage {k0}",
-                            replica=r,
-                            stage=k,
-                            node=g,
-                        )
-                    )
-                else:
-                    owner[i] = r * 65536 + k
-                    power_of[i] = pw
+            slowest = _check_gpus(instance, r, k, st, d, pw, owner, power_of, out)
             stage_speeds.append(slowest if math.isfinite(slowest) else 0.0)
             stage_powers.append(pw)
         speeds.append(gp.replica_speed(job, rep.tp, stage_speeds, stage_powers))
     if clean is not None:
         _, pws, idx, lengths = clean
         power_of[idx] = np.repeat(np.asarray(pws, dtype=float), lengths)
-    total = sum(int(rep.local_batch) for rep in plan.replicas)
-    if plan.replicas:
-        if job.batch_policy == "fixed" and total != job.global_batch:
-            out.append(
-                Violation(
-                    "batch-sum",
-                    f"local batches sum to {total}, fixed policy needs global_batch="
-                    f"{job.global_batch}",
-                )
-            )
-        elif job.batch_policy == "elastic" and total > job.global_batch:
-            out.append(
-                Violation(
-                    "batch-sum",
-                    f"local batches sum to {total} > global_batch={job.global_batch}",
-                )
-            )
+    out += _check_batch_sum(instance, plan)
     return out, speeds, power_of
 
 
 def _board_power(instance: Instance, plan: Plan, power_of: np.ndarray) -> list[Violation]:
     """GPUs asked for more than the power limit their board accepts (v1.1)."""
     a = instance.arrays
-    over = np.flatnonzero(power_of * a.tdp > a.max_power * (1 + POWER_TOL))
+    over = np.flatnonzero(board_over(instance, power_of))
     if not over.size:
         return []
     where: dict[int, tuple[int, int]] = {}
@@ -395,7 +449,8 @@ def evaluate(instance: Instance, plan: Plan) -> Evaluation:
     violations, speeds, power_of = _check(instance, plan)
     violations += _board_power(instance, plan, power_of)
     rack_w, site_w = rack_and_site_draw(instance, power_of)
-    for i in np.flatnonzero(rack_w > a.rack_budget * (1 + POWER_TOL) + 1e-9):
+    racks_over, site_over = over_budget(instance, rack_w, site_w)
+    for i in np.flatnonzero(racks_over):
         violations.append(
             Violation(
                 "rack-power",
@@ -404,7 +459,7 @@ def evaluate(instance: Instance, plan: Plan) -> Evaluation:
                 node=a.rack_ids[i],
             )
         )
-    if site_w > a.site_budget * (1 + POWER_TOL) + 1e-9:
+    if site_over:
         violations.append(
             Violation(
                 "site-power",
@@ -417,7 +472,7 @@ def evaluate(instance: Instance, plan: Plan) -> Evaluation:
     value = gp.goodput(job, tps, batches, speeds)
     claimed = plan.metrics.get("goodput")
     if isinstance(claimed, int | float) and not math.isclose(
-        float(claimed), value, rel_tol=METRIC_TOL, abs_tol=1e-12
+        float(claimed), value, rel_tol=METRIC_TOL, abs_tol=METRIC_ABS_TOL
     ):
         violations.append(
             Violation(

@@ -44,10 +44,12 @@ import networkx as nx
 import numpy as np
 
 from ntp_opt.model.instance import ClusterArrays, Instance
+from ntp_opt.model.layout import SLOT, Layout
 from ntp_opt.model.plan import Plan, Replica, Stage
 from ntp_opt.planners.exact.bounds import stage_bound
 from ntp_opt.planners.swaps import improve
-from ntp_opt.rules.recourse import adapt_indices, plan_indices
+from ntp_opt.rules.recourse import adapt_indices
+from ntp_opt.rules.tolerances import BOUND_TOL, FLOAT_NOISE
 from ntp_opt.rules.validate import check, evaluate
 
 logger = logging.getLogger(__name__)
@@ -194,13 +196,7 @@ def apply_events(instance: Instance, events: Iterable[Any]) -> Instance:
 
 def assignment(instance: Instance, plan: Plan) -> np.ndarray:
     """Per GPU (``instance.arrays`` order): ``replica * 65536 + stage``, or -1 if unused."""
-    a = instance.arrays
-    out = np.full(a.n_gpus, -1, dtype=np.int64)
-    index = a.gpu_index
-    for r, rep in enumerate(plan.replicas):
-        for k, st in enumerate(rep.stages):
-            out[[index[g] for g in st.gpus]] = r * 65536 + k
-    return out
+    return Layout.from_plan(instance, plan).assignment(instance.arrays.n_gpus)
 
 
 def migration(instance: Instance, old: Plan, new: Plan) -> int:
@@ -237,7 +233,7 @@ def align(instance: Instance, old: Plan, new: Plan) -> Plan:
     for r, rep in enumerate(new.replicas):
         idx = np.array([index[g] for g in rep.gpus()], dtype=np.int64)
         olds = before[idx]
-        olds = olds[olds >= 0] // 65536
+        olds = olds[olds >= 0] // SLOT
         if len(olds):
             ids, counts = np.unique(olds, return_counts=True)
             pairs.extend((-int(c), r, int(o)) for o, c in zip(ids, counts, strict=True))
@@ -323,7 +319,11 @@ def reboost(instance: Instance, plan: Plan, *, validate: bool = True) -> Plan:
     best: tuple[float, list[list[float]], tuple[int, ...]] | None = None
     for powers in (boost_slowest(instance, groups), boost_floor(instance, groups)):
         got = split_for(powers)
-        if got is not None and got[0] > value * (1 + 1e-12) and (best is None or got[0] > best[0]):
+        if (
+            got is not None
+            and got[0] > value * (1 + FLOAT_NOISE)
+            and (best is None or got[0] > best[0])
+        ):
             best = (got[0], powers, got[1])
     if best is None:
         return plan
@@ -432,7 +432,8 @@ def replan(
     new_inst = apply_events(instance, evs)
     a = instance.arrays
     failed_now = a.healthy & ~new_inst.arrays.healthy
-    reps = plan_indices(instance, plan)
+    layout = Layout.from_plan(instance, plan)
+    reps = layout.per_replica()
     local = adapt_indices(new_inst, plan, failed_now, reps)
     local_ev = None
     if local.metrics.get("reduced_power") or any(e.kind == "speed" for e in evs):
@@ -445,10 +446,7 @@ def replan(
     if local_ev is None:
         local_ev = check(new_inst, local)
     bound = stage_bound(new_inst)
-    before = np.full(a.n_gpus, -1, dtype=np.int64)
-    for r, stages in enumerate(reps):
-        for k, idx in enumerate(stages):
-            before[idx] = r * 65536 + k
+    before = layout.assignment(a.n_gpus)
     healthy = new_inst.arrays.healthy
 
     def moved_by(p: Plan) -> int:
@@ -504,7 +502,7 @@ def replan(
             key=lambda name: (options[name][2], -options[name][1]),
         )
     chosen, value, moved = options[choice]
-    if value > bound * (1 + 1e-9):  # a bug, never hidden
+    if value > bound * (1 + BOUND_TOL):  # a bug, never hidden
         raise RuntimeError(f"re-planned goodput {value} above the bound {bound}")
     ev = evals[choice]  # the chosen plan was checked above; only its metrics change
     chosen = chosen.with_metrics(

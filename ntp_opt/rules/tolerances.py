@@ -1,0 +1,67 @@
+"""Every numeric tolerance of the rules and planners, named once.
+
+Values are part of the planners' behaviour: changing one changes results
+(``instances/best_known.md``). Relative tolerances multiply the quantity they
+guard (``x * (1 + TOL)``); absolute ones are added.
+"""
+
+from __future__ import annotations
+
+__all__ = [
+    "BOOST_MARGIN",
+    "BOUND_TOL",
+    "BUDGET_SLACK",
+    "FLOAT_NOISE",
+    "IMPROVE_TOL",
+    "METRIC_ABS_TOL",
+    "METRIC_TOL",
+    "POWER_TOL",
+    "PROB_CLIP",
+    "REL_TOL",
+    "SHARE_TOL",
+    "SPLIT_TOL",
+    "WATT_SLACK",
+]
+
+#: Relative slack of the validator's power checks (board limits, rack and site budgets):
+#: a draw up to ``budget * (1 + POWER_TOL) + WATT_SLACK`` is within budget.
+POWER_TOL = 1e-9
+
+#: Absolute slack, in watts, added to a budget by the validator's power checks.
+WATT_SLACK = 1e-9
+
+#: Relative slack of the planners' own "fits at power 1" budget tests (stricter than
+#: the validator's, so a plan they accept always validates).
+BUDGET_SLACK = 1e-12
+
+#: Share of the remaining rack and site room a boost leaves unspent, so rounding never
+#: breaks a budget.
+BOOST_MARGIN = 1e-9
+
+#: Relative tolerance of a plan's reported metrics against the recomputed ones.
+METRIC_TOL = 1e-6
+
+#: Absolute tolerance of a plan's reported metrics against the recomputed ones.
+METRIC_ABS_TOL = 1e-12
+
+#: Relative float noise forgiven when comparing two computed figures (speeds, goodputs,
+#: step times): ``a > b * (1 + FLOAT_NOISE)`` means strictly better.
+FLOAT_NOISE = 1e-12
+
+#: Relative gain a planner's move must bring to count as an improvement.
+IMPROVE_TOL = 1e-9
+
+#: Relative optimality gap at which an exact search stops (bound vs value).
+REL_TOL = 1e-6
+
+#: Relative slack of the multi-workload shares (serving fractions, training minimum).
+SHARE_TOL = 1e-9
+
+#: Largest failure probability used under a logarithm (``log1p(-p)`` stays finite).
+PROB_CLIP = 1 - 1e-15
+
+#: Relative slack of "a value never exceeds its proven upper bound" checks.
+BOUND_TOL = 1e-9
+
+#: Relative slack of the batch split's candidate cut-off (``theta_K (1 + SPLIT_TOL)``).
+SPLIT_TOL = 1e-9

@@ -1,0 +1,60 @@
+"""The plan in index space (ntp_opt.model.layout): round trip and index views."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from ntp_opt.model.files import load_instance
+from ntp_opt.model.layout import Layout
+from ntp_opt.planners.heuristics import dp_drop, ntp, ntp_pw
+from ntp_opt.rules.recourse import plan_indices
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.mark.parametrize("planner", [dp_drop, ntp, ntp_pw])
+@pytest.mark.parametrize("name", ["tiny.json", "nvl32-64-1gpu-elastic.json.gz"])
+def test_round_trip_keeps_plan_and_metrics(planner, name):
+    inst = load_instance(ROOT / "instances" / name)
+    plan = planner(inst)
+    assert plan.replicas
+    layout = Layout.from_plan(inst, plan)
+    back = layout.to_plan(inst)
+    assert back == plan
+    assert dict(back.metrics) == dict(plan.metrics)
+    assert layout.n_replicas == len(plan.replicas)
+    assert layout.n_stages == sum(len(rep.stages) for rep in plan.replicas)
+
+
+def test_index_views_match_the_plan():
+    inst = load_instance(ROOT / "instances" / "tiny.json")
+    plan = ntp_pw(inst)
+    layout = Layout.from_plan(inst, plan)
+    per = layout.per_replica()
+    expected = plan_indices(inst, plan)
+    assert [[g.tolist() for g in rep] for rep in per] == [
+        [g.tolist() for g in rep] for rep in expected
+    ]
+    owner = layout.owner(inst.arrays.n_gpus)
+    for s, (r, k, g, pw) in enumerate(layout.stages()):
+        assert np.all(owner[g] == s)
+        assert plan.replicas[r].stages[k].power == pw
+        assert layout.degree[r] == plan.replicas[r].tp
+        assert layout.batch[r] == plan.replicas[r].local_batch
+    assert int((owner >= 0).sum()) == len(layout.gpus)
+
+
+def test_unknown_gpu_raises():
+    inst = load_instance(ROOT / "instances" / "tiny.json")
+    plan = ntp(inst)
+    rep = plan.replicas[0]
+    st = rep.stages[0]
+    bad = type(plan)(
+        plan.instance,
+        (type(rep)(rep.tp, rep.local_batch, (type(st)(st.domain, ("no-such-gpu",), 1.0),)),),
+    )
+    with pytest.raises(KeyError):
+        Layout.from_plan(inst, bad)
