@@ -252,6 +252,7 @@ def _solve(
             )
         if bound <= evaluation.goodput * (1 + 1e-6):
             status = Status.OPTIMAL
+    if spec.kind in ("heuristic", "bounded"):  # unchecked plans: attach the checked figures
         plan = plan.with_metrics(**evaluation.as_metrics())
     return Result(
         status=status,

@@ -9,6 +9,7 @@ integer-programming backends (ortools, pulp, highspy) are imported by
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Protocol
 
 from ntp_opt.model.control import Control
 from ntp_opt.model.instance import Instance
@@ -33,8 +34,16 @@ def _limit(interrupted: bool, time_limit_hit: bool) -> Limit:
     return Limit.TIME if time_limit_hit else Limit.NONE
 
 
-def heuristic(function: Callable[[Instance], Plan]) -> Planner:
-    """A :class:`Planner` running ``function(instance) -> Plan`` to the end."""
+class Heuristic(Protocol):
+    """A heuristic: ``function(instance, validate=False)`` returns an unchecked plan."""
+
+    def __call__(self, instance: Instance, *, validate: bool = True) -> Plan:
+        """The plan; checked with the validator's metrics when ``validate``."""
+        ...
+
+
+def heuristic(function: Heuristic) -> Planner:
+    """A :class:`Planner` running ``function(instance) -> Plan`` to the end, unchecked."""
 
     def run(
         instance: Instance,
@@ -46,7 +55,8 @@ def heuristic(function: Callable[[Instance], Plan]) -> Planner:
         log: bool,
         control: Control,
     ) -> Outcome:
-        return Outcome(plan=function(instance))
+        # solve checks the plan: the heuristic need not check it too
+        return Outcome(plan=function(instance, validate=False))
 
     return run
 
