@@ -175,8 +175,8 @@ def solve(
     """
     if time_limit is not None and not time_limit > 0:
         raise ValueError(f"time_limit must be positive, got {time_limit!r}")
-    if solver not in PLANNERS:
-        raise ValueError(f"unknown solver {solver!r}; known: {', '.join(PLANNERS)}")
+    if solver not in REGISTRY:
+        raise ValueError(f"unknown solver {solver!r}; known: {', '.join(REGISTRY)}")
     check_batch_size(instance.job)  # SizeLimitError (a ValueError) before any array is built
     control = Control(solver, callback, cancel)
     with sigint_sets(control.cancel):

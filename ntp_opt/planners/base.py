@@ -67,6 +67,16 @@ class Outcome:
     log: tuple[str, ...] = ()
     stats: Mapping[str, float] = field(default_factory=dict)
 
+    @property
+    def time_limit_hit(self) -> bool:
+        """The time limit stopped the planner."""
+        return self.limit == Limit.TIME
+
+    @property
+    def interrupted(self) -> bool:
+        """A cancel (or SIGINT) stopped the planner."""
+        return self.limit == Limit.INTERRUPTED
+
 
 class Planner(Protocol):
     """A planner as :func:`ntp_opt.solve.solve` calls it."""

@@ -8,6 +8,7 @@ integer-programming backends (ortools, pulp, highspy) are imported by
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 from typing import Protocol
 
@@ -16,7 +17,7 @@ from ntp_opt.model.instance import Instance
 from ntp_opt.model.plan import Plan
 from ntp_opt.planners import heuristics, peers
 from ntp_opt.planners.base import Limit, Outcome, Planner, PlannerSpec
-from ntp_opt.planners.exact.search import SearchOutcome, solve_exact
+from ntp_opt.planners.exact.search import solve_exact
 from ntp_opt.planners.fast import plan_fast
 from ntp_opt.planners.megatron import solve_megatron
 from ntp_opt.planners.riskaware import plan_risk_aware
@@ -24,8 +25,7 @@ from ntp_opt.planners.riskaware import plan_risk_aware
 
 def without_power(instance: Instance) -> Instance:
     """The same instance with power boost disabled (``max_boost = 0``)."""
-    job = instance.job.model_copy(update={"max_boost": 0.0})
-    return Instance(instance.name, instance.cluster, job, instance.meta, copy_graph=False)
+    return instance.with_job(instance.job.model_copy(update={"max_boost": 0.0}))
 
 
 def _limit(interrupted: bool, time_limit_hit: bool) -> Limit:
@@ -90,7 +90,7 @@ def exact(name: str, backend: str, power: bool, megatron: bool = False) -> Plann
         log: bool,
         control: Control,
     ) -> Outcome:
-        search: Callable[..., SearchOutcome] = solve_megatron if megatron else solve_exact
+        search: Callable[..., Outcome] = solve_megatron if megatron else solve_exact
         out = search(
             instance if power else without_power(instance),
             backend,
@@ -101,17 +101,12 @@ def exact(name: str, backend: str, power: bool, megatron: bool = False) -> Plann
             log=log,
             control=control,
         )
+        if out.plan is None:
+            return out
         plan = out.plan.with_metrics(policy=name)
         if out.bound is not None:
             plan = plan.with_metrics(bound=out.bound)
-        return Outcome(
-            plan=plan,
-            bound=out.bound,
-            proven=out.proven,
-            limit=_limit(out.interrupted, out.time_limit_hit),
-            log=tuple(out.log) if log else (),
-            stats={"evaluations": out.evaluations},
-        )
+        return dataclasses.replace(out, plan=plan, log=out.log if log else ())
 
     return run
 
