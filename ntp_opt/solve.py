@@ -1,48 +1,30 @@
 """One entry point for every planner: :func:`solve` returns a :class:`Result`.
 
-Planners are registered by name and imported lazily, so that a missing
-optional dependency only matters to the planner that needs it.
+Planners are registered by name in :data:`REGISTRY`
+(:mod:`ntp_opt.planners.registry`); each is a
+:class:`~ntp_opt.planners.base.Planner` returning an
+:class:`~ntp_opt.planners.base.Outcome`, which :func:`solve` checks once with
+the validator. The optional integer-programming backends are imported only
+when used, so a missing extra only matters to the planner that needs it.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import importlib
 import logging
 import threading
 import time
-from collections.abc import Callable
 from dataclasses import dataclass
-from enum import StrEnum
 
 from ntp_opt.model.control import Callback, Control, sigint_sets
 from ntp_opt.model.instance import Instance
 from ntp_opt.model.plan import Plan
+from ntp_opt.planners.base import Limit, Outcome, Planner, PlannerSpec, Status
+from ntp_opt.planners.registry import REGISTRY, without_power
 from ntp_opt.rules.goodput import check_batch_size
 from ntp_opt.rules.validate import Evaluation, check, infeasibility, pause_reason
 
 logger = logging.getLogger(__name__)
-
-
-class Status(StrEnum):
-    """What is known about the returned plan."""
-
-    OPTIMAL = "optimal"
-    """The plan is proven optimal (within the gap tolerance)."""
-    FEASIBLE = "feasible"
-    """A feasible plan, not proven optimal (every heuristic's status)."""
-    INFEASIBLE = "infeasible"
-    """Proven that no feasible plan exists."""
-    NO_SOLUTION = "no_solution"
-    """Stopped before any feasible plan was found."""
-
-
-class Limit(StrEnum):
-    """Which limit stopped the planner, if any."""
-
-    NONE = "none"
-    TIME = "time_limit"
-    INTERRUPTED = "interrupted"
 
 
 @dataclass(frozen=True)
@@ -75,6 +57,13 @@ class Result:
     reason
         Why there is no plan (status ``infeasible``) or why the plan is the
         paused job (no replicas); ``None`` otherwise.
+
+    Notes
+    -----
+    Without a plan the status is ``infeasible`` only when infeasibility is
+    proven (not even the paused job fits, or the planner proved it), and
+    ``no_solution`` when the planner stopped (time limit or interrupt, see
+    :attr:`limit`) before finding any plan.
     """
 
     status: Status
@@ -99,64 +88,28 @@ class Result:
         return max(0.0, (self.bound - self.objective) / self.bound)
 
 
-#: Heuristic planners: name -> "module:function" taking an Instance, returning a Plan.
-HEURISTICS: dict[str, str] = {
-    "dp-drop": "ntp_opt.planners.heuristics:dp_drop",
-    "ntp": "ntp_opt.planners.heuristics:ntp",
-    "ntp-pw": "ntp_opt.planners.heuristics:ntp_pw",
-    "megatron-ntp": "ntp_opt.planners.peers:megatron_ntp",
-    "megatron-ntp-reordered": "ntp_opt.planners.peers:megatron_ntp_reordered",
-}
-
-#: Heuristic planners that also prove an upper bound: name -> "module:function"
-#: taking an Instance (and ``validate=False``), returning ``(Plan, bound)``.
-BOUNDED: dict[str, str] = {
-    "fast": "ntp_opt.planners.fast:plan_fast",
-}
+#: Planners by kind (names only; the planners are in :data:`REGISTRY`).
+HEURISTICS: tuple[str, ...] = tuple(n for n, p in REGISTRY.items() if p.kind == "heuristic")
+BOUNDED: tuple[str, ...] = tuple(n for n, p in REGISTRY.items() if p.kind == "bounded")
+SEARCHES: tuple[str, ...] = tuple(n for n, p in REGISTRY.items() if p.kind == "search")
 
 #: Exact planners: name -> (integer-programming backend, power boost allowed).
 EXACT: dict[str, tuple[str, bool]] = {
-    "optimal": ("cpsat", True),
-    "optimal-nopower": ("cpsat", False),
-    "cpsat": ("cpsat", True),
-    "highs": ("highs", True),
-    "cbc": ("cbc", True),
-    "optimal-megatron": ("cpsat", True),
-    "optimal-megatron-nopower": ("cpsat", False),
-}
-
-#: Exact planners restricted to plans Megatron-LM's NTP runtime can run
-#: (one reduced degree, reduced replicas first): :func:`ntp_opt.megatron.solve_megatron`.
-MEGATRON_RUNTIME: frozenset[str] = frozenset({"optimal-megatron", "optimal-megatron-nopower"})
-
-#: Planners that use the time limit, seed and threads: name -> "module:function"
-#: returning an object with ``plan``, ``bound`` and ``time_limit_hit``.
-SEARCHES: dict[str, str] = {
-    "risk-aware": "ntp_opt.planners.riskaware:plan_risk_aware",
+    n: (p.backend or "", not n.endswith("-nopower"))
+    for n, p in REGISTRY.items()
+    if p.kind == "exact"
 }
 
 #: Planners whose :attr:`Result.bound` holds for the instance as it is. The
 #: others bound a restricted problem (``optimal-nopower``: no boost;
 #: ``optimal-megatron``: one reduced degree) or have no bound.
-INSTANCE_BOUNDS: frozenset[str] = frozenset({"optimal", "cpsat", "highs", "cbc", *BOUNDED})
+INSTANCE_BOUNDS: frozenset[str] = frozenset(n for n, p in REGISTRY.items() if p.instance_bound)
 
 #: Every planner name :func:`solve` accepts.
-PLANNERS: tuple[str, ...] = (*HEURISTICS, *BOUNDED, *EXACT, *SEARCHES)
+PLANNERS: tuple[str, ...] = tuple(REGISTRY)
 
 #: The policies of docs/model.md, spec section 5, as compared by ``ntp-opt compare``.
 POLICIES: tuple[str, ...] = ("dp-drop", "ntp", "ntp-pw", "optimal-nopower", "optimal")
-
-
-def _heuristic(name: str) -> Callable[[Instance], Plan]:
-    module, func = HEURISTICS[name].split(":")
-    planner: Callable[[Instance], Plan] = getattr(importlib.import_module(module), func)
-    return planner
-
-
-def without_power(instance: Instance) -> Instance:
-    """The same instance with power boost disabled (``max_boost = 0``)."""
-    job = instance.job.model_copy(update={"max_boost": 0.0})
-    return Instance(instance.name, instance.cluster, job, instance.meta, copy_graph=False)
 
 
 def solve(
@@ -222,8 +175,8 @@ def solve(
     """
     if time_limit is not None and not time_limit > 0:
         raise ValueError(f"time_limit must be positive, got {time_limit!r}")
-    if solver not in PLANNERS:
-        raise ValueError(f"unknown solver {solver!r}; known: {', '.join(PLANNERS)}")
+    if solver not in REGISTRY:
+        raise ValueError(f"unknown solver {solver!r}; known: {', '.join(REGISTRY)}")
     check_batch_size(instance.job)  # SizeLimitError (a ValueError) before any array is built
     control = Control(solver, callback, cancel)
     with sigint_sets(control.cancel):
@@ -265,81 +218,45 @@ def _solve(
             log=why if log else None,
             reason=why,
         )
-    if solver in HEURISTICS:  # at most seconds: run to the end
-        plan = _heuristic(solver)(instance)
-        status, limit, bound, text = Status.FEASIBLE, Limit.NONE, None, None
-    elif solver in BOUNDED:
-        module, func = BOUNDED[solver].split(":")
-        # solve checks the plan below: the planner need not check it too
-        plan, bound = getattr(importlib.import_module(module), func)(
-            instance, validate=False, cancel=control.cancel
-        )
-        status = Status.FEASIBLE  # OPTIMAL below if the checked goodput reaches the bound
-        limit, text = Limit.NONE, None
-        plan = plan.with_metrics(bound=bound)
-    elif solver in SEARCHES:
-        module, func = SEARCHES[solver].split(":")
-        search = getattr(importlib.import_module(module), func)
-        found = search(
-            instance, time_limit=time_limit, seed=seed, threads=threads, cancel=control.cancel
-        )
-        plan, bound, text = found.plan, found.bound, None
-        status = Status.FEASIBLE
-        limit = (
-            Limit.INTERRUPTED
-            if found.interrupted
-            else Limit.TIME
-            if found.time_limit_hit
-            else Limit.NONE
-        )
-    else:
-        backend, power = EXACT[solver]
-        try:
-            from ntp_opt.planners.exact.search import solve_exact
-        except ImportError as err:  # pragma: no cover - depends on the environment
-            raise ImportError(f"solver {solver!r} needs {err.name}") from err
-        search = solve_exact
-        if solver in MEGATRON_RUNTIME:
-            from ntp_opt.planners.megatron import solve_megatron
-
-            search = solve_megatron
-        target = instance if power else without_power(instance)
-        out = search(
-            target,
-            backend,
-            time_limit=time_limit,
-            threads=threads,
-            seed=seed,
-            initial_plan=initial_plan,
-            log=log,
-            control=control,
-        )
-        plan = out.plan.with_metrics(policy=solver)
-        status = Status.OPTIMAL if out.proven else Status.FEASIBLE
-        limit = (
-            Limit.INTERRUPTED
-            if out.interrupted
-            else Limit.TIME
-            if out.time_limit_hit
-            else Limit.NONE
-        )
-        bound = out.bound
-        text = "\n".join(out.log) if log else None
-        if bound is not None:
-            plan = plan.with_metrics(bound=bound)
+    spec = REGISTRY[solver]
+    out = spec.run(
+        instance,
+        time_limit=time_limit,
+        seed=seed,
+        threads=threads,
+        initial_plan=initial_plan,
+        log=log,
+        control=control,
+    )
     runtime = time.perf_counter() - start
-    evaluation = check(instance, plan)  # never trust a planner
-    if solver in BOUNDED and bound is not None:
+    plan, bound = out.plan, out.bound
+    text = "\n".join(out.log) if log and spec.kind == "exact" else None
+    if plan is None:  # stopped before any plan, or proven infeasible
+        return Result(
+            status=Status.INFEASIBLE if out.proven else Status.NO_SOLUTION,
+            limit=out.limit,
+            plan=None,
+            objective=None,
+            relative_objective=None,
+            bound=bound,
+            runtime_s=runtime,
+            solver=solver,
+            log=text,
+        )
+    status = Status.OPTIMAL if out.proven else Status.FEASIBLE
+    evaluation = check(instance, plan)  # the one check: never trust a planner
+    if spec.kind == "bounded" and bound is not None:
         if evaluation.goodput > bound * (1 + 1e-9):  # a bug, never hidden
             raise RuntimeError(
                 f"planner {solver!r}: goodput {evaluation.goodput} above its bound {bound}"
             )
         if bound <= evaluation.goodput * (1 + 1e-6):
             status = Status.OPTIMAL
+    if spec.kind in ("heuristic", "bounded"):  # unchecked plans: attach the checked figures
         plan = plan.with_metrics(**evaluation.as_metrics())
     return Result(
         status=status,
-        limit=limit,
+        limit=out.limit,
         plan=plan,
         objective=evaluation.goodput,
         relative_objective=evaluation.relative_goodput,
@@ -350,3 +267,23 @@ def _solve(
         evaluation=evaluation,
         reason=None if plan.replicas else pause_reason(instance, status == Status.OPTIMAL),
     )
+
+
+__all__ = [
+    "BOUNDED",
+    "EXACT",
+    "HEURISTICS",
+    "INSTANCE_BOUNDS",
+    "PLANNERS",
+    "POLICIES",
+    "REGISTRY",
+    "SEARCHES",
+    "Limit",
+    "Outcome",
+    "Planner",
+    "PlannerSpec",
+    "Result",
+    "Status",
+    "solve",
+    "without_power",
+]

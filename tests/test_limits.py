@@ -74,8 +74,9 @@ def test_exact_search_with_no_time_left_returns_a_valid_plan() -> None:
     inst = _tiny(8)
     out = solve_exact(inst, time_limit=1e-9)
     assert out.time_limit_hit and not out.proven
+    assert out.plan is not None
     ev = evaluate(inst, out.plan)
-    assert ev.feasible and ev.goodput == pytest.approx(out.goodput)
+    assert ev.feasible and ev.goodput == pytest.approx(out.stats["goodput"])
     res = solve(inst, "optimal", time_limit=1e-9)
     assert res.limit == Limit.TIME and res.plan is not None and res.evaluation is not None
     assert res.evaluation.feasible

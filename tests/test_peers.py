@@ -208,8 +208,7 @@ def test_rack_budget_below_tdp_drops_replicas():
 
 
 def test_registered_and_never_above_the_optimum():
-    assert HEURISTICS["megatron-ntp"] == "ntp_opt.planners.peers:megatron_ntp"
-    assert HEURISTICS["megatron-ntp-reordered"] == "ntp_opt.planners.peers:megatron_ntp_reordered"
+    assert "megatron-ntp" in HEURISTICS and "megatron-ntp-reordered" in HEURISTICS
     g = topology.build_cluster(16, 8, 4, 2)
     topology.fail_random(g, count=6, seed=3)
     topology.add_stragglers(g, count=3, speed=(0.7, 0.95), seed=4)

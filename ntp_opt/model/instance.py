@@ -224,6 +224,72 @@ class Instance:
         caps.setflags(write=False)
         return caps
 
+    def with_job(self, job: Job) -> Instance:
+        """The same cluster with another job, sharing the compiled cluster.
+
+        Parameters
+        ----------
+        job
+            The new job (checked against the cluster as on construction).
+
+        Returns
+        -------
+        Instance
+            A new instance (same name, graph and meta); :attr:`arrays` is
+            shared, since it does not depend on the job.
+        """
+        new = Instance(self.name, self.cluster, job, self.meta, copy_graph=False)
+        new.__dict__["arrays"] = self.arrays
+        return new
+
+    def with_health(
+        self, healthy: np.ndarray | None = None, speed: np.ndarray | None = None
+    ) -> Instance:
+        """The same instance with other failed/healthy GPUs or speeds (copy-on-write).
+
+        Parameters
+        ----------
+        healthy
+            Per GPU (``arrays`` order), whether it is healthy (``None``: unchanged).
+        speed
+            Per GPU, its speed (``None``: unchanged).
+
+        Returns
+        -------
+        Instance
+            A new instance (same name, job and meta) whose graph shares the
+            unchanged structure and node attributes; only the nodes of GPUs
+            whose health or speed differ are copied, and the compiled arrays
+            other than ``healthy`` and ``speed`` are shared.
+        """
+        a = self.arrays
+        new_healthy = np.array(a.healthy if healthy is None else healthy, dtype=bool)
+        new_speed = np.array(a.speed if speed is None else speed, dtype=float)
+        if new_healthy.shape != a.healthy.shape or new_speed.shape != a.speed.shape:
+            raise ValueError(f"healthy and speed need one entry per GPU ({a.n_gpus})")
+        changed = np.flatnonzero((new_healthy != a.healthy) | (new_speed != a.speed))
+        old = self.cluster
+        graph = nx.Graph()
+        graph._adj = old._adj  # frozen, shared: the structure does not change
+        graph._node = dict(old._node)
+        graph.graph = dict(old.graph)
+        for i in changed:
+            attrs = dict(old._node[a.gpu_ids[i]])
+            attrs["state"] = "healthy" if new_healthy[i] else "failed"
+            attrs["speed"] = float(new_speed[i])
+            graph._node[a.gpu_ids[i]] = attrs
+        nx.freeze(graph)
+        for arr in (new_healthy, new_speed):
+            arr.setflags(write=False)
+        arrays = ClusterArrays(**{**a.__dict__, "healthy": new_healthy, "speed": new_speed})
+        new = object.__new__(Instance)
+        object.__setattr__(new, "name", self.name)
+        object.__setattr__(new, "cluster", graph)
+        object.__setattr__(new, "job", self.job)
+        object.__setattr__(new, "meta", self.meta)
+        new.__dict__["arrays"] = arrays
+        return new
+
     def __eq__(self, other: object) -> bool:
         if not isinstance(other, Instance):
             return NotImplemented

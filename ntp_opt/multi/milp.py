@@ -35,13 +35,13 @@ import itertools
 import math
 import time
 from dataclasses import dataclass
-from enum import StrEnum
 
 import numpy as np
 
 from ntp_opt.model.plan import Plan, Replica, Stage
 from ntp_opt.multi.validate import MultiEvaluation, check_multi, evaluate_multi
 from ntp_opt.multi.workloads import MultiInstance, MultiPlan, ServingReplica
+from ntp_opt.planners.base import Status
 from ntp_opt.planners.exact.backends import solve_program
 from ntp_opt.planners.exact.program import IntProgram, Row
 from ntp_opt.rules.goodput import replica_speed, split_batch
@@ -57,13 +57,9 @@ MAX_CONFIGS = 5_000
 REL_TOL = 1e-6
 
 
-class MultiStatus(StrEnum):
-    """What is known about the returned plan."""
-
-    OPTIMAL = "optimal"
-    FEASIBLE = "feasible"
-    INFEASIBLE = "infeasible"
-    NO_SOLUTION = "no_solution"
+#: What is known about the returned plan: the single-job :class:`Status`
+#: (:mod:`ntp_opt.planners.base`), under its old name.
+MultiStatus = Status
 
 
 @dataclass(frozen=True)

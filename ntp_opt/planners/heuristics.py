@@ -216,7 +216,9 @@ def to_replicas(
     )
 
 
-def _plan(instance: Instance, policy: str, reduced: bool, boost: bool) -> Plan:
+def _plan(
+    instance: Instance, policy: str, reduced: bool, boost: bool, validate: bool = True
+) -> Plan:
     groups = fit_power(instance, pack_replicas(instance, domain_slots(instance, reduced)))
     powers = boost_slowest(instance, groups) if boost else [[1.0] * len(m) for _, m in groups]
     split = split_groups(instance, groups, powers)
@@ -224,52 +226,61 @@ def _plan(instance: Instance, policy: str, reduced: bool, boost: bool) -> Plan:
     if split is not None:
         replicas = to_replicas(instance, groups, powers, split.batches)
     plan = Plan(instance.name, replicas, {"policy": policy, "paused": not replicas})
-    return certified(instance, plan)
+    return certified(instance, plan) if validate else plan
 
 
-def dp_drop(instance: Instance) -> Plan:
+def dp_drop(instance: Instance, *, validate: bool = True) -> Plan:
     """Uniform TP: only full-degree stages; spare domains swapped in.
 
     Parameters
     ----------
     instance
         The instance.
+    validate
+        Check the plan and attach the validator's metrics (default);
+        :func:`ntp_opt.solve.solve` checks it itself.
 
     Returns
     -------
     Plan
         A validated plan (empty when the job pauses).
     """
-    return _plan(instance, "dp-drop", reduced=False, boost=False)
+    return _plan(instance, "dp-drop", reduced=False, boost=False, validate=validate)
 
 
-def ntp(instance: Instance) -> Plan:
+def ntp(instance: Instance, *, validate: bool = True) -> Plan:
     """The paper's NTP: reduced-degree replicas with a smaller local batch.
 
     Parameters
     ----------
     instance
         The instance.
+    validate
+        Check the plan and attach the validator's metrics (default);
+        :func:`ntp_opt.solve.solve` checks it itself.
 
     Returns
     -------
     Plan
         A validated plan (empty when the job pauses).
     """
-    return _plan(instance, "ntp", reduced=True, boost=False)
+    return _plan(instance, "ntp", reduced=True, boost=False, validate=validate)
 
 
-def ntp_pw(instance: Instance) -> Plan:
+def ntp_pw(instance: Instance, *, validate: bool = True) -> Plan:
     """NTP with power boost of slow replicas within rack and site budgets.
 
     Parameters
     ----------
     instance
         The instance.
+    validate
+        Check the plan and attach the validator's metrics (default);
+        :func:`ntp_opt.solve.solve` checks it itself.
 
     Returns
     -------
     Plan
         A validated plan (empty when the job pauses).
     """
-    return _plan(instance, "ntp-pw", reduced=True, boost=True)
+    return _plan(instance, "ntp-pw", reduced=True, boost=True, validate=validate)

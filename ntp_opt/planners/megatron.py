@@ -38,7 +38,8 @@ from ntp_opt.model.control import Control
 from ntp_opt.model.instance import Instance
 from ntp_opt.model.job import Job
 from ntp_opt.model.plan import Plan
-from ntp_opt.planners.exact.search import SearchOutcome, solve_exact
+from ntp_opt.planners.base import Limit, Outcome
+from ntp_opt.planners.exact.search import solve_exact
 from ntp_opt.rules.validate import Violation, evaluate
 
 logger = logging.getLogger(__name__)
@@ -167,10 +168,7 @@ def megatron_order(plan: Plan, tp_base: int) -> Plan:
 def _restricted(instance: Instance, degrees: tuple[int, ...]) -> Instance:
     """``instance`` whose job allows only ``degrees`` (compiled arrays shared)."""
     job = Job(**{**instance.job.model_dump(), "tp_allowed": degrees})
-    sub = Instance(instance.name, instance.cluster, job, instance.meta, copy_graph=False)
-    # The compiled cluster does not depend on the job: share it rather than recompile.
-    sub.__dict__["arrays"] = instance.arrays
-    return sub
+    return instance.with_job(job)
 
 
 def solve_megatron(
@@ -183,7 +181,7 @@ def solve_megatron(
     initial_plan: Plan | None = None,
     log: bool = False,
     control: Control | None = None,
-) -> SearchOutcome:
+) -> Outcome:
     """The best plan Megatron-LM's NTP runtime can run (exact, per reduced degree).
 
     For every allowed reduced degree ``t < T`` (largest first) the exact
@@ -219,8 +217,9 @@ def solve_megatron(
 
     Returns
     -------
-    SearchOutcome
-        Its plan has the reduced replicas first.
+    Outcome
+        Its plan has the reduced replicas first; ``stats`` as in
+        :func:`ntp_opt.planners.exact.search.solve_exact`.
     """
     start = time.perf_counter()
     job = instance.job
@@ -228,7 +227,7 @@ def solve_megatron(
     cands: list[tuple[int, ...]] = [(t, big_t) for t in reversed(job.allowed) if t < big_t]
     if not cands:
         cands = [(big_t,)]
-    best: SearchOutcome | None = None
+    best: Outcome | None = None
     bounds: list[float | None] = []
     proven = True
     hit = interrupted = False
@@ -264,17 +263,17 @@ def solve_megatron(
             control=control,
             report_bounds=False,  # one degree's bound is no bound for all of them
         )
-        evaluations += out.evaluations
+        evaluations += int(out.stats["evaluations"])
         bounds.append(out.bound)
         proven = proven and out.proven
         hit = hit or out.time_limit_hit
         lines.append(
-            f"degrees {list(degrees)}: goodput {out.goodput:.9g} bound {out.bound} "
+            f"degrees {list(degrees)}: goodput {out.stats['goodput']:.9g} bound {out.bound} "
             f"proven {out.proven}"
         )
         logger.info("optimal-megatron: %s", lines[-1])
         lines += [f"  {line}" for line in out.log]
-        if best is None or out.goodput > best.goodput:
+        if best is None or out.stats["goodput"] > best.stats["goodput"]:
             best = out
         if out.interrupted:
             interrupted, proven = True, False
@@ -284,20 +283,19 @@ def solve_megatron(
 
         plan = ntp_pw(_restricted(instance, cands[0]))
         ev = evaluate(instance, plan)
-        best = SearchOutcome(plan, ev.goodput, None, False, True, 0)
+        best = Outcome(plan, limit=Limit.TIME, stats={"goodput": ev.goodput, "evaluations": 0})
     bound = None
     if bounds and all(b is not None for b in bounds) and len(bounds) == len(cands):
-        bound = max(max(b for b in bounds if b is not None), best.goodput)
+        bound = max(max(b for b in bounds if b is not None), best.stats["goodput"])
+    assert best.plan is not None  # every search returns a plan
     plan = megatron_order(best.plan, big_t).with_metrics(policy="optimal-megatron")
     ev = evaluate(instance, plan)
     plan = plan.with_metrics(**ev.as_metrics())
-    return SearchOutcome(
+    return Outcome(
         plan=plan,
-        goodput=ev.goodput,
         bound=bound,
         proven=proven and bound is not None and not math.isinf(bound),
-        time_limit_hit=hit,
-        interrupted=interrupted,
-        evaluations=evaluations,
-        log=lines,
+        limit=Limit.INTERRUPTED if interrupted else Limit.TIME if hit else Limit.NONE,
+        log=tuple(lines),
+        stats={"goodput": ev.goodput, "evaluations": evaluations},
     )

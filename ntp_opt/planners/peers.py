@@ -211,7 +211,11 @@ def megatron_layout(
 
 
 def megatron_plan(
-    instance: Instance, *, reordered: bool = False, rank_order: RankOrder = "tp-dp-pp"
+    instance: Instance,
+    *,
+    reordered: bool = False,
+    rank_order: RankOrder = "tp-dp-pp",
+    validate: bool = True,
 ) -> Plan:
     """Megatron-LM's nonuniform TP, out of the box.
 
@@ -240,6 +244,9 @@ def megatron_plan(
         Use the re-ordering launcher (see :func:`megatron_layout`).
     rank_order
         Rank order of the as-launched layout.
+    validate
+        Check the plan and attach the validator's metrics (default);
+        :func:`ntp_opt.solve.solve` checks it itself.
 
     Returns
     -------
@@ -310,39 +317,43 @@ def megatron_plan(
             "dropped_replicas": job.dp - len(replicas),
         },
     )
-    return certified(instance, plan)
+    return certified(instance, plan) if validate else plan
 
 
-def megatron_ntp(instance: Instance) -> Plan:
+def megatron_ntp(instance: Instance, *, validate: bool = True) -> Plan:
     """Megatron-LM's nonuniform TP on the launch-time rank layout.
 
     Parameters
     ----------
     instance
         The instance.
+    validate
+        Check the plan and attach the validator's metrics (default).
 
     Returns
     -------
     Plan
         A validated plan (empty when the job pauses); see :func:`megatron_plan`.
     """
-    return megatron_plan(instance, reordered=False)
+    return megatron_plan(instance, reordered=False, validate=validate)
 
 
-def megatron_ntp_reordered(instance: Instance) -> Plan:
+def megatron_ntp_reordered(instance: Instance, *, validate: bool = True) -> Plan:
     """Megatron-LM's nonuniform TP after a launcher packs failed domains first.
 
     Parameters
     ----------
     instance
         The instance.
+    validate
+        Check the plan and attach the validator's metrics (default).
 
     Returns
     -------
     Plan
         A validated plan (empty when the job pauses); see :func:`megatron_plan`.
     """
-    return megatron_plan(instance, reordered=True)
+    return megatron_plan(instance, reordered=True, validate=validate)
 
 
 # ---------------------------------------------------------------------------

@@ -809,6 +809,7 @@ def plan_risk_aware(
             threads=threads,
             control=Control("risk-aware", None, cancel),
         )
+        assert found.plan is not None  # the exact search always returns a plan
         blind, bound = found.plan, found.bound
     nominal = evaluate(instance, blind)
     if not nominal.feasible:

@@ -40,10 +40,9 @@ from collections.abc import Hashable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-import networkx as nx
 import numpy as np
 
-from ntp_opt.model.instance import ClusterArrays, Instance
+from ntp_opt.model.instance import Instance
 from ntp_opt.model.layout import SLOT, Layout
 from ntp_opt.model.plan import Plan, Replica, Stage
 from ntp_opt.planners.exact.bounds import stage_bound
@@ -156,7 +155,6 @@ def apply_events(instance: Instance, events: Iterable[Any]) -> Instance:
     a = instance.arrays
     healthy = a.healthy.copy()
     speed = a.speed.copy()
-    changed: set[int] = set()
     for e in _as_events(events):
         for node in e.nodes:
             for i in _gpus_of(instance, node):
@@ -170,28 +168,7 @@ def apply_events(instance: Instance, events: Iterable[Any]) -> Instance:
                     healthy[i] = True
                 else:
                     speed[i] = float(e.speed)  # type: ignore[arg-type]
-                changed.add(i)
-    old = instance.cluster
-    graph = nx.Graph()
-    graph._adj = old._adj  # frozen, shared: the structure does not change
-    graph._node = dict(old._node)
-    graph.graph = dict(old.graph)
-    for i in changed:
-        attrs = dict(old._node[a.gpu_ids[i]])
-        attrs["state"] = "healthy" if healthy[i] else "failed"
-        attrs["speed"] = float(speed[i])
-        graph._node[a.gpu_ids[i]] = attrs
-    nx.freeze(graph)
-    for arr in (healthy, speed):
-        arr.setflags(write=False)
-    arrays = ClusterArrays(**{**a.__dict__, "healthy": healthy, "speed": speed})
-    new = object.__new__(Instance)
-    object.__setattr__(new, "name", instance.name)
-    object.__setattr__(new, "cluster", graph)
-    object.__setattr__(new, "job", instance.job)
-    object.__setattr__(new, "meta", instance.meta)
-    new.__dict__["arrays"] = arrays
-    return new
+    return instance.with_health(healthy, speed)
 
 
 def assignment(instance: Instance, plan: Plan) -> np.ndarray:

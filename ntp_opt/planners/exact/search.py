@@ -35,6 +35,7 @@ from ntp_opt.model.control import Control
 from ntp_opt.model.instance import Instance
 from ntp_opt.model.plan import Plan, Replica, Stage
 from ntp_opt.planners import heuristics as baselines
+from ntp_opt.planners.base import Limit, Outcome
 from ntp_opt.planners.exact.backends import solve_program
 from ntp_opt.planners.exact.bounds import capacity_bound
 from ntp_opt.planners.exact.model import (
@@ -55,20 +56,6 @@ logger = logging.getLogger(__name__)
 
 #: Relative tolerance of the step-time search (and of "optimal").
 REL_TOL = 1e-6
-
-
-@dataclass
-class SearchOutcome:
-    """What :func:`solve_exact` found."""
-
-    plan: Plan
-    goodput: float
-    bound: float | None
-    proven: bool
-    time_limit_hit: bool
-    evaluations: int
-    interrupted: bool = False
-    log: list[str] = field(default_factory=list)
 
 
 class _Deadline(Exception):
@@ -406,7 +393,7 @@ def solve_exact(
     log: bool = False,
     control: Control | None = None,
     report_bounds: bool = True,
-) -> SearchOutcome:
+) -> Outcome:
     """Maximise goodput exactly (to :data:`REL_TOL`) with the given backend.
 
     Parameters
@@ -434,7 +421,9 @@ def solve_exact(
 
     Returns
     -------
-    SearchOutcome
+    Outcome
+        Its ``stats`` hold the plan's ``goodput`` and the number of
+        capacity-program ``evaluations``.
     """
     start = time.perf_counter()
     deadline = None if time_limit is None else start + time_limit
@@ -465,8 +454,9 @@ def solve_exact(
             control=control,
             report_bounds=False,  # a bound without boost is no bound with it
         )
-        starts.insert(0, sub.plan)
-        sub_evaluations = sub.evaluations
+        if sub.plan is not None:  # always: the search returns a plan
+            starts.insert(0, sub.plan)
+        sub_evaluations = int(sub.stats["evaluations"])
         sub_interrupted = sub.interrupted
     best_plan, best_value = starts[1], -1.0
     for p in starts:
@@ -486,14 +476,12 @@ def solve_exact(
     )
     if stages < job.pp or no_batch or job.replicas_max == 0:
         s.note("the job cannot run: paused, proven without a program")
-        return SearchOutcome(
+        return Outcome(
             plan=s.best_plan,
-            goodput=s.best_value,
             bound=s.best_value,
             proven=True,
-            time_limit_hit=False,
-            evaluations=s.evaluations,
-            log=s.log,
+            log=tuple(s.log),
+            stats={"goodput": s.best_value, "evaluations": s.evaluations},
         )
     cases: list[tuple[tuple[int, ...], float]] = [((job.tp,), 1.0)]
     if len(job.allowed) > 1:
@@ -559,13 +547,11 @@ def solve_exact(
     )
     if s.best_value <= 0 and not timed_out and not s.unproven and bound <= 0:
         proven = True
-    return SearchOutcome(
+    return Outcome(
         plan=s.best_plan,
-        goodput=s.best_value,
         bound=None if math.isinf(bound) else bound,
         proven=proven,
-        time_limit_hit=timed_out,
-        interrupted=interrupted,
-        evaluations=s.evaluations,
-        log=s.log,
+        limit=Limit.INTERRUPTED if interrupted else Limit.TIME if timed_out else Limit.NONE,
+        log=tuple(s.log),
+        stats={"goodput": s.best_value, "evaluations": s.evaluations},
     )

@@ -1,0 +1,127 @@
+"""The one planner interface: :class:`Planner` returns an :class:`Outcome`.
+
+Every planner :func:`ntp_opt.solve.solve` runs is a :class:`Planner`, listed
+with its properties (:class:`PlannerSpec`) in
+:data:`ntp_opt.planners.registry.REGISTRY`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from enum import StrEnum
+from typing import Protocol
+
+from ntp_opt.model.control import Control
+from ntp_opt.model.instance import Instance
+from ntp_opt.model.plan import Plan
+
+
+class Status(StrEnum):
+    """What is known about the returned plan."""
+
+    OPTIMAL = "optimal"
+    """The plan is proven optimal (within the gap tolerance)."""
+    FEASIBLE = "feasible"
+    """A feasible plan, not proven optimal (every heuristic's status)."""
+    INFEASIBLE = "infeasible"
+    """Proven that no feasible plan exists."""
+    NO_SOLUTION = "no_solution"
+    """Stopped before any feasible plan was found."""
+
+
+class Limit(StrEnum):
+    """Which limit stopped the planner, if any."""
+
+    NONE = "none"
+    TIME = "time_limit"
+    INTERRUPTED = "interrupted"
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """What a :class:`Planner` found (not yet checked by the validator).
+
+    Attributes
+    ----------
+    plan
+        The best plan found, or ``None`` when there is none (stopped before
+        any plan, or proven infeasible).
+    bound
+        Upper bound on goodput proven by the planner, or ``None``.
+    proven
+        ``plan`` is proven optimal (or, without a plan, the instance proven
+        infeasible).
+    limit
+        :class:`Limit` that stopped the planner (``NONE``: ran to the end).
+    log
+        Lines of the planner's log (empty unless asked for).
+    stats
+        Extra counters the planner reports (e.g. ``evaluations``).
+    """
+
+    plan: Plan | None
+    bound: float | None = None
+    proven: bool = False
+    limit: Limit = Limit.NONE
+    log: tuple[str, ...] = ()
+    stats: Mapping[str, float] = field(default_factory=dict)
+
+    @property
+    def time_limit_hit(self) -> bool:
+        """The time limit stopped the planner."""
+        return self.limit == Limit.TIME
+
+    @property
+    def interrupted(self) -> bool:
+        """A cancel (or SIGINT) stopped the planner."""
+        return self.limit == Limit.INTERRUPTED
+
+
+class Planner(Protocol):
+    """A planner as :func:`ntp_opt.solve.solve` calls it."""
+
+    def __call__(
+        self,
+        instance: Instance,
+        *,
+        time_limit: float | None,
+        seed: int,
+        threads: int,
+        initial_plan: Plan | None,
+        log: bool,
+        control: Control,
+    ) -> Outcome:
+        """Plan ``instance``; see :func:`ntp_opt.solve.solve` for the arguments."""
+        ...
+
+
+@dataclass(frozen=True)
+class PlannerSpec:
+    """A registered planner and what :func:`ntp_opt.solve.solve` may rely on.
+
+    Attributes
+    ----------
+    run
+        The planner.
+    description
+        One line for listings.
+    instance_bound
+        Its bound (if any) holds for the instance as it is (not for a
+        restricted problem such as no power boost).
+    uses_time_limit
+        It uses the time limit, seed and threads (heuristics do not).
+    kind
+        ``"heuristic"``, ``"bounded"`` (heuristic with a proven bound: the
+        plan is optimal when its checked goodput reaches the bound),
+        ``"exact"`` or ``"search"``.
+    backend
+        Integer-programming backend of an exact planner, else ``None``.
+    """
+
+    run: Planner
+    description: str
+    instance_bound: bool = False
+    uses_time_limit: bool = False
+    kind: str = "heuristic"
+    backend: str | None = None

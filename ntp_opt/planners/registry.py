@@ -1,0 +1,172 @@
+"""Every planner :func:`ntp_opt.solve.solve` accepts, as a :class:`~ntp_opt.planners.base.Planner`.
+
+The planner functions are imported normally (mypy sees them); the optional
+integer-programming backends (ortools, pulp, highspy) are imported by
+:mod:`ntp_opt.planners.exact.backends` only when used, and raise an
+:class:`ImportError` naming the missing extra.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+from typing import Protocol
+
+from ntp_opt.model.control import Control
+from ntp_opt.model.instance import Instance
+from ntp_opt.model.plan import Plan
+from ntp_opt.planners import heuristics, peers
+from ntp_opt.planners.base import Limit, Outcome, Planner, PlannerSpec
+from ntp_opt.planners.exact.search import solve_exact
+from ntp_opt.planners.fast import plan_fast
+from ntp_opt.planners.megatron import solve_megatron
+from ntp_opt.planners.riskaware import plan_risk_aware
+
+
+def without_power(instance: Instance) -> Instance:
+    """The same instance with power boost disabled (``max_boost = 0``)."""
+    return instance.with_job(instance.job.model_copy(update={"max_boost": 0.0}))
+
+
+def _limit(interrupted: bool, time_limit_hit: bool) -> Limit:
+    if interrupted:
+        return Limit.INTERRUPTED
+    return Limit.TIME if time_limit_hit else Limit.NONE
+
+
+class Heuristic(Protocol):
+    """A heuristic: ``function(instance, validate=False)`` returns an unchecked plan."""
+
+    def __call__(self, instance: Instance, *, validate: bool = True) -> Plan:
+        """The plan; checked with the validator's metrics when ``validate``."""
+        ...
+
+
+def heuristic(function: Heuristic) -> Planner:
+    """A :class:`Planner` running ``function(instance) -> Plan`` to the end, unchecked."""
+
+    def run(
+        instance: Instance,
+        *,
+        time_limit: float | None,
+        seed: int,
+        threads: int,
+        initial_plan: Plan | None,
+        log: bool,
+        control: Control,
+    ) -> Outcome:
+        # solve checks the plan: the heuristic need not check it too
+        return Outcome(plan=function(instance, validate=False))
+
+    return run
+
+
+def fast(
+    instance: Instance,
+    *,
+    time_limit: float | None,
+    seed: int,
+    threads: int,
+    initial_plan: Plan | None,
+    log: bool,
+    control: Control,
+) -> Outcome:
+    """:func:`ntp_opt.planners.fast.plan_fast` as a :class:`Planner` (unchecked plan, bound)."""
+    # solve checks the plan: the planner need not check it too
+    plan, bound = plan_fast(instance, validate=False, cancel=control.cancel)
+    return Outcome(plan=plan.with_metrics(bound=bound), bound=bound)
+
+
+def exact(name: str, backend: str, power: bool, megatron: bool = False) -> Planner:
+    """A :class:`Planner` running the exact search (or the Megatron-restricted one)."""
+
+    def run(
+        instance: Instance,
+        *,
+        time_limit: float | None,
+        seed: int,
+        threads: int,
+        initial_plan: Plan | None,
+        log: bool,
+        control: Control,
+    ) -> Outcome:
+        search: Callable[..., Outcome] = solve_megatron if megatron else solve_exact
+        out = search(
+            instance if power else without_power(instance),
+            backend,
+            time_limit=time_limit,
+            threads=threads,
+            seed=seed,
+            initial_plan=initial_plan,
+            log=log,
+            control=control,
+        )
+        if out.plan is None:
+            return out
+        plan = out.plan.with_metrics(policy=name)
+        if out.bound is not None:
+            plan = plan.with_metrics(bound=out.bound)
+        return dataclasses.replace(out, plan=plan, log=out.log if log else ())
+
+    return run
+
+
+def risk_aware(
+    instance: Instance,
+    *,
+    time_limit: float | None,
+    seed: int,
+    threads: int,
+    initial_plan: Plan | None,
+    log: bool,
+    control: Control,
+) -> Outcome:
+    """:func:`ntp_opt.planners.riskaware.plan_risk_aware` as a :class:`Planner`."""
+    found = plan_risk_aware(
+        instance, time_limit=time_limit, seed=seed, threads=threads, cancel=control.cancel
+    )
+    return Outcome(
+        plan=found.plan,
+        bound=found.bound,
+        limit=_limit(found.interrupted, found.time_limit_hit),
+    )
+
+
+def _exact(name: str, backend: str, power: bool, megatron: bool, what: str) -> PlannerSpec:
+    return PlannerSpec(
+        run=exact(name, backend, power, megatron),
+        description=what,
+        instance_bound=power and not megatron,
+        uses_time_limit=True,
+        kind="exact",
+        backend=backend,
+    )
+
+
+#: Every planner by name, in the order of :data:`ntp_opt.solve.PLANNERS`.
+REGISTRY: dict[str, PlannerSpec] = {
+    "dp-drop": PlannerSpec(heuristic(heuristics.dp_drop), "drop failed replicas (policy dp-drop)"),
+    "ntp": PlannerSpec(heuristic(heuristics.ntp), "nonuniform tensor parallelism (policy ntp)"),
+    "ntp-pw": PlannerSpec(heuristic(heuristics.ntp_pw), "ntp with power boost (policy ntp-pw)"),
+    "megatron-ntp": PlannerSpec(heuristic(peers.megatron_ntp), "Megatron-LM's NTP runtime planner"),
+    "megatron-ntp-reordered": PlannerSpec(
+        heuristic(peers.megatron_ntp_reordered), "megatron-ntp with reordered replicas"
+    ),
+    "fast": PlannerSpec(
+        fast, "best of several sort-and-pack candidates, with a bound", True, False, "bounded"
+    ),
+    "optimal": _exact("optimal", "cpsat", True, False, "exact (CP-SAT)"),
+    "optimal-nopower": _exact("optimal-nopower", "cpsat", False, False, "exact, no boost"),
+    "cpsat": _exact("cpsat", "cpsat", True, False, "exact with CP-SAT"),
+    "highs": _exact("highs", "highs", True, False, "exact with HiGHS"),
+    "cbc": _exact("cbc", "cbc", True, False, "exact with CBC"),
+    "optimal-megatron": _exact(
+        "optimal-megatron", "cpsat", True, True, "exact, Megatron-LM runnable plans"
+    ),
+    "optimal-megatron-nopower": _exact(
+        "optimal-megatron-nopower", "cpsat", False, True, "exact, Megatron runnable, no boost"
+    ),
+    "risk-aware": PlannerSpec(
+        risk_aware, "maximise expected goodput after recourse", False, True, "search"
+    ),
+}
