@@ -10,6 +10,7 @@ many more examples for a local run::
 from __future__ import annotations
 
 import os
+import signal
 
 from hypothesis import HealthCheck, settings
 
@@ -30,3 +31,9 @@ settings.register_profile(
     suppress_health_check=[HealthCheck.too_slow],
 )
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
+
+# pytest-xdist workers start with SIGINT ignored, and a child process started
+# with SIGINT ignored never raises KeyboardInterrupt: the Ctrl-C tests
+# (test_control.py, test_hostile.py) need Python's default handler back.
+if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+    signal.signal(signal.SIGINT, signal.default_int_handler)
