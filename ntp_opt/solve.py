@@ -19,9 +19,10 @@ from dataclasses import dataclass
 from ntp_opt.model.control import Callback, Control, sigint_sets
 from ntp_opt.model.instance import Instance
 from ntp_opt.model.plan import Plan
-from ntp_opt.planners.base import Limit, Outcome, Planner, PlannerSpec, Status
+from ntp_opt.planners.base import Limit, Outcome, Planner, PlannerSpec, RunOptions, Status
 from ntp_opt.planners.registry import REGISTRY, without_power
 from ntp_opt.rules.goodput import check_batch_size
+from ntp_opt.rules.tolerances import BOUND_TOL, REL_TOL
 from ntp_opt.rules.validate import Evaluation, check, infeasibility, pause_reason
 
 logger = logging.getLogger(__name__)
@@ -219,15 +220,8 @@ def _solve(
             reason=why,
         )
     spec = REGISTRY[solver]
-    out = spec.run(
-        instance,
-        time_limit=time_limit,
-        seed=seed,
-        threads=threads,
-        initial_plan=initial_plan,
-        log=log,
-        control=control,
-    )
+    options = RunOptions(time_limit, seed, threads, initial_plan, log, control)
+    out = spec.run(instance, options)
     runtime = time.perf_counter() - start
     plan, bound = out.plan, out.bound
     text = "\n".join(out.log) if log and spec.kind == "exact" else None
@@ -246,11 +240,11 @@ def _solve(
     status = Status.OPTIMAL if out.proven else Status.FEASIBLE
     evaluation = check(instance, plan)  # the one check: never trust a planner
     if spec.kind == "bounded" and bound is not None:
-        if evaluation.goodput > bound * (1 + 1e-9):  # a bug, never hidden
+        if evaluation.goodput > bound * (1 + BOUND_TOL):  # a bug, never hidden
             raise RuntimeError(
                 f"planner {solver!r}: goodput {evaluation.goodput} above its bound {bound}"
             )
-        if bound <= evaluation.goodput * (1 + 1e-6):
+        if bound <= evaluation.goodput * (1 + REL_TOL):
             status = Status.OPTIMAL
     if spec.kind in ("heuristic", "bounded"):  # unchecked plans: attach the checked figures
         plan = plan.with_metrics(**evaluation.as_metrics())

@@ -44,8 +44,6 @@ def _imports(name: str, path: pathlib.Path) -> list[tuple[str, list[str], int]]:
     return found
 
 
-
-
 def test_import_linter_contracts_hold() -> None:
     """``lint-imports`` (the layers and the compatibility-path contracts of ``.importlinter``)."""
     exe = shutil.which("lint-imports") or str(pathlib.Path(sys.executable).parent / "lint-imports")

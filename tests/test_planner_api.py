@@ -11,8 +11,7 @@ import pytest
 from ntp_opt.model.control import Control
 from ntp_opt.model.files import load_instance
 from ntp_opt.model.instance import Instance
-from ntp_opt.model.plan import Plan
-from ntp_opt.planners.base import Limit, Outcome, PlannerSpec, Status
+from ntp_opt.planners.base import Limit, Outcome, PlannerSpec, RunOptions, Status
 from ntp_opt.planners.registry import REGISTRY
 from ntp_opt.solve import PLANNERS, solve
 
@@ -33,43 +32,17 @@ def test_registry_lists_every_planner() -> None:
 
 def test_heuristic_outcome_is_checked_once_by_solve() -> None:
     inst = _tiny()
-    out = REGISTRY["ntp"].run(
-        inst,
-        time_limit=None,
-        seed=0,
-        threads=1,
-        initial_plan=None,
-        log=False,
-        control=Control("ntp", None, None),
-    )
+    out = REGISTRY["ntp"].run(inst, RunOptions(control=Control("ntp", None, None)))
     assert out.plan is not None and "goodput" not in out.plan.metrics  # unchecked
     res = solve(inst, "ntp")
     assert res.plan is not None and res.plan.metrics["goodput"] == res.objective
 
 
-def _no_plan(
-    instance: Instance,
-    *,
-    time_limit: float | None,
-    seed: int,
-    threads: int,
-    initial_plan: Plan | None,
-    log: bool,
-    control: Control,
-) -> Outcome:
+def _no_plan(instance: Instance, options: RunOptions) -> Outcome:
     return Outcome(plan=None, limit=Limit.TIME)
 
 
-def _proven_none(
-    instance: Instance,
-    *,
-    time_limit: float | None,
-    seed: int,
-    threads: int,
-    initial_plan: Plan | None,
-    log: bool,
-    control: Control,
-) -> Outcome:
+def _proven_none(instance: Instance, options: RunOptions) -> Outcome:
     return Outcome(plan=None, proven=True)
 
 

@@ -810,6 +810,33 @@ def build_parser() -> argparse.ArgumentParser:
     )
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
+    for add in (
+        _add_gen,
+        _add_info,
+        _add_solve,
+        _add_replan,
+        _add_compare,
+        _add_validate,
+        _add_evaluate,
+        _add_schema,
+        _add_bench,
+        _add_export,
+        _add_plot,
+        _add_serve,
+    ):
+        add(sub)
+
+    from ntp_opt.multi.cli import add_parser as add_multi_parser
+
+    add_multi_parser(sub)
+    from ntp_opt.app.importers.cli import add_parser as add_import_parser
+
+    add_import_parser(sub)
+    return parser
+
+
+def _add_gen(sub: Any) -> None:
+    """The ``ntp-opt gen`` subcommand."""
     g = sub.add_parser("gen", help="write an instance from a cluster builder and a job")
     g.add_argument(
         "--builder",
@@ -860,10 +887,16 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("-o", "--output", required=True, help="instance file (.json or .json.gz)")
     g.set_defaults(func=_cmd_gen)
 
+
+def _add_info(sub: Any) -> None:
+    """The ``ntp-opt info`` subcommand."""
     i = sub.add_parser("info", help="summarise an instance file")
     i.add_argument("instance")
     i.set_defaults(func=_cmd_info)
 
+
+def _add_solve(sub: Any) -> None:
+    """The ``ntp-opt solve`` subcommand."""
     s = sub.add_parser("solve", help="plan an instance with a policy")
     s.add_argument("instance")
     s.add_argument(
@@ -886,6 +919,9 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--seed", type=int, default=0)
     s.set_defaults(func=_cmd_solve)
 
+
+def _add_replan(sub: Any) -> None:
+    """The ``ntp-opt replan`` subcommand."""
     rp = sub.add_parser(
         "replan", help="re-plan a running plan after failures, repairs or stragglers"
     )
@@ -912,6 +948,9 @@ def build_parser() -> argparse.ArgumentParser:
     rp.add_argument("--instance-out", help="write the instance after the events here")
     rp.set_defaults(func=_cmd_replan)
 
+
+def _add_compare(sub: Any) -> None:
+    """The ``ntp-opt compare`` subcommand."""
     c = sub.add_parser("compare", help="relative goodput of several policies on instances")
     c.add_argument("instances", nargs="+")
     c.add_argument("--policies", help=f"comma-separated (default {','.join(POLICIES)})")
@@ -922,21 +961,33 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("-q", "--quiet", action="store_true", help="no progress bar on stderr")
     c.set_defaults(func=_cmd_compare)
 
+
+def _add_validate(sub: Any) -> None:
+    """The ``ntp-opt validate`` subcommand."""
     v = sub.add_parser("validate", help="check a plan against every rule; exit 1 if broken")
     v.add_argument("instance")
     v.add_argument("plan")
     v.set_defaults(func=_cmd_validate)
 
+
+def _add_evaluate(sub: Any) -> None:
+    """The ``ntp-opt evaluate`` subcommand."""
     e = sub.add_parser("evaluate", help="recompute a plan's goodput and power")
     e.add_argument("instance")
     e.add_argument("plan")
     e.add_argument("--json", action="store_true", help="machine-readable output")
     e.set_defaults(func=_cmd_evaluate)
 
+
+def _add_schema(sub: Any) -> None:
+    """The ``ntp-opt schema`` subcommand."""
     sc = sub.add_parser("schema", help="print the JSON Schema of instance or plan files")
     sc.add_argument("kind", choices=["instance", "plan"])
     sc.set_defaults(func=_cmd_schema)
 
+
+def _add_bench(sub: Any) -> None:
+    """The ``ntp-opt bench`` subcommand."""
     b = sub.add_parser("bench", help="run planners x seeds on many instances; resumable")
     b.add_argument("paths", nargs="+", help="instance files or directories of them")
     b.add_argument("--planners", help=f"comma-separated (default {','.join(POLICIES)})")
@@ -977,6 +1028,9 @@ def build_parser() -> argparse.ArgumentParser:
     )
     b.set_defaults(func=_cmd_bench)
 
+
+def _add_export(sub: Any) -> None:
+    """The ``ntp-opt export`` subcommand."""
     x = sub.add_parser("export", help="write a plan's launch configuration for a runtime")
     x.add_argument("plan", help="plan file")
     x.add_argument(
@@ -1012,6 +1066,9 @@ def build_parser() -> argparse.ArgumentParser:
     )
     x.set_defaults(func=_cmd_export)
 
+
+def _add_plot(sub: Any) -> None:
+    """The ``ntp-opt plot`` subcommand."""
     pl = sub.add_parser(
         "plot", help="draw a plan: GPU map and rack power (.svg/.png) or an HTML page"
     )
@@ -1027,6 +1084,9 @@ def build_parser() -> argparse.ArgumentParser:
     pl.add_argument("--dpi", type=int, default=110, help="resolution of a .png (default 110)")
     pl.set_defaults(func=_cmd_plot)
 
+
+def _add_serve(sub: Any) -> None:
+    """The ``ntp-opt serve`` subcommand."""
     sv = sub.add_parser(
         "serve", help="HTTP/JSON service: solve, replan, validate, evaluate, export"
     )
@@ -1078,14 +1138,6 @@ def build_parser() -> argparse.ArgumentParser:
         help="Host header name to accept (repeatable; '*' any; default loopback names)",
     )
     sv.set_defaults(func=_cmd_serve)
-
-    from ntp_opt.multi.cli import add_parser as add_multi_parser
-
-    add_multi_parser(sub)
-    from ntp_opt.app.importers.cli import add_parser as add_import_parser
-
-    add_import_parser(sub)
-    return parser
 
 
 class _Terminated(BaseException):

@@ -45,6 +45,7 @@ from ntp_opt.planners.base import Status
 from ntp_opt.planners.exact.backends import solve_program
 from ntp_opt.planners.exact.program import IntProgram, Row
 from ntp_opt.rules.goodput import replica_speed, split_batch
+from ntp_opt.rules.tolerances import REL_TOL
 
 #: Units of a fleet's normalised throughput (1 = its whole demand): each replica's share
 #: is rounded down to 1e-8 of the demand.
@@ -53,8 +54,6 @@ UNITS = 10**8
 WEIGHT_SCALE = 10**3
 #: Largest number of training configurations of one domain class.
 MAX_CONFIGS = 5_000
-#: Relative tolerance of "optimal".
-REL_TOL = 1e-6
 
 
 #: What is known about the returned plan: the single-job :class:`Status`

@@ -78,21 +78,37 @@ class Outcome:
         return self.limit == Limit.INTERRUPTED
 
 
+@dataclass(frozen=True)
+class RunOptions:
+    """What :func:`ntp_opt.solve.solve` passes every planner besides the instance.
+
+    Attributes
+    ----------
+    time_limit
+        Seconds, or ``None`` for no limit (heuristics ignore it).
+    seed, threads
+        The backend's random seed and worker threads.
+    initial_plan
+        A warm start for exact planners.
+    log
+        Keep the search log in :attr:`Outcome.log`.
+    control
+        Progress reports and the cancel token.
+    """
+
+    time_limit: float | None = None
+    seed: int = 0
+    threads: int = 1
+    initial_plan: Plan | None = None
+    log: bool = False
+    control: Control = field(default_factory=lambda: Control("", None, None))
+
+
 class Planner(Protocol):
     """A planner as :func:`ntp_opt.solve.solve` calls it."""
 
-    def __call__(
-        self,
-        instance: Instance,
-        *,
-        time_limit: float | None,
-        seed: int,
-        threads: int,
-        initial_plan: Plan | None,
-        log: bool,
-        control: Control,
-    ) -> Outcome:
-        """Plan ``instance``; see :func:`ntp_opt.solve.solve` for the arguments."""
+    def __call__(self, instance: Instance, options: RunOptions) -> Outcome:
+        """Plan ``instance`` under ``options``."""
         ...
 
 

@@ -12,11 +12,10 @@ import dataclasses
 from collections.abc import Callable
 from typing import Protocol
 
-from ntp_opt.model.control import Control
 from ntp_opt.model.instance import Instance
 from ntp_opt.model.plan import Plan
 from ntp_opt.planners import heuristics, peers
-from ntp_opt.planners.base import Limit, Outcome, Planner, PlannerSpec
+from ntp_opt.planners.base import Limit, Outcome, Planner, PlannerSpec, RunOptions
 from ntp_opt.planners.exact.search import solve_exact
 from ntp_opt.planners.fast import plan_fast
 from ntp_opt.planners.megatron import solve_megatron
@@ -45,85 +44,53 @@ class Heuristic(Protocol):
 def heuristic(function: Heuristic) -> Planner:
     """A :class:`Planner` running ``function(instance) -> Plan`` to the end, unchecked."""
 
-    def run(
-        instance: Instance,
-        *,
-        time_limit: float | None,
-        seed: int,
-        threads: int,
-        initial_plan: Plan | None,
-        log: bool,
-        control: Control,
-    ) -> Outcome:
+    def run(instance: Instance, options: RunOptions) -> Outcome:
         # solve checks the plan: the heuristic need not check it too
         return Outcome(plan=function(instance, validate=False))
 
     return run
 
 
-def fast(
-    instance: Instance,
-    *,
-    time_limit: float | None,
-    seed: int,
-    threads: int,
-    initial_plan: Plan | None,
-    log: bool,
-    control: Control,
-) -> Outcome:
+def fast(instance: Instance, options: RunOptions) -> Outcome:
     """:func:`ntp_opt.planners.fast.plan_fast` as a :class:`Planner` (unchecked plan, bound)."""
     # solve checks the plan: the planner need not check it too
-    plan, bound = plan_fast(instance, validate=False, cancel=control.cancel)
+    plan, bound = plan_fast(instance, validate=False, cancel=options.control.cancel)
     return Outcome(plan=plan.with_metrics(bound=bound), bound=bound)
 
 
 def exact(name: str, backend: str, power: bool, megatron: bool = False) -> Planner:
     """A :class:`Planner` running the exact search (or the Megatron-restricted one)."""
 
-    def run(
-        instance: Instance,
-        *,
-        time_limit: float | None,
-        seed: int,
-        threads: int,
-        initial_plan: Plan | None,
-        log: bool,
-        control: Control,
-    ) -> Outcome:
+    def run(instance: Instance, options: RunOptions) -> Outcome:
         search: Callable[..., Outcome] = solve_megatron if megatron else solve_exact
         out = search(
             instance if power else without_power(instance),
             backend,
-            time_limit=time_limit,
-            threads=threads,
-            seed=seed,
-            initial_plan=initial_plan,
-            log=log,
-            control=control,
+            time_limit=options.time_limit,
+            threads=options.threads,
+            seed=options.seed,
+            initial_plan=options.initial_plan,
+            log=options.log,
+            control=options.control,
         )
         if out.plan is None:
             return out
         plan = out.plan.with_metrics(policy=name)
         if out.bound is not None:
             plan = plan.with_metrics(bound=out.bound)
-        return dataclasses.replace(out, plan=plan, log=out.log if log else ())
+        return dataclasses.replace(out, plan=plan, log=out.log if options.log else ())
 
     return run
 
 
-def risk_aware(
-    instance: Instance,
-    *,
-    time_limit: float | None,
-    seed: int,
-    threads: int,
-    initial_plan: Plan | None,
-    log: bool,
-    control: Control,
-) -> Outcome:
+def risk_aware(instance: Instance, options: RunOptions) -> Outcome:
     """:func:`ntp_opt.planners.riskaware.plan_risk_aware` as a :class:`Planner`."""
     found = plan_risk_aware(
-        instance, time_limit=time_limit, seed=seed, threads=threads, cancel=control.cancel
+        instance,
+        time_limit=options.time_limit,
+        seed=options.seed,
+        threads=options.threads,
+        cancel=options.control.cancel,
     )
     return Outcome(
         plan=found.plan,

@@ -50,12 +50,10 @@ from ntp_opt.planners.exact.model import (
 )
 from ntp_opt.rules.goodput import replica_speed, split_batch
 from ntp_opt.rules.power import can_boost, largest_cap
+from ntp_opt.rules.tolerances import REL_TOL
 from ntp_opt.rules.validate import evaluate
 
 logger = logging.getLogger(__name__)
-
-#: Relative tolerance of the step-time search (and of "optimal").
-REL_TOL = 1e-6
 
 
 class _Deadline(Exception):
