@@ -20,6 +20,7 @@ __all__ = [
     "INT_ROUND_TOL",
     "METRIC_ABS_TOL",
     "METRIC_TOL",
+    "MW_ROUND_SLACK",
     "POWER_TOL",
     "PROBE_STEP",
     "PROB_CLIP",
@@ -101,3 +102,7 @@ BOUND_ABS_SLACK = 1e-9
 
 #: Relative slack when comparing a relative goodput with a threshold (spares' stall test).
 THRESHOLD_TOL = 1e-9
+
+#: Slack, in milliwatts, forgiven when the exact model rounds a draw to integer mW, so
+#: that a plan exactly at a budget (a full rack at TDP) is not excluded by float noise.
+MW_ROUND_SLACK = 1e-3

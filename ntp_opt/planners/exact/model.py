@@ -51,15 +51,19 @@ import numpy as np
 
 from ntp_opt.model.instance import Instance
 from ntp_opt.planners.exact.program import IntProgram, Row
-from ntp_opt.rules.tolerances import BISECT_TOL, BUDGET_SLACK, EDGE_SLACK, FLOAT_NOISE, TIGHTEN_TOL
+from ntp_opt.rules.tolerances import (
+    BISECT_TOL,
+    BUDGET_SLACK,
+    EDGE_SLACK,
+    FLOAT_NOISE,
+    MW_ROUND_SLACK,
+    TIGHTEN_TOL,
+)
 
 #: Largest number of configurations, per domain class and in one program.
 MAX_CONFIGS = 20_000
 #: Milliwatts per watt: power enters the integer program in mW.
 MW = 1000.0
-#: Slack (mW) forgiven when rounding a draw up, so that a plan exactly at a
-#: budget (a common case: a full rack at TDP) is not excluded by float noise.
-_ROUND_SLACK = 1e-3
 
 
 class ModelTooLarge(RuntimeError):
@@ -76,11 +80,11 @@ def _check_deadline(deadline: float | None) -> None:
 
 
 def _ceil_mw(watts: float) -> int:
-    return math.ceil(watts * MW - _ROUND_SLACK)
+    return math.ceil(watts * MW - MW_ROUND_SLACK)
 
 
 def _floor_mw(watts: float) -> int:
-    return math.floor(watts * MW + _ROUND_SLACK)
+    return math.floor(watts * MW + MW_ROUND_SLACK)
 
 
 @dataclass(frozen=True)
