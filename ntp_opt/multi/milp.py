@@ -45,7 +45,13 @@ from ntp_opt.planners.base import Status
 from ntp_opt.planners.exact.backends import solve_program
 from ntp_opt.planners.exact.program import IntProgram, Row
 from ntp_opt.rules.goodput import replica_speed, split_batch
-from ntp_opt.rules.tolerances import REL_TOL
+from ntp_opt.rules.tolerances import (
+    ABS_NOISE,
+    BOUND_ABS_SLACK,
+    BUDGET_SLACK,
+    FLOAT_NOISE,
+    REL_TOL,
+)
 
 #: Units of a fleet's normalised throughput (1 = its whole demand): each replica's share
 #: is rounded down to 1e-8 of the demand.
@@ -146,7 +152,7 @@ def _classes(multi: MultiInstance) -> list[_Class]:
 def _capability(multi: MultiInstance, t: int, slowest: float, theta: float) -> int:
     job = multi.instance.job
     cap = min(job.local_batch_max, job.global_batch)
-    b = math.floor(theta * job.tp_factor(t) * slowest / job.seq_time_s * (1 + 1e-12))
+    b = math.floor(theta * job.tp_factor(t) * slowest / job.seq_time_s * (1 + FLOAT_NOISE))
     return min(cap, b)
 
 
@@ -192,7 +198,8 @@ def _check_supported(multi: MultiInstance) -> None:
     a = multi.instance.arrays
     full = np.where(a.healthy, a.tdp, 0.0)
     rack_full = np.bincount(a.gpu_rack, weights=full, minlength=len(a.rack_ids))
-    if np.any(rack_full > a.rack_budget * (1 + 1e-12)) or full.sum() > a.site_budget * (1 + 1e-12):
+    slack = 1 + BUDGET_SLACK
+    if np.any(rack_full > a.rack_budget * slack) or full.sum() > a.site_budget * slack:
         raise ValueError(
             "power budgets: the multi-workload planner needs rack and site budgets that "
             "admit every healthy GPU at TDP (the default); it plans without power boost"
@@ -293,7 +300,7 @@ def _build(
         slack += abs(coef - per_seq * WEIGHT_SCALE * UNITS) * big_b / (WEIGHT_SCALE * UNITS)
         y_lo = 0
         if need > 0:
-            y_lo = math.ceil(need * job.dp * theta * factor / job.seq_time_s * (1 - 1e-12))
+            y_lo = math.ceil(need * job.dp * theta * factor / job.seq_time_s * (1 - FLOAT_NOISE))
             if y_lo > big_b:
                 return None
         y = var(y_lo, big_b, coef, "Y")
@@ -321,9 +328,9 @@ def _build(
                 v = var(0, min(count_cap, total_gpus // t), 0, f"M[{fleet.name},{t},{sp}]")
                 m_vars[(i, t, sp)] = v
                 mine.append(v)
-                # rounded down (1e-12 forgives float noise, well inside the
-                # validator's 1e-9); one replica never counts for more than the demand
-                share = fleet.rate(t, sp) / fleet.demand * UNITS * (1 + 1e-12)
+                # rounded down (FLOAT_NOISE forgives float noise, well inside the
+                # validator's SHARE_TOL); one replica never counts for more than the demand
+                share = fleet.rate(t, sp) / fleet.demand * UNITS * (1 + FLOAT_NOISE)
                 units.append(min(UNITS, math.floor(share)))
         w_int = round(fleet.weight * WEIGHT_SCALE)
         u = var(0, UNITS, w_int, f"U[{fleet.name}]")
@@ -479,7 +486,7 @@ def _candidates(multi: MultiInstance, degrees: tuple[int, ...]) -> list[tuple[in
         for t in degrees:
             for b in range(1, cap + 1):
                 theta = b * job.seq_time_s / (job.tp_factor(t) * sp)
-                if theta >= lo * (1 - 1e-12) and theta not in out:
+                if theta >= lo * (1 - FLOAT_NOISE) and theta not in out:
                     out[theta] = min(rank, 1)
     return sorted((p, th) for th, p in out.items())
 
@@ -601,7 +608,7 @@ def solve_multi(
         train_ub = wl.training_weight * job.seq_time_s * cap_b / (job.dp * theta * factor)
         ub_here = train_ub + (serving_alone if serving_alone is not None else math.inf)
         current = best[1].weighted_goodput if best is not None else -math.inf
-        if ub_here <= current * (1 + REL_TOL) + 1e-12:
+        if ub_here <= current * (1 + REL_TOL) + ABS_NOISE:
             continue  # cannot beat the best plan: the serving part is at most serving_alone
         got = None if timed_out else run(degrees, theta, factor)
         # a program not solved is bounded by ub_here
@@ -636,7 +643,7 @@ def solve_multi(
         (not timed_out)
         and (not unproven)
         and exact
-        and bound <= value * (1 + REL_TOL) + resolution + 1e-9
+        and bound <= value * (1 + REL_TOL) + resolution + BOUND_ABS_SLACK
     )
     if timed_out:
         reason = "time limit"

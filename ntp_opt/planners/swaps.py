@@ -29,6 +29,7 @@ import numpy as np
 from ntp_opt.model.instance import Instance
 from ntp_opt.model.plan import Plan, Replica, Stage
 from ntp_opt.rules.goodput import split_batch
+from ntp_opt.rules.tolerances import ABS_NOISE, IMPROVE_TOL
 
 
 @dataclass
@@ -167,11 +168,11 @@ def improve(
                 vb = (np.minimum(ex, big[a_i, i]) * f).max(axis=2)  # b gets A's slot i
                 gain = va + vb - cur_v[a_i] - cur_v[:, None]
                 gain[a_i, :] = -np.inf
-                for b_i, j in zip(*np.nonzero(gain > 1e-12), strict=True):
+                for b_i, j in zip(*np.nonzero(gain > ABS_NOISE), strict=True):
                     cands.append((-float(gain[b_i, j]), "swap", a_i, i, int(b_i), int(j)))
                 if len(sp_tab):
                     vs = (np.minimum(rest_a, sp_tab) * f).max(axis=1) - cur_v[a_i]
-                    for j in np.nonzero(vs > 1e-12)[0]:
+                    for j in np.nonzero(vs > ABS_NOISE)[0]:
                         cands.append((-float(vs[j]), "spare", a_i, i, -1, int(j)))
         cands.sort()
         best_move = None
@@ -191,7 +192,7 @@ def improve(
                 new_a[i] = spare_tab[j]
                 new_t[a_i], new_v[a_i] = s.best(new_a)
             g = s.goodput(new_t, new_v)
-            if g > value * (1 + 1e-9) and (best_move is None or g > best_move[0]):
+            if g > value * (1 + IMPROVE_TOL) and (best_move is None or g > best_move[0]):
                 best_move = (g, kind, a_i, i, b_i, j, new_t, new_v)
         if best_move is None:
             break
@@ -206,7 +207,7 @@ def improve(
         changed = True
     # re-degree alone (e.g. after a repair) is covered by recomputing every
     # replica's best degree from its slots above
-    if not changed and value <= start_value * (1 + 1e-9):
+    if not changed and value <= start_value * (1 + IMPROVE_TOL):
         # the slots' best degrees may still differ from the plan's (repairs)
         if all(t == rep.tp for t, rep in zip(tps, plan.replicas, strict=True)):
             return None

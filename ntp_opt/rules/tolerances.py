@@ -8,18 +8,27 @@ guard (``x * (1 + TOL)``); absolute ones are added.
 from __future__ import annotations
 
 __all__ = [
+    "ABS_NOISE",
+    "BISECT_TOL",
     "BOOST_MARGIN",
+    "BOUND_ABS_SLACK",
     "BOUND_TOL",
     "BUDGET_SLACK",
+    "EDGE_SLACK",
     "FLOAT_NOISE",
     "IMPROVE_TOL",
+    "INT_ROUND_TOL",
     "METRIC_ABS_TOL",
     "METRIC_TOL",
+    "MW_ROUND_SLACK",
     "POWER_TOL",
+    "PROBE_STEP",
     "PROB_CLIP",
     "REL_TOL",
     "SHARE_TOL",
     "SPLIT_TOL",
+    "THRESHOLD_TOL",
+    "TIGHTEN_TOL",
     "WATT_SLACK",
 ]
 
@@ -65,3 +74,35 @@ BOUND_TOL = 1e-9
 
 #: Relative slack of the batch split's candidate cut-off (``theta_K (1 + SPLIT_TOL)``).
 SPLIT_TOL = 1e-9
+
+#: Absolute float noise forgiven when a computed difference (a swap's speed gain, a bound
+#: minus a value) is compared with zero: ``gain > ABS_NOISE`` means a real gain.
+ABS_NOISE = 1e-12
+
+#: Relative slack by which the exact search widens a step-time bracket, or adds before
+#: rounding a computed batch level down, so float noise never cuts off a feasible point.
+EDGE_SLACK = 1e-9
+
+#: Relative slack of the exact model's rack and site budget checks while tightening a
+#: step time (looser than ``BUDGET_SLACK``, inside the validator's ``POWER_TOL``).
+TIGHTEN_TOL = 1e-10
+
+#: Relative width at which the exact model's step-time bisection stops.
+BISECT_TOL = 1e-12
+
+#: Smallest relative step above a bracket's left end taken by the exact search's probes.
+PROBE_STEP = 1e-15
+
+#: Absolute slack added to a solver's fractional bound before rounding it down to an
+#: integer batch.
+INT_ROUND_TOL = 1e-6
+
+#: Absolute slack (weighted goodput) of the multi-workload optimality proof (bound vs value).
+BOUND_ABS_SLACK = 1e-9
+
+#: Relative slack when comparing a relative goodput with a threshold (spares' stall test).
+THRESHOLD_TOL = 1e-9
+
+#: Slack, in milliwatts, forgiven when the exact model rounds a draw to integer mW, so
+#: that a plan exactly at a budget (a full rack at TDP) is not excluded by float noise.
+MW_ROUND_SLACK = 1e-3

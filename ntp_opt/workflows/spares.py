@@ -18,6 +18,7 @@ from typing import Any, Literal
 import numpy as np
 
 from ntp_opt.model.instance import Instance
+from ntp_opt.rules.tolerances import THRESHOLD_TOL
 from ntp_opt.solve import POLICIES, Result, solve
 from ntp_opt.workflows.traces import (
     Trace,
@@ -31,8 +32,6 @@ from ntp_opt.workflows.traces import (
 #: Ways :func:`spares_search` may skip states (see its docstring).
 Prune = Literal["none", "maximal", "symmetric"]
 PRUNES: tuple[str, ...] = ("none", "maximal", "symmetric")
-#: Relative slack when comparing a relative goodput with a threshold.
-_STALL_TOL = 1e-9
 
 
 def interchangeable_domains(instance: Instance) -> str | None:
@@ -334,7 +333,7 @@ def spares_search(
                 g = res.relative_objective if res.plan is not None else None
                 cache[k, key] = float(g) if g is not None else 0.0
             g = cache[k, key]
-            if g <= 0.0 or g < thr * (1.0 - _STALL_TOL):
+            if g <= 0.0 or g < thr * (1.0 - THRESHOLD_TOL):
                 probes[k] = False
                 stall_at[k] = (t, g)
                 return False

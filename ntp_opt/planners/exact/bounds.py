@@ -28,6 +28,7 @@ import numpy as np
 
 from ntp_opt.model.instance import Instance
 from ntp_opt.model.job import Job
+from ntp_opt.rules.tolerances import BUDGET_SLACK, WATT_SLACK
 from ntp_opt.rules.validate import POWER_TOL
 
 
@@ -120,7 +121,7 @@ def _slack(site_budget: float) -> float:
     The bounds must hold for every plan the validator accepts, so they give
     the site budget and the largest multiplier the same slack.
     """
-    return site_budget * POWER_TOL + 1e-9
+    return site_budget * POWER_TOL + WATT_SLACK
 
 
 def _usable(h: int, degrees: tuple[int, ...]) -> int:
@@ -284,7 +285,7 @@ def _fixed_case_bound(
             else:
                 pi = np.where(v >= tau, 1.0, np.inf)
         pi = np.where(v > 0, pi, np.inf)
-        return np.where(pi <= hi * (1 + 1e-12), w * (np.minimum(pi, hi) - idle), np.inf)
+        return np.where(pi <= hi * (1 + BUDGET_SLACK), w * (np.minimum(pi, hi) - idle), np.inf)
 
     def feasible(tau: float, n: int) -> bool:
         c1 = cost(val, watts, tau, hi[:, None]).min(axis=1)
@@ -299,7 +300,7 @@ def _fixed_case_bound(
         c, k = c[order], k[order]
         before = np.concatenate(([0.0], np.cumsum(k)[:-1]))
         take = np.clip(n - before, 0.0, k)
-        return float((c * take).sum()) <= room * (1 + 1e-12)
+        return float((c * take).sum()) <= room * (1 + BUDGET_SLACK)
 
     def u(k: int) -> float:
         n = k * job.pp

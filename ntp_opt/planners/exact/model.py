@@ -51,14 +51,19 @@ import numpy as np
 
 from ntp_opt.model.instance import Instance
 from ntp_opt.planners.exact.program import IntProgram, Row
+from ntp_opt.rules.tolerances import (
+    BISECT_TOL,
+    BUDGET_SLACK,
+    EDGE_SLACK,
+    FLOAT_NOISE,
+    MW_ROUND_SLACK,
+    TIGHTEN_TOL,
+)
 
 #: Largest number of configurations, per domain class and in one program.
 MAX_CONFIGS = 20_000
 #: Milliwatts per watt: power enters the integer program in mW.
 MW = 1000.0
-#: Slack (mW) forgiven when rounding a draw up, so that a plan exactly at a
-#: budget (a common case: a full rack at TDP) is not excluded by float noise.
-_ROUND_SLACK = 1e-3
 
 
 class ModelTooLarge(RuntimeError):
@@ -75,11 +80,11 @@ def _check_deadline(deadline: float | None) -> None:
 
 
 def _ceil_mw(watts: float) -> int:
-    return math.ceil(watts * MW - _ROUND_SLACK)
+    return math.ceil(watts * MW - MW_ROUND_SLACK)
 
 
 def _floor_mw(watts: float) -> int:
-    return math.floor(watts * MW + _ROUND_SLACK)
+    return math.floor(watts * MW + MW_ROUND_SLACK)
 
 
 @dataclass(frozen=True)
@@ -276,7 +281,7 @@ def stage_power(
     """
     job = prep.instance.job
     speed_needed = b * job.seq_time_s / (theta * job.tp_factor(t) * slowest)
-    if speed_needed <= 1.0 * (1 + 1e-12):
+    if speed_needed <= 1.0 * (1 + FLOAT_NOISE):
         return 1.0
     alpha = job.power_exponent
     if hi is None:
@@ -284,7 +289,7 @@ def stage_power(
     if alpha <= 0 or job.max_boost <= 0 or hi <= 1.0:
         return None
     pi = speed_needed ** (1.0 / alpha)
-    if pi > hi * (1 + 1e-12):
+    if pi > hi * (1 + BUDGET_SLACK):
         return None
     return min(pi, hi)
 
@@ -304,7 +309,7 @@ def max_level(prep: Prepared, t: int, slowest: float, theta: float) -> int:
     top = theta * job.tp_factor(t) * slowest * boost / job.seq_time_s
     if not math.isfinite(top) or top >= cap:
         return cap
-    return min(cap, math.floor(top * (1 + 1e-9)) + 1)
+    return min(cap, math.floor(top * (1 + EDGE_SLACK)) + 1)
 
 
 def domain_configs(
@@ -559,7 +564,7 @@ def tighten(
     fitting while every multiplier stays within its stage's cap and every
     rack and the site stay within budget. That set of step times is an
     interval ending at ``theta``; its left end is found by bisection (to a
-    relative 1e-12), or exactly when power cannot be boosted.
+    relative ``BISECT_TOL``), or exactly when power cannot be boosted.
 
     Parameters
     ----------
@@ -606,15 +611,15 @@ def tighten(
 
     def fits(th: float) -> bool:
         pi = powers(th)
-        if np.any(pi > hi_pi * (1 + 1e-12)):
+        if np.any(pi > hi_pi * (1 + BUDGET_SLACK)):
             return False
         rack = base_rack.copy()
         for p, w, r in zip(pi, tdp, racks, strict=True):
             np.add.at(rack, r, w * (p - idle))
-        if np.any(rack > rack_budget * (1 + 1e-10)):
+        if np.any(rack > rack_budget * (1 + TIGHTEN_TOL)):
             return False
         site = float(base_rack.sum() + ((pi - idle) * stage_tdp).sum())
-        return site <= a.site_budget * (1 + 1e-10)
+        return site <= a.site_budget * (1 + TIGHTEN_TOL)
 
     lo = float((need / hi_pi**alpha).max())  # below this some stage needs too much power
     hi = theta
@@ -623,7 +628,7 @@ def tighten(
     if fits(lo):
         hi = lo
     else:
-        while hi / lo - 1 > 1e-12:
+        while hi / lo - 1 > BISECT_TOL:
             mid = math.sqrt(lo * hi)
             if fits(mid):
                 hi = mid

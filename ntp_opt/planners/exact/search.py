@@ -50,7 +50,13 @@ from ntp_opt.planners.exact.model import (
 )
 from ntp_opt.rules.goodput import replica_speed, split_batch
 from ntp_opt.rules.power import can_boost, largest_cap
-from ntp_opt.rules.tolerances import REL_TOL
+from ntp_opt.rules.tolerances import (
+    EDGE_SLACK,
+    FLOAT_NOISE,
+    INT_ROUND_TOL,
+    PROBE_STEP,
+    REL_TOL,
+)
 from ntp_opt.rules.validate import evaluate
 
 logger = logging.getLogger(__name__)
@@ -128,7 +134,9 @@ class _Search:
             upper = 0
         else:
             self.unproven = True
-            upper = math.floor(sol.bound + 1e-6) if sol.bound is not None else job.global_batch
+            upper = (
+                math.floor(sol.bound + INT_ROUND_TOL) if sol.bound is not None else job.global_batch
+            )
         tight = theta
         if sol.x is not None and lower > 0:
             stages = list(iter_stages(self.prep, cap, sol.x))
@@ -229,7 +237,7 @@ def _theta_range(prep: Prepared, degrees: tuple[int, ...]) -> tuple[float, float
     v_min = min(job.tp_factor(t) for t in degrees) * prep.speeds[-1] / job.seq_time_s
     cap = min(job.local_batch_max, job.global_batch)
     # strictly below the first point where any replica carries one sequence
-    return 1.0 / v_max / (1 + 1e-9), cap / v_min * (1 + 1e-9)
+    return 1.0 / v_max / (1 + EDGE_SLACK), cap / v_min * (1 + EDGE_SLACK)
 
 
 def _min_theta(
@@ -252,7 +260,7 @@ def _min_theta(
             low, up, tight = s.capacity(float(cands[m]), degrees)
             if low >= target:
                 # the solution still fits at `tight`: C is constant on [tight, cands[m]]
-                first = int(np.searchsorted(cands, tight * (1 - 1e-12), side="left"))
+                first = int(np.searchsorted(cands, tight * (1 - FLOAT_NOISE), side="left"))
                 best = max(i_lo, min(m, first))
             elif up < target:
                 i_lo = m + 1
@@ -263,7 +271,7 @@ def _min_theta(
         return float(cands[best]), float(cands[best])
     probe = True  # hi is where a known solution stops fitting: C often drops right below
     while hi / lo - 1 > REL_TOL:
-        mid = max(hi * (1 - REL_TOL / 2), lo * (1 + 1e-15)) if probe else math.sqrt(lo * hi)
+        mid = max(hi * (1 - REL_TOL / 2), lo * (1 + PROBE_STEP)) if probe else math.sqrt(lo * hi)
         low, up, tight_at = s.capacity(mid, degrees)
         probe = not probe
         if low >= target:
@@ -287,14 +295,14 @@ def _case_fixed(s: _Search, degrees: tuple[int, ...], factor: float) -> float:
     if low < big_b:
         raise _Deadline
     # any plan has a replica with b >= B / dp_max
-    lo = max(lo, math.ceil(big_b / max(1, job.replicas_max)) * lo) / (1 + 1e-9)
+    lo = max(lo, math.ceil(big_b / max(1, job.replicas_max)) * lo) / (1 + EDGE_SLACK)
     # warm start: the incumbent's step time is feasible if its plan fits this case
     inc = s.best_plan
     if inc.replicas and all(r.tp in degrees for r in inc.replicas):
         ev = evaluate(s.prep.instance, inc)
         theta_inc = ev.step_time / (factor if any(r.tp < job.tp for r in inc.replicas) else 1.0)
         if lo < theta_inc < hi:
-            low, up, tight = s.capacity(theta_inc * (1 + 1e-12), degrees)
+            low, up, tight = s.capacity(theta_inc * (1 + FLOAT_NOISE), degrees)
             if low >= big_b:
                 hi = min(hi, tight)
     hi, lo = _min_theta(s, degrees, big_b, lo, hi)
@@ -336,7 +344,7 @@ def _elastic(s: _Search, cases: list[tuple[tuple[int, ...], float]]) -> float:
         # doubled, stays feasible at 2 theta (same speed needs, no batch cap
         # reached since b <= theta v_max <= M / 2 and 2 C(theta) <= B): so
         # G(theta) <= G(2 theta) and the search may start at theta_cut.
-        v_max = 1.0 / (lo * (1 + 1e-9))
+        v_max = 1.0 / (lo * (1 + EDGE_SLACK))
         cap = min(job.local_batch_max, big_b)
         theta_cut = min(cap, big_b / max(1, job.replicas_max)) / (2 * v_max)
         c_lo = 0
@@ -366,7 +374,9 @@ def _elastic(s: _Search, cases: list[tuple[tuple[int, ...], float]]) -> float:
             if b / a - 1 <= REL_TOL:
                 heapq.heappush(heap, (neg_ub, a, ca, b, cb, tight_end, i))
                 break
-            mid = max(b * (1 - REL_TOL / 2), a * (1 + 1e-15)) if tight_end else math.sqrt(a * b)
+            mid = (
+                max(b * (1 - REL_TOL / 2), a * (1 + PROBE_STEP)) if tight_end else math.sqrt(a * b)
+            )
         c_mid, up_mid, tight = s.capacity(mid, degrees)
         if c_mid < up_mid:
             raise _Deadline
