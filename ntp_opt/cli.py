@@ -2,9 +2,10 @@
 
 import sys
 
-from ntp_opt.app import cli as _module
 from ntp_opt.app.cli import *  # noqa: F403
+from ntp_opt.app.cli import build_parser, main
+
+__all__ = ["build_parser", "main"]
 
 if __name__ == "__main__":  # pragma: no cover
-    sys.exit(_module.main())
-sys.modules[__name__] = _module
+    sys.exit(main())

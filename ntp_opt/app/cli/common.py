@@ -1,0 +1,97 @@
+"""Shared helpers of the ``ntp-opt`` command line (parser class, argument types, output, errors)."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from typing import NoReturn
+
+from pydantic import ValidationError
+from rich.console import Console
+
+from ntp_opt.model.instance import Instance
+
+EPILOG = """\
+examples:
+  ntp-opt gen --builder nvl32 --gpus 4096 --fail-fraction 0.002 --tp 32 --pp 8 \\
+      --global-batch 256 -o my.json       write an instance
+  ntp-opt import slurm --topology topology.yaml --nodes nodes.txt \\
+      --job job.json -o my.json           from a real cluster (also: import k8s)
+  ntp-opt info my.json                       what is in it
+  ntp-opt solve my.json --policy ntp-pw -o plan.json
+  ntp-opt compare my.json                    every policy side by side
+  ntp-opt validate my.json plan.json         exit 1 if the plan breaks a rule
+  ntp-opt evaluate my.json plan.json --json  recomputed goodput
+  ntp-opt schema instance                    the JSON Schema of instance files
+  ntp-opt export --to megatron-ntp plan.json --instance my.json -o launch/
+  ntp-opt serve --port 8000                  HTTP/JSON service on 127.0.0.1
+  ntp-opt plot my.json plan.json -o plan.html  a picture of the plan
+"""
+
+#: Exit status after Ctrl-C (128 + SIGINT); the best plan found is still written.
+INTERRUPTED_EXIT = 130
+
+
+def interrupted_note() -> None:
+    """Tell stderr that Ctrl-C stopped the search and the best plan found is kept."""
+    print("ntp-opt: interrupted: the best plan found so far is kept", file=sys.stderr)
+
+
+def make_console() -> Console:
+    """A rich console for tables; 160 columns wide when stdout is not a terminal."""
+    # Wide enough for the tables when the output is a file or a pipe.
+    con = Console(highlight=False)
+    if not con.is_terminal:
+        con = Console(highlight=False, width=160)
+    return con
+
+
+def fmt(x: float | None, digits: int = 4) -> str:
+    """Format ``x`` with ``digits`` decimals, ``-`` for None."""
+    return "-" if x is None else f"{x:.{digits}f}"
+
+
+def instance_line(instance: Instance) -> str:
+    """One line summarising ``instance`` (name, GPUs, job)."""
+    s = instance.summary()
+    return (
+        f"{s['name']}: {s['gpus']} GPUs in {s['domains']} domains / {s['racks']} racks, "
+        f"{s['failed']} failed, {s['stragglers']} stragglers; job TP{s['tp']} x PP{s['pp']} "
+        f"x DP{s['dp']}, global batch {s['global_batch']} ({s['batch_policy']})"
+    )
+
+
+class Parser(argparse.ArgumentParser):
+    """An argument parser whose errors are one line: ``ntp-opt: error: ...``, exit 2."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"ntp-opt: error: {message} (see '{self.prog} --help')\n")
+
+
+class Terminated(BaseException):
+    """Raised by the SIGTERM handler so that every ``finally`` (temp files) runs."""
+
+
+def on_sigterm(signum: int, frame: object) -> None:
+    """SIGTERM handler: raise :class:`Terminated`."""
+    raise Terminated(signum)
+
+
+def validation_text(err: ValidationError, flags: dict[str, str] | None = None) -> str:
+    """One-line text of a pydantic error, fields renamed to their ``flags``."""
+    problems = err.errors(include_url=False)
+    first = problems[0]
+    field = ".".join(str(x) for x in first["loc"])
+    field = (flags or {}).get(field, field)
+    msg = first["msg"].removeprefix("Value error, ")
+    more = f" (and {len(problems) - 1} more)" if len(problems) > 1 else ""
+    return f"{field}: {msg}{more}" if field else f"{msg}{more}"
+
+
+def error_text(err: BaseException) -> str:
+    """One-line text of an OS, key or value error."""
+    if isinstance(err, OSError) and err.filename is not None and err.strerror:
+        return f"{err.filename}: {err.strerror}"
+    if isinstance(err, KeyError) and err.args:
+        return str(err.args[0])
+    return str(err)

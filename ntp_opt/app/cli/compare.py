@@ -1,0 +1,118 @@
+"""The ``ntp-opt compare`` sub-command: :func:`add_parser` and :func:`run`."""
+
+from __future__ import annotations
+
+import argparse
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+from rich.table import Table
+
+from ntp_opt.app.cli.common import (
+    INTERRUPTED_EXIT,
+    fmt,
+    interrupted_note,
+    make_console,
+)
+from ntp_opt.model.files import (
+    load_instance,
+)
+from ntp_opt.solve import EXACT, PLANNERS, POLICIES, solve
+
+EXACT_NAMES = set(EXACT)
+
+
+def _progress_bar(quiet: bool) -> Any:
+    """A rich progress bar with ETA on stderr; disabled when quiet or not a terminal."""
+    from rich.progress import (
+        BarColumn,
+        MofNCompleteColumn,
+        Progress,
+        TextColumn,
+        TimeElapsedColumn,
+        TimeRemainingColumn,
+    )
+
+    console = Console(stderr=True)
+    return Progress(
+        TextColumn("[progress.description]{task.description}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeElapsedColumn(),
+        TextColumn("ETA"),
+        TimeRemainingColumn(),
+        console=console,
+        disable=quiet or not console.is_terminal,
+        transient=True,
+    )
+
+
+def run(args: argparse.Namespace) -> int:
+    con = make_console()
+    policies = args.policies.split(",") if args.policies else list(POLICIES)
+    unknown = [p for p in policies if p not in PLANNERS]
+    if unknown:
+        raise ValueError(f"unknown policies {unknown}; known: {', '.join(PLANNERS)}")
+    table = Table(title="relative goodput (1.0 = no failures)", title_justify="left")
+    table.add_column("instance")
+    table.add_column("GPUs", justify="right")
+    table.add_column("failed", justify="right")
+    for p in policies:
+        table.add_column(p, justify="right")
+    cancel = threading.Event()
+    above_one = False
+    with _progress_bar(args.quiet) as bar:
+        task = bar.add_task("compare", total=len(args.instances) * len(policies))
+        for path in args.instances:
+            bar.update(task, description=f"{Path(path).name}: loading")
+            start = time.perf_counter()
+            instance = load_instance(path)
+            load_s = time.perf_counter() - start
+            values = []
+            for p in policies:
+                bar.update(task, description=f"{Path(path).name}: {p}")
+                res = solve(instance, p, time_limit=args.time_limit, cancel=cancel)
+                mark = "" if res.status != "feasible" or p not in EXACT_NAMES else "*"
+                values.append(fmt(res.relative_objective) + mark)
+                above_one = above_one or (res.relative_objective or 0.0) > 1.0 + 1e-9
+                bar.advance(task)
+                if cancel.is_set():
+                    break
+            values += ["-"] * (len(policies) - len(values))
+            s = instance.summary()
+            table.add_row(s["name"], str(s["gpus"]), str(s["failed"]), *values)
+            if args.verbose:
+                con.print(f"{path}: loaded in {load_s:.2f} s")
+            if cancel.is_set():
+                break
+    con.print(table)
+    con.print(
+        "* exact planner: best plan found, not proven optimal "
+        "(time limit, Ctrl-C, or outside its exact scope: see docs/milp.md and `solve --log`)"
+    )
+    if above_one:
+        con.print(
+            "relative goodput > 1: power boost (and, under elastic, a larger global "
+            "batch) can beat the failure-free job at nominal power, the 1.0 reference",
+            markup=False,
+        )
+    if cancel.is_set():
+        interrupted_note()
+        return INTERRUPTED_EXIT
+    return 0
+
+
+def add_parser(sub: Any) -> None:
+    """The ``ntp-opt compare`` subcommand."""
+    c = sub.add_parser("compare", help="relative goodput of several policies on instances")
+    c.add_argument("instances", nargs="+")
+    c.add_argument("--policies", help=f"comma-separated (default {','.join(POLICIES)})")
+    c.add_argument(
+        "--time-limit", type=float, default=60.0, help="seconds per exact solve (default 60)"
+    )
+    c.add_argument("-v", "--verbose", action="store_true")
+    c.add_argument("-q", "--quiet", action="store_true", help="no progress bar on stderr")
+    c.set_defaults(func=run)

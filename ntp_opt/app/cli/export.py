@@ -1,0 +1,91 @@
+"""The ``ntp-opt export`` sub-command: :func:`add_parser` and :func:`run`."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from typing import Any
+
+from ntp_opt.model.files import (
+    load_instance,
+    load_plan,
+)
+
+
+def run(args: argparse.Namespace) -> int:
+    from ntp_opt.app.export import equal_batch, export_megatron, power_only
+    from ntp_opt.planners.megatron import MegatronError
+    from ntp_opt.rules.validate import PlanError
+
+    instance = load_instance(args.instance)
+    plan = load_plan(args.plan)
+    hosts = [h for h in (args.placeholder_hosts or "").split(",") if h]
+    try:
+        if args.equal_batch:
+            before = plan.metrics.get("relative_goodput")
+            plan = equal_batch(instance, plan)
+            print(
+                f"equal local batch {plan.replicas[0].local_batch if plan.replicas else 0}: "
+                f"relative goodput {before} -> {plan.metrics.get('relative_goodput')}"
+            )
+        if args.to == "power-limits":
+            written = power_only(instance, plan, args.output, inputs=[args.plan, args.instance])
+            print(f"wrote {', '.join(written)} in {args.output}")
+            return 0
+        ex = export_megatron(
+            instance,
+            plan,
+            args.output,
+            reorder=args.reorder,
+            placeholder_hosts=hosts,
+            placeholder_gpus=args.placeholder_gpus,
+            inputs=[args.plan, args.instance],
+        )
+    except (PlanError, MegatronError) as err:
+        violations = err.violations
+        v = violations[0]
+        more = f" (and {len(violations) - 1} more)" if len(violations) > 1 else ""
+        print(f"ntp-opt: error: {args.plan}: {v.rule}: {v.message}{more}", file=sys.stderr)
+        return 2
+    print(f"wrote {len(ex.files)} files in {args.output} (see {args.output}/LAUNCH.md)")
+    if ex.torchrun_note:
+        print(f"note: {ex.torchrun_note}")
+    return 0
+
+
+def add_parser(sub: Any) -> None:
+    """The ``ntp-opt export`` subcommand."""
+    x = sub.add_parser("export", help="write a plan's launch configuration for a runtime")
+    x.add_argument("plan", help="plan file")
+    x.add_argument(
+        "--to",
+        choices=["megatron-ntp", "power-limits"],
+        required=True,
+        help="megatron-ntp: Megatron-LM NTP config, launchers and power limits "
+        "(docs/export.md); power-limits: only the nvidia-smi scripts",
+    )
+    x.add_argument("--instance", required=True, help="the plan's instance file")
+    x.add_argument("-o", "--output", required=True, help="output directory")
+    x.add_argument("--reorder", action="store_true", help="move reduced replicas first")
+    x.add_argument(
+        "--uniform-batch",
+        action="store_true",
+        help="accepted for compatibility: one local batch is now always required",
+    )
+    x.add_argument(
+        "--equal-batch",
+        action="store_true",
+        help="give every replica the same local batch first (the smallest; fixed: B / replicas)",
+    )
+    x.add_argument(
+        "--placeholder-hosts",
+        metavar="H1,H2,...",
+        help="hosts outside the plan that may run the inactive (placeholder) ranks",
+    )
+    x.add_argument(
+        "--placeholder-gpus",
+        type=int,
+        metavar="N",
+        help="GPUs per placeholder host (default: the most GPUs of one cluster host)",
+    )
+    x.set_defaults(func=run)

@@ -1,0 +1,77 @@
+"""The ``ntp-opt plot`` sub-command: :func:`add_parser` and :func:`run`."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+from typing import Any
+
+from ntp_opt.model.files import (
+    load_instance,
+    load_plan,
+)
+
+
+def run(args: argparse.Namespace) -> int:
+    import io
+
+    from ntp_opt.app.plot import plan_html
+    from ntp_opt.model.safeio import atomic_write
+
+    out = Path(args.output)
+    kind = out.suffix.lower().lstrip(".")
+    if kind not in ("svg", "png", "pdf", "html"):
+        raise ValueError(f"{out}: -o must end in .svg, .png, .pdf or .html")
+    from ntp_opt.app.plot import plan_layout
+
+    instance = load_instance(args.instance)
+    plan = load_plan(args.plan)
+    diff = load_plan(args.diff) if args.diff is not None else None
+    for file, p in ((args.plan, plan), (args.diff, diff)):
+        try:
+            if p is not None:
+                plan_layout(instance, p)  # every GPU must be in the instance
+        except ValueError as err:
+            raise ValueError(f"{file}: {err}") from None
+    inputs = [args.instance, args.plan] + ([args.diff] if args.diff is not None else [])
+    if kind == "html":
+        atomic_write(out, plan_html(instance, plan, diff), inputs)
+    else:
+        try:
+            import matplotlib
+
+            matplotlib.use("Agg")
+        except ImportError:
+            raise ValueError(
+                f"{out}: writing .{kind} needs matplotlib: pip install 'ntp-opt[plot]' "
+                "(.html needs nothing)"
+            ) from None
+        import matplotlib.pyplot as plt
+
+        from ntp_opt.app.plot import plan_figure
+
+        fig = plan_figure(instance, plan, diff)
+        buf = io.BytesIO()
+        fig.savefig(buf, format=kind, dpi=args.dpi)
+        plt.close(fig)
+        atomic_write(out, buf.getvalue(), inputs)
+    print(f"wrote {out}")
+    return 0
+
+
+def add_parser(sub: Any) -> None:
+    """The ``ntp-opt plot`` subcommand."""
+    pl = sub.add_parser(
+        "plot", help="draw a plan: GPU map and rack power (.svg/.png) or an HTML page"
+    )
+    pl.add_argument("instance", help="instance file")
+    pl.add_argument("plan", help="plan file")
+    pl.add_argument(
+        "-o",
+        "--output",
+        required=True,
+        help="FILE.svg, FILE.png, FILE.pdf (matplotlib) or FILE.html (self-contained page)",
+    )
+    pl.add_argument("--diff", metavar="OLD_PLAN", help="earlier plan: mark the GPUs that moved")
+    pl.add_argument("--dpi", type=int, default=110, help="resolution of a .png (default 110)")
+    pl.set_defaults(func=run)
