@@ -1,6 +1,6 @@
 """``ntp-opt multi``: plan a training job and serving fleets together.
 
-Registered by :func:`add_parser` in :mod:`ntp_opt.cli`.
+Registered by :func:`add_parser` in :mod:`ntp_opt.app.cli`.
 """
 
 from __future__ import annotations

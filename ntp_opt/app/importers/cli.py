@@ -1,6 +1,6 @@
 """``ntp-opt import slurm|k8s``: write an instance file from a real cluster's descriptions.
 
-Registered by :func:`add_parser` in :mod:`ntp_opt.cli`. Warnings go to stderr;
+Registered by :func:`add_parser` in :mod:`ntp_opt.app.cli`. Warnings go to stderr;
 bad input raises :class:`ntp_opt.files.InputError` (exit 2, nothing written).
 """
 
