@@ -12,12 +12,17 @@ __all__ = [
     "BOUND_TOL",
     "BUDGET_SLACK",
     "FLOAT_NOISE",
+    "HIGHS_INT_TOL",
+    "HIGHS_MIN_INT_TOL",
     "IMPROVE_TOL",
+    "INT_BOUND_ABS_TOL",
+    "INT_BOUND_REL_TOL",
     "METRIC_ABS_TOL",
     "METRIC_TOL",
     "POWER_TOL",
     "PROB_CLIP",
     "REL_TOL",
+    "ROUNDING_SHIFT",
     "SHARE_TOL",
     "SPLIT_TOL",
     "WATT_SLACK",
@@ -65,3 +70,20 @@ BOUND_TOL = 1e-9
 
 #: Relative slack of the batch split's candidate cut-off (``theta_K (1 + SPLIT_TOL)``).
 SPLIT_TOL = 1e-9
+
+#: Absolute slack added to an integer program's floating-point bound before it is
+#: rounded down (absorbs HiGHS and CBC tolerances; a larger bound stays valid).
+INT_BOUND_ABS_TOL = 1e-6
+
+#: Relative slack added to an integer program's floating-point bound before it is
+#: rounded down.
+INT_BOUND_REL_TOL = 1e-9
+
+#: HiGHS's default integrality tolerance (``mip_feasibility_tolerance``).
+HIGHS_INT_TOL = 1e-6
+
+#: HiGHS's smallest accepted integrality tolerance.
+HIGHS_MIN_INT_TOL = 1e-10
+
+#: Largest change of a row's activity that rounding one HiGHS variable may cause.
+ROUNDING_SHIFT = 1e-2
