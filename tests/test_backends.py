@@ -9,11 +9,13 @@ import sys
 import numpy as np
 import pytest
 
-from ntp_opt.planners.exact import backends
 from ntp_opt.planners.exact.backends import (
     BACKENDS,
     BackendUnavailable,
     available_backends,
+    common,
+    cpsat,
+    highs,
     solve_program,
 )
 from ntp_opt.planners.exact.program import IntProgram, Row
@@ -161,8 +163,8 @@ def test_missing_package(monkeypatch):
 
 def test_infeasible_answer_is_never_returned(monkeypatch):
     p = random_knapsack(np.random.default_rng(0))
-    bogus = backends._Raw("optimal", values=np.ones(p.n_vars))  # breaks the capacity
-    monkeypatch.setattr(backends, "_solve_cpsat", lambda *args: bogus)
+    bogus = common.Raw("optimal", values=np.ones(p.n_vars))  # breaks the capacity
+    monkeypatch.setattr(cpsat, "solve_cpsat", lambda *args: bogus)
     with pytest.raises(RuntimeError, match="violates cap"):
         solve_program(p, "cpsat")
 
@@ -282,7 +284,7 @@ def test_highs_thread_scheduler_reset():
     # count fails unless it is reset, also after HiGHS was used behind our back.
     p = hard_knapsack(n=14, m=3)
     assert solve_program(p, "highs", threads=1).status == "optimal"
-    backends._highs_threads = None  # as if PuLP had run HiGHS with 1 thread
+    highs.highs_threads = None  # as if PuLP had run HiGHS with 1 thread
     assert solve_program(p, "highs", threads=2).status == "optimal"
     assert solve_program(p, "highs", threads=1).status == "optimal"
 
@@ -316,26 +318,26 @@ def test_big_coefficients(backend):
 
 def test_rounding_check_and_highs_retry(monkeypatch):
     p = program([0, 0], [1, 5], [1, 1], [Row((0, 1), (30_000_000, 1), None, 29_999_976, "site")])
-    data, broken = backends._prepare(p)
+    data, broken = common.prepare(p)
     assert not broken
-    assert backends._integrality_tolerance(data) == pytest.approx(1e-2 / 30_000_000)
+    assert highs.integrality_tolerance(data) == pytest.approx(1e-2 / 30_000_000)
     # HiGHS with its default tolerance may call x0 = 0.9999992 integral; rounded, it breaks "site".
-    assert backends._rounding_breaks(data, np.array([0.9999992, 0.0]))
-    assert not backends._rounding_breaks(data, np.array([0.0, 5.0]))
-    assert backends._rounding_breaks(data, np.array([0.0, 5.6]))  # bound
+    assert highs.rounding_breaks(data, np.array([0.9999992, 0.0]))
+    assert not highs.rounding_breaks(data, np.array([0.0, 5.0]))
+    assert highs.rounding_breaks(data, np.array([0.0, 5.6]))  # bound
 
     calls = []
 
     def attempt(highspy, lp, data, opts, tol, time_limit):
         calls.append(tol)
         values = np.array([0.9999992, 0.0]) if len(calls) == 1 else np.array([0.0, 5.0])
-        return backends._Raw("optimal", values, 5.0)
+        return common.Raw("optimal", values, 5.0)
 
     if "highs" not in AVAILABLE:
         return
-    monkeypatch.setattr(backends, "_highs_attempt", attempt)
-    highspy = backends._load("highs")
-    s = backends._solve_highs(highspy, data, backends._Options(None, 1, 0, False, 0.0))
+    monkeypatch.setattr(highs, "highs_attempt", attempt)
+    highspy = highs.load()
+    s = highs.solve_highs(highspy, data, common.Options(None, 1, 0, False, 0.0))
     assert calls == [pytest.approx(1e-2 / 30_000_000), 1e-10]
     assert s.values is not None and s.values.tolist() == [0.0, 5.0]
 

@@ -16,7 +16,11 @@ __all__ = [
     "BUDGET_SLACK",
     "EDGE_SLACK",
     "FLOAT_NOISE",
+    "HIGHS_INT_TOL",
+    "HIGHS_MIN_INT_TOL",
     "IMPROVE_TOL",
+    "INT_BOUND_ABS_TOL",
+    "INT_BOUND_REL_TOL",
     "INT_ROUND_TOL",
     "METRIC_ABS_TOL",
     "METRIC_TOL",
@@ -25,6 +29,7 @@ __all__ = [
     "PROBE_STEP",
     "PROB_CLIP",
     "REL_TOL",
+    "ROUNDING_SHIFT",
     "SHARE_TOL",
     "SPLIT_TOL",
     "THRESHOLD_TOL",
@@ -106,3 +111,20 @@ THRESHOLD_TOL = 1e-9
 #: Slack, in milliwatts, forgiven when the exact model rounds a draw to integer mW, so
 #: that a plan exactly at a budget (a full rack at TDP) is not excluded by float noise.
 MW_ROUND_SLACK = 1e-3
+
+#: Absolute slack added to an integer program's floating-point bound before it is
+#: rounded down (absorbs HiGHS and CBC tolerances; a larger bound stays valid).
+INT_BOUND_ABS_TOL = 1e-6
+
+#: Relative slack added to an integer program's floating-point bound before it is
+#: rounded down.
+INT_BOUND_REL_TOL = 1e-9
+
+#: HiGHS's default integrality tolerance (``mip_feasibility_tolerance``).
+HIGHS_INT_TOL = 1e-6
+
+#: HiGHS's smallest accepted integrality tolerance.
+HIGHS_MIN_INT_TOL = 1e-10
+
+#: Largest change of a row's activity that rounding one HiGHS variable may cause.
+ROUNDING_SHIFT = 1e-2
