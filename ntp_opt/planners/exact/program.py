@@ -1,6 +1,6 @@
 """A solver-neutral integer program, the interface between the planning
 model (:mod:`ntp_opt.milp.model`) and the backends
-(:mod:`ntp_opt.milp.backends`).
+(:mod:`ntp_opt.planners.exact.backends`).
 
 All data are integers: CP-SAT needs integer coefficients, and the planning
 model rounds watts conservatively (draws up, budgets down) before it builds
