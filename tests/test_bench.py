@@ -100,7 +100,7 @@ def test_resume_after_kill_mid_write(tmp_path: Path, small: Path) -> None:
 def test_hard_timeout_kills_the_run(tmp_path: Path) -> None:
     out = tmp_path / "out"
     # ntp must finish: its timeout only guards against a hang (no wall-clock race)
-    run_bench([TINY], ["ntp"], [0], out, time_limit=1, timeout=HANG_GUARD, progress=False)
+    run_bench([TINY], ["ntp"], [0], out, time_limit=HANG_GUARD, timeout=HANG_GUARD, progress=False)
     # the sleeper never finishes: whatever the load, the 1 s timeout kills it
     rows = run_bench(
         [TINY],
@@ -132,7 +132,7 @@ def test_what_the_worker_sent_before_failing_is_kept(tmp_path: Path) -> None:
         ["tests.test_bench:crashy"],
         [0],
         tmp_path,
-        time_limit=1,
+        time_limit=HANG_GUARD,
         timeout=HANG_GUARD,
         progress=False,
     )
@@ -144,7 +144,9 @@ def test_bad_file_is_an_error_row(tmp_path: Path) -> None:
     bad = tmp_path / "broken.json"
     bad.write_text('{"format": "ntp-opt/instance@1", "name": 3}')
     out = tmp_path / "out"
-    rows = run_bench([bad], ["ntp"], [0], out, time_limit=1, timeout=HANG_GUARD, progress=False)
+    rows = run_bench(
+        [bad], ["ntp"], [0], out, time_limit=HANG_GUARD, timeout=HANG_GUARD, progress=False
+    )
     assert len(rows) == 1 and rows[0]["status"] == "error"
     assert "broken.json" in rows[0]["message"]
     assert rows[0]["key"] == run_key(bad, "ntp", 0)

@@ -65,7 +65,7 @@ def test_ray_workers_cap_and_bad_file(tmp_path: Path) -> None:
         ["ntp"],
         [0, 1],
         tmp_path / "out",
-        time_limit=1,
+        time_limit=HANG_GUARD,
         timeout=HANG_GUARD,
         workers=1,
         progress=False,
