@@ -244,6 +244,9 @@ def _solve(
             raise RuntimeError(
                 f"planner {solver!r}: goodput {evaluation.goodput} above its bound {bound}"
             )
+    if spec.kind in ("bounded", "exact") and bound is not None:
+        # the status follows the gap: a closed gap is a proof, whichever limit stopped
+        # the planner (a bound of 0 met by the paused plan included)
         if bound <= evaluation.goodput * (1 + REL_TOL):
             status = Status.OPTIMAL
     if spec.kind in ("heuristic", "bounded"):  # unchecked plans: attach the checked figures

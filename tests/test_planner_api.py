@@ -11,6 +11,7 @@ import pytest
 from ntp_opt.model.control import Control
 from ntp_opt.model.files import load_instance
 from ntp_opt.model.instance import Instance
+from ntp_opt.model.plan import Plan
 from ntp_opt.planners.base import Limit, Outcome, PlannerSpec, RunOptions, Status
 from ntp_opt.planners.registry import REGISTRY
 from ntp_opt.solve import PLANNERS, solve
@@ -55,6 +56,45 @@ def test_no_plan_is_no_solution_unless_proven(
     monkeypatch.setitem(REGISTRY, "none", PlannerSpec(planner, "test"))  # type: ignore[arg-type]
     res = solve(_tiny(), "none")
     assert res.status == status and res.plan is None and res.objective is None
+
+
+@pytest.mark.parametrize(
+    ("kind", "slack", "status"),
+    [
+        ("exact", 0.0, Status.OPTIMAL),
+        ("exact", 1e-7, Status.OPTIMAL),  # within the 1e-6 gap tolerance
+        ("exact", 1e-3, Status.FEASIBLE),
+        ("bounded", 0.0, Status.OPTIMAL),
+        ("heuristic", 0.0, Status.FEASIBLE),  # a heuristic's bound is not reported as a proof
+    ],
+)
+def test_status_follows_the_gap_whichever_limit_stopped(
+    monkeypatch: pytest.MonkeyPatch, kind: str, slack: float, status: Status
+) -> None:
+    inst = _tiny()
+    plan = REGISTRY["ntp"].run(inst, RunOptions()).plan
+    assert plan is not None
+    goodput = solve(inst, "ntp").objective
+    assert goodput is not None and goodput > 0
+
+    def stopped(instance: Instance, options: RunOptions) -> Outcome:
+        return Outcome(plan=plan, bound=goodput * (1 + slack), limit=Limit.TIME)
+
+    monkeypatch.setitem(REGISTRY, "stopped", PlannerSpec(stopped, "test", kind=kind))
+    res = solve(inst, "stopped")
+    assert res.status == status and res.limit == Limit.TIME
+
+
+def test_bound_zero_met_by_the_paused_plan_is_optimal(monkeypatch: pytest.MonkeyPatch) -> None:
+    inst = _tiny()
+    paused = Plan(inst.name, ())
+
+    def nothing_fits(instance: Instance, options: RunOptions) -> Outcome:
+        return Outcome(plan=paused, bound=0.0, limit=Limit.TIME)
+
+    monkeypatch.setitem(REGISTRY, "paused", PlannerSpec(nothing_fits, "test", kind="exact"))
+    res = solve(inst, "paused")
+    assert res.objective == 0.0 and res.status == Status.OPTIMAL
 
 
 def test_with_job_shares_the_compiled_cluster() -> None:
