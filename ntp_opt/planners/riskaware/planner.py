@@ -11,7 +11,7 @@ import logging
 import math
 import threading
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from ntp_opt.model.control import Control
 from ntp_opt.model.instance import Instance
@@ -61,7 +61,8 @@ class RiskAwareOutcome(Outcome):
         The risk-blind plan it started from.
     """
 
-    blind: Plan | None = None
+    plan: Plan
+    blind: Plan = field(kw_only=True)
 
     @property
     def evaluations(self) -> int:
