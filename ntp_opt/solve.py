@@ -249,7 +249,7 @@ def _solve(
         # the planner (a bound of 0 met by the paused plan included)
         if bound <= evaluation.goodput * (1 + REL_TOL):
             status = Status.OPTIMAL
-    if spec.kind in ("heuristic", "bounded"):  # unchecked plans: attach the checked figures
+    if spec.kind in ("heuristic", "bounded", "search"):  # unchecked: attach the checked figures
         plan = plan.with_metrics(**evaluation.as_metrics())
     return Result(
         status=status,

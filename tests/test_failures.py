@@ -171,3 +171,27 @@ def test_failed_instance():
     assert int((~after.arrays.healthy).sum()) == 2
     with pytest.raises(ValueError, match="shape"):
         failed_instance(inst, mask[:-1])
+
+
+def test_failed_instance_equals_a_rebuilt_copy():
+    # failed_instance goes through Instance.with_health (copies only the failed
+    # GPUs' nodes); it must equal the instance rebuilt from a graph copy with
+    # the GPUs failed, attributes included (no attribute added, e.g. "speed")
+    g = topology.build_cluster(4, 8, 4, 2)
+    for n in topology.gpus(g)[:10]:
+        del g.nodes[n]["speed"]  # speed is optional (default 1.0)
+    topology.fail_gpus(g, ["d0.t0.g0"])
+    inst = Instance("f", g, Job(tp=8, pp=1, dp=2, global_batch=8), {"source": "test"})
+    a = inst.arrays
+    mask = np.zeros(a.n_gpus, dtype=bool)
+    mask[[a.gpu_index[x] for x in ("d0.t0.g0", "d0.t0.g1", "d3.t1.g3")]] = True
+    after = failed_instance(inst, mask)
+    ref = g.copy()
+    topology.fail_gpus(ref, ["d0.t0.g1", "d3.t1.g3"])
+    rebuilt = Instance("f", ref, inst.job, {"source": "test"})
+    assert after == rebuilt
+    assert "speed" not in after.cluster.nodes["d0.t0.g1"]
+    for field in ("healthy", "speed", "gpu_domain", "tdp"):
+        assert np.array_equal(getattr(after.arrays, field), getattr(rebuilt.arrays, field))
+    assert after.arrays.gpu_domain is a.gpu_domain  # the structure's arrays are shared
+    assert inst.cluster.nodes["d0.t0.g1"]["state"] == "healthy"  # the original is unchanged

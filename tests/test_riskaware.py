@@ -18,15 +18,19 @@ from ntp_opt import solve
 from ntp_opt.model import topology
 from ntp_opt.model.files import load_plan, save_plan
 from ntp_opt.model.instance import Instance
+from ntp_opt.model.layout import Layout
+from ntp_opt.planners.base import Limit, Outcome
 from ntp_opt.planners.riskaware import (
     RISK_INSTANCES,
     fresh_scenarios,
     gpu_risk,
+    objective,
     plan_risk_aware,
     risk_instance,
     scenario_goodputs,
     training_scenarios,
 )
+from ntp_opt.planners.riskaware.scorer import FastScorer
 from ntp_opt.rules.expected import expected_goodput
 from ntp_opt.rules.recourse import adapt
 from ntp_opt.rules.validate import check
@@ -216,21 +220,19 @@ def test_unknown_instance_name():
 def test_fast_scorer_equals_recourse(name):
     # The search scores candidates replica by replica; it must agree with the
     # reference recourse (ntp_opt.rules.recourse.adapt) scenario for scenario.
-    from ntp_opt.planners.riskaware import _FastScorer, _state_of, objective
 
     inst = risk_instance(name)
     res = solve(inst, "ntp", time_limit=5)
     scen = training_scenarios(inst, samples=150, seed=2)
-    fast = _FastScorer(inst, scen)
+    fast = FastScorer(inst, scen)
     for plan in (res.plan, plan_risk_aware(inst, time_limit=HANG_GUARD, fresh_samples=0).plan):
-        state = _state_of(inst, plan)
-        assert fast.eligible(state)
-        assert fast.value(state) == pytest.approx(objective(inst, plan, scen), rel=1e-12)
+        layout = Layout.from_plan(inst, plan)
+        assert fast.eligible(layout)
+        assert fast.value(layout) == pytest.approx(objective(inst, plan, scen), rel=1e-12)
 
 
 @pytest.mark.parametrize("seed", range(6))
 def test_fast_scorer_on_random_instances(seed):
-    from ntp_opt.planners.riskaware import _FastScorer, _state_of, objective
 
     inst = _random_risky(seed)
     for name in ("ntp", "dp-drop"):
@@ -238,18 +240,17 @@ def test_fast_scorer_on_random_instances(seed):
         if plan is None:
             continue
         scen = training_scenarios(inst, exact_units=20)
-        fast = _FastScorer(inst, scen)
-        state = _state_of(inst, plan)
-        if fast.eligible(state):
-            assert fast.value(state) == pytest.approx(objective(inst, plan, scen), rel=1e-12)
+        fast = FastScorer(inst, scen)
+        layout = Layout.from_plan(inst, plan)
+        if fast.eligible(layout):
+            assert fast.value(layout) == pytest.approx(objective(inst, plan, scen), rel=1e-12)
 
 
 def test_fast_scorer_declines_domains_across_racks():
     g = topology.nvl36x2(2)
     inst = Instance("x", g, risk_instance("mixed").job)
-    from ntp_opt.planners.riskaware import _FastScorer
 
-    fast = _FastScorer(inst, training_scenarios(inst, samples=5))
+    fast = FastScorer(inst, training_scenarios(inst, samples=5))
     assert not fast.domain_ok
 
 
@@ -261,3 +262,38 @@ def test_nominal_tolerance_bounds_the_nominal_loss(seed):
     nominal = check(inst, out.plan).goodput
     assert nominal >= 0.8 * res.objective * (1 - 1e-9)
     assert _exact(inst, out.plan) >= _exact(inst, res.plan) - 1e-12
+
+
+def test_outcome_is_an_outcome_checked_once(monkeypatch):
+    # a direct call returns a validated plan; solve passes validate=False and checks it itself
+    inst = risk_instance("pack")
+    out = plan_risk_aware(inst, time_limit=HANG_GUARD)
+    assert isinstance(out, Outcome) and out.limit == Limit.NONE
+    assert not out.time_limit_hit and not out.interrupted
+    assert out.evaluations == out.stats["evaluations"] > 0
+    assert out.plan.metrics["goodput"] == check(inst, out.plan).goodput
+    raw = plan_risk_aware(inst, time_limit=HANG_GUARD, validate=False)
+    assert "goodput" not in raw.plan.metrics and raw.plan.replicas == out.plan.replicas
+
+    import ntp_opt.planners.riskaware.planner as planner_mod
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("solve's registry adapter must not validate")
+
+    monkeypatch.setattr(planner_mod, "certified", refuse)
+    res = solve(inst, "risk-aware", time_limit=HANG_GUARD)
+    assert res.plan.replicas == out.plan.replicas
+    assert res.plan.metrics == out.plan.metrics  # solve attaches the same checked figures
+
+
+def test_search_state_is_a_layout_round_trip():
+    # the search works in index space: a plan read into a Layout and written
+    # back is the same plan, and the scorer gives the reference objective on it
+    inst = risk_instance("mixed")
+    plan = solve(inst, "ntp").plan
+    layout = Layout.from_plan(inst, plan)
+    assert layout.to_plan(inst).replicas == plan.replicas
+    scen = training_scenarios(inst, samples=20, seed=4)
+    assert FastScorer(inst, scen).value(layout) == pytest.approx(
+        objective(inst, plan, scen), rel=1e-12
+    )

@@ -22,12 +22,11 @@ probability), so its cost grows with the number of failures, not with
 from __future__ import annotations
 
 import itertools
-from collections.abc import Hashable, Iterator
+from collections.abc import Iterator
 from typing import Literal
 
 import numpy as np
 
-from ntp_opt.model import topology
 from ntp_opt.model.instance import Instance
 
 BlastRadius = Literal["gpu", "tray", "domain"]
@@ -305,14 +304,22 @@ def enumerate_scenarios(
 def failed_instance(instance: Instance, failed_mask: np.ndarray) -> Instance:
     """The instance after the failures of ``failed_mask``.
 
-    Same name, job and meta; a copy of the graph with those GPUs
-    ``state="failed"``.
+    Same name, job and meta; the graph with those GPUs ``state="failed"``
+    (:meth:`Instance.with_health`: only their nodes are copied).
+
+    Parameters
+    ----------
+    instance
+        The instance.
+    failed_mask
+        Per GPU (``instance.arrays`` order), whether it fails.
+
+    Returns
+    -------
+    Instance
     """
     a = instance.arrays
     mask = np.asarray(failed_mask, dtype=bool)
     if mask.shape != (a.n_gpus,):
         raise ValueError(f"failed_mask must have shape ({a.n_gpus},), got {mask.shape}")
-    graph = instance.cluster.copy()
-    ids: list[Hashable] = [a.gpu_ids[i] for i in np.flatnonzero(mask)]
-    topology.fail_gpus(graph, ids)
-    return Instance(instance.name, graph, instance.job, dict(instance.meta), copy_graph=False)
+    return instance.with_health(healthy=a.healthy & ~mask)

@@ -16,7 +16,7 @@ import networkx as nx
 import numpy as np
 
 from ntp_opt.model.job import Job
-from ntp_opt.model.topology import DEFAULT_TDP_W, TopologyError, check_topology
+from ntp_opt.model.topology import DEFAULT_TDP_W, FAILED, HEALTHY, TopologyError, check_topology
 
 
 @dataclass(frozen=True, eq=False)
@@ -239,8 +239,7 @@ class Instance:
             shared, since it does not depend on the job.
         """
         new = Instance(self.name, self.cluster, job, self.meta, copy_graph=False)
-        new.__dict__["arrays"] = self.arrays
-        return new
+        return new._sharing(self.arrays)
 
     def with_health(
         self, healthy: np.ndarray | None = None, speed: np.ndarray | None = None
@@ -259,7 +258,8 @@ class Instance:
         Instance
             A new instance (same name, job and meta) whose graph shares the
             unchanged structure and node attributes; only the nodes of GPUs
-            whose health or speed differ are copied, and the compiled arrays
+            whose health or speed differ are copied (with only the changed
+            attribute, ``state`` or ``speed``, set), and the compiled arrays
             other than ``healthy`` and ``speed`` are shared.
         """
         a = self.arrays
@@ -275,8 +275,10 @@ class Instance:
         graph.graph = dict(old.graph)
         for i in changed:
             attrs = dict(old._node[a.gpu_ids[i]])
-            attrs["state"] = "healthy" if new_healthy[i] else "failed"
-            attrs["speed"] = float(new_speed[i])
+            if new_healthy[i] != a.healthy[i]:
+                attrs["state"] = HEALTHY if new_healthy[i] else FAILED
+            if new_speed[i] != a.speed[i]:
+                attrs["speed"] = float(new_speed[i])
             graph._node[a.gpu_ids[i]] = attrs
         nx.freeze(graph)
         for arr in (new_healthy, new_speed):
@@ -287,8 +289,16 @@ class Instance:
         object.__setattr__(new, "cluster", graph)
         object.__setattr__(new, "job", self.job)
         object.__setattr__(new, "meta", self.meta)
-        new.__dict__["arrays"] = arrays
-        return new
+        return new._sharing(arrays)
+
+    def _sharing(self, arrays: ClusterArrays) -> Instance:
+        """``self`` with its compiled cluster set to ``arrays`` (the fast path of the variants).
+
+        Only :meth:`with_job` and :meth:`with_health` call it, on an instance
+        they just made, with arrays that match its graph.
+        """
+        self.__dict__["arrays"] = arrays  # fills the cached_property
+        return self
 
     def __eq__(self, other: object) -> bool:
         if not isinstance(other, Instance):

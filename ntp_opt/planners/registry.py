@@ -15,7 +15,7 @@ from typing import Protocol
 from ntp_opt.model.instance import Instance
 from ntp_opt.model.plan import Plan
 from ntp_opt.planners import heuristics, peers
-from ntp_opt.planners.base import Limit, Outcome, Planner, PlannerSpec, RunOptions
+from ntp_opt.planners.base import Outcome, Planner, PlannerSpec, RunOptions
 from ntp_opt.planners.exact.search import solve_exact
 from ntp_opt.planners.fast import plan_fast
 from ntp_opt.planners.megatron import solve_megatron
@@ -25,12 +25,6 @@ from ntp_opt.planners.riskaware import plan_risk_aware
 def without_power(instance: Instance) -> Instance:
     """The same instance with power boost disabled (``max_boost = 0``)."""
     return instance.with_job(instance.job.model_copy(update={"max_boost": 0.0}))
-
-
-def _limit(interrupted: bool, time_limit_hit: bool) -> Limit:
-    if interrupted:
-        return Limit.INTERRUPTED
-    return Limit.TIME if time_limit_hit else Limit.NONE
 
 
 class Heuristic(Protocol):
@@ -84,18 +78,15 @@ def exact(name: str, backend: str, power: bool, megatron: bool = False) -> Plann
 
 
 def risk_aware(instance: Instance, options: RunOptions) -> Outcome:
-    """:func:`ntp_opt.planners.riskaware.plan_risk_aware` as a :class:`Planner`."""
-    found = plan_risk_aware(
+    """:func:`ntp_opt.planners.riskaware.plan_risk_aware` as a :class:`Planner` (unchecked plan)."""
+    # solve checks the plan: the planner need not check it too
+    return plan_risk_aware(
         instance,
         time_limit=options.time_limit,
         seed=options.seed,
         threads=options.threads,
         cancel=options.control.cancel,
-    )
-    return Outcome(
-        plan=found.plan,
-        bound=found.bound,
-        limit=_limit(found.interrupted, found.time_limit_hit),
+        validate=False,
     )
 
 

@@ -1,0 +1,221 @@
+"""The risk-aware planner: :func:`plan_risk_aware` and its :class:`RiskAwareOutcome`.
+
+It starts from the risk-blind optimum, runs the local search of
+:mod:`ntp_opt.planners.riskaware.search` on the training scenarios and
+reports an estimate on fresh ones (``docs/risk.md``).
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import threading
+import time
+from dataclasses import dataclass, field
+
+from ntp_opt.model.control import Control
+from ntp_opt.model.instance import Instance
+from ntp_opt.model.layout import Layout
+from ntp_opt.model.plan import Plan
+from ntp_opt.planners.base import Limit, Outcome
+from ntp_opt.planners.riskaware.scenarios import (
+    fresh_scenarios,
+    gpu_risk,
+    scenario_goodputs,
+    training_scenarios,
+)
+from ntp_opt.planners.riskaware.search import Search, local_search
+from ntp_opt.rules.expected import Z95
+from ntp_opt.rules.tolerances import FLOAT_NOISE
+from ntp_opt.rules.validate import certified, evaluate, infeasibility
+
+__all__ = ["BLIND_SHARE", "EVAL_SHARE", "RiskAwareOutcome", "plan_risk_aware"]
+
+logger = logging.getLogger(__name__)
+
+#: Share of the time limit given to the risk-blind optimum.
+BLIND_SHARE = 0.4
+#: Share of the time limit reserved for the fresh-scenario estimate at the end.
+EVAL_SHARE = 0.15
+
+
+@dataclass(frozen=True)
+class RiskAwareOutcome(Outcome):
+    """What :func:`plan_risk_aware` returns: an :class:`Outcome` and the plan it started from.
+
+    Attributes
+    ----------
+    plan
+        The risk-aware plan (never ``None``; validated unless
+        ``validate=False``; metrics in ``docs/risk.md``).
+    bound
+        The risk-blind optimum's bound on nominal goodput (or ``None``).
+    limit
+        :attr:`Limit.TIME` when the search or the final estimate stopped at
+        the time limit, :attr:`Limit.INTERRUPTED` when ``cancel`` stopped the
+        search (the plan is the best so far); so ``time_limit_hit`` and
+        ``interrupted`` read as before.
+    stats
+        ``evaluations``: candidate plans scored (also :attr:`evaluations`).
+    blind
+        The risk-blind plan it started from.
+    """
+
+    plan: Plan
+    blind: Plan = field(kw_only=True)
+
+    @property
+    def evaluations(self) -> int:
+        """Candidate plans scored."""
+        return int(self.stats.get("evaluations", 0))
+
+
+def plan_risk_aware(
+    instance: Instance,
+    *,
+    time_limit: float | None = 60.0,
+    seed: int = 0,
+    threads: int = 1,
+    samples: int = 300,
+    exact_units: int = 10,
+    fresh_samples: int = 1000,
+    nominal_tolerance: float = 0.0,
+    blast_radius: str = "gpu",
+    scale: float = 1.0,
+    blind: Plan | None = None,
+    cancel: threading.Event | None = None,
+    validate: bool = True,
+) -> RiskAwareOutcome:
+    """Maximise expected goodput after recourse, starting from the risk-blind optimum.
+
+    Parameters
+    ----------
+    instance
+        The instance (GPU and tray ``p_fail`` give the risk).
+    time_limit
+        Seconds for everything (``None``: no limit): at most
+        :data:`BLIND_SHARE` of it for the risk-blind optimum, the search up
+        to ``1 -`` :data:`EVAL_SHARE`, the fresh estimate in the rest.
+    seed
+        Seed of the training and fresh scenarios and of the exact solver.
+    threads
+        Worker threads of the exact solver (1: deterministic).
+    samples
+        SAA sample size (training scenarios) when not enumerated.
+    exact_units
+        Optimise the exact expectation when the instance has at most this
+        many failure units.
+    fresh_samples
+        Fresh Monte Carlo scenarios for the reported ``expected_goodput``
+        (fewer if the time limit strikes first; ``0`` skips it).
+    nominal_tolerance
+        Fraction of the risk-blind optimum's nominal goodput the plan may
+        give up for expected goodput (default 0: none).
+    blast_radius, scale
+        As in :func:`ntp_opt.failures.sample_failures`.
+    blind
+        The risk-blind plan to start from (default: ``solve(instance, "optimal")``).
+    cancel
+        Once set, every stage stops at its next check and the best plan so far
+        is returned with ``interrupted``.
+    validate
+        Check the plan with the validator and attach its figures to the
+        metrics (default). :func:`ntp_opt.solve.solve` passes ``False``: it
+        checks every plan once itself.
+
+    Returns
+    -------
+    RiskAwareOutcome
+    """
+    if not 0.0 <= nominal_tolerance <= 1.0:
+        raise ValueError(f"nominal_tolerance must be in [0, 1], got {nominal_tolerance!r}")
+    if fresh_samples < 0:
+        raise ValueError(f"fresh_samples must be >= 0, got {fresh_samples}")
+    if time_limit is not None and not time_limit > 0:
+        raise ValueError(f"time_limit must be positive, got {time_limit!r}")
+    start = time.perf_counter()
+    end = None if time_limit is None else start + time_limit
+    bound = None
+    if blind is None:
+        from ntp_opt.planners.exact.search import solve_exact
+
+        if infeasibility(instance) is not None:
+            raise ValueError(f"instance {instance.name!r}: {infeasibility(instance)}")
+        found = solve_exact(
+            instance,
+            "cpsat",
+            time_limit=None if time_limit is None else BLIND_SHARE * time_limit,
+            seed=seed,
+            threads=threads,
+            control=Control("risk-aware", None, cancel),
+        )
+        assert found.plan is not None  # the exact search always returns a plan
+        blind, bound = found.plan, found.bound
+    nominal = evaluate(instance, blind)
+    if not nominal.feasible:
+        raise ValueError("blind: the starting plan is not feasible for the instance")
+    scenarios = training_scenarios(
+        instance,
+        samples=samples,
+        seed=seed,
+        exact_units=exact_units,
+        blast_radius=blast_radius,
+        scale=scale,
+    )
+    risk = gpu_risk(instance, blast_radius, scale)
+    search_end = None if time_limit is None else start + (1 - EVAL_SHARE) * time_limit
+    s = Search(
+        instance,
+        scenarios,
+        risk,
+        nominal.goodput * (1 - nominal_tolerance) * (1 - FLOAT_NOISE),
+        search_end,
+        cancel,
+    )
+    layout = Layout.from_plan(instance, blind)
+    plan0 = s.plan(layout)
+    if plan0 is None or evaluate(instance, plan0).goodput < nominal.goodput:
+        plan0 = blind  # keep the given batches when the re-split cannot match them
+    value0 = s.score(plan0, layout)  # the same stages either way (batches do not count)
+    plan, value = local_search(s, layout, plan0, value0)
+    metrics: dict[str, object] = {
+        "policy": "risk-aware",
+        "saa_expected_goodput": value,
+        "saa_method": scenarios.method,
+        "saa_samples": scenarios.samples,
+        "blind_saa_expected_goodput": value0,
+        "blind_goodput": nominal.goodput,
+    }
+    hit = s.timed_out
+    if scenarios.method == "exact":
+        metrics.update(
+            expected_goodput=value, expected_method="exact", expected_samples=scenarios.samples
+        )
+    elif fresh_samples > 0:
+        fresh = fresh_scenarios(
+            instance, fresh_samples, seed=seed, blast_radius=blast_radius, scale=scale
+        )
+        vals = scenario_goodputs(instance, plan, fresh, deadline=end, cancel=cancel)
+        hit = hit or len(vals) < fresh_samples
+        mean = float(vals.mean())
+        metrics.update(expected_goodput=mean, expected_method="mc", expected_samples=len(vals))
+        if len(vals) > 1:  # no interval from one scenario (and JSON has no infinity)
+            half = Z95 * float(vals.std(ddof=1)) / math.sqrt(len(vals))
+            metrics.update(expected_ci_low=mean - half, expected_ci_high=mean + half)
+    if bound is not None:
+        metrics["bound"] = bound
+    out = plan.with_metrics(**metrics)
+    if validate:
+        out = certified(instance, out)
+    stopped = s.interrupted or (cancel is not None and cancel.is_set())
+    logger.info(
+        "risk-aware: %d plans scored, expected goodput %.9g (blind %.9g)%s",
+        s.evaluations,
+        value,
+        value0,
+        " (interrupted)" if stopped else "",
+    )
+    limit = Limit.INTERRUPTED if stopped else Limit.TIME if hit else Limit.NONE
+    return RiskAwareOutcome(
+        plan=out, bound=bound, limit=limit, stats={"evaluations": s.evaluations}, blind=blind
+    )
