@@ -91,3 +91,15 @@ def test_from_indices_round_trips():
         reps[r][2].append((int(lay.domain[s]), g.tolist(), pw))
     back = Layout.from_indices(plan.instance, reps, plan.metrics).to_plan(inst)
     assert back == plan
+
+
+def test_exact_outcome_carries_its_plan_layout():
+    pytest.importorskip("ortools")
+    from ntp_opt.planners.exact.search import solve_exact
+
+    inst = load_instance(ROOT / "instances" / "nvl32-64-1gpu-elastic.json.gz")
+    out = solve_exact(inst, "cpsat", initial_plan=None)
+    assert out.plan is not None and out.layout is not None
+    back = out.layout.to_plan(inst)
+    assert back == out.plan
+    assert dict(back.metrics) == dict(out.plan.metrics)

@@ -23,6 +23,7 @@ start, if better) is returned with the best proven bound.
 
 from __future__ import annotations
 
+import dataclasses
 import heapq
 import logging
 import math
@@ -89,6 +90,7 @@ class _Search:
     log: list[str] = field(default_factory=list)
     control: Control | None = None
     report_bounds: bool = True
+    best_layout: Layout | None = None  # best_plan in index space, when the search found it
 
     def note(self, line: str, *, keep: bool = True) -> None:
         """A line of the search log (also logged at INFO level)."""
@@ -164,10 +166,12 @@ class _Search:
         return lower, upper, tight
 
     def _offer(self, stages: list[StagePick], powers: list[float]) -> None:
-        plan = build_plan(self.prep, stages, powers)
+        layout = build_layout(self.prep, stages, powers)
+        plan = layout.to_plan(self.prep.instance)
         ev = evaluate(self.prep.instance, plan)
         if ev.feasible and ev.goodput > self.best_value:
             self.best_plan = plan.with_metrics(**ev.as_metrics())
+            self.best_layout = dataclasses.replace(layout, metrics=dict(self.best_plan.metrics))
             self.best_value = ev.goodput
             self.report()
 
@@ -541,6 +545,7 @@ def solve_exact(
         ev = evaluate(instance, fast_plan)
         if ev.feasible and ev.goodput > s.best_value:
             s.best_plan = fast_plan.with_metrics(**ev.as_metrics())
+            s.best_layout = None
             s.best_value = ev.goodput
     bound = 0.0
     timed_out, interrupted = deadline_hit, False
@@ -583,4 +588,5 @@ def solve_exact(
         limit=Limit.INTERRUPTED if interrupted else Limit.TIME if timed_out else Limit.NONE,
         log=tuple(s.log),
         stats={"goodput": s.best_value, "evaluations": s.evaluations},
+        layout=s.best_layout,
     )
