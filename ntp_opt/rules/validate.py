@@ -488,7 +488,7 @@ def evaluate(instance: Instance, plan: Plan) -> Evaluation:
         n_reduced=sum(1 for t in tps if t < job.tp),
         gpus_used=int((power_of > 0).sum()),
         site_power_w=site_w,
-        rack_power_w=tuple(float(x) for x in rack_w),
+        rack_power_w=tuple(rack_w.tolist()),
     )
 
 
