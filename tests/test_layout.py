@@ -58,3 +58,48 @@ def test_unknown_gpu_raises():
     )
     with pytest.raises(KeyError):
         Layout.from_plan(inst, bad)
+
+
+def test_lenient_layout_marks_what_the_validator_reports():
+    inst = load_instance(ROOT / "instances" / "tiny.json")
+    plan = ntp(inst)
+    rep = plan.replicas[0]
+    st = rep.stages[0]
+    stage = type(st)("no-such-domain", ("no-such-gpu", *st.gpus[1:]), "high")  # type: ignore[arg-type]
+    bad = type(plan)(plan.instance, (type(rep)(2.5, rep.local_batch, (stage,)),))  # type: ignore[arg-type]
+    with pytest.raises(KeyError):
+        Layout.from_plan(inst, bad)
+    lay = Layout.from_plan(inst, bad, strict=False)
+    assert lay.domain.tolist() == [-1]
+    assert lay.gpus[0] == -1
+    assert lay.gpus[1:].tolist() == [inst.arrays.gpu_index[g] for g in st.gpus[1:]]
+    assert np.isnan(lay.power[0])
+    assert lay.degree.tolist() == [-1]
+    # a plan without such problems reads the same either way
+    good = Layout.from_plan(inst, plan, strict=False)
+    strict = Layout.from_plan(inst, plan)
+    for name in ("replica", "stage", "domain", "offsets", "gpus", "power", "degree", "batch"):
+        assert np.array_equal(getattr(good, name), getattr(strict, name))
+
+
+def test_from_indices_round_trips():
+    inst = load_instance(ROOT / "instances" / "tiny.json")
+    plan = ntp_pw(inst)
+    lay = Layout.from_plan(inst, plan)
+    reps = [(int(lay.degree[r]), int(lay.batch[r]), []) for r in range(lay.n_replicas)]
+    for s, (r, _, g, pw) in enumerate(lay.stages()):
+        reps[r][2].append((int(lay.domain[s]), g.tolist(), pw))
+    back = Layout.from_indices(plan.instance, reps, plan.metrics).to_plan(inst)
+    assert back == plan
+
+
+def test_exact_outcome_carries_its_plan_layout():
+    pytest.importorskip("ortools")
+    from ntp_opt.planners.exact.search import solve_exact
+
+    inst = load_instance(ROOT / "instances" / "nvl32-64-1gpu-elastic.json.gz")
+    out = solve_exact(inst, "cpsat", initial_plan=None)
+    assert out.plan is not None and out.layout is not None
+    back = out.layout.to_plan(inst)
+    assert back == out.plan
+    assert dict(back.metrics) == dict(out.plan.metrics)

@@ -305,3 +305,33 @@ def test_evaluate_power_accounting(inst, plan):
     assert ev.site_power_w == pytest.approx(expect)
     assert sum(ev.rack_power_w) == pytest.approx(expect)
     assert ev.gpus_used == len(used)
+
+
+def test_violations_come_in_plan_order(inst, plan):
+    # replica 1 stage 0 borrows its first GPU from replica 0 stage 1 (another
+    # domain, already used) and names an unknown GPU last: per stage, its
+    # violations follow its GPUs in order, each GPU's rules in RULES order
+    st = plan.replicas[1].stages[0]
+    donor = plan.replicas[0].stages[1]
+    gpus = (donor.gpus[0], *st.gpus[1:-1], "no-such-gpu")
+    bad = replace_stage(plan, 1, 0, gpus=gpus, power=2.0)
+    found = [(v.rule, v.replica, v.stage) for v in validate(inst, bad)]
+    assert found[:4] == [
+        ("power-range", 1, 0),
+        ("gpu-outside-domain", 1, 0),
+        ("gpu-reused", 1, 0),
+        ("gpu-unknown", 1, 0),
+    ]
+    reused = next(v for v in validate(inst, bad) if v.rule == "gpu-reused")
+    assert reused.message.endswith("is already used by replica 0 stage 1")
+    assert reused.node == donor.gpus[0]
+
+
+def test_checked_and_certify_serve_any_evaluator(inst, plan):
+    from ntp_opt.rules.validate import certified, certify, checked
+
+    assert checked(evaluate, inst, plan) == check(inst, plan)
+    assert certify(evaluate, inst, plan) == certified(inst, plan)
+    with pytest.raises(PlanError) as err:
+        checked(evaluate, inst, Plan("other", plan.replicas))
+    assert [v.rule for v in err.value.violations] == ["instance"]

@@ -8,8 +8,10 @@ planners work on the indices in between.
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping
+import math
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
+from itertools import chain
 from typing import Any
 
 import numpy as np
@@ -21,6 +23,25 @@ __all__ = ["SLOT", "Layout"]
 
 #: Stages per replica in an :meth:`Layout.assignment` code (``replica * SLOT + stage``).
 SLOT = 65536
+
+_INT64 = np.iinfo(np.int64)
+
+
+def _lenient_int(x: Any) -> int:
+    """``x`` as an ``int64`` value when it is an integer (or an integral float), else -1."""
+    if isinstance(x, float) and x.is_integer():
+        x = int(x)
+    if isinstance(x, int | np.integer) and _INT64.min <= x <= _INT64.max:
+        return int(x)
+    return -1
+
+
+def _lenient_float(x: Any) -> float:
+    """``float(x)``, or ``nan`` when ``x`` is no number."""
+    try:
+        return float(x)
+    except (TypeError, ValueError, OverflowError):
+        return math.nan
 
 
 @dataclass(frozen=True, eq=False)
@@ -63,7 +84,7 @@ class Layout:
     instance: str = ""
 
     @classmethod
-    def from_plan(cls, instance: Instance, plan: Plan) -> Layout:
+    def from_plan(cls, instance: Instance, plan: Plan, *, strict: bool = True) -> Layout:
         """The layout of ``plan``; every domain and GPU must be a node of ``instance``.
 
         Parameters
@@ -72,6 +93,12 @@ class Layout:
             The instance whose arrays give the indices.
         plan
             The plan.
+        strict
+            ``False``: read any plan, as the validator does. An unknown domain
+            or GPU becomes index ``-1``; a power multiplier that is no number
+            becomes ``nan``; a TP degree or local batch that is no integer (or
+            out of ``int64`` range) becomes ``-1``. Such a layout is for
+            checking only: :meth:`to_plan` needs a strict one.
 
         Returns
         -------
@@ -80,24 +107,88 @@ class Layout:
         Raises
         ------
         KeyError
-            A stage names an unknown domain or GPU (the validator reports these first).
+            ``strict`` and a stage names an unknown domain or GPU (the validator
+            reports these first).
         """
         a = instance.arrays
-        index, dindex = a.gpu_index, a.domain_index
+        stages = [st for rep in plan.replicas for st in rep.stages]
+        counts = np.fromiter((len(rep.stages) for rep in plan.replicas), np.int64)
+        n = len(stages)
+        replica = np.repeat(np.arange(len(counts), dtype=np.int64), counts)
+        starts = np.cumsum(counts) - counts
+        stage = np.arange(n, dtype=np.int64) - np.repeat(starts, counts)
+        sizes = np.fromiter((len(st.gpus) for st in stages), np.int64, n)
+        flat = list(chain.from_iterable(st.gpus for st in stages))
+        if strict:
+            dindex = a.domain_index
+            domain = np.fromiter((dindex[st.domain] for st in stages), np.int64, n)
+            gpus = np.fromiter(map(a.gpu_index.__getitem__, flat), np.int64, len(flat))
+            power = np.fromiter((float(st.power) for st in stages), float, n)
+            degree = [rep.tp for rep in plan.replicas]
+            batch = [int(rep.local_batch) for rep in plan.replicas]
+        else:
+            dget = a.domain_index.get
+            domain = np.fromiter((dget(st.domain, -1) for st in stages), np.int64, n)
+            try:  # the usual case: every GPU known, looked up in C
+                gpus = np.fromiter(map(a.gpu_index.__getitem__, flat), np.int64, len(flat))
+            except (KeyError, TypeError):
+                get = a.gpu_index.get
+                gpus = np.fromiter((get(g, -1) for g in flat), np.int64, len(flat))
+            power = np.fromiter((_lenient_float(st.power) for st in stages), float, n)
+            degree = [_lenient_int(rep.tp) for rep in plan.replicas]
+            batch = [_lenient_int(rep.local_batch) for rep in plan.replicas]
+        offsets = np.zeros(n + 1, dtype=np.int64)
+        np.cumsum(sizes, out=offsets[1:])
+        return cls(
+            replica=replica,
+            stage=stage,
+            domain=domain,
+            offsets=offsets,
+            gpus=gpus,
+            power=power,
+            degree=np.asarray(degree, dtype=np.int64),
+            batch=np.asarray(batch, dtype=np.int64),
+            metrics=dict(plan.metrics),
+            instance=plan.instance,
+        )
+
+    @classmethod
+    def from_indices(
+        cls,
+        instance: str,
+        replicas: Sequence[tuple[int, int, Sequence[tuple[int, Sequence[int], float]]]],
+        metrics: Mapping[str, Any] | None = None,
+    ) -> Layout:
+        """A layout from index-space replicas.
+
+        Parameters
+        ----------
+        instance
+            The instance name the plan is for.
+        replicas
+            Per replica: its TP degree, its local batch and its stages, each
+            ``(domain index, GPU indices, power multiplier)``.
+        metrics
+            The plan's metrics.
+
+        Returns
+        -------
+        Layout
+        """
         replica: list[int] = []
         stage: list[int] = []
         domain: list[int] = []
         sizes: list[int] = []
         power: list[float] = []
         gpus: list[int] = []
-        for r, rep in enumerate(plan.replicas):
-            for k, st in enumerate(rep.stages):
+        for r, (_, _, stages) in enumerate(replicas):
+            for k, (d, g, pw) in enumerate(stages):
                 replica.append(r)
                 stage.append(k)
-                domain.append(dindex[st.domain])
-                sizes.append(len(st.gpus))
-                power.append(float(st.power))
-                gpus.extend(index[g] for g in st.gpus)
+                domain.append(int(d))
+                sizes.append(len(g))
+                power.append(float(pw))
+                gpus.extend(int(i) for i in g)
         offsets = np.zeros(len(sizes) + 1, dtype=np.int64)
         np.cumsum(sizes, out=offsets[1:])
         return cls(
@@ -107,10 +198,10 @@ class Layout:
             offsets=offsets,
             gpus=np.asarray(gpus, dtype=np.int64),
             power=np.asarray(power, dtype=float),
-            degree=np.asarray([rep.tp for rep in plan.replicas], dtype=np.int64),
-            batch=np.asarray([int(rep.local_batch) for rep in plan.replicas], dtype=np.int64),
-            metrics=dict(plan.metrics),
-            instance=plan.instance,
+            degree=np.asarray([t for t, _, _ in replicas], dtype=np.int64),
+            batch=np.asarray([b for _, b, _ in replicas], dtype=np.int64),
+            metrics=dict(metrics or {}),
+            instance=instance,
         )
 
     @property

@@ -19,7 +19,7 @@ import numpy as np
 from ntp_opt.multi.workloads import MultiInstance, MultiPlan
 from ntp_opt.rules.power import over_budget, rack_and_site_draw
 from ntp_opt.rules.tolerances import METRIC_ABS_TOL, METRIC_TOL, SHARE_TOL
-from ntp_opt.rules.validate import Evaluation, PlanError, Violation, evaluate
+from ntp_opt.rules.validate import Evaluation, Violation, certify, checked, evaluate
 
 #: Rule codes added to :data:`ntp_opt.validate.RULES` for multi-workload plans.
 MULTI_RULES: dict[str, str] = {
@@ -300,15 +300,12 @@ def validate_multi(multi: MultiInstance, plan: MultiPlan) -> list[Violation]:
 
 def check_multi(multi: MultiInstance, plan: MultiPlan) -> MultiEvaluation:
     """Evaluate ``plan`` and raise :class:`~ntp_opt.validate.PlanError` if it breaks a rule."""
-    ev = evaluate_multi(multi, plan)
-    if not ev.feasible:
-        raise PlanError(list(ev.violations))
-    return ev
+    return checked(evaluate_multi, multi, plan)
 
 
 def certified_multi(multi: MultiInstance, plan: MultiPlan) -> MultiPlan:
     """``plan`` checked by :func:`check_multi`, with the validator's figures as metrics."""
-    return plan.with_metrics(**check_multi(multi, plan).as_metrics())
+    return certify(evaluate_multi, multi, plan)
 
 
 def gpu_owner_map(plan: MultiPlan) -> dict[Hashable, str]:

@@ -14,6 +14,7 @@ from typing import Protocol
 
 from ntp_opt.model.control import Control
 from ntp_opt.model.instance import Instance
+from ntp_opt.model.layout import Layout
 from ntp_opt.model.plan import Plan
 
 
@@ -58,6 +59,9 @@ class Outcome:
         Lines of the planner's log (empty unless asked for).
     stats
         Extra counters the planner reports (e.g. ``evaluations``).
+    layout
+        ``plan`` in index space (``Layout.from_plan(instance, plan)``), when the
+        planner built it anyway; ``None`` otherwise (and without a plan).
     """
 
     plan: Plan | None
@@ -66,6 +70,7 @@ class Outcome:
     limit: Limit = Limit.NONE
     log: tuple[str, ...] = ()
     stats: Mapping[str, float] = field(default_factory=dict)
+    layout: Layout | None = None
 
     @property
     def time_limit_hit(self) -> bool:

@@ -25,8 +25,9 @@ import numpy as np
 
 from ntp_opt.model.failures import enumerate_scenarios, sample_failure_events
 from ntp_opt.model.instance import Instance
+from ntp_opt.model.layout import Layout
 from ntp_opt.model.plan import Plan
-from ntp_opt.rules.recourse import adapt_indices, plan_indices
+from ntp_opt.rules.recourse import adapt_indices
 
 #: Normal quantile of the two-sided 95 % interval.
 Z95 = 1.959963984540054
@@ -85,13 +86,13 @@ class Scorer:
         for d in doms:
             self.relevant[a.domain_gpus[d]] = True
         self.cache: dict[bytes, float] = {}
-        self.indices = plan_indices(instance, plan)
+        self.layout = Layout.from_plan(instance, plan)
         self.adapted = 0
         self.base = self._score(np.zeros(a.n_gpus, dtype=bool))
 
     def _score(self, mask: np.ndarray) -> float:
         self.adapted += 1
-        out = adapt_indices(self.instance, self.plan, mask, self.indices)
+        out = adapt_indices(self.instance, self.plan, mask, self.layout)
         value = float(out.metrics["goodput"])
         if not out.metrics["reduced_power"]:
             self.cache[(mask & self.relevant).tobytes()] = value

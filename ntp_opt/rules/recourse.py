@@ -36,6 +36,7 @@ The result is feasible for :func:`ntp_opt.failures.failed_instance`.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from typing import NamedTuple
 
 import numpy as np
 
@@ -101,7 +102,7 @@ def adapt(
         ``boost``, ``boosted`` (replicas whose power step 5 raised).
     """
     mask = _mask(instance, failed_mask)
-    return adapt_indices(instance, plan, mask, plan_indices(instance, plan), boost=boost)
+    return adapt_indices(instance, plan, mask, Layout.from_plan(instance, plan), boost=boost)
 
 
 def plan_indices(instance: Instance, plan: Plan) -> list[list[np.ndarray]]:
@@ -179,15 +180,36 @@ def stage_after(
     return np.concatenate([survivors, refill]), np.empty(0, dtype=np.int64), take
 
 
+class Kept(NamedTuple):
+    """A replica that survives recourse (steps 2-5), in index space.
+
+    Attributes
+    ----------
+    degree
+        Its new TP degree.
+    gpus
+        Per stage: its GPU indices.
+    powers
+        Per stage: its power multiplier (changed in place by steps 4 and 5).
+    source
+        Its replica's index in the plan.
+    """
+
+    degree: int
+    gpus: list[np.ndarray]
+    powers: list[float]
+    source: int
+
+
 def adapt_indices(
     instance: Instance,
     plan: Plan,
     mask: np.ndarray,
-    reps: list[list[np.ndarray]],
+    layout: Layout,
     *,
     boost: bool = False,
 ) -> Plan:
-    """:func:`adapt` with the plan's stage indices precomputed.
+    """:func:`adapt` with the plan's layout precomputed.
 
     Parameters
     ----------
@@ -195,8 +217,9 @@ def adapt_indices(
         As for :func:`adapt`.
     mask
         Boolean per GPU index: the GPUs that fail.
-    reps
-        :func:`plan_indices` of ``plan``: per replica, per stage, its GPU indices.
+    layout
+        ``Layout.from_plan(instance, plan)`` (computed once when many masks
+        are tried on one plan).
 
     Returns
     -------
@@ -208,9 +231,10 @@ def adapt_indices(
     alive = a.healthy & ~mask
     speed = a.speed
     used = np.zeros(a.n_gpus, dtype=bool)
-    for stages in reps:
-        for g in stages:
-            used[g] = True
+    used[layout.gpus] = True
+    reps = layout.per_replica()
+    doms_of = layout.domain.tolist()
+    powers_of = layout.power.tolist()
     # pools: per domain, list of free alive GPU indices, fastest first, graph order
     pools: dict[int, list[int]] = {}
 
@@ -224,23 +248,25 @@ def adapt_indices(
             pools[d] = sort_pool([int(i) for i in free])
         return pools[d]
 
-    new_reps: list[tuple[int, list[np.ndarray], list[float], int]] = []  # (t, gpus, powers, r)
+    new_reps: list[Kept] = []
     reduced: set[int] = set()  # plan indices of the replicas whose degree dropped
     dropped = 0
-    for r, (rep, stages) in enumerate(zip(plan.replicas, reps, strict=True)):
-        doms = [a.domain_index[st.domain] for st in rep.stages]
+    first = 0  # flat index of replica r's first stage
+    for r, (t_r, stages) in enumerate(zip(layout.degree.tolist(), reps, strict=True)):
+        doms = doms_of[first : first + len(stages)]
+        pws = powers_of[first : first + len(stages)]
+        first += len(stages)
         survivors = [g[alive[g]] for g in stages]
-        if all(len(s) == rep.tp for s in survivors):
-            new_reps.append((rep.tp, survivors, [float(st.power) for st in rep.stages], r))
+        if all(len(s) == t_r for s in survivors):
+            new_reps.append(Kept(t_r, survivors, pws, r))
             continue
-        t_new = replica_degree(job.allowed, rep.tp, doms, survivors, lambda d: len(pool(d)))
+        t_new = replica_degree(job.allowed, t_r, doms, survivors, lambda d: len(pool(d)))
         if t_new is None:
             dropped += 1
             for d, s in zip(doms, survivors, strict=True):
                 pools[d] = sort_pool(pool(d) + [int(i) for i in s])
             continue
         out = []
-        pws = [float(st.power) for st in rep.stages]
         for k, (d, s) in enumerate(zip(doms, survivors, strict=True)):
             stage, back, take = stage_after(speed, s, t_new, pool(d))
             out.append(stage)
@@ -251,27 +277,27 @@ def adapt_indices(
                 cap = stage_cap(instance, stage)  # a refill may bring a lower board limit
                 if pws[k] > cap * (1 + POWER_TOL):
                     pws[k] = cap
-        new_reps.append((t_new, out, pws, r))
+        new_reps.append(Kept(t_new, out, pws, r))
         reduced.add(r)
 
     # power (step 4)
     reduced_power = False
 
     def flat() -> list[tuple[np.ndarray, float]]:
-        return [(g, pw) for _, gs, pws, _ in new_reps for g, pw in zip(gs, pws, strict=True)]
+        return [(g, pw) for kept in new_reps for g, pw in zip(kept.gpus, kept.powers, strict=True)]
 
     racks_over, site_over = over_budget(instance, *_draw(instance, alive, flat()))
     if racks_over.any():
         reduced_power = True
-        for _, gs, pws, _ in new_reps:
-            for k, g in enumerate(gs):
+        for kept in new_reps:
+            for k, g in enumerate(kept.gpus):
                 if racks_over[a.gpu_rack[g]].any():
-                    pws[k] = 1.0
+                    kept.powers[k] = 1.0
         racks_over, site_over = over_budget(instance, *_draw(instance, alive, flat()))
     if site_over:
         reduced_power = True
-        for _, _, pws, _ in new_reps:
-            pws[:] = [1.0] * len(pws)
+        for kept in new_reps:
+            kept.powers[:] = [1.0] * len(kept.powers)
         racks_over, site_over = over_budget(instance, *_draw(instance, alive, flat()))
     while new_reps and (racks_over.any() or site_over):
         reduced_power = True
@@ -282,7 +308,7 @@ def adapt_indices(
     boosted = _boost(instance, alive, new_reps, reduced, flat) if boost else 0
 
     # batches (step 6)
-    tps = [t for t, _, _, _ in new_reps]
+    tps = [kept.degree for kept in new_reps]
     speeds = [
         gp.replica_speed(job, t, [float(speed[g].min()) for g in gs], pws)
         for t, gs, pws, _ in new_reps
@@ -324,7 +350,7 @@ def adapt_indices(
 def _boost(
     instance: Instance,
     alive: np.ndarray,
-    new_reps: list[tuple[int, list[np.ndarray], list[float], int]],
+    new_reps: list[Kept],
     reduced: set[int],
     flat: Callable[[], list[tuple[np.ndarray, float]]],
 ) -> int:
@@ -346,10 +372,10 @@ def _boost(
         t, gs, pws, _ = new_reps[i]
         return gp.replica_speed(job, t, [float(a.speed[g].min()) for g in gs], pws)
 
-    slow = [i for i, rep in enumerate(new_reps) if rep[3] in reduced and speed(i) < target]
+    slow = [i for i, kept in enumerate(new_reps) if kept.source in reduced and speed(i) < target]
     powers, boosted = boost_toward(instance, reps, slow, rack_room, site_room, steps=60)
     for i in boosted:
-        new_reps[i][2][:] = powers[i]
+        new_reps[i].powers[:] = powers[i]
     return len(boosted)
 
 

@@ -9,14 +9,15 @@ leaves the package went through :func:`check`.
 from __future__ import annotations
 
 import math
-from collections.abc import Hashable
+from collections.abc import Callable, Hashable
 from dataclasses import dataclass
+from typing import Any, Protocol, TypeVar
 
 import numpy as np
 
 from ntp_opt.model.instance import Instance
-from ntp_opt.model.layout import SLOT
-from ntp_opt.model.plan import Plan, Replica, Stage
+from ntp_opt.model.layout import Layout
+from ntp_opt.model.plan import Plan, Replica
 from ntp_opt.rules import goodput as gp
 from ntp_opt.rules.power import board_over, over_budget, rack_and_site_draw
 from ntp_opt.rules.tolerances import METRIC_ABS_TOL, METRIC_TOL, POWER_TOL
@@ -138,38 +139,6 @@ def _fmt(x: float) -> str:
     return f"{x:.6g}"
 
 
-def _clean_stages(
-    instance: Instance, plan: Plan
-) -> tuple[np.ndarray, list[float], np.ndarray, np.ndarray] | None:
-    """Vectorised look at every stage's GPUs at once.
-
-    Returns the slowest speed of every stage (plan order), an empty list for
-    their power multipliers, the GPU indices and the stage sizes, when every
-    GPU of the plan is known, healthy, in its stage's domain, used once and no
-    stage is empty or names an unknown domain; ``None`` otherwise (then the
-    per-GPU checks find and name each problem).
-    """
-    a = instance.arrays
-    stages = [st for rep in plan.replicas for st in rep.stages]
-    if not stages:
-        return None
-    lengths = np.fromiter((len(st.gpus) for st in stages), np.int64, len(stages))
-    dom = np.fromiter((a.domain_index.get(st.domain, -1) for st in stages), np.int64, len(stages))
-    if lengths.min() == 0 or dom.min() < 0:
-        return None
-    total = int(lengths.sum())
-    get = a.gpu_index.get
-    idx = np.fromiter((get(g, -1) for st in stages for g in st.gpus), np.int64, total)
-    if idx.min() < 0 or not a.healthy[idx].all():
-        return None
-    if not (a.gpu_domain[idx] == np.repeat(dom, lengths)).all():
-        return None
-    if np.bincount(idx, minlength=a.n_gpus).max() > 1:
-        return None
-    starts = np.concatenate(([0], np.cumsum(lengths)[:-1]))
-    return np.minimum.reduceat(a.speed[idx], starts), [], idx, lengths
-
-
 def _check_plan(instance: Instance, plan: Plan) -> list[Violation]:
     """The plan's instance name and replica count."""
     job = instance.job
@@ -222,20 +191,71 @@ def _check_replica(instance: Instance, r: int, rep: Replica) -> list[Violation]:
     return out
 
 
-def _check_stage(
-    instance: Instance, r: int, k: int, rep: Replica, out: list[Violation]
-) -> tuple[int | None, float]:
-    """Stage ``k`` of replica ``r``: its domain, power range and size.
+def _stage_problems(
+    instance: Instance, plan: Plan, lay: Layout, first: np.ndarray
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Per-stage checks on the layout's arrays.
 
-    Appends to ``out``; returns the stage's domain index (``None``: unknown) and
-    its power multiplier clipped into range.
+    Returns each stage's power multiplier clipped into range (as the rules use
+    it), a per-stage flag "some rule is broken here" and per GPU entry of
+    ``lay.gpus`` a code: 0 fine, 1 unknown, else a bit set of 2 failed, 4 in
+    another domain, 8 reused (``first``: per GPU, the entry using it first).
     """
     a = instance.arrays
     hi_power = 1.0 + instance.job.max_boost
+    n = lay.n_stages
+    pw = lay.power
+    typed = np.fromiter(
+        (isinstance(st.power, int | float) for rep in plan.replicas for st in rep.stages),
+        bool,
+        n,
+    )
+    finite = np.isfinite(pw)
+    with np.errstate(invalid="ignore"):
+        power_ok = typed & finite & (pw >= 1.0 - POWER_TOL) & (pw <= hi_power * (1 + POWER_TOL))
+    clipped = np.where(power_ok, pw, np.where(finite, np.clip(pw, 1.0, hi_power), 1.0))
+    sizes = np.diff(lay.offsets)
+    bad = ~power_ok | (lay.domain < 0) | (sizes != lay.degree[lay.replica])
+    g = lay.gpus
+    known = g >= 0
+    safe = np.where(known, g, 0)
+    ent_stage = np.repeat(np.arange(n, dtype=np.int64), sizes)
+    dom = lay.domain[ent_stage]
+    code = np.where(known, 0, 1)
+    code |= np.where(known & ~a.healthy[safe], 2, 0)
+    code |= np.where(known & (dom >= 0) & (a.gpu_domain[safe] != dom), 4, 0)
+    code |= np.where(known & (first[safe] != np.arange(len(g))), 8, 0)
+    bad[ent_stage[code > 0]] = True
+    return clipped, bad, code
+
+
+def _first_use(lay: Layout, n_gpus: int) -> np.ndarray:
+    """Per GPU index: the entry of ``lay.gpus`` that uses it first, or -1."""
+    g = lay.gpus
+    entries = np.flatnonzero(g >= 0)
+    gk = g[entries]
+    first = np.full(n_gpus, -1, dtype=np.int64)
+    if gk.size and np.bincount(gk, minlength=n_gpus).max() > 1:
+        uniq, pos = np.unique(gk, return_index=True)
+        first[uniq] = entries[pos]
+    else:
+        first[gk] = entries
+    return first
+
+
+def _stage_violations(
+    instance: Instance, plan: Plan, lay: Layout, s: int, code: np.ndarray, first: np.ndarray
+) -> list[Violation]:
+    """Every rule stage ``s`` (flat index) of the layout breaks, in the plan's order."""
+    a = instance.arrays
+    hi_power = 1.0 + instance.job.max_boost
+    r, k = int(lay.replica[s]), int(lay.stage[s])
+    rep = plan.replicas[r]
     st = rep.stages[k]
     sw = f"replica {r} stage {k}"
-    d = a.domain_index.get(st.domain)
-    if d is None:
+    out: list[Violation] = []
+    d = int(lay.domain[s])
+    if d < 0:
         out.append(
             Violation(
                 "domain-unknown",
@@ -257,7 +277,6 @@ def _check_stage(
                 stage=k,
             )
         )
-        pw = min(max(float(pw), 1.0), hi_power) if math.isfinite(float(pw)) else 1.0
     if len(st.gpus) != rep.tp:
         out.append(
             Violation(
@@ -267,78 +286,53 @@ def _check_stage(
                 stage=k,
             )
         )
-    return d, pw
-
-
-def _check_gpus(
-    instance: Instance,
-    r: int,
-    k: int,
-    st: Stage,
-    d: int | None,
-    pw: float,
-    owner: np.ndarray,
-    power_of: np.ndarray,
-    out: list[Violation],
-) -> float:
-    """Every GPU of stage ``k`` of replica ``r``: known, healthy, in the domain, used once.
-
-    Appends to ``out``; records first uses in ``owner`` (``replica * SLOT + stage``)
-    and ``power_of``; returns the slowest known GPU's speed (``inf``: none).
-    """
-    a = instance.arrays
-    sw = f"replica {r} stage {k}"
-    slowest = math.inf
-    for g in st.gpus:
-        i = a.gpu_index.get(g)
-        if i is None:
+    lo = int(lay.offsets[s])
+    for j, gid in enumerate(st.gpus):
+        c = int(code[lo + j])
+        if c == 0:
+            continue
+        if c == 1:
             out.append(
                 Violation(
                     "gpu-unknown",
-                    f"{sw}: {g!r} is not a GPU of the cluster",
+                    f"{sw}: {gid!r} is not a GPU of the cluster",
                     replica=r,
                     stage=k,
-                    node=g,
+                    node=gid,
                 )
             )
             continue
-        slowest = min(slowest, float(a.speed[i]))
-        if not a.healthy[i]:
+        i = int(lay.gpus[lo + j])
+        if c & 2:
             out.append(
                 Violation(
-                    "gpu-failed",
-                    f"{sw}: GPU {g!r} has failed",
-                    replica=r,
-                    stage=k,
-                    node=g,
+                    "gpu-failed", f"{sw}: GPU {gid!r} has failed", replica=r, stage=k, node=gid
                 )
             )
-        if d is not None and a.gpu_domain[i] != d:
+        if c & 4:
             out.append(
                 Violation(
                     "gpu-outside-domain",
-                    f"{sw}: GPU {g!r} belongs to domain "
+                    f"{sw}: GPU {gid!r} belongs to domain "
                     f"{a.domain_ids[a.gpu_domain[i]]!r}, not {st.domain!r}",
                     replica=r,
                     stage=k,
-                    node=g,
+                    node=gid,
                 )
             )
-        if owner[i] >= 0:
-            r0, k0 = divmod(int(owner[i]), SLOT)
+        if c & 8:
+            s0 = int(np.searchsorted(lay.offsets, first[i], side="right")) - 1
+            r0, k0 = int(lay.replica[s0]), int(lay.stage[s0])
             out.append(
                 Violation(
                     "gpu-reused",
-                    f"{sw}: GPU {g!r} is already used by replica {r0} stage {k0}",
+                    f"{sw}: GPU {gid!r} is already used by replica {r0} stage {k0}",
                     replica=r,
                     stage=k,
-                    node=g,
+                    node=gid,
                 )
             )
-        else:
-            owner[i] = r * SLOT + k
-            power_of[i] = pw
-    return slowest
+    return out
 
 
 def _check_batch_sum(instance: Instance, plan: Plan) -> list[Violation]:
@@ -364,57 +358,59 @@ def _check_batch_sum(instance: Instance, plan: Plan) -> list[Violation]:
     return []
 
 
-def _check(instance: Instance, plan: Plan) -> tuple[list[Violation], list[float], np.ndarray]:
-    """Check every rule; return violations, replica speeds and per-GPU use."""
+def _check(
+    instance: Instance, plan: Plan
+) -> tuple[list[Violation], list[float], np.ndarray, Layout, np.ndarray]:
+    """Check every rule; return violations, replica speeds, per-GPU power use,
+    the plan's (lenient) layout and per GPU its first entry in ``layout.gpus``."""
     job = instance.job
     a = instance.arrays
+    lay = Layout.from_plan(instance, plan, strict=False)
     out = _check_plan(instance, plan)
+    first = _first_use(lay, a.n_gpus)
+    clipped, bad, code = _stage_problems(instance, plan, lay, first)
     # power multiplier of every used GPU (0 = unused); first use wins
     power_of = np.zeros(a.n_gpus, dtype=float)
-    owner = np.full(a.n_gpus, -1, dtype=np.int64)  # replica * SLOT + stage of first use
-    clean = _clean_stages(instance, plan)  # per-stage slowest speeds when every GPU is fine
-    stage_no = 0
+    used = np.flatnonzero(first >= 0)
+    sizes = np.diff(lay.offsets)
+    ent_stage = np.repeat(np.arange(lay.n_stages, dtype=np.int64), sizes)
+    power_of[used] = clipped[ent_stage[first[used]]]
+    # slowest known GPU of every stage (0 when it has none)
+    g = lay.gpus
+    speed = np.where(g >= 0, a.speed[np.where(g >= 0, g, 0)], np.inf)
+    slowest = np.full(lay.n_stages, np.inf)
+    full = np.flatnonzero(sizes > 0)
+    if full.size:
+        slowest[full] = np.minimum.reduceat(speed, lay.offsets[full])
+    slowest[~np.isfinite(slowest)] = 0.0
+    slow_l, clip_l = slowest.tolist(), clipped.tolist()
+    flagged = set(np.flatnonzero(bad).tolist())
     speeds: list[float] = []
+    s = 0
     for r, rep in enumerate(plan.replicas):
         out += _check_replica(instance, r, rep)
-        stage_speeds: list[float] = []
-        stage_powers: list[float] = []
-        for k, st in enumerate(rep.stages):
-            d, pw = _check_stage(instance, r, k, rep, out)
-            stage_no += 1
-            if clean is not None:  # every GPU known, healthy, in its domain, used once
-                stage_speeds.append(float(clean[0][stage_no - 1]))
-                stage_powers.append(pw)
-                clean[1].append(pw)
-                continue
-            slowest = _check_gpus(instance, r, k, st, d, pw, owner, power_of, out)
-            stage_speeds.append(slowest if math.isfinite(slowest) else 0.0)
-            stage_powers.append(pw)
-        speeds.append(gp.replica_speed(job, rep.tp, stage_speeds, stage_powers))
-    if clean is not None:
-        _, pws, idx, lengths = clean
-        power_of[idx] = np.repeat(np.asarray(pws, dtype=float), lengths)
+        m = len(rep.stages)
+        for t in range(s, s + m):
+            if t in flagged:
+                out += _stage_violations(instance, plan, lay, t, code, first)
+        speeds.append(gp.replica_speed(job, rep.tp, slow_l[s : s + m], clip_l[s : s + m]))
+        s += m
     out += _check_batch_sum(instance, plan)
-    return out, speeds, power_of
+    return out, speeds, power_of, lay, first
 
 
-def _board_power(instance: Instance, plan: Plan, power_of: np.ndarray) -> list[Violation]:
+def _board_power(
+    instance: Instance, lay: Layout, first: np.ndarray, power_of: np.ndarray
+) -> list[Violation]:
     """GPUs asked for more than the power limit their board accepts (v1.1)."""
     a = instance.arrays
     over = np.flatnonzero(board_over(instance, power_of))
     if not over.size:
         return []
-    where: dict[int, tuple[int, int]] = {}
-    index = a.gpu_index
-    for r, rep in enumerate(plan.replicas):
-        for k, st in enumerate(rep.stages):
-            for g in st.gpus:
-                i = index.get(g)
-                if i is not None:
-                    where.setdefault(i, (r, k))
     out = []
     for i in over.tolist():
-        r, k = where[i]
+        s = int(np.searchsorted(lay.offsets, first[i], side="right")) - 1
+        r, k = int(lay.replica[s]), int(lay.stage[s])
         g = a.gpu_ids[i]
         out.append(
             Violation(
@@ -446,8 +442,8 @@ def evaluate(instance: Instance, plan: Plan) -> Evaluation:
     """
     job = instance.job
     a = instance.arrays
-    violations, speeds, power_of = _check(instance, plan)
-    violations += _board_power(instance, plan, power_of)
+    violations, speeds, power_of, lay, first = _check(instance, plan)
+    violations += _board_power(instance, lay, first, power_of)
     rack_w, site_w = rack_and_site_draw(instance, power_of)
     racks_over, site_over = over_budget(instance, rack_w, site_w)
     for i in np.flatnonzero(racks_over):
@@ -492,7 +488,7 @@ def evaluate(instance: Instance, plan: Plan) -> Evaluation:
         n_reduced=sum(1 for t in tps if t < job.tp),
         gpus_used=int((power_of > 0).sum()),
         site_power_w=site_w,
-        rack_power_w=tuple(float(x) for x in rack_w),
+        rack_power_w=tuple(rack_w.tolist()),
     )
 
 
@@ -513,17 +509,87 @@ def validate(instance: Instance, plan: Plan) -> list[Violation]:
     return list(evaluate(instance, plan).violations)
 
 
-def check(instance: Instance, plan: Plan) -> Evaluation:
-    """Evaluate ``plan`` and raise :class:`PlanError` if it breaks any rule."""
-    ev = evaluate(instance, plan)
+class Judgement(Protocol):
+    """What an evaluation offers :func:`checked`: feasibility, violations, metrics."""
+
+    @property
+    def feasible(self) -> bool:
+        """No rule is broken."""
+
+    @property
+    def violations(self) -> tuple[Violation, ...]:
+        """The broken rules."""
+
+    def as_metrics(self) -> dict[str, float | int]:
+        """The figures a plan stores under ``metrics``."""
+
+
+class Certifiable(Protocol):
+    """A plan that can take the validator's figures as its metrics."""
+
+    def with_metrics(self: _P, **metrics: Any) -> _P:
+        """A copy with ``metrics`` merged into the existing ones."""
+
+
+_I = TypeVar("_I")
+_P = TypeVar("_P", bound=Certifiable)
+_E = TypeVar("_E", bound=Judgement)
+
+
+def checked(evaluator: Callable[[_I, _P], _E], instance: _I, plan: _P) -> _E:
+    """``evaluator(instance, plan)``, raising :class:`PlanError` if it breaks any rule.
+
+    The one check behind :func:`check` and the multi-workload
+    ``check_multi``.
+
+    Parameters
+    ----------
+    evaluator
+        Recomputes the plan's figures and lists its violations
+        (:func:`evaluate`, ``evaluate_multi``).
+    instance, plan
+        Passed to ``evaluator``.
+
+    Returns
+    -------
+    The evaluation, feasible.
+
+    Raises
+    ------
+    PlanError
+        Listing every violation.
+    """
+    ev = evaluator(instance, plan)
     if not ev.feasible:
         raise PlanError(list(ev.violations))
     return ev
 
 
+def certify(evaluator: Callable[[_I, _P], _E], instance: _I, plan: _P) -> _P:
+    """``plan`` checked by :func:`checked`, with the evaluation's figures as its metrics.
+
+    The one certification behind :func:`certified` and ``certified_multi``.
+
+    Parameters
+    ----------
+    evaluator, instance, plan
+        As for :func:`checked`.
+
+    Returns
+    -------
+    The plan with the recomputed figures merged into its ``metrics``.
+    """
+    return plan.with_metrics(**checked(evaluator, instance, plan).as_metrics())
+
+
+def check(instance: Instance, plan: Plan) -> Evaluation:
+    """Evaluate ``plan`` and raise :class:`PlanError` if it breaks any rule."""
+    return checked(evaluate, instance, plan)
+
+
 def certified(instance: Instance, plan: Plan) -> Plan:
     """``plan`` checked by :func:`check`, with the validator's figures as its metrics."""
-    return plan.with_metrics(**check(instance, plan).as_metrics())
+    return certify(evaluate, instance, plan)
 
 
 def infeasibility(instance: Instance) -> str | None:

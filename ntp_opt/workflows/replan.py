@@ -410,8 +410,7 @@ def replan(
     a = instance.arrays
     failed_now = a.healthy & ~new_inst.arrays.healthy
     layout = Layout.from_plan(instance, plan)
-    reps = layout.per_replica()
-    local = adapt_indices(new_inst, plan, failed_now, reps)
+    local = adapt_indices(new_inst, plan, failed_now, layout)
     local_ev = None
     if local.metrics.get("reduced_power") or any(e.kind == "speed" for e in evs):
         # recourse reset boosts, or speeds changed: redo the boosts

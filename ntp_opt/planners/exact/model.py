@@ -44,8 +44,9 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import numpy as np
 
@@ -72,6 +73,31 @@ class ModelTooLarge(RuntimeError):
 
 class DeadlineReached(RuntimeError):
     """The caller's deadline passed while a capacity program was being built."""
+
+
+class StagePick(NamedTuple):
+    """One stage of a capacity solution, in index space.
+
+    Attributes
+    ----------
+    degree
+        TP degree ``t``.
+    batch
+        Batch level ``b`` of its class (the replica's local batch before the
+        exact re-split).
+    domain
+        Domain index (``instance.arrays`` order).
+    gpus
+        GPU indices, in the domain's use order.
+    power
+        Power multiplier at the step time it was found at.
+    """
+
+    degree: int
+    batch: int
+    domain: int
+    gpus: tuple[int, ...]
+    power: float
 
 
 def _check_deadline(deadline: float | None) -> None:
@@ -535,12 +561,10 @@ def build_capacity(
     return Capacity(theta, degrees, program, tuple(columns), classes, n_offset)
 
 
-def iter_stages(
-    prep: Prepared, cap: Capacity, x: np.ndarray
-) -> Iterator[tuple[int, int, int, tuple[int, ...], float]]:
-    """Stages of a solution: ``(t, b, domain index, GPU indices, power)``, in domain order."""
+def iter_stages(prep: Prepared, cap: Capacity, x: np.ndarray) -> Iterator[StagePick]:
+    """Stages of a solution, in domain order (then GPU order)."""
     used_units: dict[tuple[int, int], int] = {}  # (class, domain position) -> units used
-    out = []
+    out: list[StagePick] = []
     for j, (units, pos, cfg) in enumerate(cap.columns):
         count = int(x[j])
         for _ in range(count):
@@ -550,14 +574,12 @@ def iter_stages(
             dom = prep.domains[unit.domains[pos]]
             for st in cfg.stages:
                 gpus = tuple(int(g) for g in dom.gpus[st.start : st.start + st.t])
-                out.append((st.t, st.b, dom.index, gpus, st.power))
-    out.sort(key=lambda s: (s[2], s[3]))
+                out.append(StagePick(st.t, st.b, dom.index, gpus, st.power))
+    out.sort(key=lambda s: (s.domain, s.gpus))
     yield from out
 
 
-def tighten(
-    prep: Prepared, stages: list[tuple[int, int, int, tuple[int, ...], float]], theta: float
-) -> tuple[float, list[float]]:
+def tighten(prep: Prepared, stages: Sequence[StagePick], theta: float) -> tuple[float, list[float]]:
     """Smallest step time at which the same stages still fit, and their powers there.
 
     Lowering the step time raises every stage's power need; the stages keep
@@ -571,8 +593,7 @@ def tighten(
     prep
         From :func:`prepare`.
     stages
-        ``(t, b, domain index, GPU indices, power)`` as from :func:`iter_stages`,
-        feasible at ``theta``.
+        As from :func:`iter_stages`, feasible at ``theta``.
     theta
         The step time they were found at.
 
@@ -588,18 +609,20 @@ def tighten(
         return theta, []
     need = np.array(
         [
-            b * job.seq_time_s / (job.tp_factor(t) * float(a.speed[list(g)].min()))
-            for t, b, _, g, _ in stages
+            st.batch
+            * job.seq_time_s
+            / (job.tp_factor(st.degree) * float(a.speed[list(st.gpus)].min()))
+            for st in stages
         ]
     )  # theta * (speed-up needed) per stage
     if job.max_boost <= 0 or job.power_exponent <= 0:
         return float(need.max()), [1.0] * len(stages)
     alpha = job.power_exponent
     # per stage: 1 + max_boost, or less where a board accepts less
-    hi_pi = np.array([float(inst.max_multiplier[list(g)].min()) for *_, g, _ in stages])
+    hi_pi = np.array([float(inst.max_multiplier[list(st.gpus)].min()) for st in stages])
     idle = job.idle_power_fraction
-    tdp = [a.tdp[list(g)] for *_, g, _ in stages]
-    racks = [a.gpu_rack[list(g)] for *_, g, _ in stages]
+    tdp = [a.tdp[list(st.gpus)] for st in stages]
+    racks = [a.gpu_rack[list(st.gpus)] for st in stages]
     stage_tdp = np.array([x.sum() for x in tdp])
     base_rack = np.bincount(
         a.gpu_rack, weights=np.where(a.healthy, a.tdp * idle, 0.0), minlength=len(a.rack_ids)

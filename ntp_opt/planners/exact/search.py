@@ -23,17 +23,20 @@ start, if better) is returned with the best proven bound.
 
 from __future__ import annotations
 
+import dataclasses
 import heapq
 import logging
 import math
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
 
 from ntp_opt.model.control import Control
 from ntp_opt.model.instance import Instance
-from ntp_opt.model.plan import Plan, Replica, Stage
+from ntp_opt.model.layout import Layout
+from ntp_opt.model.plan import Plan
 from ntp_opt.planners import heuristics as baselines
 from ntp_opt.planners.base import Limit, Outcome
 from ntp_opt.planners.exact.backends import solve_program
@@ -43,6 +46,7 @@ from ntp_opt.planners.exact.model import (
     DeadlineReached,
     ModelTooLarge,
     Prepared,
+    StagePick,
     build_capacity,
     iter_stages,
     prepare,
@@ -86,6 +90,7 @@ class _Search:
     log: list[str] = field(default_factory=list)
     control: Control | None = None
     report_bounds: bool = True
+    best_layout: Layout | None = None  # best_plan in index space, when the search found it
 
     def note(self, line: str, *, keep: bool = True) -> None:
         """A line of the search log (also logged at INFO level)."""
@@ -160,50 +165,70 @@ class _Search:
             raise _Deadline
         return lower, upper, tight
 
-    def _offer(
-        self, stages: list[tuple[int, int, int, tuple[int, ...], float]], powers: list[float]
-    ) -> None:
-        plan = build_plan(self.prep, stages, powers)
+    def _offer(self, stages: list[StagePick], powers: list[float]) -> None:
+        layout = build_layout(self.prep, stages, powers)
+        plan = layout.to_plan(self.prep.instance)
         ev = evaluate(self.prep.instance, plan)
         if ev.feasible and ev.goodput > self.best_value:
             self.best_plan = plan.with_metrics(**ev.as_metrics())
+            self.best_layout = dataclasses.replace(layout, metrics=dict(self.best_plan.metrics))
             self.best_value = ev.goodput
             self.report()
 
 
-def build_plan(
-    prep: Prepared,
-    stages: list[tuple[int, int, int, tuple[int, ...], float]],
-    powers: list[float],
-) -> Plan:
-    """Turn the stages of a capacity solution into a plan; batches re-split exactly."""
+def build_layout(prep: Prepared, stages: Sequence[StagePick], powers: Sequence[float]) -> Layout:
+    """The stages of a capacity solution grouped into replicas; batches re-split exactly.
+
+    Stages of one class ``(t, b)`` form replicas of ``pp`` stages each, in the
+    order given (classes by decreasing degree, then batch level); a class's
+    last ``len % pp`` stages are left out.
+
+    Parameters
+    ----------
+    prep
+        From :func:`~ntp_opt.planners.exact.model.prepare`.
+    stages
+        From :func:`~ntp_opt.planners.exact.model.iter_stages`.
+    powers
+        Each stage's power multiplier (from
+        :func:`~ntp_opt.planners.exact.model.tighten`).
+
+    Returns
+    -------
+    Layout
+        With metrics ``{"policy": "optimal"}``.
+    """
     inst = prep.instance
-    a = inst.arrays
-    by_class: dict[tuple[int, int], list[Stage]] = {}
-    for (t, b, d, gpus, _), power in zip(stages, powers, strict=True):
-        by_class.setdefault((t, b), []).append(
-            Stage(a.domain_ids[d], tuple(a.gpu_ids[g] for g in gpus), float(power))
-        )
+    speed = inst.arrays.speed
+    by_class: dict[tuple[int, int], list[tuple[int, tuple[int, ...], float]]] = {}
+    for st, power in zip(stages, powers, strict=True):
+        by_class.setdefault((st.degree, st.batch), []).append((st.domain, st.gpus, float(power)))
     pp = inst.job.pp
-    groups: list[tuple[int, int, tuple[Stage, ...]]] = []
+    groups: list[tuple[int, int, list[tuple[int, tuple[int, ...], float]]]] = []
     for (t, b), members in sorted(by_class.items(), key=lambda kv: (-kv[0][0], -kv[0][1])):
         for i in range(0, len(members) - len(members) % pp, pp):
-            groups.append((t, b, tuple(members[i : i + pp])))
+            groups.append((t, b, members[i : i + pp]))
     speeds = [
         replica_speed(
             inst.job,
             t,
-            [min(float(a.speed[a.gpu_index[g]]) for g in st.gpus) for st in members],
-            [st.power for st in members],
+            [float(speed[list(g)].min()) for _, g, _ in members],
+            [pw for _, _, pw in members],
         )
         for t, _, members in groups
     ]
     split = split_batch(inst.job, speeds, [t for t, _, _ in groups])
     batches = split.batches if split is not None else tuple(b for _, b, _ in groups)
-    replicas = tuple(
-        Replica(t, int(bb), members) for (t, _, members), bb in zip(groups, batches, strict=True)
+    return Layout.from_indices(
+        inst.name,
+        [(t, int(bb), members) for (t, _, members), bb in zip(groups, batches, strict=True)],
+        {"policy": "optimal"},
     )
-    return Plan(inst.name, replicas, {"policy": "optimal"})
+
+
+def build_plan(prep: Prepared, stages: Sequence[StagePick], powers: Sequence[float]) -> Plan:
+    """:func:`build_layout` in node ids."""
+    return build_layout(prep, stages, powers).to_plan(prep.instance)
 
 
 def _candidates(prep: Prepared, degrees: tuple[int, ...]) -> np.ndarray | None:
@@ -520,6 +545,7 @@ def solve_exact(
         ev = evaluate(instance, fast_plan)
         if ev.feasible and ev.goodput > s.best_value:
             s.best_plan = fast_plan.with_metrics(**ev.as_metrics())
+            s.best_layout = None
             s.best_value = ev.goodput
     bound = 0.0
     timed_out, interrupted = deadline_hit, False
@@ -562,4 +588,5 @@ def solve_exact(
         limit=Limit.INTERRUPTED if interrupted else Limit.TIME if timed_out else Limit.NONE,
         log=tuple(s.log),
         stats={"goodput": s.best_value, "evaluations": s.evaluations},
+        layout=s.best_layout,
     )

@@ -20,85 +20,15 @@ Every solution returned is rounded to integers and checked against the
 program with :meth:`IntProgram.violated`; a backend answer that breaks a row
 raises :class:`RuntimeError` instead of being returned.
 
-Statuses
---------
-``"optimal"`` is reported only when the backend proved optimality (within
-``gap`` when ``gap > 0``); a backend stopped by its time limit with a
-solution reports ``"feasible"``, without one ``"unknown"``; both set
-``time_limit_hit`` (or ``interrupted`` when the ``cancel`` event stopped it).
-If the program carries a feasible ``hint`` and the backend returns nothing
-better (or nothing at all), the hint is returned instead, so a feasible hint
-is never lost.
-
-Time limits
------------
-``time_limit`` is handed to the backend's own limit (CP-SAT
-``max_time_in_seconds``, HiGHS ``time_limit``, CBC ``-sec`` in wall-clock
-mode) and nothing else is added: there is no watchdog.  Building the model
-and reading the answer are not covered by the limit, but are included in
-``IntSolution.runtime_s`` (``time.perf_counter`` around the whole call).
-
-Determinism
------------
-With ``threads=1``, a fixed ``seed`` and no time limit stopping the search,
-every backend is deterministic for a fixed program and solver version:
-
-* CP-SAT: deterministic with one worker (``num_workers=1``) on one OR-Tools
-  version.  With several workers the answer may change from run to run.
-* HiGHS: deterministic with ``threads=1``.
-* CBC: deterministic single-threaded.  ``seed=0`` keeps CBC's own fixed
-  default seeds (CBC reads a seed of 0 as "use the time of day", so it is
-  never passed); other seeds are passed as ``randomSeed`` and
-  ``randomCbcSeed``.  With ``threads > 1`` CBC is run in its "repeatable"
-  parallel mode (``-threads 100+n``).
-
-A time limit breaks determinism for every backend: the search stops after a
-wall-clock time, so where it stops, and so the solution, the bound and even
-the status, depend on machine speed and load.  Runs that finish (proved
-``"optimal"`` or ``"infeasible"``) before the limit are unaffected.
-
-Cancel and Ctrl-C
------------------
-``cancel`` (a :class:`threading.Event`) stops a running solve: CP-SAT through
-``CpSolver.stop_search`` from a watcher thread, HiGHS through its interrupt
-callbacks, CBC (a separate process) not at all: the caller checks ``cancel``
-between programs.  CP-SAT is told not to catch SIGINT itself
-(``catch_sigint_signal = False``: OR-Tools would reset SIGINT to the default
-action afterwards, so a second Ctrl-C would kill the process), and the Python
-SIGINT handler is reinstalled after every CP-SAT solve all the same.
-
-Logs
-----
-With ``log=True`` the backend log is captured into ``IntSolution.log`` and
-nothing is printed: CP-SAT through ``log_callback``, HiGHS and CBC through a
-temporary log file.  HiGHS prints a two-line banner to the process's standard
-output the first time a ``highspy.Highs`` object is created; this module
-creates the first one with file descriptor 1 pointed at ``os.devnull`` so the
-banner does not leak into the caller's output.
-
-CBC limitations
----------------
-* CBC checks its time limit only once branch-and-bound runs: the root LP
-  relaxation is solved to the end whatever the limit (a random program with
-  2,000 rows, 20,000 columns and 10^5 terms took 70 s under a 1 s limit).
-* The CBC solution file, which PuLP reads, prints values with 8 significant
-  digits, so variables of magnitude 10^8 or more come back inexact; the
-  feasibility check then raises :class:`RuntimeError`.
-* The bound is read from CBC's log ("Upper bound:"), printed with 3 decimals.
-
-HiGHS threads
--------------
-HiGHS keeps one global thread scheduler per process, sized by the first run;
-a later run asking for another ``threads`` value fails.  This module resets
-the scheduler (``Highs.resetGlobalScheduler``) when the requested thread
-count changes, so do not run HiGHS concurrently from several Python threads
-with different ``threads`` values.
+Statuses, time limits, determinism, cancelling and logs are common to every
+backend: see :mod:`ntp_opt.planners.exact.backends.common`. Limits of one
+backend are documented in its module (:mod:`~ntp_opt.planners.exact.backends.cbc`,
+:mod:`~ntp_opt.planners.exact.backends.highs`). This module only dispatches.
 """
 
 from __future__ import annotations
 
 import logging
-import math
 import threading
 import time
 from typing import Any
@@ -108,13 +38,11 @@ import numpy as np
 from ntp_opt.planners.exact.backends import cbc, cpsat, highs
 from ntp_opt.planners.exact.backends.common import (
     BACKENDS,
-    MAX_SEED,
     BackendUnavailable,
-    Options,
     Raw,
     check_backend,
     finish,
-    int_param,
+    options,
     prepare,
 )
 from ntp_opt.planners.exact.program import IntProgram, IntSolution
@@ -229,19 +157,8 @@ def solve_program(
         violates the program.
     """
     check_backend(backend)
-    if time_limit is not None and not (time_limit > 0 and math.isfinite(time_limit)):
-        raise ValueError(f"time_limit must be a positive number of seconds, not {time_limit!r}")
-    threads = int_param("threads", threads, 1, 10_000)
-    seed = int_param("seed", seed, 0, MAX_SEED)
-    if not (0.0 <= gap < 1.0):
-        raise ValueError(f"gap must be in [0, 1), not {gap!r}")
-    opts = Options(
-        time_limit=None if time_limit is None else float(time_limit),
-        threads=threads,
-        seed=seed,
-        log=log,
-        gap=float(gap),
-        cancel=cancel,
+    opts = options(
+        time_limit=time_limit, threads=threads, seed=seed, log=log, gap=gap, cancel=cancel
     )
 
     solver = load_backend(backend)

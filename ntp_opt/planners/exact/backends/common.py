@@ -2,7 +2,64 @@
 
 :func:`prepare` normalises an :class:`~ntp_opt.planners.exact.program.IntProgram`
 for the backends; :func:`finish` rounds, checks and packages a backend's
-:class:`Raw` answer.  See :mod:`ntp_opt.planners.exact.backends`.
+:class:`Raw` answer; :func:`options` checks the parameters of
+:func:`~ntp_opt.planners.exact.backends.solve_program`, the entry point.
+
+Statuses
+--------
+``"optimal"`` is reported only when the backend proved optimality (within
+``gap`` when ``gap > 0``); a backend stopped by its time limit with a
+solution reports ``"feasible"``, without one ``"unknown"``; both set
+``time_limit_hit`` (or ``interrupted`` when the ``cancel`` event stopped it).
+If the program carries a feasible ``hint`` and the backend returns nothing
+better (or nothing at all), the hint is returned instead, so a feasible hint
+is never lost.
+
+Time limits
+-----------
+``time_limit`` is handed to the backend's own limit (CP-SAT
+``max_time_in_seconds``, HiGHS ``time_limit``, CBC ``-sec`` in wall-clock
+mode) and nothing else is added: there is no watchdog.  Building the model
+and reading the answer are not covered by the limit, but are included in
+``IntSolution.runtime_s`` (``time.perf_counter`` around the whole call).
+
+Determinism
+-----------
+With ``threads=1``, a fixed ``seed`` and no time limit stopping the search,
+every backend is deterministic for a fixed program and solver version:
+
+* CP-SAT: deterministic with one worker (``num_workers=1``) on one OR-Tools
+  version.  With several workers the answer may change from run to run.
+* HiGHS: deterministic with ``threads=1``.
+* CBC: deterministic single-threaded.  ``seed=0`` keeps CBC's own fixed
+  default seeds (CBC reads a seed of 0 as "use the time of day", so it is
+  never passed); other seeds are passed as ``randomSeed`` and
+  ``randomCbcSeed``.  With ``threads > 1`` CBC is run in its "repeatable"
+  parallel mode (``-threads 100+n``).
+
+A time limit breaks determinism for every backend: the search stops after a
+wall-clock time, so where it stops, and so the solution, the bound and even
+the status, depend on machine speed and load.  Runs that finish (proved
+``"optimal"`` or ``"infeasible"``) before the limit are unaffected.
+
+Cancel and Ctrl-C
+-----------------
+``cancel`` (a :class:`threading.Event`) stops a running solve: CP-SAT through
+``CpSolver.stop_search`` from a watcher thread, HiGHS through its interrupt
+callbacks, CBC (a separate process) not at all: the caller checks ``cancel``
+between programs.  CP-SAT is told not to catch SIGINT itself
+(``catch_sigint_signal = False``: OR-Tools would reset SIGINT to the default
+action afterwards, so a second Ctrl-C would kill the process), and the Python
+SIGINT handler is reinstalled after every CP-SAT solve all the same.
+
+Logs
+----
+With ``log=True`` the backend log is captured into ``IntSolution.log`` and
+nothing is printed: CP-SAT through ``log_callback``, HiGHS and CBC through a
+temporary log file.  HiGHS prints a two-line banner to the process's standard
+output the first time a ``highspy.Highs`` object is created; this module
+creates the first one with file descriptor 1 pointed at ``os.devnull`` so the
+banner does not leak into the caller's output.
 """
 
 from __future__ import annotations
@@ -32,6 +89,7 @@ __all__ = [
     "finish",
     "int_array",
     "int_param",
+    "options",
     "prepare",
     "read_and_remove",
 ]
@@ -206,6 +264,40 @@ def int_param(name: str, value: Any, lo: int, hi: int) -> int:
     if not lo <= result <= hi:
         raise ValueError(f"{name} must be in {lo}..{hi}, not {value!r}")
     return result
+
+
+def options(
+    *,
+    time_limit: float | None,
+    threads: int,
+    seed: int,
+    log: bool,
+    gap: float,
+    cancel: threading.Event | None,
+) -> Options:
+    """The checked solve options (parameters as for ``solve_program``).
+
+    Raises
+    ------
+    ValueError
+        A time limit that is not a positive finite number, ``threads`` not in
+        ``[1, 10000]``, ``seed`` not in ``[0, MAX_SEED]`` or ``gap`` not in
+        ``[0, 1)``.
+    """
+    if time_limit is not None and not (time_limit > 0 and math.isfinite(time_limit)):
+        raise ValueError(f"time_limit must be a positive number of seconds, not {time_limit!r}")
+    threads = int_param("threads", threads, 1, 10_000)
+    seed = int_param("seed", seed, 0, MAX_SEED)
+    if not (0.0 <= gap < 1.0):
+        raise ValueError(f"gap must be in [0, 1), not {gap!r}")
+    return Options(
+        time_limit=None if time_limit is None else float(time_limit),
+        threads=threads,
+        seed=seed,
+        log=log,
+        gap=float(gap),
+        cancel=cancel,
+    )
 
 
 def finish(

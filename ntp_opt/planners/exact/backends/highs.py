@@ -1,4 +1,13 @@
-"""The HiGHS backend, through its own binding ``highspy`` (extra ``ntp-opt[highs]``)."""
+"""The HiGHS backend, through its own binding ``highspy`` (extra ``ntp-opt[highs]``).
+
+HiGHS threads
+-------------
+HiGHS keeps one global thread scheduler per process, sized by the first run;
+a later run asking for another ``threads`` value fails.  This module resets
+the scheduler (``Highs.resetGlobalScheduler``) when the requested thread
+count changes, so do not run HiGHS concurrently from several Python threads
+with different ``threads`` values.
+"""
 
 from __future__ import annotations
 
