@@ -23,6 +23,7 @@ Stragglers are not avoided on purpose: the paper's heuristic ignores them.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from operator import itemgetter
 
 import numpy as np
 
@@ -489,9 +490,10 @@ def packing_replicas(
     """:func:`to_replicas` on a :class:`Packing` and multipliers ``powers`` (R x pp)."""
     a = instance.arrays
     st = packing.stages()
-    ids = a.gpu_ids
-    names = [ids[i] for i in st.gpus.tolist()]
+    flat = st.gpus.tolist()
+    names = itemgetter(*flat)(a.gpu_ids) if len(flat) > 1 else tuple(a.gpu_ids[i] for i in flat)
     start = st.start.tolist()
+    domain_ids = a.domain_ids
     domains = packing.slots.domain[packing.members].tolist()
     pws = powers.tolist()
     pp = packing.members.shape[1] if packing.members.ndim == 2 else 0
@@ -499,15 +501,12 @@ def packing_replicas(
     for r, (t, b) in enumerate(zip(packing.tp.tolist(), batches, strict=True)):
         if b <= 0:
             continue
+        k0 = r * pp
         stages = tuple(
-            Stage(
-                domain=a.domain_ids[d],
-                gpus=tuple(names[start[r * pp + k] : start[r * pp + k + 1]]),
-                power=pw,
-            )
+            Stage(domain_ids[d], names[start[k0 + k] : start[k0 + k + 1]], pw)
             for k, (d, pw) in enumerate(zip(domains[r], pws[r], strict=True))
         )
-        out.append(Replica(tp=t, local_batch=b, stages=stages))
+        out.append(Replica(t, b, stages))
     return tuple(out)
 
 

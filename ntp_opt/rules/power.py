@@ -321,7 +321,8 @@ def boost_stages(
     pw = np.array(powers, dtype=float)
     sizes = stages.sizes
     sptr = np.searchsorted(stages.replica, np.arange(n_rep + 1))
-    factor = np.array([job.tp_factor(int(t)) / job.seq_time_s for t in tp], dtype=float)
+    per_degree = {t: job.tp_factor(t) / job.seq_time_s for t in set(tp.tolist())}
+    factor = np.array([per_degree[t] for t in tp.tolist()], dtype=float)
     slowest = stages.stage_min(a.speed)
     fs = factor[stages.replica] * slowest  # factor * slowest speed, per stage
     top = np.maximum(stages.stage_min(instance.max_multiplier), pw)
@@ -358,47 +359,80 @@ def boost_stages(
     room_keep = rack_room * keep
     n_neg = int(np.count_nonzero(room_keep < 0))
 
-    def need(i: int, goal: float) -> tuple[np.ndarray, np.ndarray, float]:
+    def need(i: int, goals: list[float]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Multipliers, extra watts per touched rack and in all, at each speed of ``goals``."""
         s0, s1 = int(sptr[i]), int(sptr[i + 1])
         g0, g1 = int(stages.start[s0]), int(stages.start[s1])
-        mult = mults(goal, s0, s1)
-        watts = tdp[g0:g1] * np.repeat(mult - pw[s0:s1], sizes[s0:s1])
-        if sizes[s0] * (s1 - s0) == g1 - g0 and (sizes[s0:s1] == sizes[s0]).all():
-            sums = watts.reshape(s1 - s0, -1).sum(axis=1)  # one size: rows of a matrix
-        else:
-            start = stages.start[s0 : s1 + 1] - g0
-            sums = Stages(stages.replica[s0:s1], stages.gpus[g0:g1], start).stage_sums(watts)
-        extra = 0.0
-        for v in sums.tolist():
-            extra += v
         k0, k1 = int(kptr[i]), int(kptr[i + 1])
-        per_rack = np.bincount(inverse[g0:g1] - k0, weights=watts, minlength=k1 - k0)
-        return mult, per_rack, extra
+        n_s, n_g = s1 - s0, len(goals)
+        local = inverse[g0:g1] - k0
+        mult = np.minimum(
+            np.maximum((np.array(goals)[:, None] / fs[s0:s1]) ** inv_alpha, pw[s0:s1]), top[s0:s1]
+        )
+        step = mult - pw[s0:s1]
+        if sizes[s0] * n_s == g1 - g0 and (sizes[s0:s1] == sizes[s0]).all():
+            # one size: stages are the rows of a matrix, summed as each alone
+            watts = tdp[g0:g1].reshape(n_s, -1)[None] * step[:, :, None]
+            sums = watts.sum(axis=2)
+        else:
+            watts = tdp[g0:g1][None] * np.repeat(step, sizes[s0:s1], axis=1)
+            start = stages.start[s0 : s1 + 1] - g0
+            sub = Stages(stages.replica[s0:s1], stages.gpus[g0:g1], start)
+            sums = np.array([sub.stage_sums(w) for w in watts]).reshape(n_g, n_s)
+        extra = np.cumsum(sums, axis=1)[:, -1]  # stage after stage
+        slot = (np.arange(n_g)[:, None] * (k1 - k0) + local[None, :]).ravel()
+        per_rack = np.bincount(slot, weights=watts.ravel(), minlength=n_g * (k1 - k0))
+        return mult, per_rack.reshape(n_g, k1 - k0), extra
 
-    def fits(i: int, per_rack: np.ndarray, extra: float) -> bool:
+    def fits(i: int, per_rack: np.ndarray, extra: np.ndarray) -> np.ndarray:
+        """Per row: do the extra watts fit the racks' and the site's rooms?"""
         room = room_keep[key_rack[kptr[i] : kptr[i + 1]]]
-        if n_neg != int(np.count_nonzero(room < 0)):
-            return False  # a rack this replica does not touch is already over its room
-        return bool(np.all(per_rack <= room) and extra <= site_room * keep)
+        ok: np.ndarray = np.all(per_rack <= room, axis=-1) & (extra <= site_room * keep)
+        return ok
+
+    def others_over(i: int) -> bool:
+        """Is a rack replica ``i`` does not touch already over its room (nothing fits then)?"""
+        room = room_keep[key_rack[kptr[i] : kptr[i + 1]]]
+        return n_neg != int(np.count_nonzero(room < 0))
+
+    def bisect(i: int, lo: float, up: float) -> float:
+        """``steps`` bisection steps on the reachable speed, ``depth`` levels evaluated at once."""
+        left = steps
+        while left > 0:
+            depth = min(4, left)
+            bounds, mids = [(lo, up)], []
+            for _ in range(depth):  # the mids of the next levels, level by level
+                nxt = []
+                for x, y in bounds:
+                    m = 0.5 * (x + y)
+                    mids.append(m)
+                    nxt += [(x, m), (m, y)]
+                bounds = nxt
+            ok = fits(i, *need(i, mids)[1:])
+            node = 0
+            for _ in range(depth):
+                if ok[node]:
+                    lo, node = mids[node], 2 * node + 2
+                else:
+                    up, node = mids[node], 2 * node + 1
+            left -= depth
+        return lo
 
     order = sorted(cand, key=lambda i: (float(extra_all[i]), i))
     boosted = []
     for i in order:
         s0, s1 = int(sptr[i]), int(sptr[i + 1])
+        if others_over(i):
+            continue  # nothing fits, not even the reachable speed
         mult = mult_all[s0:s1]
         per_rack = rack_all[kptr[i] : kptr[i + 1]]
         extra = float(extra_all[i])
-        if not fits(i, per_rack, extra):
+        if not fits(i, per_rack, np.array(extra)):
             now = replica_speed(job, int(tp[i]), slowest[s0:s1].tolist(), pw[s0:s1].tolist())
-            lo, up = now, target  # bisect on the reachable speed
-            for _ in range(steps):
-                mid = 0.5 * (lo + up)
-                if fits(i, *need(i, mid)[1:]):
-                    lo = mid
-                else:
-                    up = mid
-            mult, per_rack, extra = need(i, lo)
-            if not fits(i, per_rack, extra) or extra <= 0:
+            lo = bisect(i, now, target)
+            got = need(i, [lo])
+            mult, per_rack, extra = got[0][0], got[1][0], float(got[2][0])
+            if not fits(i, per_rack, np.array(extra)) or extra <= 0:
                 continue
         out[s0:s1] = mult
         racks = key_rack[kptr[i] : kptr[i + 1]]
@@ -475,7 +509,8 @@ def boost_floor_stages(
     if len(stages.replica) == 0 or not can_boost(instance):
         return ones
     sizes = stages.sizes
-    factor = np.array([job.tp_factor(int(t)) for t in tp], dtype=float)
+    per_degree = {t: job.tp_factor(t) for t in set(tp.tolist())}
+    factor = np.array([per_degree[t] for t in tp.tolist()], dtype=float)
     stage_base = factor[stages.replica] * stages.stage_min(a.speed)
     stage_caps = stages.stage_min(instance.max_multiplier)
     base = np.repeat(stage_base, sizes)
