@@ -396,7 +396,7 @@ def boost_stages(
         return n_neg != int(np.count_nonzero(room < 0))
 
     def bisect(i: int, lo: float, up: float) -> float:
-        """``steps`` bisection steps on the reachable speed, ``depth`` levels evaluated at once."""
+        """``steps`` bisection steps on the reachable speed, four levels of mids at a time."""
         left = steps
         while left > 0:
             depth = min(4, left)
