@@ -199,7 +199,9 @@ def main(argv: list[str] | None = None) -> int:
     lines = [
         "# Speed against the floor",
         "",
-        "`python benchmarks/speed.py" + (" --quick" if args.quick else "") + "`",
+        "`"
+        + " ".join(["python benchmarks/speed.py", *(argv if argv is not None else sys.argv[1:])])
+        + "`",
         "",
         f'Floor: `python -c "import numpy"` {_fmt(numpy_floor)} s (CPU / wall, best of '
         f"{args.repeat}); per instance, gunzip + `json.loads` of its file in the tables.",
