@@ -36,34 +36,80 @@ from ntp_opt.model.instance import Instance
 from ntp_opt.model.plan import Plan
 from ntp_opt.planners.exact.bounds import capacity_bound
 from ntp_opt.planners.heuristics import (
+    Packing,
     Slot,
-    boost_slowest,
-    domain_slots,
+    SlotTable,
+    boost_slowest_packed,
+    domain_slot_table,
     draw_at_power_one,
-    fit_power,
+    fastest_first,
+    fit_packing,
     fits_at_power_one,
-    pack_replicas,
-    split_groups,
-    to_replicas,
+    pack,
+    packing_replicas,
+    split_packing,
     used_mask,
 )
-from ntp_opt.rules.power import boost_floor as power_boost_floor
-from ntp_opt.rules.power import can_boost, headroom, over_budget
+from ntp_opt.rules.power import boost_floor_stages, can_boost, headroom, over_budget
 from ntp_opt.rules.tolerances import BUDGET_SLACK
 from ntp_opt.rules.validate import certified
 
 logger = logging.getLogger(__name__)
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)
 class Candidate:
-    """A plan in array form and its goodput (exact batch split)."""
+    """A plan in array form (replicas, multipliers per stage), its goodput (exact split)."""
 
     name: str
-    groups: list[tuple[int, list[Slot]]]
-    powers: list[list[float]]
+    packing: Packing
+    powers: np.ndarray
     batches: tuple[int, ...]
     goodput: float
+
+
+def speed_aware_table(instance: Instance) -> SlotTable:
+    """:func:`speed_aware_slots` as a :class:`~ntp_opt.planners.heuristics.SlotTable`.
+
+    Every domain takes its next stage in the same round: one pass over the
+    allowed degrees per round, vectorised over the domains.
+    """
+    a = instance.arrays
+    job = instance.job
+    g, counts, first = fastest_first(instance)
+    sp = a.speed[g]
+    factors = {t: job.tp_factor(t) for t in job.allowed}
+    start = np.zeros(len(counts), dtype=np.int64)
+    active = np.arange(len(counts), dtype=np.int64)
+    doms, starts, degrees, rounds = [], [], [], []
+    rnd = 0
+    while len(active):
+        left = counts[active] - start[active]
+        at = first[active] + start[active]
+        best_t = np.zeros(len(active), dtype=np.int64)
+        best_v = np.zeros(len(active))
+        for t in job.allowed:
+            ok = t <= left
+            v = factors[t] * sp[np.where(ok, at + t - 1, 0)] if len(sp) else np.zeros(len(ok))
+            better = ok & (v >= best_v)
+            best_t[better] = t
+            best_v[better] = v[better]
+        take = best_t > 0
+        doms.append(active[take])
+        starts.append(at[take])
+        degrees.append(best_t[take])
+        rounds.append(np.full(int(take.sum()), rnd))
+        start[active[take]] += best_t[take]
+        active = active[take]
+        rnd += 1
+    dom, st, deg = np.concatenate(doms), np.concatenate(starts), np.concatenate(degrees)
+    order = np.lexsort((np.concatenate(rounds), dom))
+    dom, st, deg = dom[order], st[order], deg[order]
+    width = max(job.allowed)
+    cols = np.arange(width)
+    idx = np.minimum(st[:, None] + cols, max(len(g) - 1, 0))
+    gpus = np.where(cols < deg[:, None], g[idx] if len(g) else -1, -1)
+    return SlotTable.build(a.speed, dom, deg, gpus)
 
 
 def speed_aware_slots(instance: Instance) -> list[Slot]:
@@ -82,28 +128,7 @@ def speed_aware_slots(instance: Instance) -> list[Slot]:
     -------
     list of Slot
     """
-    a = instance.arrays
-    job = instance.job
-    factors = {t: job.tp_factor(t) for t in job.allowed}
-    slots: list[Slot] = []
-    for d, members in enumerate(a.domain_gpus):
-        ok = members[a.healthy[members]]
-        ok = ok[np.argsort(-a.speed[ok], kind="stable")]
-        sp = a.speed[ok]
-        start = 0
-        while True:
-            left = len(ok) - start
-            best_t, best_v = 0, 0.0
-            for t in job.allowed:
-                if t <= left:
-                    v = factors[t] * float(sp[start + t - 1])
-                    if v >= best_v:
-                        best_t, best_v = t, v
-            if best_t == 0:
-                break
-            slots.append(Slot(d, ok[start : start + best_t], best_t))
-            start += best_t
-    return slots
+    return speed_aware_table(instance).slots()
 
 
 def boost_floor(instance: Instance, groups: list[tuple[int, list[Slot]]]) -> list[list[float]]:
@@ -116,9 +141,20 @@ def boost_floor(instance: Instance, groups: list[tuple[int, list[Slot]]]) -> lis
     """
     if not groups or not can_boost(instance):
         return [[1.0] * len(m) for _, m in groups]
-    rack_room, site_room = headroom(instance, used_mask(instance, groups).astype(float))
-    reps = [(t, [s.gpus[:t] for s in m]) for t, m in groups]
-    return power_boost_floor(instance, reps, rack_room, site_room)
+    powers: list[list[float]] = boost_floor_packed(
+        instance, Packing.from_groups(instance, groups)
+    ).tolist()
+    return powers
+
+
+def boost_floor_packed(instance: Instance, packing: Packing) -> np.ndarray:
+    """:func:`boost_floor` on a :class:`~ntp_opt.planners.heuristics.Packing` (R x pp)."""
+    shape = packing.members.shape
+    if len(packing) == 0 or not can_boost(instance):
+        return np.ones(shape)
+    rack_room, site_room = headroom(instance, used_mask(instance, packing).astype(float))
+    out = boost_floor_stages(instance, packing.stages(), packing.tp, rack_room, site_room)
+    return out.reshape(shape)
 
 
 def fit_power_by_degree(
@@ -134,30 +170,49 @@ def fit_power_by_degree(
     ``None`` when :func:`fit_power` drops nothing (nothing to refine) or the
     degree steps cannot make it fit.
     """
-    kept = fit_power(instance, groups)
-    if len(kept) == len(groups):
+    packed = Packing.from_groups(instance, groups)
+    out = fit_by_degree(instance, packed, fit_packing(instance, packed))
+    if out is None:
+        return None
+    return [(t, list(m)) for t, (_, m) in zip(out.tp.tolist(), groups, strict=False)]
+
+
+def fit_by_degree(instance: Instance, packing: Packing, kept: Packing) -> Packing | None:
+    """:func:`fit_power_by_degree` on a packing and its :func:`fit_packing` ``kept``.
+
+    The draws are updated on the racks a degree step touches only.
+    """
+    if len(kept) == len(packing):
         return None
     a = instance.arrays
     job = instance.job
-    out = [(t, list(m)) for t, m in groups[: len(kept) + 1]]
+    out = packing.head(len(kept) + 1)
+    tp = out.tp.copy()
+    members = out.members
+    gpus = out.slots.gpus
     lower = {t: max((u for u in job.allowed if u < t), default=None) for t in job.allowed}
     rack, site = draw_at_power_one(instance, used_mask(instance, out))
+    rack = rack.copy()
     saving = a.tdp * (1.0 - job.idle_power_fraction)  # a GPU going from used to idle
-
-    def over() -> bool:
-        racks, site_over = over_budget(instance, rack, site, tol=BUDGET_SLACK, slack=0.0)
-        return bool(racks.any() or site_over)
+    racks_over, site_over = over_budget(instance, rack, site, tol=BUDGET_SLACK, slack=0.0)
+    n_over = int(racks_over.sum())
+    rack_cap = a.rack_budget * (1 + BUDGET_SLACK) + 0.0  # as over_budget(slack=0) compares
+    site_cap = a.site_budget * (1 + BUDGET_SLACK) + 0.0
 
     r = len(out) - 1  # worst replica first, one degree step each, round after round
     stuck = 0
-    while over():
-        t, members = out[r]
+    while n_over or site_over:
+        t = int(tp[r])
         step = lower.get(t)
         if step is not None:
-            freed = np.concatenate([slot.gpus[step:t] for slot in members])
-            rack -= np.bincount(a.gpu_rack[freed], weights=saving[freed], minlength=len(rack))
+            freed = gpus[members[r], step:t].ravel()
+            touched, inverse = np.unique(a.gpu_rack[freed], return_inverse=True)
+            n_over -= int(np.count_nonzero(rack[touched] > rack_cap[touched]))
+            rack[touched] -= np.bincount(inverse.ravel(), weights=saving[freed])
+            n_over += int(np.count_nonzero(rack[touched] > rack_cap[touched]))
             site -= float(saving[freed].sum())
-            out[r] = (step, members)
+            site_over = bool(site > site_cap)
+            tp[r] = step
             stuck = 0
         else:
             stuck += 1
@@ -165,27 +220,26 @@ def fit_power_by_degree(
                 return None  # every replica at the smallest degree and still over budget
         r = r - 1 if r > 0 else len(out) - 1
     # the running sums drift by rounding only: confirm with the exact check
-    return out if fits_at_power_one(instance, used_mask(instance, out)) else None
+    fitted = out.with_tp(tp)
+    return fitted if fits_at_power_one(instance, used_mask(instance, fitted)) else None
 
 
-def _score(
-    instance: Instance, name: str, groups: list[tuple[int, list[Slot]]], boost: str
-) -> Candidate | None:
-    groups = fit_power(instance, groups)
+def _score(instance: Instance, name: str, packing: Packing, boost: str) -> Candidate | None:
+    """``packing`` (fitted to the budgets) with boost ``boost``, split exactly."""
     if boost == "slow":
-        powers = boost_slowest(instance, groups)
+        powers = boost_slowest_packed(instance, packing)
     elif boost == "floor":
-        powers = boost_floor(instance, groups)
+        powers = boost_floor_packed(instance, packing)
     else:
-        powers = [[1.0] * len(m) for _, m in groups]
-    split = split_groups(instance, groups, powers)
+        powers = np.ones(packing.members.shape)
+    split = split_packing(instance, packing, powers)
     if split is None:
         return None
-    return Candidate(name, groups, powers, split.batches, split.goodput)
+    return Candidate(name, packing, powers, split.batches, split.goodput)
 
 
 def _to_plan(instance: Instance, c: Candidate) -> Plan:
-    replicas = to_replicas(instance, c.groups, c.powers, c.batches)
+    replicas = packing_replicas(instance, c.packing, c.powers, c.batches)
     return Plan(instance.name, replicas, {"policy": "fast", "candidate": c.name})
 
 
@@ -207,17 +261,17 @@ def candidates(instance: Instance, *, cancel: threading.Event | None = None) -> 
         split (a paused ``fixed`` job) are left out.
     """
     boost = can_boost(instance)
-    makers: dict[str, Callable[[], list[tuple[int, list[Slot]]]]] = {
-        "dp-drop": lambda: pack_replicas(instance, domain_slots(instance, reduced=False)),
-        "ntp": lambda: pack_replicas(instance, domain_slots(instance, reduced=True)),
-        "speed-aware": lambda: pack_replicas(instance, speed_aware_slots(instance), by_value=True),
+    makers: dict[str, Callable[[], Packing]] = {
+        "dp-drop": lambda: pack(instance, domain_slot_table(instance, reduced=False)),
+        "ntp": lambda: pack(instance, domain_slot_table(instance, reduced=True)),
+        "speed-aware": lambda: pack(instance, speed_aware_table(instance), by_value=True),
     }
-    packs: dict[str, list[tuple[int, list[Slot]]]] = {}
+    packs: dict[str, tuple[Packing, Packing]] = {}  # as packed, and fitted to the budgets
     out: list[Candidate] = []
 
-    def score(name: str, groups: list[tuple[int, list[Slot]]]) -> None:
+    def score(name: str, packing: Packing) -> None:
         for b in ("", "slow", "floor") if boost else ("",):
-            c = _score(instance, f"{name}+{b}" if b else name, groups, b)
+            c = _score(instance, f"{name}+{b}" if b else name, packing, b)
             if c is not None:
                 out.append(c)
 
@@ -228,14 +282,15 @@ def candidates(instance: Instance, *, cancel: threading.Event | None = None) -> 
     for name, make in makers.items():
         if stop():
             break
-        packs[name] = make()
-        score(name, packs[name])
-    for name in list(packs):  # tight budgets: lower degrees instead of a whole replica
+        packed = make()
+        packs[name] = (packed, fit_packing(instance, packed))
+        score(name, packs[name][1])
+    for name, (packed, kept) in packs.items():  # tight budgets: lower degrees, not a replica
         if stop():
             break
-        fitted = fit_power_by_degree(instance, packs[name])
+        fitted = fit_by_degree(instance, packed, kept)
         if fitted is not None:
-            score(f"{name}+degree-fit", fitted)
+            score(f"{name}+degree-fit", fit_packing(instance, fitted))
     out.sort(key=lambda c: -c.goodput)
     return out
 

@@ -23,6 +23,7 @@ Stragglers are not avoided on purpose: the paper's heuristic ignores them.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from operator import itemgetter
 
 import numpy as np
 
@@ -30,7 +31,8 @@ from ntp_opt.model.instance import Instance
 from ntp_opt.model.plan import Plan, Replica, Stage
 from ntp_opt.rules.goodput import BatchSplit, replica_speed, split_batch
 from ntp_opt.rules.power import (
-    boost_toward,
+    Stages,
+    boost_stages,
     can_boost,
     headroom,
     over_budget,
@@ -57,6 +59,118 @@ class Slot:
         return float(cache[1][t - 1])
 
 
+Groups = list[tuple[int, list[Slot]]]
+
+
+@dataclass(frozen=True, eq=False)
+class SlotTable:
+    """Slots in array form: row ``i`` is a slot of ``degree[i]`` GPUs ``gpus[i]`` of ``domain[i]``.
+
+    ``gpus`` is padded with ``-1`` past each slot's degree; ``prefix[i, t - 1]``
+    is the speed of the slowest of the slot's first ``t`` GPUs
+    (:meth:`Slot.speed`), ``inf`` past its degree.
+    """
+
+    domain: np.ndarray
+    degree: np.ndarray
+    gpus: np.ndarray
+    prefix: np.ndarray
+
+    def __len__(self) -> int:
+        return len(self.degree)
+
+    @classmethod
+    def build(
+        cls, speed: np.ndarray, domain: np.ndarray, degree: np.ndarray, gpus: np.ndarray
+    ) -> SlotTable:
+        """A table from padded GPU rows (``-1`` past each degree); prefix minima of ``speed``."""
+        gpus = np.asarray(gpus, dtype=np.int64)
+        if gpus.ndim != 2:
+            gpus = gpus.reshape(len(degree), 0)
+        sp = np.where(gpus >= 0, speed[np.maximum(gpus, 0)], np.inf)
+        prefix = np.minimum.accumulate(sp, axis=1) if sp.size else sp
+        return cls(
+            np.asarray(domain, dtype=np.int64), np.asarray(degree, dtype=np.int64), gpus, prefix
+        )
+
+    @classmethod
+    def from_slots(cls, instance: Instance, slots: list[Slot]) -> SlotTable:
+        """The table of ``slots`` (their GPUs as given)."""
+        width = max((len(s.gpus) for s in slots), default=0)
+        gpus = np.full((len(slots), width), -1, dtype=np.int64)
+        for i, s in enumerate(slots):
+            gpus[i, : len(s.gpus)] = s.gpus
+        return cls.build(
+            instance.arrays.speed,
+            np.array([s.domain for s in slots], dtype=np.int64),
+            np.array([s.degree for s in slots], dtype=np.int64),
+            gpus,
+        )
+
+    def slots(self) -> list[Slot]:
+        """The rows as :class:`Slot` objects (GPUs up to the degree)."""
+        return [
+            Slot(int(d), g[:t], int(t))
+            for d, g, t in zip(self.domain.tolist(), self.gpus, self.degree.tolist(), strict=True)
+        ]
+
+    def speed(self, t: np.ndarray | int) -> np.ndarray:
+        """Per slot, the speed of its slowest GPU at degree ``t`` (per slot or for all)."""
+        cols = np.broadcast_to(np.asarray(t, dtype=np.int64), self.degree.shape) - 1
+        out: np.ndarray = self.prefix[np.arange(len(self.degree)), cols]
+        return out
+
+
+def _cut(
+    instance: Instance,
+    g: np.ndarray,
+    domain: np.ndarray,
+    start: np.ndarray,
+    degree: np.ndarray,
+    width: int,
+) -> SlotTable:
+    """Slots of consecutive GPUs of ``g`` (from ``start``), as given."""
+    cols = np.arange(width)
+    idx = np.minimum(start[:, None] + cols, max(len(g) - 1, 0))
+    gpus = np.where(cols < degree[:, None], g[idx] if len(g) else -1, -1)
+    return SlotTable.build(instance.arrays.speed, domain, degree, gpus)
+
+
+def fastest_first(instance: Instance) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Healthy GPUs by domain, fastest first (ties in index order); per domain: count and start."""
+    a = instance.arrays
+    ok = np.flatnonzero(a.healthy)
+    dom = a.gpu_domain[ok]
+    g = ok[np.lexsort((-a.speed[ok], dom))]
+    counts = np.bincount(dom, minlength=a.n_domains)
+    first = np.cumsum(counts) - counts
+    return g, counts, first
+
+
+def domain_slot_table(instance: Instance, reduced: bool) -> SlotTable:
+    """:func:`domain_slots` as a :class:`SlotTable`."""
+    job = instance.job
+    big_t = job.tp
+    g, counts, first = fastest_first(instance)
+    n_dom = len(counts)
+    full = counts // big_t
+    dom = np.repeat(np.arange(n_dom, dtype=np.int64), full)
+    rank = np.arange(len(dom)) - np.repeat(np.cumsum(full) - full, full)  # j-th full slot
+    start = first[dom] + rank * big_t
+    degree = np.full(len(dom), big_t, dtype=np.int64)
+    if reduced:
+        lookup = np.array([job.largest_allowed(r) or 0 for r in range(big_t)], dtype=np.int64)
+        t_red = lookup[counts - full * big_t]
+        has = np.flatnonzero((t_red > 0) & (t_red < big_t))
+        dom = np.concatenate([dom, has])
+        rank = np.concatenate([rank, full[has]])
+        start = np.concatenate([start, first[has] + full[has] * big_t])
+        degree = np.concatenate([degree, t_red[has]])
+        order = np.lexsort((rank, dom))
+        dom, start, degree = dom[order], start[order], degree[order]
+    return _cut(instance, g, dom, start, degree, big_t)
+
+
 def domain_slots(instance: Instance, reduced: bool) -> list[Slot]:
     """Cut every domain into slots (see the module docstring).
 
@@ -71,23 +185,105 @@ def domain_slots(instance: Instance, reduced: bool) -> list[Slot]:
     -------
     list of Slot
     """
-    a = instance.arrays
+    return domain_slot_table(instance, reduced).slots()
+
+
+@dataclass(frozen=True, eq=False)
+class Packing:
+    """Replicas in array form: replica ``r`` runs at degree ``tp[r]`` on slots ``members[r]``.
+
+    Each stage runs on the first ``tp[r]`` GPUs of its slot (its fastest).
+    """
+
+    slots: SlotTable
+    members: np.ndarray
+    tp: np.ndarray
+
+    def __len__(self) -> int:
+        return len(self.tp)
+
+    @classmethod
+    def from_groups(cls, instance: Instance, groups: Groups) -> Packing:
+        """The packing of ``groups`` (every replica with ``pp`` stages)."""
+        flat = [s for _, m in groups for s in m]
+        pp = len(groups[0][1]) if groups else instance.job.pp
+        return cls(
+            SlotTable.from_slots(instance, flat),
+            np.arange(len(flat), dtype=np.int64).reshape(len(groups), pp),
+            np.array([t for t, _ in groups], dtype=np.int64),
+        )
+
+    def groups(self) -> Groups:
+        """The replicas as ``(degree, slots)`` (:class:`Slot` objects)."""
+        rows = self.slots.slots()
+        return [
+            (int(t), [rows[i] for i in m])
+            for t, m in zip(self.tp.tolist(), self.members.tolist(), strict=True)
+        ]
+
+    def head(self, k: int) -> Packing:
+        """The first ``k`` replicas."""
+        return Packing(self.slots, self.members[:k], self.tp[:k])
+
+    def with_tp(self, tp: np.ndarray) -> Packing:
+        """The same slots at other degrees (each at most its slots' degree)."""
+        return Packing(self.slots, self.members, np.asarray(tp, dtype=np.int64))
+
+    def stage_speeds(self) -> np.ndarray:
+        """Per replica and stage: the speed of its slowest GPU at the replica's degree."""
+        if len(self.tp) == 0:
+            return np.zeros(self.members.shape)
+        out: np.ndarray = self.slots.prefix[self.members, self.tp[:, None] - 1]
+        return out
+
+    def stages(self) -> Stages:
+        """The stages (each on its slot's first ``tp`` GPUs), replica after replica."""
+        cache = self.__dict__.get("_stages")
+        if cache is None:
+            pp = self.members.shape[1] if self.members.ndim == 2 else 0
+            width = self.slots.gpus.shape[1] if self.slots.gpus.ndim == 2 else 0
+            rows = self.slots.gpus[self.members] if len(self.tp) else np.empty((0, pp, width))
+            keep = np.broadcast_to(np.arange(width) < self.tp[:, None, None], rows.shape)
+            gpus = rows[keep].astype(np.int64)
+            sizes = np.repeat(self.tp, pp)
+            cache = Stages(
+                replica=np.repeat(np.arange(len(self.tp), dtype=np.int64), pp),
+                gpus=gpus,
+                start=np.concatenate([[0], np.cumsum(sizes)]).astype(np.int64),
+            )
+            self.__dict__["_stages"] = cache  # a cache, not state: frozen is kept
+        return cache
+
+    def used(self, n_gpus: int, k: int | None = None) -> np.ndarray:
+        """Boolean per GPU index: the GPUs the first ``k`` replicas (default all) use."""
+        st = self.stages()
+        k = len(self.tp) if k is None else k
+        pp = self.members.shape[1] if self.members.ndim == 2 else 0
+        used = np.zeros(n_gpus, dtype=bool)
+        used[st.gpus[: st.start[k * pp]]] = True
+        return used
+
+
+def _as_packing(instance: Instance, groups: Groups | Packing) -> Packing:
+    return groups if isinstance(groups, Packing) else Packing.from_groups(instance, groups)
+
+
+def pack(instance: Instance, table: SlotTable, by_value: bool = False) -> Packing:
+    """:func:`pack_replicas` on a :class:`SlotTable`."""
     job = instance.job
-    big_t = job.tp
-    slots: list[Slot] = []
-    for d, members in enumerate(a.domain_gpus):
-        ok = members[a.healthy[members]]
-        # fastest first; ties keep graph order
-        ok = ok[np.argsort(-a.speed[ok], kind="stable")]
-        full = len(ok) // big_t
-        for j in range(full):
-            slots.append(Slot(d, ok[j * big_t : (j + 1) * big_t], big_t))
-        if reduced:
-            rest = ok[full * big_t :]
-            t = job.largest_allowed(len(rest))
-            if t is not None and t < big_t:
-                slots.append(Slot(d, rest[:t], t))
-    return slots
+    n_slots = len(table)
+    fast = table.speed(table.degree) if n_slots else np.zeros(0)
+    idx = np.arange(n_slots)
+    if by_value:
+        factors = {int(t): job.tp_factor(int(t)) for t in np.unique(table.degree)}
+        factor = np.array([factors[t] for t in table.degree.tolist()], dtype=float)
+        order = np.lexsort((idx, -table.degree, -(factor * fast)))
+    else:
+        order = np.lexsort((idx, -fast, -table.degree))
+    n = min(job.replicas_max, n_slots // job.pp)
+    members = order[: n * job.pp].reshape(n, job.pp)
+    tp = table.degree[members].min(axis=1) if n else np.zeros(0, dtype=np.int64)
+    return Packing(table, members, tp)
 
 
 def pack_replicas(
@@ -104,45 +300,66 @@ def pack_replicas(
     list of (degree, slots)
         At most ``dp_max`` replicas; leftover slots are spares.
     """
-    job = instance.job
-    speed = instance.arrays.speed
-    fast = [s.speed(speed, s.degree) for s in slots]
-    if by_value:
-        value = [job.tp_factor(s.degree) * v for s, v in zip(slots, fast, strict=True)]
-        order = sorted(range(len(slots)), key=lambda i: (-value[i], -slots[i].degree, i))
-    else:
-        order = sorted(range(len(slots)), key=lambda i: (-slots[i].degree, -fast[i], i))
-    n = min(job.replicas_max, len(slots) // job.pp)
-    groups = []
-    for r in range(n):
-        members = [slots[i] for i in order[r * job.pp : (r + 1) * job.pp]]
-        groups.append((min(s.degree for s in members), members))
-    return groups
+    packed = pack(instance, SlotTable.from_slots(instance, slots), by_value)
+    return [
+        (int(t), [slots[i] for i in m])
+        for t, m in zip(packed.tp.tolist(), packed.members.tolist(), strict=True)
+    ]
 
 
-def boost_slowest(instance: Instance, groups: list[tuple[int, list[Slot]]]) -> list[list[float]]:
+def boost_slowest(instance: Instance, groups: Groups) -> list[list[float]]:
     """Power multipliers per replica and stage: boost slow replicas, cheapest first.
 
     :func:`ntp_opt.rules.power.boost_toward` (50 bisection steps) from power 1,
     for the replicas slower than nominal.
     """
-    a = instance.arrays
-    job = instance.job
     if not can_boost(instance):
         return [[1.0] * len(members) for _, members in groups]
-    rack_room, site_room = headroom(instance, used_mask(instance, groups).astype(float))
-    target = 1.0 / job.seq_time_s  # nominal speed of a healthy full-TP replica
-    reps = [(t, [s.gpus[:t] for s in m], [1.0] * len(m)) for t, m in groups]
-    speeds = [
-        replica_speed(job, t, [s.speed(a.speed, t) for s in m], [1.0] * len(m)) for t, m in groups
-    ]
-    slow = [r for r in range(len(groups)) if speeds[r] < target * (1 - FLOAT_NOISE)]
-    powers, _ = boost_toward(instance, reps, slow, rack_room, site_room, steps=50)
+    powers: list[list[float]] = boost_slowest_packed(
+        instance, Packing.from_groups(instance, groups)
+    ).tolist()
     return powers
 
 
-def used_mask(instance: Instance, groups: list[tuple[int, list[Slot]]]) -> np.ndarray:
+def replica_speeds(instance: Instance, packing: Packing, powers: np.ndarray) -> np.ndarray:
+    """Per replica, :func:`ntp_opt.rules.goodput.replica_speed` at ``powers`` (R x pp)."""
+    job = instance.job
+    if len(packing) == 0:
+        return np.zeros(0)
+    slowest = (powers**job.power_exponent * packing.stage_speeds()).min(axis=1)
+    factors = {int(t): job.tp_factor(int(t)) for t in np.unique(packing.tp)}
+    factor = np.array([factors[t] for t in packing.tp.tolist()], dtype=float)
+    out: np.ndarray = factor * slowest / job.seq_time_s
+    return out
+
+
+def boost_slowest_packed(instance: Instance, packing: Packing) -> np.ndarray:
+    """:func:`boost_slowest` on a :class:`Packing`: multipliers per replica and stage (R x pp)."""
+    job = instance.job
+    shape = packing.members.shape
+    if not can_boost(instance) or len(packing) == 0:
+        return np.ones(shape)
+    rack_room, site_room = headroom(instance, used_mask(instance, packing).astype(float))
+    target = 1.0 / job.seq_time_s  # nominal speed of a healthy full-TP replica
+    speeds = replica_speeds(instance, packing, np.ones(shape))
+    slow = np.flatnonzero(speeds < target * (1 - FLOAT_NOISE)).tolist()
+    powers, _ = boost_stages(
+        instance,
+        packing.stages(),
+        packing.tp,
+        np.ones(shape[0] * shape[1]),
+        slow,
+        rack_room,
+        site_room,
+        steps=50,
+    )
+    return powers.reshape(shape)
+
+
+def used_mask(instance: Instance, groups: Groups | Packing) -> np.ndarray:
     """Boolean per GPU index: the GPUs the packed replicas ``groups`` use."""
+    if isinstance(groups, Packing):
+        return groups.used(instance.arrays.n_gpus)
     used = np.zeros(instance.arrays.n_gpus, dtype=bool)
     for t, members in groups:
         for s in members:
@@ -166,18 +383,63 @@ def fits_at_power_one(instance: Instance, used: np.ndarray) -> bool:
     return not (racks.any() or site)
 
 
-Groups = list[tuple[int, list[Slot]]]
-
-
 def fit_power(instance: Instance, groups: Groups) -> Groups:
     """``groups`` without its last (worst) replicas until all fit the budgets at power 1.
 
     Only a budget below the GPUs' TDP makes this drop anything.
     """
-    groups = list(groups)
-    while groups and not fits_at_power_one(instance, used_mask(instance, groups)):
-        groups.pop()
-    return groups
+    return list(groups)[: len(fit_packing(instance, Packing.from_groups(instance, groups)))]
+
+
+def fit_packing(instance: Instance, packing: Packing) -> Packing:
+    """:func:`fit_power` on a :class:`Packing`.
+
+    The number of replicas kept is estimated from running per-rack sums, then
+    confirmed with the exact check (:func:`fits_at_power_one`) on it and one
+    more: the draw only grows with each replica, by far more than rounding.
+    """
+    n_gpus = instance.arrays.n_gpus
+    n = len(packing)
+
+    def fits(k: int) -> bool:
+        return fits_at_power_one(instance, packing.used(n_gpus, k))
+
+    if n == 0 or fits(n):
+        return packing
+    k = _fit_estimate(instance, packing)
+    while k < n - 1 and fits(k + 1):
+        k += 1
+    while k > 0 and not fits(k):
+        k -= 1
+    return packing.head(k)
+
+
+def _fit_estimate(instance: Instance, packing: Packing) -> int:
+    """How many replicas (first ones) fit at power 1, from running sums (rounding aside)."""
+    a = instance.arrays
+    idle = instance.job.idle_power_fraction
+    n_racks = len(a.rack_ids)
+    rack0, site0 = draw_at_power_one(instance, np.zeros(a.n_gpus, dtype=bool))
+    rack_cap = a.rack_budget * (1 + BUDGET_SLACK)
+    site_cap = a.site_budget * (1 + BUDGET_SLACK)
+    st = packing.stages()
+    rep = np.repeat(st.replica, st.sizes)
+    delta = a.tdp[st.gpus] * (1.0 - np.where(a.healthy[st.gpus], idle, 0.0))
+    k = len(packing)
+    site = site0 + np.cumsum(np.bincount(rep, weights=delta, minlength=len(packing)))
+    over = np.flatnonzero(site > site_cap)
+    if len(over):
+        k = min(k, int(over[0]))
+    rack = a.gpu_rack[st.gpus]
+    order = np.argsort(rack, kind="stable")
+    r_sorted, d_sorted = rack[order], np.cumsum(delta[order])
+    group_start = np.searchsorted(r_sorted, np.arange(n_racks))
+    before = np.concatenate([[0.0], d_sorted])[group_start]
+    running = rack0[r_sorted] + d_sorted - before[r_sorted]
+    hit = np.flatnonzero(running > rack_cap[r_sorted])
+    if len(hit):
+        k = min(k, int(rep[order][hit].min()))
+    return k
 
 
 def split_groups(
@@ -191,6 +453,12 @@ def split_groups(
         for (t, m), p in zip(groups, powers, strict=True)
     ]
     return split_batch(job, speeds, [t for t, _ in groups])
+
+
+def split_packing(instance: Instance, packing: Packing, powers: np.ndarray) -> BatchSplit | None:
+    """:func:`split_groups` on a :class:`Packing` and multipliers ``powers`` (R x pp)."""
+    speeds = replica_speeds(instance, packing, powers)
+    return split_batch(instance.job, speeds.tolist(), packing.tp.tolist())
 
 
 def to_replicas(
@@ -216,15 +484,43 @@ def to_replicas(
     )
 
 
+def packing_replicas(
+    instance: Instance, packing: Packing, powers: np.ndarray, batches: tuple[int, ...]
+) -> tuple[Replica, ...]:
+    """:func:`to_replicas` on a :class:`Packing` and multipliers ``powers`` (R x pp)."""
+    a = instance.arrays
+    st = packing.stages()
+    flat = st.gpus.tolist()
+    names = itemgetter(*flat)(a.gpu_ids) if len(flat) > 1 else tuple(a.gpu_ids[i] for i in flat)
+    start = st.start.tolist()
+    domain_ids = a.domain_ids
+    domains = packing.slots.domain[packing.members].tolist()
+    pws = powers.tolist()
+    pp = packing.members.shape[1] if packing.members.ndim == 2 else 0
+    out = []
+    for r, (t, b) in enumerate(zip(packing.tp.tolist(), batches, strict=True)):
+        if b <= 0:
+            continue
+        k0 = r * pp
+        stages = tuple(
+            Stage(domain_ids[d], names[start[k0 + k] : start[k0 + k + 1]], pw)
+            for k, (d, pw) in enumerate(zip(domains[r], pws[r], strict=True))
+        )
+        out.append(Replica(t, b, stages))
+    return tuple(out)
+
+
 def _plan(
     instance: Instance, policy: str, reduced: bool, boost: bool, validate: bool = True
 ) -> Plan:
-    groups = fit_power(instance, pack_replicas(instance, domain_slots(instance, reduced)))
-    powers = boost_slowest(instance, groups) if boost else [[1.0] * len(m) for _, m in groups]
-    split = split_groups(instance, groups, powers)
+    packed = pack(instance, domain_slot_table(instance, reduced))
+    packed = fit_packing(instance, packed)
+    shape = packed.members.shape
+    powers = boost_slowest_packed(instance, packed) if boost else np.ones(shape)
+    split = split_packing(instance, packed, powers)
     replicas: tuple[Replica, ...] = ()
     if split is not None:
-        replicas = to_replicas(instance, groups, powers, split.batches)
+        replicas = packing_replicas(instance, packed, powers, split.batches)
     plan = Plan(instance.name, replicas, {"policy": policy, "paused": not replicas})
     return certified(instance, plan) if validate else plan
 

@@ -19,6 +19,7 @@ GPU ``tdp_w * idle_power_fraction``, a failed GPU nothing.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -30,8 +31,11 @@ if TYPE_CHECKING:
     from ntp_opt.model.instance import Instance
 
 __all__ = [
+    "Stages",
     "board_over",
     "boost_floor",
+    "boost_floor_stages",
+    "boost_stages",
     "boost_toward",
     "can_boost",
     "gpu_draw",
@@ -162,6 +166,69 @@ def board_over(instance: Instance, power_of: np.ndarray) -> np.ndarray:
     return over
 
 
+@dataclass(frozen=True, eq=False)
+class Stages:
+    """Stages of replicas in array form (the boosts' input).
+
+    Stage ``s`` belongs to replica ``replica[s]`` (non-decreasing: a
+    replica's stages are consecutive, in pipeline order) and runs on the GPU
+    indices ``gpus[start[s]:start[s + 1]]`` (at least one each).
+    """
+
+    replica: np.ndarray
+    gpus: np.ndarray
+    start: np.ndarray
+
+    @classmethod
+    def from_lists(cls, per_replica: Sequence[Sequence[np.ndarray]]) -> Stages:
+        """Stages from, per replica, the GPU indices of each stage."""
+        flat = [np.asarray(g, dtype=np.int64) for gs in per_replica for g in gs]
+        sizes = np.array([len(g) for g in flat], dtype=np.int64)
+        counts = np.array([len(gs) for gs in per_replica], dtype=np.int64)
+        return cls(
+            replica=np.repeat(np.arange(len(per_replica), dtype=np.int64), counts),
+            gpus=np.concatenate(flat) if flat else np.empty(0, dtype=np.int64),
+            start=np.concatenate([[0], np.cumsum(sizes)]).astype(np.int64),
+        )
+
+    @property
+    def sizes(self) -> np.ndarray:
+        """GPUs per stage."""
+        sizes: np.ndarray = np.diff(self.start)
+        return sizes
+
+    def stage_min(self, per_gpu: np.ndarray) -> np.ndarray:
+        """Per stage, the minimum of ``per_gpu`` over its GPUs."""
+        if len(self.replica) == 0:
+            return np.empty(0)
+        out: np.ndarray = np.minimum.reduceat(per_gpu[self.gpus], self.start[:-1])
+        return out
+
+    def stage_sums(self, per_gpu: np.ndarray) -> np.ndarray:
+        """Per stage, ``per_gpu`` (a value per entry of ``gpus``) summed as ``numpy.sum`` would.
+
+        Stages of one size are summed as the rows of one matrix: the same
+        pairwise summation, so bit for bit the sum of each stage on its own.
+        """
+        sizes = self.sizes
+        out = np.zeros(len(sizes))
+        for t in np.unique(sizes):
+            idx = np.flatnonzero(sizes == t)
+            out[idx] = per_gpu[self.start[idx][:, None] + np.arange(t)].sum(axis=1)
+        return out
+
+
+def _stages_of(replicas: Sequence[tuple[int, Sequence[np.ndarray]]]) -> tuple[Stages, np.ndarray]:
+    stages = Stages.from_lists([gs for _, gs in replicas])
+    return stages, np.array([t for t, _ in replicas], dtype=np.int64)
+
+
+def _per_replica(stages: Stages, values: np.ndarray, n: int) -> list[list[float]]:
+    cuts = np.searchsorted(stages.replica, np.arange(n + 1))
+    flat = values.tolist()
+    return [flat[cuts[r] : cuts[r + 1]] for r in range(n)]
+
+
 def boost_toward(
     instance: Instance,
     replicas: Sequence[BoostReplica],
@@ -179,7 +246,8 @@ def boost_toward(
     (never above ``1 + max_boost`` or the stage's board limit, never below the
     stage's current multiplier), the candidate needing the fewest extra watts
     first; a candidate that does not fit gets the fastest speed that does
-    (bisection in ``steps`` steps), or nothing.
+    (bisection in ``steps`` steps), or nothing. :func:`boost_stages` on
+    lists.
 
     Parameters
     ----------
@@ -201,58 +269,180 @@ def boost_toward(
     tuple of (list of list of float, list of int)
         New multipliers per replica and stage, and the replicas that boosted.
     """
+    if not can_boost(instance):
+        return [list(p) for _, _, p in replicas], []
+    stages, tp = _stages_of([(t, gs) for t, gs, _ in replicas])
+    powers = np.array([float(x) for _, _, p in replicas for x in p], dtype=float)
+    out, boosted = boost_stages(
+        instance, stages, tp, powers, candidates, rack_room, site_room, steps=steps, margin=margin
+    )
+    return _per_replica(stages, out, len(replicas)), boosted
+
+
+def boost_stages(
+    instance: Instance,
+    stages: Stages,
+    tp: np.ndarray,
+    powers: np.ndarray,
+    candidates: Sequence[int],
+    rack_room: np.ndarray,
+    site_room: float,
+    *,
+    steps: int,
+    margin: float = BOOST_MARGIN,
+) -> tuple[np.ndarray, list[int]]:
+    """:func:`boost_toward` on arrays: replicas of degrees ``tp``, multipliers ``powers`` per stage.
+
+    Every candidate's need at nominal speed is computed at once; the
+    candidates are then taken in order (fewest extra watts first), each
+    checked against the racks it touches and the racks already over their
+    room. Bit for bit the per-replica computation: the same products, the
+    stage sums of ``numpy.sum`` (:meth:`Stages.stage_sums`), the per-rack sums
+    in stage and GPU order.
+
+    Returns
+    -------
+    tuple of (numpy.ndarray, list of int)
+        New multiplier per stage, and the replicas that boosted.
+    """
     a = instance.arrays
     job = instance.job
     alpha = job.power_exponent
-    powers = [list(p) for _, _, p in replicas]
-    if not can_boost(instance):
-        return powers, []
+    out = np.array(powers, dtype=float)
+    cand = [int(i) for i in candidates]
+    if not can_boost(instance) or not cand or len(stages.replica) == 0:
+        return out, []
+    n_rep = len(tp)
+    n_racks = len(a.rack_ids)
     rack_room = np.array(rack_room, dtype=float)
     target = 1.0 / job.seq_time_s
     keep = 1.0 - margin
+    inv_alpha = 1.0 / alpha
+    pw = np.array(powers, dtype=float)
+    sizes = stages.sizes
+    sptr = np.searchsorted(stages.replica, np.arange(n_rep + 1))
+    per_degree = {t: job.tp_factor(t) / job.seq_time_s for t in set(tp.tolist())}
+    factor = np.array([per_degree[t] for t in tp.tolist()], dtype=float)
+    slowest = stages.stage_min(a.speed)
+    fs = factor[stages.replica] * slowest  # factor * slowest speed, per stage
+    top = np.maximum(stages.stage_min(instance.max_multiplier), pw)
+    tdp = a.tdp[stages.gpus]
+    gpu_rep = np.repeat(stages.replica, sizes)
+    keys, inverse = np.unique(gpu_rep * n_racks + a.gpu_rack[stages.gpus], return_inverse=True)
+    inverse = inverse.ravel()
+    key_rack = keys % n_racks
+    kptr = np.searchsorted(keys // n_racks, np.arange(n_rep + 1))
 
-    def need(i: int, goal: float) -> tuple[list[float], np.ndarray, float]:
-        """Multipliers reaching speed ``goal``, extra watts per rack and in all."""
-        t, gs, pws = replicas[i]
-        factor = job.tp_factor(t) / job.seq_time_s
-        mult, extra_rack, extra = [], np.zeros(len(a.rack_ids)), 0.0
-        for g, pw in zip(gs, pws, strict=True):
-            hi = stage_cap(instance, g)
-            pi = (goal / (factor * float(a.speed[g].min()))) ** (1.0 / alpha)
-            pi = min(max(pi, pw), max(hi, pw))
-            watts = a.tdp[g] * (pi - pw)
-            np.add.at(extra_rack, a.gpu_rack[g], watts)
-            extra += float(watts.sum())
-            mult.append(pi)
-        return mult, extra_rack, extra
+    def mults(goal: float, lo: int, hi: int) -> np.ndarray:
+        pi = (goal / fs[lo:hi]) ** inv_alpha
+        res: np.ndarray = np.minimum(np.maximum(pi, pw[lo:hi]), top[lo:hi])
+        return res
 
-    def fits(extra_rack: np.ndarray, extra: float) -> bool:
-        return bool(np.all(extra_rack <= rack_room * keep) and extra <= site_room * keep)
+    def replica_sums(stage_sum: np.ndarray, lo: int, hi: int) -> np.ndarray:
+        # per replica, its stages' sums added one after the other (0.0 first)
+        rep = stages.replica[lo:hi]
+        first = sptr[rep]
+        pos = np.arange(lo, hi) - first
+        total = np.zeros(n_rep)
+        for k in range(int(pos.max()) + 1 if hi > lo else 0):
+            sel = pos == k
+            total[rep[sel]] += stage_sum[sel]
+        return total
 
-    def speed(i: int) -> float:
-        t, gs, pws = replicas[i]
-        return replica_speed(job, t, [float(a.speed[g].min()) for g in gs], list(pws))
+    # every replica's need at nominal speed
+    with np.errstate(divide="ignore", invalid="ignore"):  # speed 0: never a candidate
+        mult_all = mults(target, 0, len(sizes))
+    watts_all = tdp * np.repeat(mult_all - pw, sizes)
+    extra_all = replica_sums(stages.stage_sums(watts_all), 0, len(sizes))
+    rack_all = np.bincount(inverse, weights=watts_all, minlength=len(keys))
 
-    order = sorted(candidates, key=lambda i: (need(i, target)[2], i))
+    room_keep = rack_room * keep
+    n_neg = int(np.count_nonzero(room_keep < 0))
+
+    def need(i: int, goals: list[float]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Multipliers, extra watts per touched rack and in all, at each speed of ``goals``."""
+        s0, s1 = int(sptr[i]), int(sptr[i + 1])
+        g0, g1 = int(stages.start[s0]), int(stages.start[s1])
+        k0, k1 = int(kptr[i]), int(kptr[i + 1])
+        n_s, n_g = s1 - s0, len(goals)
+        local = inverse[g0:g1] - k0
+        mult = np.minimum(
+            np.maximum((np.array(goals)[:, None] / fs[s0:s1]) ** inv_alpha, pw[s0:s1]), top[s0:s1]
+        )
+        step = mult - pw[s0:s1]
+        if sizes[s0] * n_s == g1 - g0 and (sizes[s0:s1] == sizes[s0]).all():
+            # one size: stages are the rows of a matrix, summed as each alone
+            watts = tdp[g0:g1].reshape(n_s, -1)[None] * step[:, :, None]
+            sums = watts.sum(axis=2)
+        else:
+            watts = tdp[g0:g1][None] * np.repeat(step, sizes[s0:s1], axis=1)
+            start = stages.start[s0 : s1 + 1] - g0
+            sub = Stages(stages.replica[s0:s1], stages.gpus[g0:g1], start)
+            sums = np.array([sub.stage_sums(w) for w in watts]).reshape(n_g, n_s)
+        extra = np.cumsum(sums, axis=1)[:, -1]  # stage after stage
+        slot = (np.arange(n_g)[:, None] * (k1 - k0) + local[None, :]).ravel()
+        per_rack = np.bincount(slot, weights=watts.ravel(), minlength=n_g * (k1 - k0))
+        return mult, per_rack.reshape(n_g, k1 - k0), extra
+
+    def fits(i: int, per_rack: np.ndarray, extra: np.ndarray) -> np.ndarray:
+        """Per row: do the extra watts fit the racks' and the site's rooms?"""
+        room = room_keep[key_rack[kptr[i] : kptr[i + 1]]]
+        ok: np.ndarray = np.all(per_rack <= room, axis=-1) & (extra <= site_room * keep)
+        return ok
+
+    def others_over(i: int) -> bool:
+        """Is a rack replica ``i`` does not touch already over its room (nothing fits then)?"""
+        room = room_keep[key_rack[kptr[i] : kptr[i + 1]]]
+        return n_neg != int(np.count_nonzero(room < 0))
+
+    def bisect(i: int, lo: float, up: float) -> float:
+        """``steps`` bisection steps on the reachable speed, four levels of mids at a time."""
+        left = steps
+        while left > 0:
+            depth = min(4, left)
+            bounds, mids = [(lo, up)], []
+            for _ in range(depth):  # the mids of the next levels, level by level
+                nxt = []
+                for x, y in bounds:
+                    m = 0.5 * (x + y)
+                    mids.append(m)
+                    nxt += [(x, m), (m, y)]
+                bounds = nxt
+            ok = fits(i, *need(i, mids)[1:])
+            node = 0
+            for _ in range(depth):
+                if ok[node]:
+                    lo, node = mids[node], 2 * node + 2
+                else:
+                    up, node = mids[node], 2 * node + 1
+            left -= depth
+        return lo
+
+    order = sorted(cand, key=lambda i: (float(extra_all[i]), i))
     boosted = []
     for i in order:
-        mult, extra_rack, extra = need(i, target)
-        if not fits(extra_rack, extra):
-            lo, up = speed(i), target  # bisect on the reachable speed
-            for _ in range(steps):
-                mid = 0.5 * (lo + up)
-                if fits(*need(i, mid)[1:]):
-                    lo = mid
-                else:
-                    up = mid
-            mult, extra_rack, extra = need(i, lo)
-            if not fits(extra_rack, extra) or extra <= 0:
+        s0, s1 = int(sptr[i]), int(sptr[i + 1])
+        if others_over(i):
+            continue  # nothing fits, not even the reachable speed
+        mult = mult_all[s0:s1]
+        per_rack = rack_all[kptr[i] : kptr[i + 1]]
+        extra = float(extra_all[i])
+        if not fits(i, per_rack, np.array(extra)):
+            now = replica_speed(job, int(tp[i]), slowest[s0:s1].tolist(), pw[s0:s1].tolist())
+            lo = bisect(i, now, target)
+            got = need(i, [lo])
+            mult, per_rack, extra = got[0][0], got[1][0], float(got[2][0])
+            if not fits(i, per_rack, np.array(extra)) or extra <= 0:
                 continue
-        powers[i] = mult
-        rack_room = rack_room - extra_rack
+        out[s0:s1] = mult
+        racks = key_rack[kptr[i] : kptr[i + 1]]
+        n_neg -= int(np.count_nonzero(room_keep[racks] < 0))
+        rack_room[racks] = rack_room[racks] - per_rack
+        room_keep[racks] = rack_room[racks] * keep
+        n_neg += int(np.count_nonzero(room_keep[racks] < 0))
         site_room -= extra
         boosted.append(i)
-    return powers, boosted
+    return out, boosted
 
 
 def boost_floor(
@@ -270,6 +460,7 @@ def boost_floor(
     reaching ``tau`` (capped at ``1 + max_boost`` and at its boards' limits,
     :func:`stage_cap`); the largest ``tau`` whose extra draw (over power 1)
     fits every rack and the site is kept. All ones when nothing fits.
+    :func:`boost_floor_stages` on lists.
 
     Parameters
     ----------
@@ -287,24 +478,50 @@ def boost_floor(
     list of list of float
         Multiplier per replica and stage.
     """
+    if not replicas or not can_boost(instance):
+        return [[1.0] * len(m) for _, m in replicas]
+    stages, tp = _stages_of(replicas)
+    out = boost_floor_stages(instance, stages, tp, rack_room, site_room, margin=margin, steps=steps)
+    return _per_replica(stages, out, len(replicas))
+
+
+def boost_floor_stages(
+    instance: Instance,
+    stages: Stages,
+    tp: np.ndarray,
+    rack_room: np.ndarray,
+    site_room: float,
+    *,
+    margin: float = BOOST_MARGIN,
+    steps: int = 60,
+) -> np.ndarray:
+    """:func:`boost_floor` on arrays: replicas of degrees ``tp`` (stages of ``tp`` GPUs each).
+
+    Returns
+    -------
+    numpy.ndarray
+        Multiplier per stage (all ones when nothing fits).
+    """
     a = instance.arrays
     job = instance.job
     alpha = job.power_exponent
-    ones = [[1.0] * len(m) for _, m in replicas]
-    if not replicas or not can_boost(instance):
+    ones = np.ones(len(stages.replica))
+    if len(stages.replica) == 0 or not can_boost(instance):
         return ones
-    base = np.concatenate(
-        [np.repeat([job.tp_factor(t) * float(a.speed[g].min()) for g in m], t) for t, m in replicas]
-    )
-    flat = np.concatenate([g for _, m in replicas for g in m])
+    sizes = stages.sizes
+    per_degree = {t: job.tp_factor(t) for t in set(tp.tolist())}
+    factor = np.array([per_degree[t] for t in tp.tolist()], dtype=float)
+    stage_base = factor[stages.replica] * stages.stage_min(a.speed)
+    stage_caps = stages.stage_min(instance.max_multiplier)
+    base = np.repeat(stage_base, sizes)
+    flat = stages.gpus
     # per stage (and per GPU, repeated): the largest multiplier job and boards allow
-    caps = np.concatenate([np.repeat([stage_cap(instance, g) for g in m], t) for t, m in replicas])
+    caps = np.repeat(stage_caps, sizes)
     # aggregate per (stage, rack): one power multiplier per stage
-    sizes = np.concatenate([np.full(len(m), t) for t, m in replicas])
     stage = np.repeat(np.arange(len(sizes)), sizes)
     n_racks = len(a.rack_ids)
     key, inverse = np.unique(stage * n_racks + a.gpu_rack[flat], return_inverse=True)
-    tdp = np.bincount(inverse, weights=a.tdp[flat], minlength=len(key))  # watts per group
+    tdp = np.bincount(inverse.ravel(), weights=a.tdp[flat], minlength=len(key))  # watts per group
     rack = key % n_racks
     first = np.searchsorted(stage, key // n_racks)
     u_base = base[first]  # the group's stage's base
@@ -312,7 +529,12 @@ def boost_floor(
     keep = 1 - margin
 
     def powers(tau: float, b: np.ndarray, hi: np.ndarray) -> np.ndarray:
-        return np.clip((tau / b) ** (1.0 / alpha), 1.0, hi)
+        # np.clip((tau / b) ** (1 / alpha), 1, hi), the power taken only where b < tau:
+        # elsewhere it is at most 1 and clipped to min(1, hi) exactly
+        out = np.minimum(1.0, hi)
+        low = np.flatnonzero(b < tau)
+        out[low] = np.clip((tau / b[low]) ** (1.0 / alpha), 1.0, hi[low])
+        return out
 
     def fits(tau: float) -> bool:
         extra = tdp * (powers(tau, u_base, u_caps) - 1.0)  # tdp here: total watts of the group
@@ -329,9 +551,4 @@ def boost_floor(
             lo = mid
         else:
             top = mid
-    pw = powers(lo, base, caps)
-    out, k = [], 0
-    for t, m in replicas:
-        out.append([float(pw[k + i * t]) for i in range(len(m))])
-        k += t * len(m)
-    return out
+    return powers(lo, stage_base, stage_caps)

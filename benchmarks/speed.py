@@ -1,0 +1,220 @@
+"""Speed against the floor: every figure next to what reading the file alone costs.
+
+Usage::
+
+    python benchmarks/speed.py                  # every bundled instance (and instances/large/)
+    python benchmarks/speed.py --quick          # instances of at most 4,608 GPUs
+    python benchmarks/speed.py --section fast   # only some sections (repeatable)
+    python benchmarks/speed.py -o speed.md      # also write the tables as Markdown
+
+The *floor* is measured in the same run, per instance: ``gzip`` decompression
+plus ``json.loads`` of the same file (no program reading the instance can do
+less), and once ``python -c "import numpy"`` in a subprocess (the cost of
+starting any numpy program). Times are CPU seconds (``time.process_time``,
+the figure the targets of issue 15 use; the machine may be shared) and wall
+seconds, the best of ``--repeat`` runs.
+
+The 32k-131k-GPU instances live in ``instances/large/`` and are generated on
+demand: ``python instances/generate.py --large``.
+
+Sections (``SECTIONS``; one function each, returning Markdown lines):
+
+* ``fast``: per instance, the floor, :func:`ntp_opt.model.files.load_instance`
+  (with the arrays compiled), and :func:`ntp_opt.planners.fast.plan_fast`
+  without validation (the planner's own time, as :func:`ntp_opt.solve.solve`
+  runs it), of which :func:`ntp_opt.planners.exact.bounds.capacity_bound`.
+
+Further sections (the CLI end to end, re-planning) plug into ``SECTIONS``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gzip
+import json
+import resource
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from ntp_opt.model.files import load_instance
+from ntp_opt.model.instance import Instance
+from ntp_opt.model.safeio import atomic_write
+from ntp_opt.planners.exact.bounds import capacity_bound
+from ntp_opt.planners.fast import plan_fast
+
+HERE = Path(__file__).resolve().parent
+INSTANCES = HERE.parent / "instances"
+QUICK_GPUS = 4608
+"""``--quick`` keeps the instances of at most this many GPUs."""
+
+
+@dataclass
+class Timing:
+    """CPU and wall seconds of one measured block."""
+
+    cpu: float = 0.0
+    wall: float = 0.0
+
+
+@contextmanager
+def timed() -> Iterator[Timing]:
+    """Measure the CPU and wall time of the block into the yielded :class:`Timing`."""
+    out = Timing()
+    cpu, wall = time.process_time(), time.perf_counter()
+    try:
+        yield out
+    finally:
+        out.cpu = time.process_time() - cpu
+        out.wall = time.perf_counter() - wall
+
+
+def best_of(repeat: int, run: Callable[[], Any]) -> tuple[Timing, Any]:
+    """The fastest of ``repeat`` runs (CPU and wall each their minimum) and the last result."""
+    times, result = [], None
+    for _ in range(max(1, repeat)):
+        with timed() as t:
+            result = run()
+        times.append(t)
+    return Timing(min(t.cpu for t in times), min(t.wall for t in times)), result
+
+
+def numpy_import_floor(repeat: int) -> Timing:
+    """CPU (user + system of the child) and wall time of ``python -c "import numpy"``."""
+    cpus, walls = [], []
+    for _ in range(max(1, repeat)):
+        before = resource.getrusage(resource.RUSAGE_CHILDREN)
+        wall = time.perf_counter()
+        subprocess.run([sys.executable, "-c", "import numpy"], check=True)
+        walls.append(time.perf_counter() - wall)
+        after = resource.getrusage(resource.RUSAGE_CHILDREN)
+        cpus.append(after.ru_utime - before.ru_utime + after.ru_stime - before.ru_stime)
+    return Timing(min(cpus), min(walls))
+
+
+@dataclass
+class Context:
+    """What every section gets: the instance files, the options, the shared floor."""
+
+    files: list[Path]
+    quick: bool
+    repeat: int
+    numpy_floor: Timing
+    parsed_gpus: dict[Path, int] = field(default_factory=dict)
+
+
+def read_floor(path: Path) -> tuple[Timing, Timing, Any]:
+    """gunzip and ``json.loads`` of ``path`` timed apart; the parsed document."""
+    raw = path.read_bytes()
+    with timed() as unzip:
+        text = gzip.decompress(raw) if path.suffix == ".gz" else raw
+    with timed() as parse:
+        doc = json.loads(text)
+    return unzip, parse, doc
+
+
+def gpu_count(doc: Any) -> int:
+    """GPUs in a parsed instance file."""
+    nodes = doc.get("cluster", {}).get("nodes", [])
+    return sum(1 for n in nodes if n.get("kind") == "gpu")
+
+
+def bundled_files() -> list[Path]:
+    """The bundled instance files (``instances/*.json.gz``, then ``instances/large/``)."""
+    return sorted(INSTANCES.glob("*.json.gz")) + sorted((INSTANCES / "large").glob("*.json.gz"))
+
+
+def _fmt(t: Timing) -> str:
+    return f"{t.cpu:.3f} / {t.wall:.3f}"
+
+
+def fast_section(ctx: Context) -> list[str]:
+    """The ``fast`` planner per instance, next to the floor of reading its file."""
+    rows = [
+        "| instance | GPUs | gunzip + json.loads | load | fast | of which bound "
+        "| fast without bound | fast / floor | candidate |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    print("\n".join(rows), flush=True)
+    worst = 0.0
+    for path in ctx.files:
+        unzip, parse, doc = read_floor(path)
+        gpus = gpu_count(doc)
+        del doc
+        if ctx.quick and gpus > QUICK_GPUS:
+            continue
+        floor = Timing(unzip.cpu + parse.cpu, unzip.wall + parse.wall)
+
+        def load(p: Path = path) -> Instance:
+            inst = load_instance(p)
+            _ = inst.arrays  # compiled here, not in the planner
+            return inst
+
+        load_t, inst = best_of(1, load)
+        fast_t, (plan, _) = best_of(ctx.repeat, lambda i=inst: plan_fast(i, validate=False))
+        bound_t, _ = best_of(ctx.repeat, lambda i=inst: capacity_bound(i))
+        worst = max(worst, fast_t.cpu)
+        name = path.name.removesuffix(".json.gz")
+        rows.append(
+            f"| {name} | {gpus:,} | {_fmt(floor)} | {_fmt(load_t)} | {_fmt(fast_t)} "
+            f"| {bound_t.cpu:.3f} | {max(fast_t.cpu - bound_t.cpu, 0.0):.3f} "
+            f"| {fast_t.cpu / max(floor.cpu, 1e-9):.2f} "
+            f"| {plan.metrics.get('candidate', 'paused')} |"
+        )
+        print(rows[-1], flush=True)
+    return [
+        "## `fast` (`plan_fast(validate=False)`)",
+        "",
+        "CPU / wall seconds, best of "
+        f"{ctx.repeat}; 'of which bound' is `capacity_bound` alone (CPU), 'fast without "
+        f"bound' the difference; slowest `fast`: {worst:.3f} s CPU.",
+        "",
+        *rows,
+        "",
+    ]
+
+
+SECTIONS: dict[str, Callable[[Context], list[str]]] = {"fast": fast_section}
+"""Every section, in the order printed."""
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Measure the chosen sections and print (optionally write) their tables."""
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help=f"at most {QUICK_GPUS:,} GPUs")
+    parser.add_argument(
+        "--section", action="append", choices=sorted(SECTIONS), help="only these sections"
+    )
+    parser.add_argument("--repeat", type=int, default=3, help="runs per figure (best kept)")
+    parser.add_argument("-o", "--output", type=Path, help="also write the tables here")
+    parser.add_argument("files", nargs="*", type=Path, help="instance files (default: bundled)")
+    args = parser.parse_args(argv)
+    numpy_floor = numpy_import_floor(args.repeat)
+    ctx = Context(args.files or bundled_files(), args.quick, args.repeat, numpy_floor)
+    lines = [
+        "# Speed against the floor",
+        "",
+        "`"
+        + " ".join(["python benchmarks/speed.py", *(argv if argv is not None else sys.argv[1:])])
+        + "`",
+        "",
+        f'Floor: `python -c "import numpy"` {_fmt(numpy_floor)} s (CPU / wall, best of '
+        f"{args.repeat}); per instance, gunzip + `json.loads` of its file in the tables.",
+        "",
+    ]
+    print("\n".join(lines), flush=True)
+    for name in args.section or list(SECTIONS):
+        lines += SECTIONS[name](ctx)
+    if args.output:
+        atomic_write(args.output, "\n".join(lines) + "\n")
+        print(f"wrote {args.output}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
