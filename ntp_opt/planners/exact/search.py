@@ -38,6 +38,7 @@ from ntp_opt.planners import heuristics as baselines
 from ntp_opt.planners.base import Limit, Outcome
 from ntp_opt.planners.exact.backends import solve_program
 from ntp_opt.planners.exact.bounds import capacity_bound
+from ntp_opt.planners.exact.colgen import ColumnGeneration, column_generation_available
 from ntp_opt.planners.exact.model import (
     MAX_CONFIGS,
     DeadlineReached,
@@ -86,6 +87,7 @@ class _Search:
     log: list[str] = field(default_factory=list)
     control: Control | None = None
     report_bounds: bool = True
+    colgen: dict[tuple[int, ...], ColumnGeneration] = field(default_factory=dict)
 
     def note(self, line: str, *, keep: bool = True) -> None:
         """A line of the search log (also logged at INFO level)."""
@@ -111,25 +113,37 @@ class _Search:
             remaining = self.deadline - time.perf_counter()
             if remaining <= 0.01:
                 raise _Deadline
+        cancel = None if self.control is None else self.control.cancel
+        generated = self.colgen.get(degrees)  # configurations generated on demand
         try:
-            cap = build_capacity(self.prep, theta, degrees, self.deadline)
+            if generated is None:
+                cap = build_capacity(self.prep, theta, degrees, self.deadline)
+            else:
+                master = generated.solve(
+                    theta, self.backend, deadline=self.deadline, threads=self.threads,
+                    seed=self.seed, cancel=cancel,
+                )  # fmt: skip
+                cap = master.capacity
         except DeadlineReached:
             raise _Deadline from None
         self.evaluations += 1
         if not cap.classes:
             return 0, 0, theta
-        sol = solve_program(
-            cap.program,
-            self.backend,
-            time_limit=remaining,
-            threads=self.threads,
-            seed=self.seed,
-            cancel=None if self.control is None else self.control.cancel,
-        )
+        if generated is None:
+            sol = solve_program(
+                cap.program,
+                self.backend,
+                time_limit=remaining,
+                threads=self.threads,
+                seed=self.seed,
+                cancel=cancel,
+            )
+        else:
+            sol = master.solution
         job = self.prep.instance.job
         lower = int(sol.objective) if sol.objective is not None else 0
         if sol.status == "optimal":
-            upper = lower
+            upper = lower if generated is None else master.upper  # the LP bound
         elif sol.status == "infeasible":  # x = 0 is always feasible; be safe anyway
             upper = 0
         else:
@@ -504,6 +518,11 @@ def solve_exact(
             build_capacity(prep, _theta_range(prep, degrees)[1], degrees, deadline)
             kept.append((degrees, factor))
         except ModelTooLarge as err:
+            if column_generation_available():  # configurations generated on demand
+                s.colgen[degrees] = ColumnGeneration(prep, degrees)
+                kept.append((degrees, factor))
+                s.note(f"degrees {list(degrees)}: column generation ({err})")
+                continue
             s.unproven = left_out = True
             s.note(f"left out degrees {list(degrees)}: {err}")
         except DeadlineReached:
