@@ -38,9 +38,11 @@ lazily.
 
 from __future__ import annotations
 
+import heapq
 import math
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -84,6 +86,8 @@ COLUMNS_PER_ROUND = 4
 PRICE_EPS = 1e-7
 #: Most configurations listed to close a gap between the LP bound and the integer master.
 ENUM_LIMIT = 5_000
+#: Nodes of the branch and bound over replica counts, per step time.
+MAX_NODES = 40
 #: Patterns kept per owner between step times.
 POOL_SIZE = 400
 
@@ -447,6 +451,27 @@ class MasterResult:
         return int(self.solution.objective) if self.solution.objective is not None else 0
 
 
+@dataclass
+class _Node:
+    """Column generation at one node: its Lagrangian bound and the duals behind it."""
+
+    bound: float
+    lp_value: float
+    worth: dict[tuple[int, int], float]
+    sigma_mw: float
+    rhos: list[tuple[float, ...]]
+    prices: list[float]
+    n_values: dict[tuple[int, int], float]
+    used: list[tuple[int, Config]] = field(default_factory=list)
+
+    @property
+    def upper(self) -> int:
+        """The bound rounded down (``C`` is an integer), with float slack; -1 if none."""
+        if self.bound == -math.inf:
+            return -1
+        return math.floor(self.bound * (1 + 1e-9) + 1e-6)
+
+
 def column_generation_available() -> bool:
     """Whether the master LP's solver (``highspy``) can be imported."""
     try:
@@ -564,6 +589,12 @@ class ColumnGeneration:
         site_row = len(lo)
         lo.append(-inf)
         hi.append(site_room / MW)
+        # branching rows: S[t, beta] = sum of n[t, b] over b >= beta (free at the root)
+        agg_row: dict[tuple[int, int], int] = {}
+        for k in kinds:
+            agg_row[k] = len(lo)
+            lo.append(-inf)
+            hi.append(inf)
 
         h = new_highs(highspy)
         h.setOptionValue("output_flag", False)
@@ -580,12 +611,20 @@ class ColumnGeneration:
             np.zeros(0, dtype=np.int32),
             np.zeros(0),
         )
-        # n[t, b]
+        # n[t, b], then one artificial column per kind row (stages missing, at a
+        # large cost) so that the LP stays feasible when branching raises an n
+        below: dict[tuple[int, int], list[tuple[int, int]]] = {
+            (t, b): [(t2, beta) for t2, beta in kinds if t2 == t and beta <= b] for t, b in kinds
+        }
         for t, b in kinds:
-            idx = np.array([kind_row[(t, b)], dp_row, gb_row], dtype=np.int32)
-            val = np.array([-float(job.pp), 1.0, float(b)])
-            h.addCol(float(b), 0.0, float(job.replicas_max), 3, idx, val)
-        n_cols_n = len(kinds)
+            rows_n = [kind_row[(t, b)], dp_row, gb_row] + [agg_row[k] for k in below[(t, b)]]
+            val = np.array([-float(job.pp), 1.0, float(b)] + [1.0] * len(below[(t, b)]))
+            idx = np.array(rows_n, dtype=np.int32)
+            h.addCol(float(b), 0.0, float(job.replicas_max), len(idx), idx, val)
+        big_m = 1000.0 * (1.0 + max((b for _, b in kinds), default=1))
+        for k in kinds:
+            h.addCol(-big_m, 0.0, inf, 1, np.array([kind_row[k]], dtype=np.int32), np.ones(1))
+        n_cols_n = 2 * len(kinds)  # columns before the configurations
         columns: list[tuple[int, Config]] = []  # (owner index, config)
         seen: set[tuple[int, tuple[tuple[int, int, int], ...]]] = set()
 
@@ -630,99 +669,129 @@ class ColumnGeneration:
                 if cfg is not None:
                     add(oi, cfg)
         _check(deadline)
-
-        upper = math.inf
         rounds = 0
-        lp_value = 0.0
-        # the round whose Lagrangian bound is the smallest: (bound, worth, sigma, rho, prices)
-        best_round: (
-            tuple[float, dict[tuple[int, int], float], float, list[tuple[float, ...]], list[float]]
-            | None
-        ) = None
-        while True:
-            rounds += 1
-            h.run()
-            status = h.getModelStatus()
-            if status != highspy.HighsModelStatus.kOptimal:
-                raise RuntimeError(
-                    f"column generation: master LP status {h.modelStatusToString(status)!r}"
+
+        def generate(nb: dict[tuple[int, int], tuple[int, int]]) -> _Node:
+            """Column generation with the sums ``S[t, beta]`` kept within ``nb``."""
+            nonlocal rounds
+            for k, r in agg_row.items():
+                lo_s, hi_s = nb.get(k, (-inf, inf))
+                h.changeRowBounds(r, float(lo_s), float(hi_s))
+            best: _Node | None = None
+            while True:
+                rounds += 1
+                h.run()
+                status = h.getModelStatus()
+                if status == highspy.HighsModelStatus.kInfeasible and nb:
+                    # the branching rows contradict dp_max or global_batch (the
+                    # artificial columns cover every stage row): no solution here
+                    return _Node(-math.inf, -math.inf, {}, 0.0, [], [], {})
+                if status != highspy.HighsModelStatus.kOptimal:
+                    raise RuntimeError(
+                        f"column generation: master LP status {h.modelStatusToString(status)!r}"
+                    )
+                lp_value = float(h.getInfo().objective_function_value)
+                dual = np.asarray(h.getSolution().row_dual, dtype=np.float64)
+                # signs (reduced cost = cost - duals . column): <= rows carry a
+                # non-negative dual in a maximisation; a stage of kind k is worth
+                # -dual of its row (stages - pp n = 0)
+                worth = {k: -float(dual[r]) for k, r in kind_row.items()}
+                delta = max(0.0, float(dual[dp_row]))
+                gamma = max(0.0, float(dual[gb_row]))
+                sigma_mw = max(0.0, float(dual[site_row])) / MW
+                rho_mw = {key: max(0.0, float(dual[r])) / MW for key, r in rack_row.items()}
+                bound = job.replicas_max * delta + job.global_batch * gamma + site_room * sigma_mw
+                bound += sum(rack_room[key] * v for key, v in rho_mw.items())
+                ys: dict[tuple[int, int], float] = {}
+                for k, r in agg_row.items():
+                    y = float(dual[r])
+                    lo_s, hi_s = nb.get(k, (-inf, inf))
+                    if y > 0 and hi_s < inf:
+                        bound += hi_s * y
+                    elif y < 0 and lo_s > -inf:
+                        bound += lo_s * y
+                    else:
+                        y = 0.0
+                    ys[k] = y
+                for k, w in worth.items():
+                    rc = k[1] - job.pp * w - delta - k[1] * gamma - sum(ys[q] for q in below[k])
+                    bound += job.replicas_max * max(0.0, rc)
+                added = 0
+                rhos: list[tuple[float, ...]] = []
+                prices: list[float] = []
+                for oi, (ow, pr) in enumerate(zip(self.owners, pricers, strict=True)):
+                    mu = max(0.0, float(dual[conv_row[oi]]))
+                    rho = (
+                        tuple(rho_mw[(ow.multi, r)] for r in range(pr.n_racks))
+                        if ow.multi is not None
+                        else (0.0,) * pr.n_racks
+                    )
+                    price, found = pr.price(worth, sigma_mw, rho, mu + PRICE_EPS, deadline=deadline)
+                    bound += ow.size * price
+                    rhos.append(rho)
+                    prices.append(price)
+                    for _, cfg in found:
+                        added += add(oi, cfg)
+                if best is None or bound < best.bound:
+                    best = _Node(bound, lp_value, worth, sigma_mw, rhos, prices, {})
+                _check(deadline)
+                if not added or math.floor(lp_value + 1e-6) >= best.upper:
+                    break
+            x = np.asarray(h.getSolution().col_value, dtype=np.float64)
+            best.lp_value = lp_value
+            best.n_values = {
+                (t, beta): sum(
+                    float(x[i]) for i, (t2, b) in enumerate(kinds) if t2 == t and b >= beta
                 )
-            lp_value = float(h.getInfo().objective_function_value)
-            dual = np.asarray(h.getSolution().row_dual, dtype=np.float64)
-            # signs (reduced cost = cost - duals . column): <= rows carry a
-            # non-negative dual in a maximisation; a stage of kind k is worth
-            # -dual of its row (stages - pp n = 0)
-            worth = {k: -float(dual[r]) for k, r in kind_row.items()}
-            delta = max(0.0, float(dual[dp_row]))
-            gamma = max(0.0, float(dual[gb_row]))
-            sigma_mw = max(0.0, float(dual[site_row])) / MW
-            rho_mw = {key: max(0.0, float(dual[r])) / MW for key, r in rack_row.items()}
-            bound = job.replicas_max * delta + job.global_batch * gamma + site_room * sigma_mw
-            bound += sum(rack_room[key] * v for key, v in rho_mw.items())
-            for (_t, b), w in worth.items():
-                bound += job.replicas_max * max(0.0, b - job.pp * w - delta - b * gamma)
-            added = 0
-            rhos: list[tuple[float, ...]] = []
-            prices: list[float] = []
-            for oi, (ow, pr) in enumerate(zip(self.owners, pricers, strict=True)):
-                mu = max(0.0, float(dual[conv_row[oi]]))
-                rho = (
-                    tuple(rho_mw[(ow.multi, r)] for r in range(pr.n_racks))
-                    if ow.multi is not None
-                    else (0.0,) * pr.n_racks
-                )
-                price, found = pr.price(
-                    worth,
-                    sigma_mw,
-                    rho,
-                    mu + PRICE_EPS,
-                    deadline=deadline,
-                )
-                bound += ow.size * price
-                rhos.append(rho)
-                prices.append(price)
-                for _, cfg in found:
-                    added += add(oi, cfg)
-            if best_round is None or bound < best_round[0]:
-                best_round = (bound, worth, sigma_mw, rhos, prices)
-            upper = min(upper, math.floor(bound * (1 + 1e-9) + 1e-6))
-            _check(deadline)
-            if not added or math.floor(lp_value + 1e-6) >= upper:
-                break
-        # keep the patterns the LP uses
-        x = np.asarray(h.getSolution().col_value, dtype=np.float64)
-        used = [(oi, cfg) for ci, (oi, cfg) in enumerate(columns) if x[n_cols_n + ci] > 1e-9]
-        for oi, cfg in used:
+                for t, beta in kinds
+            }
+            best.used = [
+                (oi, cfg) for ci, (oi, cfg) in enumerate(columns) if x[n_cols_n + ci] > 1e-9
+            ]
+            return best
+
+        root = generate({})
+        upper = root.upper
+        lp_value = root.lp_value
+        for oi, cfg in root.used:
             pool = self.pool.setdefault(oi, {})
             pool[tuple((st.t, st.b) for st in cfg.stages)] = None
             while len(pool) > POOL_SIZE:
                 del pool[next(iter(pool))]
-            # for the integer master: the same configuration with its last stages
-            # left out (stage counts often must drop to a multiple of pp)
-            for cut in range(1, len(cfg.stages)):
-                prefix = pricers[oi].build(tuple((st.t, st.b) for st in cfg.stages[:cut]))
-                if prefix is not None:
-                    add(oi, prefix)
+        self._add_prefixes(root.used, pricers, add)
         cap = self._integer_master(theta, columns)
         sol = self._solve_int(cap, backend, deadline, threads, seed, cancel, None)
-        upper_int = int(upper) if math.isfinite(upper) else job.global_batch
         lower = int(sol.objective) if sol.objective is not None else 0
-        upper_int = max(upper_int, lower)  # never below a feasible value
-        if lower < upper_int and sol.status == "optimal" and best_round is not None:
+        upper = max(upper, lower)  # never below a feasible value
+        if lower < upper and sol.status == "optimal":
+            # Branch on the replica counts n (few variables; the pricing is
+            # unchanged): the largest bound over the open nodes bounds C.
+            more = len(columns)
+            open_bound = self._branch(root, lower, generate, add, pricers, deadline)
+            if len(columns) > more:
+                old = cap
+                cap = self._integer_master(theta, columns)
+                hint = _map_solution(old, sol.x, cap) if sol.x is not None else None
+                sol2 = self._solve_int(cap, backend, deadline, threads, seed, cancel, hint)
+                if sol2.objective is not None and sol2.objective >= lower:  # the hint at least
+                    sol, lower = sol2, int(sol2.objective)
+                else:
+                    cap = old  # keep the solution and its program together
+            upper = max(lower, min(upper, math.floor(open_bound)))
+        if lower < upper and sol.status == "optimal":
             # Every integer solution x has value <= bound + sum rc_c x_c over the
             # configurations (rc_c <= 0 at these duals), so one worth more than
             # `lower` uses only configurations with rc_c > lower - bound: list them
             # all and solve again; then the optimum is proven.
-            bound, worth, sigma_mw, rhos, prices = best_round
-            slack = bound * (1 + 1e-9) + 1e-6 - (lower + 1)
+            slack = root.bound * (1 + 1e-9) + 1e-6 - (lower + 1)
             try:
                 extra: list[tuple[int, Config]] = []
                 for oi, pr in enumerate(pricers):
                     _, found = pr.price(
-                        worth,
-                        sigma_mw,
-                        rhos[oi],
-                        prices[oi] - slack - PRICE_EPS,
+                        root.worth,
+                        root.sigma_mw,
+                        root.rhos[oi],
+                        root.prices[oi] - slack - PRICE_EPS,
                         keep=None,
                         deadline=deadline,
                         limit=ENUM_LIMIT - len(extra),
@@ -737,13 +806,85 @@ class ColumnGeneration:
                 cap = self._integer_master(theta, columns)
                 hint = _map_solution(old, sol.x, cap) if sol.x is not None else None
                 sol2 = self._solve_int(cap, backend, deadline, threads, seed, cancel, hint)
-                if sol2.status == "optimal":
-                    sol = sol2
-                    upper_int = lower = int(sol2.objective or 0)
-                elif sol2.objective is not None and sol2.objective > lower:
-                    sol = sol2
-                    lower = int(sol2.objective)
-        return MasterResult(cap, sol, upper_int, lp_value, rounds, len(columns))
+                if sol2.objective is not None and sol2.objective >= lower:  # the hint at least
+                    sol, lower = sol2, int(sol2.objective)
+                    if sol2.status == "optimal":
+                        upper = lower
+                else:
+                    cap = old  # keep the solution and its program together
+        return MasterResult(cap, sol, int(upper), lp_value, rounds, len(columns))
+
+    @staticmethod
+    def _add_prefixes(
+        used: list[tuple[int, Config]],
+        pricers: list[Pricing],
+        add: Callable[[int, Config], bool],
+    ) -> None:
+        """For the integer master: used configurations with their last stages left out
+        (stage counts often must drop to a multiple of ``pp``)."""
+        for oi, cfg in used:
+            for cut in range(1, len(cfg.stages)):
+                prefix = pricers[oi].build(tuple((st.t, st.b) for st in cfg.stages[:cut]))
+                if prefix is not None:
+                    add(oi, prefix)
+
+    def _branch(
+        self,
+        root: _Node,
+        lower: int,
+        generate: Callable[[dict[tuple[int, int], tuple[int, int]]], _Node],
+        add: Callable[[int, Config], bool],
+        pricers: list[Pricing],
+        deadline: float | None,
+    ) -> float:
+        """Best-first branch and bound over the replica counts ``n``; returns the
+        largest (rounded) bound of a node left open, ``lower`` when none.
+
+        A node bounds ``n`` of some kinds; its column generation gives a Lagrangian
+        bound valid for every integer solution in it. Nodes bounded by ``lower`` are
+        pruned; a node whose LP has integral ``n`` stays open (its configuration
+        counts may still be fractional) and so do the nodes left at ``MAX_NODES``.
+        """
+        job = self.prep.instance.job
+        counter = 0
+        heap: list[tuple[float, int, dict[tuple[int, int], tuple[int, int]], _Node]] = []
+
+        def push(nb: dict[tuple[int, int], tuple[int, int]], node: _Node) -> None:
+            nonlocal counter
+            counter += 1
+            if node.upper > lower:
+                heapq.heappush(heap, (-node.upper, counter, nb, node))
+
+        push({}, root)
+        open_bound = float(lower)
+        nodes = 0
+        while heap:
+            neg, _, nb, node = heapq.heappop(heap)
+            frac = [
+                (abs(v - round(v)), k, v)
+                for k, v in node.n_values.items()
+                if abs(v - round(v)) > 1e-6
+            ]
+            if (
+                not frac
+                or nodes >= MAX_NODES
+                or (deadline is not None and time.perf_counter() >= deadline)
+            ):
+                open_bound = max(open_bound, float(-neg))  # n integral: left open
+                if not frac:
+                    self._add_prefixes(node.used, pricers, add)
+                    continue
+                open_bound = max(open_bound, max(-item[0] for item in heap) if heap else -neg)
+                break
+            _, k, v = max(frac, key=lambda f: (min(f[0], 1 - f[0]), f[1]))
+            lo_n, hi_n = nb.get(k, (0, job.replicas_max))
+            for child in ((lo_n, math.floor(v)), (math.ceil(v), hi_n)):  # S[t, beta] <= / >=
+                if child[0] > child[1]:
+                    continue
+                nbc = {**nb, k: child}
+                nodes += 1
+                push(nbc, generate(nbc))
+        return open_bound
 
     def _solve_int(
         self,
