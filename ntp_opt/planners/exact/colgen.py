@@ -38,6 +38,7 @@ lazily.
 
 from __future__ import annotations
 
+import bisect
 import heapq
 import math
 import threading
@@ -216,6 +217,7 @@ class Pricing:
         self.skip_useless = _skips_useless(self.dom)
         self._idle_frac = prep.instance.job.idle_power_fraction
         self._place: dict[tuple[int, int], tuple[float, tuple[float, ...]] | None] = {}
+        self._table: list[list[tuple[float, tuple[float, ...]] | None]] | None = None
         self._room = [
             budget - ceil_mw(idle)
             for idle, budget in zip(self.unit.idle_w, self.unit.budget_mw, strict=True)
@@ -347,15 +349,28 @@ class Pricing:
         everything = keep is None
         skip = self.skip_useless and not everything
         usable = [j for j in range(n) if lam[j] > 0 or not skip]
-        # fill[i][r]: largest sum of positive duals of kinds >= i on r GPUs
-        # (power ignored): an optimistic completion
+        # An optimistic completion: fill[i][r] is the largest sum over kinds >= i
+        # on r GPUs of (dual - sigma * least draw of the kind anywhere in the
+        # domain), positive terms only. The site cost sigma * ceil(total mW) is at
+        # least sigma * (mW so far + mW of the stages added), so this bounds every
+        # extension (rack budgets and rack prices ignored: they only lower it).
+        if self._table is None:
+            self._table = [[self.place(j, st) for st in range(h + 1)] for j in range(n)]
+        table = self._table
+        gain = []
+        for j in range(n):
+            least = math.inf
+            for placed in table[j]:
+                if placed is not None:
+                    least = min(least, sum(placed[1]) * MW)
+            gain.append(lam[j] - sigma_mw * least if least < math.inf else 0.0)
         fill = np.zeros((n + 1, h + 1))
         for i in range(n - 1, -1, -1):
             row = fill[i + 1].copy()
-            if lam[i] > 0:
+            if gain[i] > 0:
                 t = self.options[i][0]
                 for r in range(t, h + 1):  # unbounded: kind i again on the GPUs left
-                    cand = lam[i] + row[r - t]
+                    cand = gain[i] + row[r - t]
                     if cand > row[r]:
                         row[r] = cand
             fill[i] = row
@@ -364,6 +379,14 @@ class Pricing:
         found: list[tuple[float, Config]] = []
         floor_keep = threshold if everything else max(threshold, 0.0)
         counter = 0
+        single = self.n_racks == 1
+        idle0 = self.unit.idle_w[0] if single else 0.0
+        budget0 = self.unit.budget_mw[0] if single else 0
+        # labels seen per (start, first kind): (value, draw); a dominated label
+        # (no more value, no less draw) cannot lead further (only for the maximum)
+        seen: dict[tuple[int, int], list[tuple[float, tuple[float, ...]]]] = {}
+        fronts: dict[tuple[int, int], tuple[list[float], list[float]]] = {}
+        sig = sigma_mw * MW
 
         def rec(
             start: int,
@@ -376,26 +399,42 @@ class Pricing:
             counter += 1
             if counter % 4096 == 0:
                 _check(deadline)
-            for j in usable:
-                if j < j0:
-                    continue
-                placed = self.place(j, start)
+            if everything:
+                bar = floor_keep
+            elif keep and len(found) >= keep:
+                bar = found[-1][0]
+            else:
+                bar = min(best, floor_keep)
+            left = h - start
+            for j in usable[bisect.bisect_left(usable, j0) :]:
+                placed = table[j][start]
                 if placed is None:
                     continue
                 pi, add = placed
-                new_extra = tuple(x + y for x, y in zip(extra, add, strict=True))
-                if not self.fits(new_extra):
-                    continue  # extensions draw more: none fits
-                t, b = self.options[j]
+                t = self.options[j][0]
                 nv = value + lam[j]
+                # the configuration and all its extensions score at most this
+                optimistic = nv + fill_l[j][left - t] - sig * (sum(extra) + sum(add))
+                if optimistic <= bar + 1e-12:
+                    continue
+                if single:
+                    x0 = extra[0] + add[0]
+                    if ceil_mw(idle0 + x0) > budget0:
+                        continue  # extensions draw more: none fits
+                    new_extra: tuple[float, ...] = (x0,)
+                else:
+                    new_extra = tuple(x + y for x, y in zip(extra, add, strict=True))
+                    if not self.fits(new_extra):
+                        continue
+                b = self.options[j][1]
                 c = self.cost(new_extra, sigma_mw, rho_mw)
                 score = nv - c
-                new_stages = [*stages, StageChoice(t, b, start, pi)]
                 if score > best:
                     best = score
                 if everything:
                     if score > floor_keep:
-                        found.append((score, Config(tuple(new_stages), new_extra)))
+                        cfg = Config((*stages, StageChoice(t, b, start, pi)), new_extra)
+                        found.append((score, cfg))
                         if len(found) > limit:
                             raise ModelTooLarge(
                                 f"more than {limit} configurations priced above the threshold"
@@ -404,13 +443,37 @@ class Pricing:
                 else:
                     assert keep is not None
                     if score > floor_keep and (len(found) < keep or score > found[-1][0]):
-                        found.append((score, Config(tuple(new_stages), new_extra)))
+                        cfg = Config((*stages, StageChoice(t, b, start, pi)), new_extra)
+                        found.append((score, cfg))
                         found.sort(key=lambda sc: -sc[0])
                         del found[keep:]
                     # needed for the exact maximum, or the best `keep` above the threshold
                     bar = found[-1][0] if keep and len(found) >= keep else min(best, floor_keep)
-                if nv + fill_l[j][h - start - t] - c > bar + 1e-12:
-                    rec(start + t, j, nv, new_extra, new_stages)
+                if optimistic <= bar + 1e-12:
+                    continue
+                if not everything:
+                    key = (start + t, j)
+                    if single:
+                        # Pareto front sorted by draw, values increasing along it
+                        xs, vs = fronts.setdefault(key, ([], []))
+                        x0 = new_extra[0]
+                        i = bisect.bisect_right(xs, x0)
+                        if i and vs[i - 1] >= nv:
+                            continue
+                        k = i
+                        while k < len(xs) and vs[k] <= nv:
+                            k += 1
+                        xs[i:k] = [x0]
+                        vs[i:k] = [nv]
+                    else:
+                        labels = seen.setdefault(key, [])
+                        if any(
+                            v >= nv and all(p <= q for p, q in zip(e, new_extra, strict=True))
+                            for v, e in labels
+                        ):
+                            continue
+                        labels.append((nv, new_extra))
+                rec(start + t, j, nv, new_extra, [*stages, StageChoice(t, b, start, pi)])
 
         rec(0, 0, 0.0, (0.0,) * self.n_racks, [])
         found.sort(key=lambda sc: -sc[0])
