@@ -75,12 +75,13 @@ __all__ = [
     "Pricing",
     "ceil_mw",
     "column_generation_available",
+    "column_generation_for",
     "owners",
     "stage_options",
 ]
 
-#: Largest number of stage kinds ``(t, b)`` (rows of the master) at one step time.
-MAX_KINDS = MAX_CONFIGS
+#: Largest number of stage kinds ``(t, b)`` of one domain at one step time.
+MAX_KINDS = 2_000
 #: Columns added per owner and pricing round (the best ones).
 COLUMNS_PER_ROUND = 4
 #: Reduced cost a column needs to join the master.
@@ -533,6 +534,37 @@ class _Node:
         if self.bound == -math.inf:
             return -1
         return math.floor(self.bound * (1 + 1e-9) + 1e-6)
+
+
+def column_generation_for(
+    prep: Prepared, degrees: tuple[int, ...], theta_max: float
+) -> ColumnGeneration | None:
+    """A :class:`ColumnGeneration` for these degrees, or ``None`` when it cannot help:
+    ``highspy`` is missing, or a domain has more than :data:`MAX_KINDS` stage kinds at
+    ``theta_max`` (the largest step time searched, where the most kinds fit).
+
+    Parameters
+    ----------
+    prep
+        From :func:`~ntp_opt.planners.exact.model.prepare`.
+    degrees
+        TP degrees replicas may use.
+    theta_max
+        The largest step time the search will ask about.
+
+    Returns
+    -------
+    ColumnGeneration or None
+    """
+    if not column_generation_available():
+        return None
+    try:
+        for ow in owners(prep):
+            unit = prep.units[ow.units[0]]
+            stage_options(prep, prep.domains[unit.domains[ow.pos]], theta_max, degrees)
+    except ModelTooLarge:
+        return None
+    return ColumnGeneration(prep, degrees)
 
 
 def column_generation_available() -> bool:

@@ -38,7 +38,7 @@ from ntp_opt.planners import heuristics as baselines
 from ntp_opt.planners.base import Limit, Outcome
 from ntp_opt.planners.exact.backends import solve_program
 from ntp_opt.planners.exact.bounds import capacity_bound
-from ntp_opt.planners.exact.colgen import ColumnGeneration, column_generation_available
+from ntp_opt.planners.exact.colgen import ColumnGeneration, column_generation_for
 from ntp_opt.planners.exact.model import (
     MAX_CONFIGS,
     DeadlineReached,
@@ -518,8 +518,9 @@ def solve_exact(
             build_capacity(prep, _theta_range(prep, degrees)[1], degrees, deadline)
             kept.append((degrees, factor))
         except ModelTooLarge as err:
-            if column_generation_available():  # configurations generated on demand
-                s.colgen[degrees] = ColumnGeneration(prep, degrees)
+            generated = column_generation_for(prep, degrees, _theta_range(prep, degrees)[1])
+            if generated is not None:  # configurations generated on demand
+                s.colgen[degrees] = generated
                 kept.append((degrees, factor))
                 s.note(f"degrees {list(degrees)}: column generation ({err})")
                 continue
