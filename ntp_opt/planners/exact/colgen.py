@@ -88,6 +88,10 @@ COLUMNS_PER_ROUND = 4
 PRICE_EPS = 1e-7
 #: Most configurations listed to close a gap between the LP bound and the integer master.
 ENUM_LIMIT = 5_000
+#: Configurations per owner offered to the integer master when it misses the LP bound.
+NEAR_COLUMNS = 40
+#: Gap (``C`` units) below which listing configurations is tried before branching.
+ENUM_GAP = 2
 #: Nodes of the branch and bound over replica counts, per step time.
 MAX_NODES = 40
 #: Patterns kept per owner between step times.
@@ -858,26 +862,28 @@ class ColumnGeneration:
         sol = self._solve_int(cap, backend, deadline, threads, seed, cancel, None)
         lower = int(sol.objective) if sol.objective is not None else 0
         upper = max(upper, lower)  # never below a feasible value
-        if lower < upper and sol.status == "optimal":
-            # Branch on the replica counts n (few variables; the pricing is
-            # unchanged): the largest bound over the open nodes bounds C.
-            more = len(columns)
-            open_bound = self._branch(root, lower, generate, add, pricers, deadline)
-            if len(columns) > more:
-                old = cap
-                cap = self._integer_master(theta, columns)
-                hint = _map_solution(old, sol.x, cap) if sol.x is not None else None
-                sol2 = self._solve_int(cap, backend, deadline, threads, seed, cancel, hint)
-                if sol2.objective is not None and sol2.objective >= lower:  # the hint at least
-                    sol, lower = sol2, int(sol2.objective)
-                else:
-                    cap = old  # keep the solution and its program together
-            upper = max(lower, min(upper, math.floor(open_bound)))
-        if lower < upper and sol.status == "optimal":
-            # Every integer solution x has value <= bound + sum rc_c x_c over the
-            # configurations (rc_c <= 0 at these duals), so one worth more than
-            # `lower` uses only configurations with rc_c > lower - bound: list them
-            # all and solve again; then the optimum is proven.
+
+        def resolve(extra: list[tuple[int, Config]], proves: bool) -> None:
+            """Add columns and solve the integer master again (warm: the old solution)."""
+            nonlocal cap, sol, lower, upper
+            old = cap
+            for oi, cfg in extra:
+                add(oi, cfg)
+            cap = self._integer_master(theta, columns)
+            hint = _map_solution(old, sol.x, cap) if sol.x is not None else None
+            sol2 = self._solve_int(cap, backend, deadline, threads, seed, cancel, hint)
+            if sol2.objective is not None and sol2.objective >= lower:  # the hint at least
+                sol, lower = sol2, int(sol2.objective)
+                if proves and sol2.status == "optimal":
+                    upper = lower
+            else:
+                cap = old  # keep the solution and its program together
+
+        def close_by_enumeration() -> None:
+            """Every integer solution x has value <= bound + sum rc_c x_c over the
+            configurations (rc_c <= 0 at the root's duals), so one worth more than
+            `lower` uses only configurations with rc_c > lower - bound: list them all
+            (at most ENUM_LIMIT) and solve again; then the optimum is proven."""
             slack = root.bound * (1 + 1e-9) + 1e-6 - (lower + 1)
             try:
                 extra: list[tuple[int, Config]] = []
@@ -893,20 +899,36 @@ class ColumnGeneration:
                     )
                     extra.extend((oi, cfg) for _, cfg in found)
             except ModelTooLarge:
-                extra = []  # too many: the gap stays open
-            if extra:
-                old = cap
-                for oi, cfg in extra:
-                    add(oi, cfg)
-                cap = self._integer_master(theta, columns)
-                hint = _map_solution(old, sol.x, cap) if sol.x is not None else None
-                sol2 = self._solve_int(cap, backend, deadline, threads, seed, cancel, hint)
-                if sol2.objective is not None and sol2.objective >= lower:  # the hint at least
-                    sol, lower = sol2, int(sol2.objective)
-                    if sol2.status == "optimal":
-                        upper = lower
-                else:
-                    cap = old  # keep the solution and its program together
+                return  # too many: the gap stays open
+            resolve(extra, True)
+
+        if lower < upper and sol.status == "optimal":
+            # a cheap try first: the best few configurations of every owner at the
+            # root's duals (reduced cost near 0) join the integer master
+            near: list[tuple[int, Config]] = []
+            for oi, pr in enumerate(pricers):
+                _, found = pr.price(
+                    root.worth,
+                    root.sigma_mw,
+                    root.rhos[oi],
+                    root.prices[oi] - 1.0,
+                    keep=NEAR_COLUMNS,
+                    deadline=deadline,
+                )
+                near.extend((oi, cfg) for _, cfg in found)
+            resolve(near, False)
+        if lower < upper and sol.status == "optimal" and root.upper - lower <= ENUM_GAP:
+            close_by_enumeration()  # a small gap: usually few configurations to list
+        if lower < upper and sol.status == "optimal":
+            # Branch on the replica sums (few; the pricing is unchanged): the
+            # largest bound over the open nodes bounds C.
+            more = len(columns)
+            open_bound = self._branch(root, lower, generate, add, pricers, deadline)
+            if len(columns) > more:
+                resolve([], False)
+            upper = max(lower, min(upper, math.floor(open_bound)))
+            if lower < upper and sol.status == "optimal" and root.upper - lower > ENUM_GAP:
+                close_by_enumeration()
         return MasterResult(cap, sol, int(upper), lp_value, rounds, len(columns))
 
     @staticmethod
