@@ -19,6 +19,7 @@ from ntp_opt.planners.exact.colgen import (
     Pricing,
     ceil_mw,
     column_generation_available,
+    column_generation_for,
     owners,
 )
 from ntp_opt.planners.exact.model import build_capacity, domain_configs, iter_stages, prepare
@@ -161,3 +162,13 @@ def test_beyond_the_configuration_cap():
         got = cg.solve(theta, "cpsat")
         assert 0 < got.lower <= got.upper <= got.lp_value + 1e-6
         assert got.columns < 20_000
+
+
+def test_refused_when_stage_kinds_are_too_many():
+    # B = M = 100,000: a stage could carry any of 100,000 levels at the largest
+    # step time; column generation declines (the search then keeps `fast`'s plan)
+    g = topology.build_cluster(2, 4, 2, 2)
+    job = Job(tp=4, pp=1, dp=2, global_batch=100_000, max_local_batch=100_000)
+    prep = prepare(Instance("big-batch", g, job))
+    assert column_generation_for(prep, (4,), 1e9) is None
+    assert column_generation_for(prep, (4,), 1.0) is not None
