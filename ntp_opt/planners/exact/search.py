@@ -530,10 +530,12 @@ def solve_exact(
             s.unproven = left_out = deadline_hit = True
             s.note(f"left out degrees {list(degrees)}: time limit reached")
     cases = kept
-    if left_out and not cases and (deadline is None or time.perf_counter() < deadline):
-        # no case can be searched (huge batch levels, many stages per domain):
-        # the time goes to the sort-and-pack planner, scale-free, a better
-        # warm start there than the baselines
+    too_large = (left_out and not cases) or bool(s.colgen)
+    if too_large and (deadline is None or time.perf_counter() < deadline):
+        # no case can be searched (huge batch levels, many stages per domain),
+        # or some only with generated configurations (slower): the
+        # sort-and-pack planner, scale-free, is a better warm start there than
+        # the baselines
         from ntp_opt.planners.fast import plan_fast
 
         fast_plan, _ = plan_fast(instance, validate=False)
