@@ -91,7 +91,7 @@ def test_large_batch_solve_returns_a_validated_plan() -> None:
     assert res.objective is not None
     # not proven by the search; optimal only where the warm start meets the bound
     closed = res.bound is not None and res.bound <= res.objective * (1 + 1e-6)
-    assert res.status == ("optimal" if closed and planner != "risk-aware" else "feasible")
+    assert res.status == ("optimal" if closed else "feasible")
     fast = solve(inst, "fast")
     assert res.objective is not None and fast.objective is not None
     assert res.objective >= fast.objective * (1 - 1e-12)

@@ -41,6 +41,7 @@ from ntp_opt.planners import heuristics as baselines
 from ntp_opt.planners.base import Limit, Outcome
 from ntp_opt.planners.exact.backends import solve_program
 from ntp_opt.planners.exact.bounds import capacity_bound
+from ntp_opt.planners.exact.colgen import ColumnGeneration, column_generation_for
 from ntp_opt.planners.exact.model import (
     MAX_CONFIGS,
     DeadlineReached,
@@ -91,6 +92,7 @@ class _Search:
     control: Control | None = None
     report_bounds: bool = True
     best_layout: Layout | None = None  # best_plan in index space, when the search found it
+    colgen: dict[tuple[int, ...], ColumnGeneration] = field(default_factory=dict)
 
     def note(self, line: str, *, keep: bool = True) -> None:
         """A line of the search log (also logged at INFO level)."""
@@ -116,25 +118,37 @@ class _Search:
             remaining = self.deadline - time.perf_counter()
             if remaining <= 0.01:
                 raise _Deadline
+        cancel = None if self.control is None else self.control.cancel
+        generated = self.colgen.get(degrees)  # configurations generated on demand
         try:
-            cap = build_capacity(self.prep, theta, degrees, self.deadline)
+            if generated is None:
+                cap = build_capacity(self.prep, theta, degrees, self.deadline)
+            else:
+                master = generated.solve(
+                    theta, self.backend, deadline=self.deadline, threads=self.threads,
+                    seed=self.seed, cancel=cancel,
+                )  # fmt: skip
+                cap = master.capacity
         except DeadlineReached:
             raise _Deadline from None
         self.evaluations += 1
         if not cap.classes:
             return 0, 0, theta
-        sol = solve_program(
-            cap.program,
-            self.backend,
-            time_limit=remaining,
-            threads=self.threads,
-            seed=self.seed,
-            cancel=None if self.control is None else self.control.cancel,
-        )
+        if generated is None:
+            sol = solve_program(
+                cap.program,
+                self.backend,
+                time_limit=remaining,
+                threads=self.threads,
+                seed=self.seed,
+                cancel=cancel,
+            )
+        else:
+            sol = master.solution
         job = self.prep.instance.job
         lower = int(sol.objective) if sol.objective is not None else 0
         if sol.status == "optimal":
-            upper = lower
+            upper = lower if generated is None else master.upper  # the LP bound
         elif sol.status == "infeasible":  # x = 0 is always feasible; be safe anyway
             upper = 0
         else:
@@ -529,16 +543,24 @@ def solve_exact(
             build_capacity(prep, _theta_range(prep, degrees)[1], degrees, deadline)
             kept.append((degrees, factor))
         except ModelTooLarge as err:
+            generated = column_generation_for(prep, degrees, _theta_range(prep, degrees)[1])
+            if generated is not None:  # configurations generated on demand
+                s.colgen[degrees] = generated
+                kept.append((degrees, factor))
+                s.note(f"degrees {list(degrees)}: column generation ({err})")
+                continue
             s.unproven = left_out = True
             s.note(f"left out degrees {list(degrees)}: {err}")
         except DeadlineReached:
             s.unproven = left_out = deadline_hit = True
             s.note(f"left out degrees {list(degrees)}: time limit reached")
     cases = kept
-    if left_out and not cases and (deadline is None or time.perf_counter() < deadline):
-        # no case can be searched (huge batch levels, many stages per domain):
-        # the time goes to the sort-and-pack planner, scale-free, a better
-        # warm start there than the baselines
+    too_large = (left_out and not cases) or bool(s.colgen)
+    if too_large and (deadline is None or time.perf_counter() < deadline):
+        # no case can be searched (huge batch levels, many stages per domain),
+        # or some only with generated configurations (slower): the
+        # sort-and-pack planner, scale-free, is a better warm start there than
+        # the baselines
         from ntp_opt.planners.fast import plan_fast
 
         fast_plan, _ = plan_fast(instance, validate=False)

@@ -36,6 +36,7 @@ __all__ = [
     "highs_lp",
     "integrality_tolerance",
     "load",
+    "new_highs",
     "rounding_breaks",
     "solve_highs",
 ]
@@ -98,6 +99,23 @@ def _new_highs(highspy: Any) -> Any:
             except OSError:  # no usable fd 1: accept the banner
                 pass
     return highspy.Highs()
+
+
+def new_highs(highspy: Any) -> Any:
+    """A ``highspy.Highs`` object; the first one of the process is made without the
+    banner HiGHS prints to standard output.
+
+    Parameters
+    ----------
+    highspy
+        The module, from :func:`load`.
+
+    Returns
+    -------
+    Any
+        A new ``highspy.Highs``.
+    """
+    return _new_highs(highspy)
 
 
 def _run_highs(highspy: Any, h: Any, threads: int) -> Any:

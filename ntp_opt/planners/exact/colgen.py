@@ -1,0 +1,1122 @@
+"""The capacity program ``C(theta')`` with configurations generated on demand.
+
+:func:`ntp_opt.planners.exact.model.build_capacity` lists every configuration
+of every domain class, which is impossible when a domain hosts many stages
+(TP8 on a 72-GPU domain: nine stages, each with its own degree and batch
+level). This module solves the same program by column generation:
+
+* the *restricted master LP* holds the configurations generated so far (at
+  the start: the configurations that repeat one stage kind as often as it
+  fits, and the configurations that were useful at earlier step times). Its
+  rows are the ones of :func:`~ntp_opt.planners.exact.model.build_capacity`:
+  one convexity row per domain class (or domain of a multi-domain unit), a
+  row per replica class ``(t, b)`` (stages = ``pp * n[t, b]``), ``dp_max``,
+  ``global_batch``, the site budget and the racks of multi-domain units;
+* *pricing*: for every owner (domain class, or domain of a multi-domain
+  unit) an exact search over the configurations the full program would list
+  (stages on consecutive blocks of the domain's GPUs in stage order, kinds
+  in non-increasing speed requirement, fitting the unit's rack budgets), for
+  the largest ``sum dual(t, b) - dual_site * site_mW - sum dual_rack * rack_mW``:
+  a depth-first search bounded by an unbounded knapsack over the positive
+  duals. Configurations with a positive reduced cost join the master;
+* the *bound*: for any duals (signs as the rows require), the Lagrangian
+  value ``sum rhs * dual + sum_owner size * max(0, best price) +
+  sum_(t, b) dp_max * max(0, reduced cost of n[t, b])`` bounds ``C(theta')``
+  from above, because the pricing is exact over *all* configurations. It is
+  evaluated at every round's duals, and the smallest is kept (rounded down:
+  ``C`` is an integer). At the LP optimum it equals the LP value;
+* the *integer master*: the same integer program as the full model, over the
+  generated columns only, solved by one of the exact backends
+  (:func:`~ntp_opt.planners.exact.backends.solve_program`): a feasible lower
+  bound, with its stages readable by
+  :func:`~ntp_opt.planners.exact.model.iter_stages`. When it meets the bound,
+  ``C(theta')`` is proven (price-and-branch).
+
+The LP is solved with HiGHS (``highspy``, extra ``ntp-opt[highs]``), imported
+lazily.
+"""
+
+from __future__ import annotations
+
+import bisect
+import heapq
+import math
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from ntp_opt.planners.exact.backends import BackendUnavailable, solve_program
+from ntp_opt.planners.exact.backends.highs import new_highs
+from ntp_opt.planners.exact.model import (
+    MAX_CONFIGS,
+    MW,
+    Capacity,
+    Config,
+    DeadlineReached,
+    Domain,
+    ModelTooLarge,
+    Prepared,
+    StageChoice,
+    Unit,
+    max_level,
+    stage_power,
+)
+from ntp_opt.planners.exact.program import IntProgram, IntSolution, Row
+from ntp_opt.rules.tolerances import MW_ROUND_SLACK
+
+__all__ = [
+    "ColumnGeneration",
+    "MasterResult",
+    "Owner",
+    "Pricing",
+    "ceil_mw",
+    "column_generation_available",
+    "column_generation_for",
+    "owners",
+    "stage_options",
+]
+
+#: Largest number of stage kinds ``(t, b)`` of one domain at one step time.
+MAX_KINDS = 2_000
+#: Columns added per owner and pricing round (the best ones).
+COLUMNS_PER_ROUND = 4
+#: Reduced cost a column needs to join the master.
+PRICE_EPS = 1e-7
+#: Most configurations listed to close a gap between the LP bound and the integer master.
+ENUM_LIMIT = 5_000
+#: Configurations per owner offered to the integer master when it misses the LP bound.
+NEAR_COLUMNS = 40
+#: Gap (``C`` units) below which listing configurations is tried before branching.
+ENUM_GAP = 2
+#: Nodes of the branch and bound over replica counts, per step time.
+MAX_NODES = 40
+#: Patterns kept per owner between step times.
+POOL_SIZE = 400
+
+
+def ceil_mw(watts: float) -> int:
+    """Watts as integer milliwatts, rounded up (as the full model rounds draws)."""
+    return math.ceil(watts * MW - MW_ROUND_SLACK)
+
+
+def _check(deadline: float | None) -> None:
+    if deadline is not None and time.perf_counter() >= deadline:
+        raise DeadlineReached("time limit reached during column generation")
+
+
+@dataclass(frozen=True)
+class Owner:
+    """Who a configuration column belongs to: a domain class or one domain of a multi-domain unit.
+
+    Attributes
+    ----------
+    units
+        Unit indices sharing the column (the class members; one unit for a
+        multi-domain unit).
+    pos
+        Position of the domain in its unit.
+    size
+        Upper bound of a column (units of the class; 1 for a multi-domain unit).
+    multi
+        Index of the unit in :attr:`Prepared.units` when its racks are rows
+        of the master (a multi-domain unit), else ``None``.
+    """
+
+    units: tuple[int, ...]
+    pos: int
+    size: int
+    multi: int | None
+
+
+def owners(prep: Prepared) -> list[Owner]:
+    """The column owners of the capacity program, in the order of ``build_capacity``.
+
+    Parameters
+    ----------
+    prep
+        From :func:`~ntp_opt.planners.exact.model.prepare`.
+
+    Returns
+    -------
+    list of Owner
+    """
+    out = [Owner(tuple(members), 0, len(members), None) for members in prep.classes]
+    for u in prep.multi:
+        for pos in range(len(prep.units[u].domains)):
+            out.append(Owner((u,), pos, 1, u))
+    return out
+
+
+def stage_options(
+    prep: Prepared, dom: Domain, theta: float, degrees: tuple[int, ...]
+) -> list[tuple[int, int]]:
+    """Stage kinds ``(t, b)`` a configuration of ``dom`` may hold at ``theta``, in the
+    order of :func:`~ntp_opt.planners.exact.model.domain_configs`: non-increasing speed
+    requirement ``b / f(t)`` (ties: larger ``t``, then larger ``b`` first).
+
+    Raises
+    ------
+    ModelTooLarge
+        More than :data:`MAX_KINDS` kinds.
+    """
+    job = prep.instance.job
+    h = len(dom.gpus)
+    options: list[tuple[float, int, int]] = []
+    for t in degrees:
+        if t > h or h == 0:
+            continue
+        top = max_level(prep, t, float(dom.speed[t - 1]), theta)
+        if len(options) + top > MAX_KINDS:
+            raise ModelTooLarge(
+                f"domain {prep.instance.arrays.domain_ids[dom.index]!r} has more than "
+                f"{MAX_KINDS} stage kinds at this step time"
+            )
+        for b in range(1, top + 1):
+            options.append((b / job.tp_factor(t), t, b))
+    options.sort(key=lambda o: (-o[0], -o[1], -o[2]))
+    return [(t, b) for _, t, b in options]
+
+
+def _skips_useless(dom: Domain) -> bool:
+    """Whether leaving out a stage never hurts the stages after it (one TDP and one
+    rack in the domain, caps non-increasing in stage order): then stage kinds with a
+    non-positive dual can be left out of pricing without changing its maximum."""
+    return len(dom.gpus) <= 1 or (
+        len(set(dom.tdp.tolist())) == 1
+        and len(set(dom.rack_pos.tolist())) == 1
+        and not bool(np.any(np.diff(dom.cap) > 0))
+    )
+
+
+class Pricing:
+    """Configurations of one owner at one step time: placement table and exact pricing.
+
+    Parameters
+    ----------
+    prep
+        From :func:`~ntp_opt.planners.exact.model.prepare`.
+    owner
+        The owner.
+    theta
+        Step time before the resharding factor.
+    degrees
+        TP degrees replicas may use.
+    """
+
+    def __init__(
+        self, prep: Prepared, owner: Owner, theta: float, degrees: tuple[int, ...]
+    ) -> None:
+        self.prep = prep
+        self.owner = owner
+        self.theta = theta
+        self.unit: Unit = prep.units[owner.units[0]]
+        self.dom: Domain = prep.domains[self.unit.domains[owner.pos]]
+        self.n_racks = len(self.unit.racks)
+        self.h = len(self.dom.gpus)
+        self.options = stage_options(prep, self.dom, theta, degrees)
+        self.index = {kind: j for j, kind in enumerate(self.options)}
+        self.skip_useless = _skips_useless(self.dom)
+        self._idle_frac = prep.instance.job.idle_power_fraction
+        self._place: dict[tuple[int, int], tuple[float, tuple[float, ...]] | None] = {}
+        self._table: list[list[tuple[float, tuple[float, ...]] | None]] | None = None
+        self._room = [
+            budget - ceil_mw(idle)
+            for idle, budget in zip(self.unit.idle_w, self.unit.budget_mw, strict=True)
+        ]
+
+    def place(self, j: int, start: int) -> tuple[float, tuple[float, ...]] | None:
+        """Power multiplier and extra draw per rack of option ``j`` at GPU ``start``
+        (``None``: the block does not exist or cannot carry it)."""
+        key = (j, start)
+        if key in self._place:
+            return self._place[key]
+        t, b = self.options[j]
+        out: tuple[float, tuple[float, ...]] | None = None
+        if start + t <= self.h:
+            dom = self.dom
+            block = slice(start, start + t)
+            hi = float(dom.cap[block].min())
+            pi = stage_power(self.prep, t, b, float(dom.speed[start + t - 1]), self.theta, hi)
+            if pi is not None:
+                add = np.zeros(self.n_racks)
+                np.add.at(add, dom.rack_pos[block], dom.tdp[block] * (pi - self._idle_frac))
+                out = (pi, tuple(add.tolist()))
+        self._place[key] = out
+        return out
+
+    def fits(self, extra: tuple[float, ...]) -> bool:
+        """Whether a configuration with this extra draw per rack fits the unit's racks."""
+        unit = self.unit
+        return all(
+            ceil_mw(idle + x) <= budget
+            for idle, x, budget in zip(unit.idle_w, extra, unit.budget_mw, strict=True)
+        )
+
+    def build(self, kinds: tuple[tuple[int, int], ...]) -> Config | None:
+        """The configuration holding these stage kinds (in option order) from GPU 0,
+        with the draws :func:`~ntp_opt.planners.exact.model.domain_configs` computes;
+        ``None`` when a kind is unknown here, a block cannot carry it, or it does not fit."""
+        stages: list[StageChoice] = []
+        extra = np.zeros(self.n_racks)
+        start = 0
+        last = -1
+        for kind in kinds:
+            j = self.index.get(kind)
+            if j is None or j < last:
+                return None
+            placed = self.place(j, start)
+            if placed is None:
+                return None
+            pi, add = placed
+            stages.append(StageChoice(kind[0], kind[1], start, pi))
+            extra = extra + np.array(add)
+            start += kind[0]
+            last = j
+        cfg = Config(tuple(stages), tuple(extra.tolist()))
+        return cfg if stages and self.fits(cfg.extra_w) else None
+
+    def enumerate(self, limit: int = MAX_CONFIGS) -> list[Config]:
+        """Every non-empty fitting configuration (for tests and tiny domains)."""
+        out: list[Config] = []
+
+        def rec(start: int, j0: int, stages: list[StageChoice], extra: tuple[float, ...]) -> None:
+            for j in range(j0, len(self.options)):
+                placed = self.place(j, start)
+                if placed is None:
+                    continue
+                pi, add = placed
+                new_extra = tuple((np.array(extra) + np.array(add)).tolist())
+                if not self.fits(new_extra):
+                    continue
+                t, b = self.options[j]
+                new_stages = [*stages, StageChoice(t, b, start, pi)]
+                out.append(Config(tuple(new_stages), new_extra))
+                if len(out) > limit:
+                    raise ModelTooLarge("too many configurations to enumerate")
+                rec(start + t, j, new_stages, new_extra)
+
+        rec(0, 0, [], (0.0,) * self.n_racks)
+        return out
+
+    def cost(self, extra: tuple[float, ...], sigma_mw: float, rho_mw: tuple[float, ...]) -> float:
+        """Dual cost of a configuration's draw: site and (multi-domain units) racks."""
+        c = sigma_mw * ceil_mw(sum(extra)) if sigma_mw > 0 else 0.0
+        for r, x in enumerate(extra):
+            if rho_mw[r] > 0 and x:
+                c += rho_mw[r] * ceil_mw(x)
+        return c
+
+    def price(
+        self,
+        duals: dict[tuple[int, int], float],
+        sigma_mw: float,
+        rho_mw: tuple[float, ...],
+        threshold: float,
+        keep: int | None = COLUMNS_PER_ROUND,
+        deadline: float | None = None,
+        limit: int = MAX_CONFIGS,
+    ) -> tuple[float, list[tuple[float, Config]]]:
+        """The largest price of any configuration, and the best ones above ``threshold``.
+
+        The price of a configuration is ``sum duals[t, b]`` over its stages minus
+        ``sigma_mw`` times its site draw in mW minus ``rho_mw[r]`` times its draw in
+        rack ``r`` in mW (both rounded up as in the full model).
+
+        Parameters
+        ----------
+        duals
+            Dual value of each stage kind ``(t, b)`` (0 when absent).
+        sigma_mw, rho_mw
+            Non-negative prices of a milliwatt at the site and in each rack of the unit.
+        threshold
+            Configurations priced above it are returned (at most ``keep``, best first).
+        keep
+            How many to return; ``None``: every configuration priced above
+            ``threshold`` (which may be negative).
+        deadline
+            :func:`time.perf_counter` value; :class:`DeadlineReached` after it.
+        limit
+            With ``keep=None``: :class:`ModelTooLarge` once more are found.
+
+        Returns
+        -------
+        (float, list of (float, Config))
+            ``max(0, largest price)`` (exact: the empty configuration prices 0),
+            and the best configurations priced above ``threshold``.
+        """
+        n = len(self.options)
+        h = self.h
+        lam = [duals.get(kind, 0.0) for kind in self.options]
+        everything = keep is None
+        skip = self.skip_useless and not everything
+        usable = [j for j in range(n) if lam[j] > 0 or not skip]
+        # An optimistic completion: fill[i][r] is the largest sum over kinds >= i
+        # on r GPUs of (dual - sigma * least draw of the kind anywhere in the
+        # domain), positive terms only. The site cost sigma * ceil(total mW) is at
+        # least sigma * (mW so far + mW of the stages added), so this bounds every
+        # extension (rack budgets and rack prices ignored: they only lower it).
+        if self._table is None:
+            self._table = [[self.place(j, st) for st in range(h + 1)] for j in range(n)]
+        table = self._table
+        gain = []
+        for j in range(n):
+            least = math.inf
+            for placed in table[j]:
+                if placed is not None:
+                    least = min(least, sum(placed[1]) * MW)
+            gain.append(lam[j] - sigma_mw * least if least < math.inf else 0.0)
+        fill = np.zeros((n + 1, h + 1))
+        for i in range(n - 1, -1, -1):
+            row = fill[i + 1].copy()
+            if gain[i] > 0:
+                t = self.options[i][0]
+                for r in range(t, h + 1):  # unbounded: kind i again on the GPUs left
+                    cand = gain[i] + row[r - t]
+                    if cand > row[r]:
+                        row[r] = cand
+            fill[i] = row
+        fill_l = fill.tolist()
+        best = 0.0
+        found: list[tuple[float, Config]] = []
+        floor_keep = threshold if everything else max(threshold, 0.0)
+        counter = 0
+        single = self.n_racks == 1
+        idle0 = self.unit.idle_w[0] if single else 0.0
+        budget0 = self.unit.budget_mw[0] if single else 0
+        # labels seen per (start, first kind): (value, draw); a dominated label
+        # (no more value, no less draw) cannot lead further (only for the maximum)
+        seen: dict[tuple[int, int], list[tuple[float, tuple[float, ...]]]] = {}
+        fronts: dict[tuple[int, int], tuple[list[float], list[float]]] = {}
+        sig = sigma_mw * MW
+
+        def rec(
+            start: int,
+            j0: int,
+            value: float,
+            extra: tuple[float, ...],
+            stages: list[StageChoice],
+        ) -> None:
+            nonlocal best, counter
+            counter += 1
+            if counter % 4096 == 0:
+                _check(deadline)
+            if everything:
+                bar = floor_keep
+            elif keep and len(found) >= keep:
+                bar = found[-1][0]
+            else:
+                bar = min(best, floor_keep)
+            left = h - start
+            for j in usable[bisect.bisect_left(usable, j0) :]:
+                placed = table[j][start]
+                if placed is None:
+                    continue
+                pi, add = placed
+                t = self.options[j][0]
+                nv = value + lam[j]
+                # the configuration and all its extensions score at most this
+                optimistic = nv + fill_l[j][left - t] - sig * (sum(extra) + sum(add))
+                if optimistic <= bar + 1e-12:
+                    continue
+                if single:
+                    x0 = extra[0] + add[0]
+                    if ceil_mw(idle0 + x0) > budget0:
+                        continue  # extensions draw more: none fits
+                    new_extra: tuple[float, ...] = (x0,)
+                else:
+                    new_extra = tuple(x + y for x, y in zip(extra, add, strict=True))
+                    if not self.fits(new_extra):
+                        continue
+                b = self.options[j][1]
+                c = self.cost(new_extra, sigma_mw, rho_mw)
+                score = nv - c
+                if score > best:
+                    best = score
+                if everything:
+                    if score > floor_keep:
+                        cfg = Config((*stages, StageChoice(t, b, start, pi)), new_extra)
+                        found.append((score, cfg))
+                        if len(found) > limit:
+                            raise ModelTooLarge(
+                                f"more than {limit} configurations priced above the threshold"
+                            )
+                    bar = floor_keep
+                else:
+                    assert keep is not None
+                    if score > floor_keep and (len(found) < keep or score > found[-1][0]):
+                        cfg = Config((*stages, StageChoice(t, b, start, pi)), new_extra)
+                        found.append((score, cfg))
+                        found.sort(key=lambda sc: -sc[0])
+                        del found[keep:]
+                    # needed for the exact maximum, or the best `keep` above the threshold
+                    bar = found[-1][0] if keep and len(found) >= keep else min(best, floor_keep)
+                if optimistic <= bar + 1e-12:
+                    continue
+                if not everything:
+                    key = (start + t, j)
+                    if single:
+                        # Pareto front sorted by draw, values increasing along it
+                        xs, vs = fronts.setdefault(key, ([], []))
+                        x0 = new_extra[0]
+                        i = bisect.bisect_right(xs, x0)
+                        if i and vs[i - 1] >= nv:
+                            continue
+                        k = i
+                        while k < len(xs) and vs[k] <= nv:
+                            k += 1
+                        xs[i:k] = [x0]
+                        vs[i:k] = [nv]
+                    else:
+                        labels = seen.setdefault(key, [])
+                        if any(
+                            v >= nv and all(p <= q for p, q in zip(e, new_extra, strict=True))
+                            for v, e in labels
+                        ):
+                            continue
+                        labels.append((nv, new_extra))
+                rec(start + t, j, nv, new_extra, [*stages, StageChoice(t, b, start, pi)])
+
+        rec(0, 0, 0.0, (0.0,) * self.n_racks, [])
+        found.sort(key=lambda sc: -sc[0])
+        return max(best, 0.0), found
+
+
+@dataclass(frozen=True)
+class MasterResult:
+    """What :meth:`ColumnGeneration.solve` found at one step time.
+
+    Attributes
+    ----------
+    capacity
+        The integer master over the generated columns, readable by
+        :func:`~ntp_opt.planners.exact.model.iter_stages`.
+    solution
+        The backend's answer for it.
+    upper
+        Proven upper bound on ``C(theta')`` (the Lagrangian bound of the LP, rounded down).
+    lp_value
+        Value of the last restricted master LP.
+    rounds
+        Pricing rounds.
+    columns
+        Configuration columns generated.
+    """
+
+    capacity: Capacity
+    solution: IntSolution
+    upper: int
+    lp_value: float
+    rounds: int
+    columns: int
+
+    @property
+    def lower(self) -> int:
+        """Value of the integer solution found (0 when none)."""
+        return int(self.solution.objective) if self.solution.objective is not None else 0
+
+
+@dataclass
+class _Node:
+    """Column generation at one node: its Lagrangian bound and the duals behind it."""
+
+    bound: float
+    lp_value: float
+    worth: dict[tuple[int, int], float]
+    sigma_mw: float
+    rhos: list[tuple[float, ...]]
+    prices: list[float]
+    n_values: dict[tuple[int, int], float]
+    used: list[tuple[int, Config]] = field(default_factory=list)
+
+    @property
+    def upper(self) -> int:
+        """The bound rounded down (``C`` is an integer), with float slack; -1 if none."""
+        if self.bound == -math.inf:
+            return -1
+        return math.floor(self.bound * (1 + 1e-9) + 1e-6)
+
+
+def column_generation_for(
+    prep: Prepared, degrees: tuple[int, ...], theta_max: float
+) -> ColumnGeneration | None:
+    """A :class:`ColumnGeneration` for these degrees, or ``None`` when it cannot help:
+    ``highspy`` is missing, or a domain has more than :data:`MAX_KINDS` stage kinds at
+    ``theta_max`` (the largest step time searched, where the most kinds fit).
+
+    Parameters
+    ----------
+    prep
+        From :func:`~ntp_opt.planners.exact.model.prepare`.
+    degrees
+        TP degrees replicas may use.
+    theta_max
+        The largest step time the search will ask about.
+
+    Returns
+    -------
+    ColumnGeneration or None
+    """
+    if not column_generation_available():
+        return None
+    try:
+        for ow in owners(prep):
+            unit = prep.units[ow.units[0]]
+            stage_options(prep, prep.domains[unit.domains[ow.pos]], theta_max, degrees)
+    except ModelTooLarge:
+        return None
+    return ColumnGeneration(prep, degrees)
+
+
+def column_generation_available() -> bool:
+    """Whether the master LP's solver (``highspy``) can be imported."""
+    try:
+        _load_highspy()
+    except BackendUnavailable:
+        return False
+    return True
+
+
+def _load_highspy() -> Any:
+    try:
+        import highspy
+    except ImportError as exc:
+        raise BackendUnavailable("highs", "highspy") from exc
+    return highspy
+
+
+@dataclass
+class ColumnGeneration:
+    """``C(theta')`` by column generation for one set of degrees, across step times.
+
+    Patterns (the stage kinds of a configuration) that were used at one step
+    time seed the master at the next.
+
+    Parameters
+    ----------
+    prep
+        From :func:`~ntp_opt.planners.exact.model.prepare`.
+    degrees
+        TP degrees replicas may use.
+    """
+
+    prep: Prepared
+    degrees: tuple[int, ...]
+    pool: dict[int, dict[tuple[tuple[int, int], ...], None]] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        self.owners = owners(self.prep)
+
+    # -- the master LP ---------------------------------------------------------
+
+    def solve(
+        self,
+        theta: float,
+        backend: str = "cpsat",
+        *,
+        deadline: float | None = None,
+        threads: int = 1,
+        seed: int = 0,
+        cancel: threading.Event | None = None,
+    ) -> MasterResult:
+        """Bounds on ``C(theta')``: the LP bound and an integer solution over the columns.
+
+        Parameters
+        ----------
+        theta
+            Step time before the resharding factor.
+        backend
+            Backend of the integer master (:data:`~ntp_opt.planners.exact.backends.BACKENDS`).
+        deadline
+            :func:`time.perf_counter` value: :class:`DeadlineReached` once it passes
+            during column generation; the integer master gets the time left.
+        threads, seed, cancel
+            Passed to the backend.
+
+        Returns
+        -------
+        MasterResult
+
+        Raises
+        ------
+        ModelTooLarge
+            Too many stage kinds at this step time.
+        DeadlineReached
+            The deadline passed before the integer master.
+        BackendUnavailable
+            ``highspy`` (or the backend's package) is missing.
+        """
+        highspy = _load_highspy()
+        prep = self.prep
+        job = prep.instance.job
+        pricers = [Pricing(prep, ow, theta, self.degrees) for ow in self.owners]
+        kinds = sorted({k for p in pricers for k in p.options}, key=lambda k: (-k[0], -k[1]))
+        kind_row: dict[tuple[int, int], int] = {}
+        # rows: conv per owner, racks of multi units, kinds, dp_max, global_batch, site
+        lo: list[float] = []
+        hi: list[float] = []
+        inf = highspy.kHighsInf
+        conv_row = []
+        for ow in self.owners:
+            conv_row.append(len(lo))
+            lo.append(-inf)
+            hi.append(float(ow.size))
+        rack_row: dict[tuple[int, int], int] = {}
+        rack_room: dict[tuple[int, int], int] = {}
+        for u in prep.multi:
+            unit = prep.units[u]
+            for r in range(len(unit.racks)):
+                rack_row[(u, r)] = len(lo)
+                room = unit.budget_mw[r] - ceil_mw(unit.idle_w[r])
+                rack_room[(u, r)] = room
+                lo.append(-inf)
+                hi.append(room / MW)
+        for k in kinds:
+            kind_row[k] = len(lo)
+            lo.append(0.0)
+            hi.append(0.0)
+        dp_row = len(lo)
+        lo.append(-inf)
+        hi.append(float(job.replicas_max))
+        gb_row = len(lo)
+        lo.append(-inf)
+        hi.append(float(job.global_batch))
+        site_room = prep.site_budget_mw - ceil_mw(prep.site_idle_w)
+        site_row = len(lo)
+        lo.append(-inf)
+        hi.append(site_room / MW)
+        # branching rows: S[t, beta] = sum of n[t, b] over b >= beta (free at the root)
+        agg_row: dict[tuple[int, int], int] = {}
+        for k in kinds:
+            agg_row[k] = len(lo)
+            lo.append(-inf)
+            hi.append(inf)
+
+        h = new_highs(highspy)
+        h.setOptionValue("output_flag", False)
+        h.setOptionValue("threads", threads)
+        h.setOptionValue("random_seed", seed)
+        h.changeObjectiveSense(highspy.ObjSense.kMaximize)
+        n_rows = len(lo)
+        h.addRows(
+            n_rows,
+            np.array(lo),
+            np.array(hi),
+            0,
+            np.zeros(n_rows + 1, dtype=np.int32)[:n_rows],
+            np.zeros(0, dtype=np.int32),
+            np.zeros(0),
+        )
+        # n[t, b], then one artificial column per kind row (stages missing, at a
+        # large cost) so that the LP stays feasible when branching raises an n
+        below: dict[tuple[int, int], list[tuple[int, int]]] = {
+            (t, b): [(t2, beta) for t2, beta in kinds if t2 == t and beta <= b] for t, b in kinds
+        }
+        for t, b in kinds:
+            rows_n = [kind_row[(t, b)], dp_row, gb_row] + [agg_row[k] for k in below[(t, b)]]
+            val = np.array([-float(job.pp), 1.0, float(b)] + [1.0] * len(below[(t, b)]))
+            idx = np.array(rows_n, dtype=np.int32)
+            h.addCol(float(b), 0.0, float(job.replicas_max), len(idx), idx, val)
+        big_m = 1000.0 * (1.0 + max((b for _, b in kinds), default=1))
+        for k in kinds:
+            h.addCol(-big_m, 0.0, inf, 1, np.array([kind_row[k]], dtype=np.int32), np.ones(1))
+        n_cols_n = 2 * len(kinds)  # columns before the configurations
+        columns: list[tuple[int, Config]] = []  # (owner index, config)
+        seen: set[tuple[int, tuple[tuple[int, int, int], ...]]] = set()
+
+        def add(oi: int, cfg: Config) -> bool:
+            key = (oi, tuple((st.t, st.b, st.start) for st in cfg.stages))
+            if key in seen:
+                return False
+            seen.add(key)
+            ow = self.owners[oi]
+            entries: dict[int, float] = {conv_row[oi]: 1.0}
+            for st in cfg.stages:
+                r = kind_row[(st.t, st.b)]
+                entries[r] = entries.get(r, 0.0) + 1.0
+            site = ceil_mw(sum(cfg.extra_w))
+            if site:
+                entries[site_row] = site / MW
+            if ow.multi is not None:
+                for r, x in enumerate(cfg.extra_w):
+                    if x:
+                        entries[rack_row[(ow.multi, r)]] = ceil_mw(x) / MW
+            idx = np.array(list(entries), dtype=np.int32)
+            val = np.array(list(entries.values()))
+            h.addCol(0.0, 0.0, float(ow.size), len(idx), idx, val)
+            columns.append((oi, cfg))
+            return True
+
+        # seed: patterns from earlier step times, and one kind repeated as often as it fits
+        for oi, pr in enumerate(pricers):
+            for pattern in list(self.pool.get(oi, {})):
+                cfg = pr.build(pattern)
+                if cfg is not None:
+                    add(oi, cfg)
+            for kind in pr.options:
+                reps: list[tuple[int, int]] = []
+                cfg = None
+                while True:
+                    nxt = pr.build((*reps, kind))
+                    if nxt is None:
+                        break
+                    reps.append(kind)
+                    cfg = nxt
+                if cfg is not None:
+                    add(oi, cfg)
+        _check(deadline)
+        rounds = 0
+
+        def generate(nb: dict[tuple[int, int], tuple[int, int]]) -> _Node:
+            """Column generation with the sums ``S[t, beta]`` kept within ``nb``."""
+            nonlocal rounds
+            for k, r in agg_row.items():
+                lo_s, hi_s = nb.get(k, (-inf, inf))
+                h.changeRowBounds(r, float(lo_s), float(hi_s))
+            best: _Node | None = None
+            while True:
+                rounds += 1
+                h.run()
+                status = h.getModelStatus()
+                if status == highspy.HighsModelStatus.kInfeasible and nb:
+                    # the branching rows contradict dp_max or global_batch (the
+                    # artificial columns cover every stage row): no solution here
+                    return _Node(-math.inf, -math.inf, {}, 0.0, [], [], {})
+                if status != highspy.HighsModelStatus.kOptimal:
+                    raise RuntimeError(
+                        f"column generation: master LP status {h.modelStatusToString(status)!r}"
+                    )
+                lp_value = float(h.getInfo().objective_function_value)
+                dual = np.asarray(h.getSolution().row_dual, dtype=np.float64)
+                # signs (reduced cost = cost - duals . column): <= rows carry a
+                # non-negative dual in a maximisation; a stage of kind k is worth
+                # -dual of its row (stages - pp n = 0)
+                worth = {k: -float(dual[r]) for k, r in kind_row.items()}
+                delta = max(0.0, float(dual[dp_row]))
+                gamma = max(0.0, float(dual[gb_row]))
+                sigma_mw = max(0.0, float(dual[site_row])) / MW
+                rho_mw = {key: max(0.0, float(dual[r])) / MW for key, r in rack_row.items()}
+                bound = job.replicas_max * delta + job.global_batch * gamma + site_room * sigma_mw
+                bound += sum(rack_room[key] * v for key, v in rho_mw.items())
+                ys: dict[tuple[int, int], float] = {}
+                for k, r in agg_row.items():
+                    y = float(dual[r])
+                    lo_s, hi_s = nb.get(k, (-inf, inf))
+                    if y > 0 and hi_s < inf:
+                        bound += hi_s * y
+                    elif y < 0 and lo_s > -inf:
+                        bound += lo_s * y
+                    else:
+                        y = 0.0
+                    ys[k] = y
+                for k, w in worth.items():
+                    rc = k[1] - job.pp * w - delta - k[1] * gamma - sum(ys[q] for q in below[k])
+                    bound += job.replicas_max * max(0.0, rc)
+                added = 0
+                rhos: list[tuple[float, ...]] = []
+                prices: list[float] = []
+                for oi, (ow, pr) in enumerate(zip(self.owners, pricers, strict=True)):
+                    mu = max(0.0, float(dual[conv_row[oi]]))
+                    rho = (
+                        tuple(rho_mw[(ow.multi, r)] for r in range(pr.n_racks))
+                        if ow.multi is not None
+                        else (0.0,) * pr.n_racks
+                    )
+                    price, found = pr.price(worth, sigma_mw, rho, mu + PRICE_EPS, deadline=deadline)
+                    bound += ow.size * price
+                    rhos.append(rho)
+                    prices.append(price)
+                    for _, cfg in found:
+                        added += add(oi, cfg)
+                if best is None or bound < best.bound:
+                    best = _Node(bound, lp_value, worth, sigma_mw, rhos, prices, {})
+                _check(deadline)
+                if not added or math.floor(lp_value + 1e-6) >= best.upper:
+                    break
+            x = np.asarray(h.getSolution().col_value, dtype=np.float64)
+            best.lp_value = lp_value
+            best.n_values = {
+                (t, beta): sum(
+                    float(x[i]) for i, (t2, b) in enumerate(kinds) if t2 == t and b >= beta
+                )
+                for t, beta in kinds
+            }
+            best.used = [
+                (oi, cfg) for ci, (oi, cfg) in enumerate(columns) if x[n_cols_n + ci] > 1e-9
+            ]
+            return best
+
+        root = generate({})
+        upper = root.upper
+        lp_value = root.lp_value
+        for oi, cfg in root.used:
+            pool = self.pool.setdefault(oi, {})
+            pool[tuple((st.t, st.b) for st in cfg.stages)] = None
+            while len(pool) > POOL_SIZE:
+                del pool[next(iter(pool))]
+        self._add_prefixes(root.used, pricers, add)
+        cap = self._integer_master(theta, columns)
+        sol = self._solve_int(cap, backend, deadline, threads, seed, cancel, None)
+        lower = int(sol.objective) if sol.objective is not None else 0
+        upper = max(upper, lower)  # never below a feasible value
+
+        def resolve(extra: list[tuple[int, Config]], proves: bool) -> None:
+            """Add columns and solve the integer master again (warm: the old solution)."""
+            nonlocal cap, sol, lower, upper
+            old = cap
+            for oi, cfg in extra:
+                add(oi, cfg)
+            cap = self._integer_master(theta, columns)
+            hint = _map_solution(old, sol.x, cap) if sol.x is not None else None
+            sol2 = self._solve_int(cap, backend, deadline, threads, seed, cancel, hint)
+            if sol2.objective is not None and sol2.objective >= lower:  # the hint at least
+                sol, lower = sol2, int(sol2.objective)
+                if proves and sol2.status == "optimal":
+                    upper = lower
+            else:
+                cap = old  # keep the solution and its program together
+
+        def close_by_enumeration() -> None:
+            """Every integer solution x has value <= bound + sum rc_c x_c over the
+            configurations (rc_c <= 0 at the root's duals), so one worth more than
+            `lower` uses only configurations with rc_c > lower - bound: list them all
+            (at most ENUM_LIMIT) and solve again; then the optimum is proven."""
+            slack = root.bound * (1 + 1e-9) + 1e-6 - (lower + 1)
+            try:
+                extra: list[tuple[int, Config]] = []
+                for oi, pr in enumerate(pricers):
+                    _, found = pr.price(
+                        root.worth,
+                        root.sigma_mw,
+                        root.rhos[oi],
+                        root.prices[oi] - slack - PRICE_EPS,
+                        keep=None,
+                        deadline=deadline,
+                        limit=ENUM_LIMIT - len(extra),
+                    )
+                    extra.extend((oi, cfg) for _, cfg in found)
+            except ModelTooLarge:
+                return  # too many: the gap stays open
+            resolve(extra, True)
+
+        if lower < upper and sol.status == "optimal":
+            # a cheap try first: the best few configurations of every owner at the
+            # root's duals (reduced cost near 0) join the integer master
+            near: list[tuple[int, Config]] = []
+            for oi, pr in enumerate(pricers):
+                _, found = pr.price(
+                    root.worth,
+                    root.sigma_mw,
+                    root.rhos[oi],
+                    root.prices[oi] - 1.0,
+                    keep=NEAR_COLUMNS,
+                    deadline=deadline,
+                )
+                near.extend((oi, cfg) for _, cfg in found)
+            resolve(near, False)
+        if lower < upper and sol.status == "optimal" and root.upper - lower <= ENUM_GAP:
+            close_by_enumeration()  # a small gap: usually few configurations to list
+        if lower < upper and sol.status == "optimal":
+            # Branch on the replica sums (few; the pricing is unchanged): the
+            # largest bound over the open nodes bounds C.
+            more = len(columns)
+            open_bound = self._branch(root, lower, generate, add, pricers, deadline)
+            if len(columns) > more:
+                resolve([], False)
+            upper = max(lower, min(upper, math.floor(open_bound)))
+            if lower < upper and sol.status == "optimal" and root.upper - lower > ENUM_GAP:
+                close_by_enumeration()
+        return MasterResult(cap, sol, int(upper), lp_value, rounds, len(columns))
+
+    @staticmethod
+    def _add_prefixes(
+        used: list[tuple[int, Config]],
+        pricers: list[Pricing],
+        add: Callable[[int, Config], bool],
+    ) -> None:
+        """For the integer master: used configurations with their last stages left out
+        (stage counts often must drop to a multiple of ``pp``)."""
+        for oi, cfg in used:
+            for cut in range(1, len(cfg.stages)):
+                prefix = pricers[oi].build(tuple((st.t, st.b) for st in cfg.stages[:cut]))
+                if prefix is not None:
+                    add(oi, prefix)
+
+    def _branch(
+        self,
+        root: _Node,
+        lower: int,
+        generate: Callable[[dict[tuple[int, int], tuple[int, int]]], _Node],
+        add: Callable[[int, Config], bool],
+        pricers: list[Pricing],
+        deadline: float | None,
+    ) -> float:
+        """Best-first branch and bound over the replica counts ``n``; returns the
+        largest (rounded) bound of a node left open, ``lower`` when none.
+
+        A node bounds ``n`` of some kinds; its column generation gives a Lagrangian
+        bound valid for every integer solution in it. Nodes bounded by ``lower`` are
+        pruned; a node whose LP has integral ``n`` stays open (its configuration
+        counts may still be fractional) and so do the nodes left at ``MAX_NODES``.
+        """
+        job = self.prep.instance.job
+        counter = 0
+        heap: list[tuple[float, int, dict[tuple[int, int], tuple[int, int]], _Node]] = []
+
+        def push(nb: dict[tuple[int, int], tuple[int, int]], node: _Node) -> None:
+            nonlocal counter
+            counter += 1
+            if node.upper > lower:
+                heapq.heappush(heap, (-node.upper, counter, nb, node))
+
+        push({}, root)
+        open_bound = float(lower)
+        nodes = 0
+        while heap:
+            neg, _, nb, node = heapq.heappop(heap)
+            frac = [
+                (abs(v - round(v)), k, v)
+                for k, v in node.n_values.items()
+                if abs(v - round(v)) > 1e-6
+            ]
+            if (
+                not frac
+                or nodes >= MAX_NODES
+                or (deadline is not None and time.perf_counter() >= deadline)
+            ):
+                open_bound = max(open_bound, float(-neg))  # n integral: left open
+                if not frac:
+                    self._add_prefixes(node.used, pricers, add)
+                    continue
+                open_bound = max(open_bound, max(-item[0] for item in heap) if heap else -neg)
+                break
+            _, k, v = max(frac, key=lambda f: (min(f[0], 1 - f[0]), f[1]))
+            lo_n, hi_n = nb.get(k, (0, job.replicas_max))
+            for child in ((lo_n, math.floor(v)), (math.ceil(v), hi_n)):  # S[t, beta] <= / >=
+                if child[0] > child[1]:
+                    continue
+                nbc = {**nb, k: child}
+                nodes += 1
+                push(nbc, generate(nbc))
+        return open_bound
+
+    def _solve_int(
+        self,
+        cap: Capacity,
+        backend: str,
+        deadline: float | None,
+        threads: int,
+        seed: int,
+        cancel: threading.Event | None,
+        hint: np.ndarray | None,
+    ) -> IntSolution:
+        remaining = None
+        if deadline is not None:
+            remaining = deadline - time.perf_counter()
+            if remaining <= 0.01:
+                raise DeadlineReached("time limit reached during column generation")
+        if not cap.classes:
+            return IntSolution(
+                "optimal", np.zeros(cap.program.n_vars, dtype=np.int64), 0, 0.0, False, 0.0
+            )
+        program = cap.program
+        if hint is not None:
+            program = IntProgram(
+                program.lb, program.ub, program.obj, program.rows, program.names, hint
+            )
+        return solve_program(
+            program, backend, time_limit=remaining, threads=threads, seed=seed, cancel=cancel
+        )
+
+    def _integer_master(self, theta: float, columns: list[tuple[int, Config]]) -> Capacity:
+        """The program of :func:`~ntp_opt.planners.exact.model.build_capacity` over ``columns``."""
+        prep = self.prep
+        job = prep.instance.job
+        lb: list[int] = []
+        ub: list[int] = []
+        obj: list[int] = []
+        names: list[str] = []
+        cols: list[tuple[tuple[int, ...], int, Config]] = []
+        rows: list[Row] = []
+        class_terms: dict[tuple[int, int], list[tuple[int, int]]] = {}
+        site_var: list[int] = []
+        site_coef: list[int] = []
+        by_owner: dict[int, list[int]] = {}
+        rack_terms: dict[tuple[int, int], dict[int, int]] = {}
+        for oi, cfg in columns:
+            ow = self.owners[oi]
+            j = len(lb)
+            lb.append(0)
+            ub.append(ow.size)
+            obj.append(0)
+            names.append(f"u{ow.units[0]}d{ow.pos}c{j}")
+            cols.append((ow.units, ow.pos, cfg))
+            by_owner.setdefault(oi, []).append(j)
+            counts: dict[tuple[int, int], int] = {}
+            for st in cfg.stages:
+                counts[(st.t, st.b)] = counts.get((st.t, st.b), 0) + 1
+            for key, k in counts.items():
+                class_terms.setdefault(key, []).append((j, k))
+            extra = ceil_mw(sum(cfg.extra_w))
+            if extra:
+                site_var.append(j)
+                site_coef.append(extra)
+            if ow.multi is not None:
+                for r, x in enumerate(cfg.extra_w):
+                    if x:
+                        rack_terms.setdefault((ow.multi, r), {})[j] = ceil_mw(x)
+        for oi, vars_here in by_owner.items():
+            ow = self.owners[oi]
+            rows.append(Row(tuple(vars_here), (1,) * len(vars_here), None, ow.size, f"owner{oi}"))
+        for (u, r), terms in rack_terms.items():
+            unit = prep.units[u]
+            room = unit.budget_mw[r] - ceil_mw(unit.idle_w[r])
+            rows.append(Row(tuple(terms), tuple(terms.values()), None, room, f"rack{r}@{u}"))
+        n_offset = len(lb)
+        classes = tuple(sorted(class_terms, key=lambda k: (-k[0], -k[1])))
+        for t, b in classes:
+            lb.append(0)
+            ub.append(job.replicas_max)
+            obj.append(b)
+            names.append(f"n[{t},{b}]")
+        for i, key in enumerate(classes):
+            counted = class_terms[key]
+            rows.append(
+                Row(
+                    (*(j for j, _ in counted), n_offset + i),
+                    (*(k for _, k in counted), -job.pp),
+                    0,
+                    0,
+                    f"stages{key}",
+                )
+            )
+        n_vars = tuple(range(n_offset, n_offset + len(classes)))
+        if classes:
+            rows.append(Row(n_vars, (1,) * len(classes), None, job.replicas_max, "dp_max"))
+            rows.append(
+                Row(n_vars, tuple(b for _, b in classes), None, job.global_batch, "global_batch")
+            )
+        if site_var:
+            room = prep.site_budget_mw - ceil_mw(prep.site_idle_w)
+            rows.append(Row(tuple(site_var), tuple(site_coef), None, room, "site"))
+        program = IntProgram(
+            lb=np.array(lb, dtype=np.int64),
+            ub=np.array(ub, dtype=np.int64),
+            obj=np.array(obj, dtype=np.int64),
+            rows=tuple(rows),
+            names=tuple(names),
+        )
+        return Capacity(theta, self.degrees, program, tuple(cols), classes, n_offset)
+
+
+def _map_solution(old: Capacity, x: np.ndarray, new: Capacity) -> np.ndarray:
+    """``x`` (a solution of ``old``) as a solution of ``new``, whose columns extend ``old``'s."""
+    y = np.zeros(new.program.n_vars, dtype=np.int64)
+    y[: old.n_offset] = x[: old.n_offset]
+    where = {key: i for i, key in enumerate(new.classes)}
+    for i, key in enumerate(old.classes):
+        y[new.n_offset + where[key]] = x[old.n_offset + i]
+    return y

@@ -1,0 +1,174 @@
+"""Column generation (ntp_opt/planners/exact/colgen.py) against the full capacity program.
+
+On instances where every configuration can be listed (model.domain_configs),
+the generated program must give the same C(theta'), its LP bound must never
+be below the integer value, and the pricing search must find the same best
+configuration as a scan of every configuration.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from ntp_opt import Instance, Job
+from ntp_opt.model import topology
+from ntp_opt.planners.exact.backends import available_backends, solve_program
+from ntp_opt.planners.exact.colgen import (
+    ColumnGeneration,
+    Pricing,
+    ceil_mw,
+    column_generation_available,
+    column_generation_for,
+    owners,
+)
+from ntp_opt.planners.exact.model import build_capacity, domain_configs, iter_stages, prepare
+
+pytestmark = pytest.mark.skipif(
+    not column_generation_available() or "cpsat" not in available_backends(),
+    reason="needs highspy and ortools",
+)
+
+
+def small_instance(seed: int) -> Instance:
+    """A small cluster where several stages share a domain (TP4 or TP8 on 16-32 GPU
+    domains, NVL8-like racks of several domains), boost on or off, budgets tight or not."""
+    rng = np.random.default_rng(seed)
+    shapes = [
+        (2, 16, 4, 4),  # one 16-GPU domain per rack
+        (3, 16, 4, 4),
+        (2, 32, 4, 8),  # one 32-GPU domain per rack: TP8 x 4 or TP4 x 8
+        (4, 8, 4, 4),  # two 8-GPU domains per rack (a multi-domain unit)
+        (2, 24, 4, 6),
+    ]
+    nd, size, tray, tpr = shapes[seed % len(shapes)]
+    g = topology.build_cluster(
+        nd, size, tray, tpr, rack_power_factor=float(rng.choice([1.0, 1.1, 1.3]))
+    )
+    gpus = topology.gpus(g)
+    picks = rng.permutation(len(gpus))
+    n_fail, n_slow = int(rng.integers(0, 4)), int(rng.integers(0, 3))
+    topology.fail_gpus(g, [gpus[i] for i in picks[:n_fail]])
+    for i in picks[n_fail : n_fail + n_slow]:
+        topology.set_speed(g, [gpus[i]], float(rng.choice([0.7, 0.9])))
+    g.graph["power_budget_w"] = float(rng.choice([0.95, 1.0, 1.2])) * 1000 * len(gpus)
+    tp = int(rng.choice([4, 8]))
+    dp = int(rng.integers(2, 6))
+    batch = int(rng.integers(dp, 4 * dp + 1))
+    job = Job(
+        tp=tp,
+        tp_min=int(rng.choice([tp - 1, tp])),
+        pp=int(rng.choice([1, 2, 3])),
+        dp=dp,
+        dp_max=dp + int(rng.integers(0, 3)),
+        global_batch=batch,
+        max_local_batch=-(-batch // dp) + int(rng.integers(0, 3)),
+        batch_policy=str(rng.choice(["fixed", "elastic"])),
+        power_exponent=float(rng.choice([0.65, 0.3, 1.0])),
+        max_boost=float(rng.choice([0.3, 0.0, 0.5])),
+        idle_power_fraction=float(rng.choice([0.1, 0.0, 0.3])),
+    )
+    return Instance(f"colgen-{seed}", g, job)
+
+
+def thetas(inst: Instance, degrees: tuple[int, ...], count: int = 5) -> list[float]:
+    """Step times across the range where C changes (from one sequence to all)."""
+    job = inst.job
+    top = min(job.local_batch_max, job.global_batch) * job.seq_time_s / job.tp_factor(min(degrees))
+    return [float(x) for x in np.geomspace(0.4 * job.seq_time_s, 1.3 * top, count)]
+
+
+def full_capacity(inst: Instance, theta: float, degrees: tuple[int, ...]) -> int:
+    cap = build_capacity(prepare(inst), theta, degrees)
+    if not cap.classes:
+        return 0
+    sol = solve_program(cap.program, "cpsat")
+    assert sol.status == "optimal"
+    return int(sol.objective or 0)
+
+
+@pytest.mark.parametrize("seed", range(15))
+def test_capacity_equals_full_program(seed):
+    inst = small_instance(seed)
+    prep = prepare(inst)
+    for degrees in {(inst.job.tp,), inst.job.allowed}:
+        cg = ColumnGeneration(prep, degrees)  # one object across step times: patterns carry over
+        for theta in thetas(inst, degrees):
+            want = full_capacity(inst, theta, degrees)
+            got = cg.solve(theta, "cpsat")
+            assert got.lower <= want <= got.upper, (theta, degrees)
+            assert got.lp_value + 1e-6 >= got.lower  # the LP relaxes the integer master
+            assert got.upper == got.lower == want, (theta, degrees)  # closed: proven
+            # the solution's stages are real stages of the instance
+            stages = list(iter_stages(prep, got.capacity, got.solution.x))
+            assert sum(b for _, b, *_ in stages) == got.lower * inst.job.pp
+
+
+@pytest.mark.parametrize("seed", range(10))
+def test_configurations_and_pricing_match_enumeration(seed):
+    inst = small_instance(seed)
+    prep = prepare(inst)
+    rng = np.random.default_rng(1000 + seed)
+    degrees = inst.job.allowed
+    for theta in thetas(inst, degrees, 3):
+        for ow in owners(prep):
+            unit = prep.units[ow.units[0]]
+            dom = prep.domains[unit.domains[ow.pos]]
+            pr = Pricing(prep, ow, theta, degrees)
+            # the same configurations as the full model lists (after its fit filter)
+            listed = [
+                c
+                for c in domain_configs(prep, dom, len(unit.racks), theta, degrees)[1:]
+                if pr.fits(c.extra_w)
+            ]
+            assert pr.enumerate() == listed
+            for _ in range(6):
+                worth = {k: float(rng.normal(0.5, 1.0)) for k in pr.options}
+                sigma = float(rng.choice([0.0, 1e-6, 1e-5]))
+                rho = tuple(float(rng.choice([0.0, 1e-6])) for _ in unit.racks)
+
+                def price(c, worth=worth, sigma=sigma, rho=rho):
+                    v = sum(worth[(s.t, s.b)] for s in c.stages) - sigma * ceil_mw(sum(c.extra_w))
+                    return v - sum(
+                        r * ceil_mw(x) for r, x in zip(rho, c.extra_w, strict=True) if r and x
+                    )
+
+                brute = max([0.0] + [price(c) for c in listed])
+                best, found = pr.price(worth, sigma, rho, 0.0, keep=3)
+                assert best == pytest.approx(brute, abs=1e-9)
+                # the best few: real configurations, priced right, the best one first
+                assert len(found) <= 3 and all(c in listed for _, c in found)
+                assert [sc for sc, _ in found] == sorted((price(c) for _, c in found), reverse=True)
+                assert all(sc > 0 for sc, _ in found)
+                if brute > 0:
+                    assert found[0][0] == pytest.approx(brute, abs=1e-9)
+                # every configuration above a threshold, none missed
+                cut = brute - 1.0
+                _, above = pr.price(worth, sigma, rho, cut, keep=None)
+                assert sorted(sc for sc, _ in above) == pytest.approx(
+                    sorted(price(c) for c in listed if price(c) > cut)
+                )
+
+
+def test_beyond_the_configuration_cap():
+    # TP8 on 72-GPU domains: nine stages per domain, beyond model.MAX_CONFIGS; column
+    # generation still gives an integer solution, bounded by its LP
+    g = topology.gb200_nvl72(2)
+    topology.fail_random(g, count=3, seed=1)
+    inst = Instance("tp8", g, Job(tp=8, pp=2, dp=8, global_batch=64, batch_policy="elastic"))
+    prep = prepare(inst)
+    cg = ColumnGeneration(prep, inst.job.allowed)
+    for theta in (2.0, 4.0, 6.5):
+        got = cg.solve(theta, "cpsat")
+        assert 0 < got.lower <= got.upper <= got.lp_value + 1e-6
+        assert got.columns < 20_000
+
+
+def test_refused_when_stage_kinds_are_too_many():
+    # B = M = 100,000: a stage could carry any of 100,000 levels at the largest
+    # step time; column generation declines (the search then keeps `fast`'s plan)
+    g = topology.build_cluster(2, 4, 2, 2)
+    job = Job(tp=4, pp=1, dp=2, global_batch=100_000, max_local_batch=100_000)
+    prep = prepare(Instance("big-batch", g, job))
+    assert column_generation_for(prep, (4,), 1e9) is None
+    assert column_generation_for(prep, (4,), 1.0) is not None
