@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -40,8 +41,11 @@ def _keys(out: Path) -> list[str]:
     return [r["key"] for r in read_rows(out / RESULTS)]
 
 
-def test_rows_summary_plots(tmp_path: Path, small: Path) -> None:
-    out = tmp_path / "out"
+@pytest.fixture(scope="module")
+def first_run(tmp_path_factory: pytest.TempPathFactory, small: Path) -> tuple[Path, list[dict]]:
+    """One bench of tiny and small with every planner (two workers), shared by the
+    row checks and the resume test (which starts from a copy of its folder)."""
+    out = tmp_path_factory.mktemp("bench") / "out"
     rows = run_bench(
         [TINY, small],
         PLANNERS,
@@ -52,6 +56,11 @@ def test_rows_summary_plots(tmp_path: Path, small: Path) -> None:
         workers=2,
         progress=False,
     )
+    return out, rows
+
+
+def test_rows_summary_plots(first_run: tuple[Path, list[dict]]) -> None:
+    out, rows = first_run
     assert len(rows) == 4
     assert {(Path(r["file"]).name, r["planner"]) for r in rows} == {
         (f, p) for f in ("tiny.json", "small.json") for p in PLANNERS
@@ -73,10 +82,12 @@ def test_rows_summary_plots(tmp_path: Path, small: Path) -> None:
     assert opt["validated"] is True and len(opt["sha256"]) == 64
 
 
-def test_resume_after_kill_mid_write(tmp_path: Path, small: Path) -> None:
+def test_resume_after_kill_mid_write(
+    tmp_path: Path, small: Path, first_run: tuple[Path, list[dict]]
+) -> None:
     out = tmp_path / "out"
     kw: dict[str, Any] = {"time_limit": HANG_GUARD, "timeout": HANG_GUARD, "progress": False}
-    run_bench([TINY, small], PLANNERS, [0], out, **kw)
+    shutil.copytree(first_run[0], out)  # a finished run of [TINY, small] x PLANNERS
     results = out / RESULTS
     lines = results.read_text().splitlines(keepends=True)
     assert len(lines) == 4
