@@ -55,6 +55,7 @@ from ntp_opt.planners.exact.model import (
     MAX_CONFIGS,
     MW,
     Capacity,
+    CapacityBuilder,
     Config,
     DeadlineReached,
     Domain,
@@ -62,11 +63,11 @@ from ntp_opt.planners.exact.model import (
     Prepared,
     StageChoice,
     Unit,
+    ceil_mw,
     max_level,
     stage_power,
 )
 from ntp_opt.planners.exact.program import IntProgram, IntSolution, Row
-from ntp_opt.rules.tolerances import MW_ROUND_SLACK
 
 __all__ = [
     "ColumnGeneration",
@@ -96,11 +97,6 @@ ENUM_GAP = 2
 MAX_NODES = 40
 #: Patterns kept per owner between step times.
 POOL_SIZE = 400
-
-
-def ceil_mw(watts: float) -> int:
-    """Watts as integer milliwatts, rounded up (as the full model rounds draws)."""
-    return math.ceil(watts * MW - MW_ROUND_SLACK)
 
 
 def _check(deadline: float | None) -> None:
@@ -1034,82 +1030,27 @@ class ColumnGeneration:
     def _integer_master(self, theta: float, columns: list[tuple[int, Config]]) -> Capacity:
         """The program of :func:`~ntp_opt.planners.exact.model.build_capacity` over ``columns``."""
         prep = self.prep
-        job = prep.instance.job
-        lb: list[int] = []
-        ub: list[int] = []
-        obj: list[int] = []
-        names: list[str] = []
-        cols: list[tuple[tuple[int, ...], int, Config]] = []
-        rows: list[Row] = []
-        class_terms: dict[tuple[int, int], list[tuple[int, int]]] = {}
-        site_var: list[int] = []
-        site_coef: list[int] = []
+        out = CapacityBuilder(prep)
         by_owner: dict[int, list[int]] = {}
         rack_terms: dict[tuple[int, int], dict[int, int]] = {}
         for oi, cfg in columns:
             ow = self.owners[oi]
-            j = len(lb)
-            lb.append(0)
-            ub.append(ow.size)
-            obj.append(0)
-            names.append(f"u{ow.units[0]}d{ow.pos}c{j}")
-            cols.append((ow.units, ow.pos, cfg))
+            j = out.add_column(ow.units, ow.pos, cfg, ow.size)
             by_owner.setdefault(oi, []).append(j)
-            counts: dict[tuple[int, int], int] = {}
-            for st in cfg.stages:
-                counts[(st.t, st.b)] = counts.get((st.t, st.b), 0) + 1
-            for key, k in counts.items():
-                class_terms.setdefault(key, []).append((j, k))
-            extra = ceil_mw(sum(cfg.extra_w))
-            if extra:
-                site_var.append(j)
-                site_coef.append(extra)
             if ow.multi is not None:
                 for r, x in enumerate(cfg.extra_w):
                     if x:
                         rack_terms.setdefault((ow.multi, r), {})[j] = ceil_mw(x)
         for oi, vars_here in by_owner.items():
             ow = self.owners[oi]
-            rows.append(Row(tuple(vars_here), (1,) * len(vars_here), None, ow.size, f"owner{oi}"))
+            out.rows.append(
+                Row(tuple(vars_here), (1,) * len(vars_here), None, ow.size, f"owner{oi}")
+            )
         for (u, r), terms in rack_terms.items():
             unit = prep.units[u]
             room = unit.budget_mw[r] - ceil_mw(unit.idle_w[r])
-            rows.append(Row(tuple(terms), tuple(terms.values()), None, room, f"rack{r}@{u}"))
-        n_offset = len(lb)
-        classes = tuple(sorted(class_terms, key=lambda k: (-k[0], -k[1])))
-        for t, b in classes:
-            lb.append(0)
-            ub.append(job.replicas_max)
-            obj.append(b)
-            names.append(f"n[{t},{b}]")
-        for i, key in enumerate(classes):
-            counted = class_terms[key]
-            rows.append(
-                Row(
-                    (*(j for j, _ in counted), n_offset + i),
-                    (*(k for _, k in counted), -job.pp),
-                    0,
-                    0,
-                    f"stages{key}",
-                )
-            )
-        n_vars = tuple(range(n_offset, n_offset + len(classes)))
-        if classes:
-            rows.append(Row(n_vars, (1,) * len(classes), None, job.replicas_max, "dp_max"))
-            rows.append(
-                Row(n_vars, tuple(b for _, b in classes), None, job.global_batch, "global_batch")
-            )
-        if site_var:
-            room = prep.site_budget_mw - ceil_mw(prep.site_idle_w)
-            rows.append(Row(tuple(site_var), tuple(site_coef), None, room, "site"))
-        program = IntProgram(
-            lb=np.array(lb, dtype=np.int64),
-            ub=np.array(ub, dtype=np.int64),
-            obj=np.array(obj, dtype=np.int64),
-            rows=tuple(rows),
-            names=tuple(names),
-        )
-        return Capacity(theta, self.degrees, program, tuple(cols), classes, n_offset)
+            out.rows.append(Row(tuple(terms), tuple(terms.values()), None, room, f"rack{r}@{u}"))
+        return out.finish(theta, self.degrees)
 
 
 def _map_solution(old: Capacity, x: np.ndarray, new: Capacity) -> np.ndarray:

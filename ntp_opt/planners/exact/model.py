@@ -105,7 +105,8 @@ def _check_deadline(deadline: float | None) -> None:
         raise DeadlineReached("time limit reached while building a capacity program")
 
 
-def _ceil_mw(watts: float) -> int:
+def ceil_mw(watts: float) -> int:
+    """Watts as integer milliwatts, rounded up (draws are rounded up, budgets down)."""
     return math.ceil(watts * MW - MW_ROUND_SLACK)
 
 
@@ -429,9 +430,101 @@ class Capacity:
 
 def _unit_fits(unit: Unit, extra_w: tuple[float, ...]) -> bool:
     return all(
-        _ceil_mw(idle + x) <= budget
+        ceil_mw(idle + x) <= budget
         for idle, x, budget in zip(unit.idle_w, extra_w, unit.budget_mw, strict=True)
     )
+
+
+class CapacityBuilder:
+    """Columns and rows of a capacity program, then its common tail.
+
+    Callers add the configuration columns (:meth:`add_column`) and their own
+    rows (``rows``: one per domain class or owner, rack budgets); :meth:`finish`
+    adds the replica-class variables ``n[t, b]`` with their rows
+    (``sum of stages of class (t, b) = pp * n[t, b]``), ``dp_max``,
+    ``global_batch`` and the site budget, in that order.
+
+    Parameters
+    ----------
+    prep
+        From :func:`prepare`.
+    limit
+        Largest number of columns (:class:`ModelTooLarge` beyond), or ``None``.
+    """
+
+    def __init__(self, prep: Prepared, limit: int | None = None) -> None:
+        self.prep = prep
+        self.limit = limit
+        self.lb: list[int] = []
+        self.ub: list[int] = []
+        self.obj: list[int] = []
+        self.names: list[str] = []
+        self.columns: list[tuple[tuple[int, ...], int, Config]] = []
+        self.rows: list[Row] = []
+        self.class_terms: dict[tuple[int, int], list[tuple[int, int]]] = {}
+        self.site_var: list[int] = []
+        self.site_coef: list[int] = []
+
+    def add_column(self, units: tuple[int, ...], pos: int, cfg: Config, upper: int) -> int:
+        """Add a variable ``0..upper`` counting ``cfg`` on domain ``pos`` of ``units``."""
+        j = len(self.lb)
+        if self.limit is not None and j >= self.limit:
+            raise ModelTooLarge(f"more than {self.limit} domain configurations in all")
+        self.lb.append(0)
+        self.ub.append(upper)
+        self.obj.append(0)
+        self.names.append(f"u{units[0]}d{pos}c{j}")
+        self.columns.append((units, pos, cfg))
+        counts: dict[tuple[int, int], int] = {}
+        for st in cfg.stages:
+            counts[(st.t, st.b)] = counts.get((st.t, st.b), 0) + 1
+        for key, k in counts.items():
+            self.class_terms.setdefault(key, []).append((j, k))
+        extra = ceil_mw(sum(cfg.extra_w))
+        if extra:
+            self.site_var.append(j)
+            self.site_coef.append(extra)
+        return j
+
+    def finish(self, theta: float, degrees: tuple[int, ...]) -> Capacity:
+        """The program, with the replica classes, ``dp_max``, ``global_batch`` and site rows."""
+        job = self.prep.instance.job
+        lb, ub, obj, names, rows = self.lb, self.ub, self.obj, self.names, self.rows
+        n_offset = len(lb)
+        classes = tuple(sorted(self.class_terms, key=lambda k: (-k[0], -k[1])))
+        for t, b in classes:
+            lb.append(0)
+            ub.append(job.replicas_max)
+            obj.append(b)
+            names.append(f"n[{t},{b}]")
+        for i, key in enumerate(classes):
+            column_counts = self.class_terms[key]
+            rows.append(
+                Row(
+                    (*(j for j, _ in column_counts), n_offset + i),
+                    (*(k for _, k in column_counts), -job.pp),
+                    0,
+                    0,
+                    f"stages{key}",
+                )
+            )
+        n_vars = tuple(range(n_offset, n_offset + len(classes)))
+        if classes:
+            rows.append(Row(n_vars, (1,) * len(classes), None, job.replicas_max, "dp_max"))
+            rows.append(
+                Row(n_vars, tuple(b for _, b in classes), None, job.global_batch, "global_batch")
+            )
+        if self.site_var:
+            room = self.prep.site_budget_mw - ceil_mw(self.prep.site_idle_w)
+            rows.append(Row(tuple(self.site_var), tuple(self.site_coef), None, room, "site"))
+        program = IntProgram(
+            lb=np.array(lb, dtype=np.int64),
+            ub=np.array(ub, dtype=np.int64),
+            obj=np.array(obj, dtype=np.int64),
+            rows=tuple(rows),
+            names=tuple(names),
+        )
+        return Capacity(theta, degrees, program, tuple(self.columns), classes, n_offset)
 
 
 def build_capacity(
@@ -454,44 +547,15 @@ def build_capacity(
     -------
     Capacity
     """
-    job = prep.instance.job
-    lb: list[int] = []
-    ub: list[int] = []
-    obj: list[int] = []
-    names: list[str] = []
-    columns: list[tuple[tuple[int, ...], int, Config]] = []
-    rows: list[Row] = []
-    class_terms: dict[tuple[int, int], list[tuple[int, int]]] = {}
-    site_var: list[int] = []
-    site_coef: list[int] = []
-
-    def add_column(units: tuple[int, ...], pos: int, cfg: Config, upper: int) -> int:
-        j = len(lb)
-        if j >= MAX_CONFIGS:
-            raise ModelTooLarge(f"more than {MAX_CONFIGS} domain configurations in all")
-        lb.append(0)
-        ub.append(upper)
-        obj.append(0)
-        names.append(f"u{units[0]}d{pos}c{len(columns)}")
-        columns.append((units, pos, cfg))
-        counts: dict[tuple[int, int], int] = {}
-        for st in cfg.stages:
-            counts[(st.t, st.b)] = counts.get((st.t, st.b), 0) + 1
-        for key, k in counts.items():
-            class_terms.setdefault(key, []).append((j, k))
-        extra = _ceil_mw(sum(cfg.extra_w))
-        if extra:
-            site_var.append(j)
-            site_coef.append(extra)
-        return j
-
+    out = CapacityBuilder(prep, MAX_CONFIGS)
+    rows = out.rows
     for members in prep.classes:
         unit = prep.units[members[0]]
         dom = prep.domains[unit.domains[0]]
         vars_here = []
         for cfg in domain_configs(prep, dom, len(unit.racks), theta, degrees, deadline)[1:]:
             if _unit_fits(unit, cfg.extra_w):
-                vars_here.append(add_column(members, 0, cfg, len(members)))
+                vars_here.append(out.add_column(members, 0, cfg, len(members)))
         if vars_here:
             rows.append(
                 Row(
@@ -511,54 +575,18 @@ def build_capacity(
             for cfg in domain_configs(prep, dom, len(unit.racks), theta, degrees, deadline)[1:]:
                 if not _unit_fits(unit, cfg.extra_w):
                     continue
-                j = add_column((u,), pos, cfg, 1)
+                j = out.add_column((u,), pos, cfg, 1)
                 vars_here.append(j)
                 for r, x in enumerate(cfg.extra_w):
                     if x:
-                        rack_terms[r][j] = _ceil_mw(x)
+                        rack_terms[r][j] = ceil_mw(x)
             if vars_here:
                 rows.append(Row(tuple(vars_here), (1,) * len(vars_here), None, 1, f"dom{d}"))
         for r, terms in enumerate(rack_terms):
-            room = unit.budget_mw[r] - _ceil_mw(unit.idle_w[r])
+            room = unit.budget_mw[r] - ceil_mw(unit.idle_w[r])
             if terms:
                 rows.append(Row(tuple(terms), tuple(terms.values()), None, room, f"rack{r}@{u}"))
-
-    # replica classes: sum of stages of class (t, b) = pp * n[t, b]
-    n_offset = len(lb)
-    classes = tuple(sorted(class_terms, key=lambda k: (-k[0], -k[1])))
-    for t, b in classes:
-        lb.append(0)
-        ub.append(job.replicas_max)
-        obj.append(b)
-        names.append(f"n[{t},{b}]")
-    for i, key in enumerate(classes):
-        column_counts = class_terms[key]
-        rows.append(
-            Row(
-                (*(j for j, _ in column_counts), n_offset + i),
-                (*(k for _, k in column_counts), -job.pp),
-                0,
-                0,
-                f"stages{key}",
-            )
-        )
-    n_vars = tuple(range(n_offset, n_offset + len(classes)))
-    if classes:
-        rows.append(Row(n_vars, (1,) * len(classes), None, job.replicas_max, "dp_max"))
-        rows.append(
-            Row(n_vars, tuple(b for _, b in classes), None, job.global_batch, "global_batch")
-        )
-    if site_var:
-        room = prep.site_budget_mw - _ceil_mw(prep.site_idle_w)
-        rows.append(Row(tuple(site_var), tuple(site_coef), None, room, "site"))
-    program = IntProgram(
-        lb=np.array(lb, dtype=np.int64),
-        ub=np.array(ub, dtype=np.int64),
-        obj=np.array(obj, dtype=np.int64),
-        rows=tuple(rows),
-        names=tuple(names),
-    )
-    return Capacity(theta, degrees, program, tuple(columns), classes, n_offset)
+    return out.finish(theta, degrees)
 
 
 def iter_stages(prep: Prepared, cap: Capacity, x: np.ndarray) -> Iterator[StagePick]:
