@@ -199,7 +199,7 @@ def stage_bound(instance: Instance) -> float:
     tdps = np.zeros((a.n_domains, width))
     tdps[dom[by_tdp], np.arange(len(dom)) - starts[dom[by_tdp]]] = tdp[by_tdp]
     key = np.hstack([h[:, None].astype(float), speeds, tdps, dom_hi[:, None]])
-    rows, counts = np.unique(key, axis=0, return_counts=True)
+    rows, counts = _unique_rows(key)
     h_cls = rows[:, 0].astype(np.int64)
     s_cls = rows[:, 1 : 1 + width]
     w_cls = rows[:, 1 + width : 1 + 2 * width]
@@ -236,6 +236,48 @@ def stage_bound(instance: Instance) -> float:
             )
         best = max(best, case)
     return float(best)
+
+
+def _unique_rows(key: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """``np.unique(key, axis=0, return_counts=True)`` for a float matrix, faster.
+
+    The same rows in the same (lexicographic) order with the same counts:
+    rows are grouped by a hash of their bits (checked; on a collision the
+    plain ``np.unique`` answers), and only the distinct rows are sorted.
+    """
+    key = np.ascontiguousarray(key + 0.0)  # -0.0 -> 0.0: equal rows, equal bits
+    n, m = key.shape
+    if n == 0 or m == 0:
+        rows, counts = np.unique(key, axis=0, return_counts=True)
+        return rows, counts
+    bits = key.view(np.uint64)
+    mult = np.arange(1, 2 * m, 2, dtype=np.uint64) * np.uint64(0x9E3779B97F4A7C15)
+    mult |= np.uint64(1)
+    hashed = (bits * mult).sum(axis=1, dtype=np.uint64)  # wraps: a hash, checked below
+    _, first, inverse = np.unique(hashed, return_index=True, return_inverse=True)
+    reps = key[first]
+    if not np.array_equal(reps[inverse], key):
+        rows, counts = np.unique(key, axis=0, return_counts=True)
+        return rows, counts
+    order = np.lexsort(reps.T[::-1])  # first column most significant
+    return reps[order], np.bincount(inverse, minlength=len(reps))[order]
+
+
+def _masked_row_sums(x: np.ndarray, on: np.ndarray) -> np.ndarray:
+    """Per row of ``x``, ``x[row][on[row]].sum()``: bit for bit, numpy's own sum.
+
+    Rows with the same number of selected entries are summed together as a
+    contiguous matrix, which numpy reduces row by row exactly as a 1-D array
+    (the same pairwise order).
+    """
+    out = np.zeros(x.shape[0])
+    counts = on.sum(axis=1)
+    for c in np.unique(counts).tolist():
+        if c == 0:
+            continue
+        rows = np.flatnonzero(counts == c)
+        out[rows] = x[rows][on[rows]].reshape(len(rows), c).sum(axis=1)
+    return out
 
 
 def _fixed_case_bound(
