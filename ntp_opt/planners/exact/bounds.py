@@ -238,6 +238,10 @@ def stage_bound(instance: Instance) -> float:
     return float(best)
 
 
+_BATCH = 1 << 15
+"""About how many numbers one batched dual evaluation handles (speed only)."""
+
+
 def _unique_rows(key: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """``np.unique(key, axis=0, return_counts=True)`` for a float matrix, faster.
 
@@ -445,65 +449,140 @@ def _case_bound(
     if cap_gpus <= 0:
         return 0.0
 
-    def best_pi(v: np.ndarray, w: np.ndarray, lam: float, hi: np.ndarray) -> np.ndarray:
-        hi = np.broadcast_to(hi, v.shape)
+    n_cls = len(h)
+    # numbers per (lambda, mu) point; batches are sized to about _BATCH of them
+    per_point = max(1, val_s.size + gv.size)
+
+    def best_pi(v: np.ndarray, w: np.ndarray, lam: np.ndarray, hi: np.ndarray) -> np.ndarray:
+        """The best multiplier per option, at each ``lam`` (broadcast against ``v``)."""
+        shape = np.broadcast_shapes(v.shape, lam.shape, np.shape(hi))
         if alpha <= 0 or bool(np.all(hi <= 1.0)):
-            return np.ones_like(v)
-        if lam <= 0:
-            return np.array(hi, dtype=float)
-        if alpha >= 1:  # convex or linear in pi: the best is an end point
-            at_hi = v * hi**alpha - lam * w * hi
-            at_one = v - lam * w
-            return np.where(at_hi > at_one, hi, 1.0)
-        # w > 0 (TDPs are positive); v = 0 gives pi = 0, clipped to 1
-        return np.clip((alpha * v / (lam * w)) ** (1.0 / (1.0 - alpha)), 1.0, hi)
+            return np.ones(shape)
+        with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
+            if alpha >= 1:  # convex or linear in pi: the best is an end point
+                at_hi = v * hi**alpha - lam * w * hi
+                at_one = v - lam * w
+                pi = np.where(at_hi > at_one, hi, 1.0)
+            else:  # w > 0 (TDPs are positive); v = 0 gives pi = 0, clipped to 1
+                pi = np.clip((alpha * v / (lam * w)) ** (1.0 / (1.0 - alpha)), 1.0, hi)
+        return np.where(lam <= 0, np.broadcast_to(hi, shape), pi)
+
+    def duals(lam: np.ndarray, mu: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Dual values and the used watts and GPUs of their maximisers, per ``(lam, mu)``.
+
+        Each point gives bit for bit what evaluating it alone would: the
+        same element-wise operations, and every sum over the selected
+        options is numpy's sum of exactly those entries (:func:`_masked_row_sums`).
+        """
+        total = lam * room + mu * cap_gpus
+        watts = np.zeros(len(lam))
+        gpus = np.zeros(len(lam))
+        if val_s.size:
+            lam3, mu3 = lam[:, None, None], mu[:, None, None]
+            pi = best_pi(val_s, w_s, lam3, hi_s)
+            gain = val_s * pi**alpha - lam3 * w_s * (pi - idle) - mu3 * n_s
+            gain = np.where(val_s > 0, gain, -np.inf)
+            k = np.argmax(gain, axis=2)
+            g = np.take_along_axis(gain, k[:, :, None], axis=2)[:, :, 0]
+            on = single & (g > 0)
+            total = total + _masked_row_sums(g * counts, on)
+            pk = np.take_along_axis(pi, k[:, :, None], axis=2)[:, :, 0]
+            wk = w_s[np.arange(n_cls), k]
+            watts = watts + _masked_row_sums(wk * (pk - idle) * counts, on)
+            gpus = gpus + np.where(on, n_s[k] * counts, 0.0).sum(axis=1)
+        if gv.size:
+            lam2, mu2 = lam[:, None], mu[:, None]
+            pi = best_pi(gv, gw, lam2, ghi)
+            gain = gv * pi**alpha - lam2 * gw * (pi - idle) - mu2
+            on = gain > 0
+            total = total + _masked_row_sums(gain * gc, on)
+            watts = watts + _masked_row_sums(gw * (pi - idle) * gc, on)
+            gpus = gpus + np.where(on, gc, 0.0).sum(axis=1)
+        return total, watts, gpus
 
     def dual(lam: float, mu: float) -> tuple[float, float, float]:
         """Dual value and the used watts and GPUs of its maximiser."""
-        total = lam * room + mu * cap_gpus
-        watts = 0.0
-        gpus = 0.0
-        if val_s.size:
-            pi = best_pi(val_s, w_s, lam, hi_s)
-            gain = val_s * pi**alpha - lam * w_s * (pi - idle) - mu * n_s[None, :]
-            gain = np.where(val_s > 0, gain, -np.inf)
-            k = np.argmax(gain, axis=1)
-            g = gain[np.arange(len(k)), k]
-            on = single & (g > 0)
-            total += float((g[on] * counts[on]).sum())
-            rows = np.flatnonzero(on)
-            watts += float((w_s[rows, k[rows]] * (pi[rows, k[rows]] - idle) * counts[rows]).sum())
-            gpus += float((n_s[k[rows]] * counts[rows]).sum())
-        if gv.size:
-            pi = best_pi(gv, gw, lam, ghi)
-            gain = gv * pi**alpha - lam * gw * (pi - idle) - mu
-            on = gain > 0
-            total += float((gain[on] * gc[on]).sum())
-            watts += float((gw[on] * (pi[on] - idle) * gc[on]).sum())
-            gpus += float(gc[on].sum())
-        return total, watts, gpus
+        v, w, g = duals(np.array([lam]), np.array([mu]))
+        return float(v[0]), float(w[0]), float(g[0])
+
+    # the lambda doubling steps of the search: 1e-12 * 4**k, k = 0..40
+    ups = [1e-12]
+    while ups[-1] <= 1e12:
+        ups.append(ups[-1] * 4.0)
+
+    def inner_many(mus: list[float]) -> tuple[list[float], list[float]]:
+        """min over lambda of the dual at each ``mu``; and the GPUs used there.
+
+        The same steps as a search per ``mu`` (the dual at ``lambda = 0``;
+        doubling ``lambda`` by 4 from 1e-12 until the power fits or past
+        1e12; 40 bisection steps keeping the smallest value), run for all
+        ``mu`` at once: the doubling candidates are evaluated in one batch,
+        and each bisection round evaluates every midpoint the next ``depth``
+        steps could visit, then follows the path the steps take.
+        """
+        n_mu = len(mus)
+        mu_arr = np.array(mus, dtype=float)
+        cand = np.array([0.0, *ups])  # lambda = 0, then the doubling steps
+        v, w, g = (
+            x.reshape(n_mu, len(cand))
+            for x in duals(np.tile(cand, n_mu), np.repeat(mu_arr, len(cand)))
+        )
+        values, used = v[:, 0].tolist(), g[:, 0].tolist()
+        active: list[int] = []
+        los: list[float] = []
+        hs: list[float] = []
+        best_v: list[float] = []
+        best_g: list[float] = []
+        for i in range(n_mu):
+            if float(w[i, 0]) <= room:
+                continue
+            j = 1
+            while j < len(ups) and float(w[i, j]) > room:
+                j += 1
+            active.append(i)
+            los.append(0.0)
+            hs.append(float(cand[j]))
+            best_v.append(float(v[i, j]))
+            best_g.append(float(g[i, j]))
+        steps = 40
+        while active and steps:
+            depth = int(np.clip(np.log2(_BATCH / (per_point * len(active)) + 1), 1, 8))
+            depth = min(depth, steps)
+            lo_l = np.array(los)[:, None]
+            up_l = np.array(hs)[:, None]
+            levels = []
+            for _ in range(depth):  # every midpoint of the next `depth` steps, heap order
+                mid = 0.5 * (lo_l + up_l)
+                levels.append(mid)
+                lo_l = np.stack([lo_l, mid], axis=2).reshape(len(active), -1)
+                up_l = np.stack([mid, up_l], axis=2).reshape(len(active), -1)
+            mids = np.concatenate(levels, axis=1)
+            n_pts = mids.shape[1]
+            v, w, g = (
+                x.reshape(len(active), n_pts)
+                for x in duals(mids.ravel(), np.repeat(mu_arr[active], n_pts))
+            )
+            for a in range(len(active)):
+                node = 0
+                for _ in range(depth):
+                    mid_v = float(mids[a, node])
+                    if float(v[a, node]) < best_v[a]:
+                        best_v[a], best_g[a] = float(v[a, node]), float(g[a, node])
+                    if float(w[a, node]) > room:
+                        los[a] = mid_v
+                        node = 2 * node + 2
+                    else:
+                        hs[a] = mid_v
+                        node = 2 * node + 1
+            steps -= depth
+        for a, i in enumerate(active):
+            values[i], used[i] = best_v[a], best_g[a]
+        return values, used
 
     def inner(mu: float) -> tuple[float, float]:
         """min over lambda of the dual at ``mu``; and the GPUs used there."""
-        value, watts, gpus = dual(0.0, mu)
-        if watts <= room:
-            return value, gpus
-        lo, up = 0.0, 1e-12
-        while dual(up, mu)[1] > room:
-            up *= 4.0
-            if up > 1e12:
-                break
-        best_v, best_g = dual(up, mu)[0], dual(up, mu)[2]
-        for _ in range(40):
-            mid = 0.5 * (lo + up)
-            v, w, g = dual(mid, mu)
-            if v < best_v:
-                best_v, best_g = v, g
-            if w > room:
-                lo = mid
-            else:
-                up = mid
-        return best_v, best_g
+        values, used = inner_many([mu])
+        return values[0], used[0]
 
     value, _ = inner(0.0)
     if not refine or dual(0.0, 0.0)[2] <= cap_gpus:
@@ -514,12 +593,31 @@ def _case_bound(
     per_gpu = [val_s.max(initial=0.0) / min(degrees), gv.max(initial=0.0)]
     lo, up = 0.0, max(per_gpu) * float(hi.max()) ** alpha * 1.01
     best = value
-    for _ in range(24):
-        m1, m2 = lo + (up - lo) / 3, up - (up - lo) / 3
-        v1, v2 = inner(m1)[0], inner(m2)[0]
-        best = min(best, v1, v2)
-        if v1 <= v2:
-            up = m2
-        else:
-            lo = m1
+    steps = 24
+    while steps:
+        # every (m1, m2) the next `depth` ternary steps could visit, heap order
+        depth = int(np.clip(np.log2(_BATCH / (per_point * 64) + 1), 1, 3))
+        depth = min(depth, steps)
+        nodes = [(lo, up)]
+        points: list[float] = []
+        for _ in range(depth):
+            nxt = []
+            for a, b in nodes:
+                m1, m2 = a + (b - a) / 3, b - (b - a) / 3
+                points += [m1, m2]
+                nxt += [(a, m2), (m1, b)]
+            nodes = nxt
+        vals, _ = inner_many(points)
+        node = 0
+        for _ in range(depth):
+            m1, m2 = points[2 * node], points[2 * node + 1]
+            v1, v2 = vals[2 * node], vals[2 * node + 1]
+            best = min(best, v1, v2)
+            if v1 <= v2:
+                up = m2
+                node = 2 * node + 1
+            else:
+                lo = m1
+                node = 2 * node + 2
+        steps -= depth
     return best
