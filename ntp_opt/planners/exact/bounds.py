@@ -324,7 +324,7 @@ def _fixed_case_bound(
     m_cnt = np.where(multi, counts * (h // min(degrees)), 0)
     top = float(max(val.max(initial=0.0), m_val[multi].max(initial=0.0))) * float(hi.max()) ** alpha
 
-    def cost(v: np.ndarray, w: np.ndarray, tau: float, hi: np.ndarray) -> np.ndarray:
+    def cost(v: np.ndarray, w: np.ndarray, tau: np.ndarray, hi: np.ndarray) -> np.ndarray:
         with np.errstate(divide="ignore", invalid="ignore"):
             if alpha > 0:
                 pi = np.maximum(1.0, (tau / v) ** (1.0 / alpha))
