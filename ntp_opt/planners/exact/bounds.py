@@ -238,8 +238,17 @@ def stage_bound(instance: Instance) -> float:
     return float(best)
 
 
-_BATCH = 1 << 15
-"""About how many numbers one batched dual evaluation handles (speed only)."""
+_BATCH = 4096
+"""About how many numbers one batched evaluation handles: look-ahead grows
+while the work per call stays near numpy's fixed cost per call (speed only)."""
+
+
+def _depth(per_point: int, searches: int, most: int = 8) -> int:
+    """Look-ahead depth: the most bisection steps whose every midpoint fits one batch."""
+    d = 1
+    while d < most and (2 ** (d + 1) - 1) * per_point * searches <= _BATCH:
+        d += 1
+    return d
 
 
 def _unique_rows(key: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -372,8 +381,7 @@ def _fixed_case_bound(
         steps = 50
         per_point = max(1, val.size + len(m_val))
         while active and steps:
-            depth = int(np.clip(np.log2(_BATCH / (per_point * len(active)) + 1), 1, 8))
-            depth = min(depth, steps)
+            depth = min(_depth(per_point, len(active)), steps)
             lo_l = np.array(los)[:, None]
             up_l = np.array(ups)[:, None]
             levels = []
@@ -586,8 +594,7 @@ def _case_bound(
             best_g.append(float(g[i, j]))
         steps = 40
         while active and steps:
-            depth = int(np.clip(np.log2(_BATCH / (per_point * len(active)) + 1), 1, 8))
-            depth = min(depth, steps)
+            depth = min(_depth(per_point, len(active)), steps)
             lo_l = np.array(los)[:, None]
             up_l = np.array(hs)[:, None]
             levels = []
@@ -636,8 +643,8 @@ def _case_bound(
     steps = 24
     while steps:
         # every (m1, m2) the next `depth` ternary steps could visit, heap order
-        depth = int(np.clip(np.log2(_BATCH / (per_point * 64) + 1), 1, 3))
-        depth = min(depth, steps)
+        # (each mu's lambda search takes about 7 batches)
+        depth = min(_depth(per_point * 7, 2, most=3), steps)
         nodes = [(lo, up)]
         points: list[float] = []
         for _ in range(depth):
