@@ -498,8 +498,22 @@ def _case_bound(
         return 0.0
 
     n_cls = len(h)
+    # Options that are equal (value, watts, cap) get equal element-wise results:
+    # compute those once per distinct option row (classes) or option (GPUs) and
+    # gather them back, which changes no number.
+    _, first, opt_of = np.unique(
+        np.hstack([val_s, w_s, hi_s]), axis=0, return_index=True, return_inverse=True
+    )
+    opt_of = opt_of.reshape(-1)
+    u_val, u_w, u_hi = val_s[first], w_s[first], hi_s[first]
+    if gv.size:
+        _, first, gpu_of = np.unique(
+            np.stack([gv, gw, ghi], axis=1), axis=0, return_index=True, return_inverse=True
+        )
+        gpu_of = gpu_of.reshape(-1)
+        u_gv, u_gw, u_ghi = gv[first], gw[first], ghi[first]
     # numbers per (lambda, mu) point; batches are sized to about _BATCH of them
-    per_point = max(1, val_s.size + gv.size)
+    per_point = max(1, u_val.size + n_cls + (2 * gv.size if gv.size else 0))
 
     def best_pi(v: np.ndarray, w: np.ndarray, lam: np.ndarray, hi: np.ndarray) -> np.ndarray:
         """The best multiplier per option, at each ``lam`` (broadcast against ``v``)."""
@@ -527,21 +541,23 @@ def _case_bound(
         gpus = np.zeros(len(lam))
         if val_s.size:
             lam3, mu3 = lam[:, None, None], mu[:, None, None]
-            pi = best_pi(val_s, w_s, lam3, hi_s)
-            gain = val_s * pi**alpha - lam3 * w_s * (pi - idle) - mu3 * n_s
-            gain = np.where(val_s > 0, gain, -np.inf)
-            k = np.argmax(gain, axis=2)
-            g = np.take_along_axis(gain, k[:, :, None], axis=2)[:, :, 0]
+            pi_u = best_pi(u_val, u_w, lam3, u_hi)
+            gain_u = u_val * pi_u**alpha - lam3 * u_w * (pi_u - idle) - mu3 * n_s
+            gain_u = np.where(u_val > 0, gain_u, -np.inf)
+            k_u = np.argmax(gain_u, axis=2)
+            g_u = np.take_along_axis(gain_u, k_u[:, :, None], axis=2)[:, :, 0]
+            pk_u = np.take_along_axis(pi_u, k_u[:, :, None], axis=2)[:, :, 0]
+            k, g, pk = k_u[:, opt_of], g_u[:, opt_of], pk_u[:, opt_of]
             on = single & (g > 0)
             total = total + _masked_row_sums(g * counts, on)
-            pk = np.take_along_axis(pi, k[:, :, None], axis=2)[:, :, 0]
             wk = w_s[np.arange(n_cls), k]
             watts = watts + _masked_row_sums(wk * (pk - idle) * counts, on)
             gpus = gpus + np.where(on, n_s[k] * counts, 0.0).sum(axis=1)
         if gv.size:
             lam2, mu2 = lam[:, None], mu[:, None]
-            pi = best_pi(gv, gw, lam2, ghi)
-            gain = gv * pi**alpha - lam2 * gw * (pi - idle) - mu2
+            pi_u = best_pi(u_gv, u_gw, lam2, u_ghi)
+            gain_u = u_gv * pi_u**alpha - lam2 * u_gw * (pi_u - idle) - mu2
+            pi, gain = pi_u[:, gpu_of], gain_u[:, gpu_of]
             on = gain > 0
             total = total + _masked_row_sums(gain * gc, on)
             watts = watts + _masked_row_sums(gw * (pi - idle) * gc, on)
