@@ -238,7 +238,7 @@ def stage_bound(instance: Instance) -> float:
     return float(best)
 
 
-_BATCH = 4096
+_BATCH = 8192
 """About how many numbers one batched evaluation handles: look-ahead grows
 while the work per call stays near numpy's fixed cost per call (speed only)."""
 
@@ -276,21 +276,28 @@ def _unique_rows(key: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return reps[order], np.bincount(inverse, minlength=len(reps))[order]
 
 
-def _masked_row_sums(x: np.ndarray, on: np.ndarray) -> np.ndarray:
-    """Per row of ``x``, ``x[row][on[row]].sum()``: bit for bit, numpy's own sum.
+def _masked_row_sums(on: np.ndarray, *xs: np.ndarray) -> list[np.ndarray]:
+    """Per ``x`` in ``xs`` and per row, ``x[row][on[row]].sum()``: bit for bit, numpy's own sum.
 
     Rows with the same number of selected entries are summed together as a
     contiguous matrix, which numpy reduces row by row exactly as a 1-D array
     (the same pairwise order).
     """
-    out = np.zeros(x.shape[0])
+    outs = [np.zeros(on.shape[0]) for _ in xs]
     counts = on.sum(axis=1)
-    for c in np.unique(counts).tolist():
+    present = np.flatnonzero(np.bincount(counts, minlength=1)).tolist()
+    for c in present:
         if c == 0:
             continue
+        if len(present) == 1:  # every row selects c entries
+            for out, x in zip(outs, xs, strict=True):
+                out[:] = x[on].reshape(on.shape[0], c).sum(axis=1)
+            break
         rows = np.flatnonzero(counts == c)
-        out[rows] = x[rows][on[rows]].reshape(len(rows), c).sum(axis=1)
-    return out
+        sel = on[rows]
+        for out, x in zip(outs, xs, strict=True):
+            out[rows] = x[rows][sel].reshape(len(rows), c).sum(axis=1)
+    return outs
 
 
 def _fixed_case_bound(
@@ -363,7 +370,7 @@ def _fixed_case_bound(
         before = np.concatenate([np.zeros((len(c), 1)), np.cumsum(k, axis=1)[:, :-1]], axis=1)
         take = np.clip(n[:, None] - before, 0.0, k)
         with np.errstate(invalid="ignore"):
-            used = _masked_row_sums(c * take, fin)
+            (used,) = _masked_row_sums(fin, c * take)
         return enough & (used <= limit)
 
     def u_many(ks: list[int]) -> list[float]:
@@ -549,9 +556,10 @@ def _case_bound(
             pk_u = np.take_along_axis(pi_u, k_u[:, :, None], axis=2)[:, :, 0]
             k, g, pk = k_u[:, opt_of], g_u[:, opt_of], pk_u[:, opt_of]
             on = single & (g > 0)
-            total = total + _masked_row_sums(g * counts, on)
             wk = w_s[np.arange(n_cls), k]
-            watts = watts + _masked_row_sums(wk * (pk - idle) * counts, on)
+            s_val, s_watts = _masked_row_sums(on, g * counts, wk * (pk - idle) * counts)
+            total = total + s_val
+            watts = watts + s_watts
             gpus = gpus + np.where(on, n_s[k] * counts, 0.0).sum(axis=1)
         if gv.size:
             lam2, mu2 = lam[:, None], mu[:, None]
@@ -559,8 +567,9 @@ def _case_bound(
             gain_u = u_gv * pi_u**alpha - lam2 * u_gw * (pi_u - idle) - mu2
             pi, gain = pi_u[:, gpu_of], gain_u[:, gpu_of]
             on = gain > 0
-            total = total + _masked_row_sums(gain * gc, on)
-            watts = watts + _masked_row_sums(gw * (pi - idle) * gc, on)
+            m_val, m_watts = _masked_row_sums(on, gain * gc, gw * (pi - idle) * gc)
+            total = total + m_val
+            watts = watts + m_watts
             gpus = gpus + np.where(on, gc, 0.0).sum(axis=1)
         return total, watts, gpus
 
