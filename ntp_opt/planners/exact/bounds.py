@@ -199,7 +199,7 @@ def stage_bound(instance: Instance) -> float:
     tdps = np.zeros((a.n_domains, width))
     tdps[dom[by_tdp], np.arange(len(dom)) - starts[dom[by_tdp]]] = tdp[by_tdp]
     key = np.hstack([h[:, None].astype(float), speeds, tdps, dom_hi[:, None]])
-    rows, counts = np.unique(key, axis=0, return_counts=True)
+    rows, counts = _unique_rows(key)
     h_cls = rows[:, 0].astype(np.int64)
     s_cls = rows[:, 1 : 1 + width]
     w_cls = rows[:, 1 + width : 1 + 2 * width]
@@ -236,6 +236,68 @@ def stage_bound(instance: Instance) -> float:
             )
         best = max(best, case)
     return float(best)
+
+
+_BATCH = 8192
+"""About how many numbers one batched evaluation handles: look-ahead grows
+while the work per call stays near numpy's fixed cost per call (speed only)."""
+
+
+def _depth(per_point: int, searches: int, most: int = 8) -> int:
+    """Look-ahead depth: the most bisection steps whose every midpoint fits one batch."""
+    d = 1
+    while d < most and (2 ** (d + 1) - 1) * per_point * searches <= _BATCH:
+        d += 1
+    return d
+
+
+def _unique_rows(key: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """``np.unique(key, axis=0, return_counts=True)`` for a float matrix, faster.
+
+    The same rows in the same (lexicographic) order with the same counts:
+    rows are grouped by a hash of their bits (checked; on a collision the
+    plain ``np.unique`` answers), and only the distinct rows are sorted.
+    """
+    key = np.ascontiguousarray(key + 0.0)  # -0.0 -> 0.0: equal rows, equal bits
+    n, m = key.shape
+    if n == 0 or m == 0:
+        rows, counts = np.unique(key, axis=0, return_counts=True)
+        return rows, counts
+    bits = key.view(np.uint64)
+    mult = np.arange(1, 2 * m, 2, dtype=np.uint64) * np.uint64(0x9E3779B97F4A7C15)
+    mult |= np.uint64(1)
+    hashed = (bits * mult).sum(axis=1, dtype=np.uint64)  # wraps: a hash, checked below
+    _, first, inverse = np.unique(hashed, return_index=True, return_inverse=True)
+    reps = key[first]
+    if not np.array_equal(reps[inverse], key):
+        rows, counts = np.unique(key, axis=0, return_counts=True)
+        return rows, counts
+    order = np.lexsort(reps.T[::-1])  # first column most significant
+    return reps[order], np.bincount(inverse, minlength=len(reps))[order]
+
+
+def _masked_row_sums(on: np.ndarray, *xs: np.ndarray) -> list[np.ndarray]:
+    """Per ``x`` in ``xs`` and per row, ``x[row][on[row]].sum()``: bit for bit, numpy's own sum.
+
+    Rows with the same number of selected entries are summed together as a
+    contiguous matrix, which numpy reduces row by row exactly as a 1-D array
+    (the same pairwise order).
+    """
+    outs = [np.zeros(on.shape[0]) for _ in xs]
+    counts = on.sum(axis=1)
+    present = np.flatnonzero(np.bincount(counts, minlength=1)).tolist()
+    for c in present:
+        if c == 0:
+            continue
+        if len(present) == 1:  # every row selects c entries
+            for out, x in zip(outs, xs, strict=True):
+                out[:] = x[on].reshape(on.shape[0], c).sum(axis=1)
+            break
+        rows = np.flatnonzero(counts == c)
+        sel = on[rows]
+        for out, x in zip(outs, xs, strict=True):
+            out[rows] = x[rows][sel].reshape(len(rows), c).sum(axis=1)
+    return outs
 
 
 def _fixed_case_bound(
@@ -278,7 +340,7 @@ def _fixed_case_bound(
     m_cnt = np.where(multi, counts * (h // min(degrees)), 0)
     top = float(max(val.max(initial=0.0), m_val[multi].max(initial=0.0))) * float(hi.max()) ** alpha
 
-    def cost(v: np.ndarray, w: np.ndarray, tau: float, hi: np.ndarray) -> np.ndarray:
+    def cost(v: np.ndarray, w: np.ndarray, tau: np.ndarray, hi: np.ndarray) -> np.ndarray:
         with np.errstate(divide="ignore", invalid="ignore"):
             if alpha > 0:
                 pi = np.maximum(1.0, (tau / v) ** (1.0 / alpha))
@@ -287,33 +349,72 @@ def _fixed_case_bound(
         pi = np.where(v > 0, pi, np.inf)
         return np.where(pi <= hi * (1 + BUDGET_SLACK), w * (np.minimum(pi, hi) - idle), np.inf)
 
-    def feasible(tau: float, n: int) -> bool:
-        c1 = cost(val, watts, tau, hi[:, None]).min(axis=1)
-        c2 = cost(m_val, m_w, tau, hi)
-        c = np.concatenate([c1[single], c2[multi]])
-        k = np.concatenate([counts[single], m_cnt[multi]]).astype(float)
-        fin = np.isfinite(c)
-        c, k = c[fin], k[fin]
-        if k.sum() < n:
-            return False
-        order = np.argsort(c, kind="stable")
-        c, k = c[order], k[order]
-        before = np.concatenate(([0.0], np.cumsum(k)[:-1]))
-        take = np.clip(n - before, 0.0, k)
-        return float((c * take).sum()) <= room * (1 + BUDGET_SLACK)
+    k_all = np.concatenate([counts[single], m_cnt[multi]]).astype(float)
+    limit = room * (1 + BUDGET_SLACK)
 
-    def u(k: int) -> float:
-        n = k * job.pp
-        if not feasible(0.0, n):
-            return 0.0
-        lo, up = 0.0, top
-        for _ in range(50):
-            mid = 0.5 * (lo + up)
-            if feasible(mid, n):
-                lo = mid
-            else:
-                up = mid
-        return up  # feasible below up: a valid upper bound on the speed
+    def feasible_many(tau: np.ndarray, n: np.ndarray) -> np.ndarray:
+        """Whether ``n`` stages at speed ``tau`` or faster fit the power room, per point.
+
+        Bit for bit what one point alone gives: the same element-wise
+        costs, the same stable order, and numpy's own sum of the costs taken.
+        """
+        c1 = cost(val[None], watts[None], tau[:, None, None], hi[None, :, None]).min(axis=2)
+        c2 = cost(m_val[None], m_w[None], tau[:, None], hi[None])
+        c = np.concatenate([c1[:, single], c2[:, multi]], axis=1)
+        fin = np.isfinite(c)
+        enough = np.where(fin, k_all, 0.0).sum(axis=1) >= n
+        order = np.argsort(np.where(fin, c, np.inf), axis=1, kind="stable")
+        c = np.take_along_axis(c, order, axis=1)
+        fin = np.take_along_axis(fin, order, axis=1)  # the finite ones first
+        k = np.where(fin, k_all[order], 0.0)
+        before = np.concatenate([np.zeros((len(c), 1)), np.cumsum(k, axis=1)[:, :-1]], axis=1)
+        take = np.clip(n[:, None] - before, 0.0, k)
+        with np.errstate(invalid="ignore"):
+            (used,) = _masked_row_sums(fin, c * take)
+        return enough & (used <= limit)
+
+    def u_many(ks: list[int]) -> list[float]:
+        """The bound ``u_k`` per ``k``: a bisection on ``tau`` per ``k``, all at once.
+
+        The same 50 steps per ``k``; each round evaluates every midpoint
+        the next ``depth`` steps could visit, then follows the path taken.
+        """
+        ns = np.array([k * job.pp for k in ks], dtype=float)
+        start = feasible_many(np.zeros(len(ks)), ns)
+        out = [0.0] * len(ks)
+        active = [i for i in range(len(ks)) if start[i]]
+        los = [0.0] * len(active)
+        ups = [top] * len(active)
+        steps = 50
+        per_point = max(1, val.size + len(m_val))
+        while active and steps:
+            depth = min(_depth(per_point, len(active)), steps)
+            lo_l = np.array(los)[:, None]
+            up_l = np.array(ups)[:, None]
+            levels = []
+            for _ in range(depth):  # every midpoint of the next `depth` steps, heap order
+                mid = 0.5 * (lo_l + up_l)
+                levels.append(mid)
+                lo_l = np.stack([lo_l, mid], axis=2).reshape(len(active), -1)
+                up_l = np.stack([mid, up_l], axis=2).reshape(len(active), -1)
+            mids = np.concatenate(levels, axis=1)
+            n_pts = mids.shape[1]
+            ok = feasible_many(mids.ravel(), np.repeat(ns[active], n_pts)).reshape(
+                len(active), n_pts
+            )
+            for a in range(len(active)):
+                node = 0
+                for _ in range(depth):
+                    if ok[a, node]:
+                        los[a] = float(mids[a, node])
+                        node = 2 * node + 2
+                    else:
+                        ups[a] = float(mids[a, node])
+                        node = 2 * node + 1
+            steps -= depth
+        for a, i in enumerate(active):
+            out[i] = ups[a]  # feasible below up: a valid upper bound on the speed
+        return out
 
     if replicas <= 0:
         return 0.0
@@ -321,7 +422,7 @@ def _fixed_case_bound(
         {2**i for i in range(replicas.bit_length())}
         | set(range(max(1, replicas - 16), replicas + 1))
     )
-    u_grid = {k: u(k) for k in grid}
+    u_grid = dict(zip(grid, u_many(grid), strict=True))
     ranks = np.arange(1, replicas + 1)
     at = np.array([max(g for g in grid if g <= k) for k in ranks])
     u_rank = np.array([u_grid[int(k)] for k in at]) / job.seq_time_s  # sequences per second
@@ -403,65 +504,157 @@ def _case_bound(
     if cap_gpus <= 0:
         return 0.0
 
-    def best_pi(v: np.ndarray, w: np.ndarray, lam: float, hi: np.ndarray) -> np.ndarray:
-        hi = np.broadcast_to(hi, v.shape)
+    n_cls = len(h)
+    # Options that are equal (value, watts, cap) get equal element-wise results:
+    # compute those once per distinct option row (classes) or option (GPUs) and
+    # gather them back, which changes no number.
+    _, first, opt_of = np.unique(
+        np.hstack([val_s, w_s, hi_s]), axis=0, return_index=True, return_inverse=True
+    )
+    opt_of = opt_of.reshape(-1)
+    u_val, u_w, u_hi = val_s[first], w_s[first], hi_s[first]
+    if gv.size:
+        _, first, gpu_of = np.unique(
+            np.stack([gv, gw, ghi], axis=1), axis=0, return_index=True, return_inverse=True
+        )
+        gpu_of = gpu_of.reshape(-1)
+        u_gv, u_gw, u_ghi = gv[first], gw[first], ghi[first]
+    # numbers per (lambda, mu) point; batches are sized to about _BATCH of them
+    per_point = max(1, u_val.size + n_cls + (2 * gv.size if gv.size else 0))
+
+    def best_pi(v: np.ndarray, w: np.ndarray, lam: np.ndarray, hi: np.ndarray) -> np.ndarray:
+        """The best multiplier per option, at each ``lam`` (broadcast against ``v``)."""
+        shape = np.broadcast_shapes(v.shape, lam.shape, np.shape(hi))
         if alpha <= 0 or bool(np.all(hi <= 1.0)):
-            return np.ones_like(v)
-        if lam <= 0:
-            return np.array(hi, dtype=float)
-        if alpha >= 1:  # convex or linear in pi: the best is an end point
-            at_hi = v * hi**alpha - lam * w * hi
-            at_one = v - lam * w
-            return np.where(at_hi > at_one, hi, 1.0)
-        # w > 0 (TDPs are positive); v = 0 gives pi = 0, clipped to 1
-        return np.clip((alpha * v / (lam * w)) ** (1.0 / (1.0 - alpha)), 1.0, hi)
+            return np.ones(shape)
+        with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
+            if alpha >= 1:  # convex or linear in pi: the best is an end point
+                at_hi = v * hi**alpha - lam * w * hi
+                at_one = v - lam * w
+                pi = np.where(at_hi > at_one, hi, 1.0)
+            else:  # w > 0 (TDPs are positive); v = 0 gives pi = 0, clipped to 1
+                pi = np.clip((alpha * v / (lam * w)) ** (1.0 / (1.0 - alpha)), 1.0, hi)
+        return np.where(lam <= 0, np.broadcast_to(hi, shape), pi)
+
+    def duals(lam: np.ndarray, mu: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Dual values and the used watts and GPUs of their maximisers, per ``(lam, mu)``.
+
+        Each point gives bit for bit what evaluating it alone would: the
+        same element-wise operations, and every sum over the selected
+        options is numpy's sum of exactly those entries (:func:`_masked_row_sums`).
+        """
+        total = lam * room + mu * cap_gpus
+        watts = np.zeros(len(lam))
+        gpus = np.zeros(len(lam))
+        if val_s.size:
+            lam3, mu3 = lam[:, None, None], mu[:, None, None]
+            pi_u = best_pi(u_val, u_w, lam3, u_hi)
+            gain_u = u_val * pi_u**alpha - lam3 * u_w * (pi_u - idle) - mu3 * n_s
+            gain_u = np.where(u_val > 0, gain_u, -np.inf)
+            k_u = np.argmax(gain_u, axis=2)
+            g_u = np.take_along_axis(gain_u, k_u[:, :, None], axis=2)[:, :, 0]
+            pk_u = np.take_along_axis(pi_u, k_u[:, :, None], axis=2)[:, :, 0]
+            k, g, pk = k_u[:, opt_of], g_u[:, opt_of], pk_u[:, opt_of]
+            on = single & (g > 0)
+            wk = w_s[np.arange(n_cls), k]
+            s_val, s_watts = _masked_row_sums(on, g * counts, wk * (pk - idle) * counts)
+            total = total + s_val
+            watts = watts + s_watts
+            gpus = gpus + np.where(on, n_s[k] * counts, 0.0).sum(axis=1)
+        if gv.size:
+            lam2, mu2 = lam[:, None], mu[:, None]
+            pi_u = best_pi(u_gv, u_gw, lam2, u_ghi)
+            gain_u = u_gv * pi_u**alpha - lam2 * u_gw * (pi_u - idle) - mu2
+            pi, gain = pi_u[:, gpu_of], gain_u[:, gpu_of]
+            on = gain > 0
+            m_val, m_watts = _masked_row_sums(on, gain * gc, gw * (pi - idle) * gc)
+            total = total + m_val
+            watts = watts + m_watts
+            gpus = gpus + np.where(on, gc, 0.0).sum(axis=1)
+        return total, watts, gpus
 
     def dual(lam: float, mu: float) -> tuple[float, float, float]:
         """Dual value and the used watts and GPUs of its maximiser."""
-        total = lam * room + mu * cap_gpus
-        watts = 0.0
-        gpus = 0.0
-        if val_s.size:
-            pi = best_pi(val_s, w_s, lam, hi_s)
-            gain = val_s * pi**alpha - lam * w_s * (pi - idle) - mu * n_s[None, :]
-            gain = np.where(val_s > 0, gain, -np.inf)
-            k = np.argmax(gain, axis=1)
-            g = gain[np.arange(len(k)), k]
-            on = single & (g > 0)
-            total += float((g[on] * counts[on]).sum())
-            rows = np.flatnonzero(on)
-            watts += float((w_s[rows, k[rows]] * (pi[rows, k[rows]] - idle) * counts[rows]).sum())
-            gpus += float((n_s[k[rows]] * counts[rows]).sum())
-        if gv.size:
-            pi = best_pi(gv, gw, lam, ghi)
-            gain = gv * pi**alpha - lam * gw * (pi - idle) - mu
-            on = gain > 0
-            total += float((gain[on] * gc[on]).sum())
-            watts += float((gw[on] * (pi[on] - idle) * gc[on]).sum())
-            gpus += float(gc[on].sum())
-        return total, watts, gpus
+        v, w, g = duals(np.array([lam]), np.array([mu]))
+        return float(v[0]), float(w[0]), float(g[0])
+
+    # the lambda doubling steps of the search: 1e-12 * 4**k, k = 0..40
+    ups = [1e-12]
+    while ups[-1] <= 1e12:
+        ups.append(ups[-1] * 4.0)
+
+    def inner_many(mus: list[float]) -> tuple[list[float], list[float]]:
+        """min over lambda of the dual at each ``mu``; and the GPUs used there.
+
+        The same steps as a search per ``mu`` (the dual at ``lambda = 0``;
+        doubling ``lambda`` by 4 from 1e-12 until the power fits or past
+        1e12; 40 bisection steps keeping the smallest value), run for all
+        ``mu`` at once: the doubling candidates are evaluated in one batch,
+        and each bisection round evaluates every midpoint the next ``depth``
+        steps could visit, then follows the path the steps take.
+        """
+        n_mu = len(mus)
+        mu_arr = np.array(mus, dtype=float)
+        cand = np.array([0.0, *ups])  # lambda = 0, then the doubling steps
+        v, w, g = (
+            x.reshape(n_mu, len(cand))
+            for x in duals(np.tile(cand, n_mu), np.repeat(mu_arr, len(cand)))
+        )
+        values, used = v[:, 0].tolist(), g[:, 0].tolist()
+        active: list[int] = []
+        los: list[float] = []
+        hs: list[float] = []
+        best_v: list[float] = []
+        best_g: list[float] = []
+        for i in range(n_mu):
+            if float(w[i, 0]) <= room:
+                continue
+            j = 1
+            while j < len(ups) and float(w[i, j]) > room:
+                j += 1
+            active.append(i)
+            los.append(0.0)
+            hs.append(float(cand[j]))
+            best_v.append(float(v[i, j]))
+            best_g.append(float(g[i, j]))
+        steps = 40
+        while active and steps:
+            depth = min(_depth(per_point, len(active)), steps)
+            lo_l = np.array(los)[:, None]
+            up_l = np.array(hs)[:, None]
+            levels = []
+            for _ in range(depth):  # every midpoint of the next `depth` steps, heap order
+                mid = 0.5 * (lo_l + up_l)
+                levels.append(mid)
+                lo_l = np.stack([lo_l, mid], axis=2).reshape(len(active), -1)
+                up_l = np.stack([mid, up_l], axis=2).reshape(len(active), -1)
+            mids = np.concatenate(levels, axis=1)
+            n_pts = mids.shape[1]
+            v, w, g = (
+                x.reshape(len(active), n_pts)
+                for x in duals(mids.ravel(), np.repeat(mu_arr[active], n_pts))
+            )
+            for a in range(len(active)):
+                node = 0
+                for _ in range(depth):
+                    mid_v = float(mids[a, node])
+                    if float(v[a, node]) < best_v[a]:
+                        best_v[a], best_g[a] = float(v[a, node]), float(g[a, node])
+                    if float(w[a, node]) > room:
+                        los[a] = mid_v
+                        node = 2 * node + 2
+                    else:
+                        hs[a] = mid_v
+                        node = 2 * node + 1
+            steps -= depth
+        for a, i in enumerate(active):
+            values[i], used[i] = best_v[a], best_g[a]
+        return values, used
 
     def inner(mu: float) -> tuple[float, float]:
         """min over lambda of the dual at ``mu``; and the GPUs used there."""
-        value, watts, gpus = dual(0.0, mu)
-        if watts <= room:
-            return value, gpus
-        lo, up = 0.0, 1e-12
-        while dual(up, mu)[1] > room:
-            up *= 4.0
-            if up > 1e12:
-                break
-        best_v, best_g = dual(up, mu)[0], dual(up, mu)[2]
-        for _ in range(40):
-            mid = 0.5 * (lo + up)
-            v, w, g = dual(mid, mu)
-            if v < best_v:
-                best_v, best_g = v, g
-            if w > room:
-                lo = mid
-            else:
-                up = mid
-        return best_v, best_g
+        values, used = inner_many([mu])
+        return values[0], used[0]
 
     value, _ = inner(0.0)
     if not refine or dual(0.0, 0.0)[2] <= cap_gpus:
@@ -472,12 +665,31 @@ def _case_bound(
     per_gpu = [val_s.max(initial=0.0) / min(degrees), gv.max(initial=0.0)]
     lo, up = 0.0, max(per_gpu) * float(hi.max()) ** alpha * 1.01
     best = value
-    for _ in range(24):
-        m1, m2 = lo + (up - lo) / 3, up - (up - lo) / 3
-        v1, v2 = inner(m1)[0], inner(m2)[0]
-        best = min(best, v1, v2)
-        if v1 <= v2:
-            up = m2
-        else:
-            lo = m1
+    steps = 24
+    while steps:
+        # every (m1, m2) the next `depth` ternary steps could visit, heap order
+        # (each mu's lambda search takes about 7 batches)
+        depth = min(_depth(per_point * 7, 2, most=3), steps)
+        nodes = [(lo, up)]
+        points: list[float] = []
+        for _ in range(depth):
+            nxt = []
+            for a, b in nodes:
+                m1, m2 = a + (b - a) / 3, b - (b - a) / 3
+                points += [m1, m2]
+                nxt += [(a, m2), (m1, b)]
+            nodes = nxt
+        vals, _ = inner_many(points)
+        node = 0
+        for _ in range(depth):
+            m1, m2 = points[2 * node], points[2 * node + 1]
+            v1, v2 = vals[2 * node], vals[2 * node + 1]
+            best = min(best, v1, v2)
+            if v1 <= v2:
+                up = m2
+                node = 2 * node + 1
+            else:
+                lo = m1
+                node = 2 * node + 2
+        steps -= depth
     return best

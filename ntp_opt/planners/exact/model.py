@@ -635,26 +635,32 @@ def tighten(prep: Prepared, stages: Sequence[StagePick], theta: float) -> tuple[
     a = inst.arrays
     if not stages:
         return theta, []
-    need = np.array(
-        [
-            st.batch
-            * job.seq_time_s
-            / (job.tp_factor(st.degree) * float(a.speed[list(st.gpus)].min()))
-            for st in stages
-        ]
-    )  # theta * (speed-up needed) per stage
+    # the stages' GPUs, concatenated in stage order, and where each stage starts
+    sizes = np.array([len(st.gpus) for st in stages], dtype=np.int64)
+    gpus = np.fromiter(
+        (g for st in stages for g in st.gpus), dtype=np.int64, count=int(sizes.sum())
+    )
+    starts = np.concatenate(([0], np.cumsum(sizes)[:-1]))
+    stage_of = np.repeat(np.arange(len(stages)), sizes)
+    batch = np.array([st.batch for st in stages], dtype=float)
+    factor = np.array([job.tp_factor(st.degree) for st in stages])
+    slowest = np.minimum.reduceat(a.speed[gpus], starts)
+    need = batch * job.seq_time_s / (factor * slowest)  # theta * (speed-up needed) per stage
     if job.max_boost <= 0 or job.power_exponent <= 0:
         return float(need.max()), [1.0] * len(stages)
     alpha = job.power_exponent
     # per stage: 1 + max_boost, or less where a board accepts less
-    hi_pi = np.array([float(inst.max_multiplier[list(st.gpus)].min()) for st in stages])
+    hi_pi = np.minimum.reduceat(inst.max_multiplier[gpus], starts)
     idle = job.idle_power_fraction
-    tdp = [a.tdp[list(st.gpus)] for st in stages]
-    racks = [a.gpu_rack[list(st.gpus)] for st in stages]
-    stage_tdp = np.array([x.sum() for x in tdp])
+    tdp = a.tdp[gpus]
+    stage_tdp = np.array([float(x.sum()) for x in np.split(tdp, starts[1:])])
     base_rack = np.bincount(
         a.gpu_rack, weights=np.where(a.healthy, a.tdp * idle, 0.0), minlength=len(a.rack_ids)
     )
+    n_racks = len(base_rack)
+    # one bincount adds the idle draw first, then every stage GPU's extra draw in
+    # stage order: the same additions in the same order as one np.add.at per stage
+    rack_idx = np.concatenate((np.arange(n_racks), a.gpu_rack[gpus]))
     rack_budget = a.rack_budget
 
     def powers(th: float) -> np.ndarray:
@@ -664,9 +670,8 @@ def tighten(prep: Prepared, stages: Sequence[StagePick], theta: float) -> tuple[
         pi = powers(th)
         if np.any(pi > hi_pi * (1 + BUDGET_SLACK)):
             return False
-        rack = base_rack.copy()
-        for p, w, r in zip(pi, tdp, racks, strict=True):
-            np.add.at(rack, r, w * (p - idle))
+        extra = tdp * (pi[stage_of] - idle)
+        rack = np.bincount(rack_idx, weights=np.concatenate((base_rack, extra)), minlength=n_racks)
         if np.any(rack > rack_budget * (1 + TIGHTEN_TOL)):
             return False
         site = float(base_rack.sum() + ((pi - idle) * stage_tdp).sum())
