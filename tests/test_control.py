@@ -28,16 +28,25 @@ ROOT = Path(__file__).resolve().parent.parent
 TINY = ROOT / "instances" / "tiny.json"
 #: elastic with power boost: the exact search takes minutes when not interrupted
 LONG = ROOT / "instances" / "default.json"
-#: 32k GPUs: ``fast`` takes about a second here, loading takes longer
+#: 32k GPUs (``fast`` itself takes well under a second here)
 BIG = ROOT / "instances" / "paper-nvl32-32k-0.1pct.json.gz"
 ENV = {**os.environ, "PYTHONPATH": str(ROOT)}
 
 
-def _sigint_cli(tmp_path: Path, instance: Path, policy: str, marker: str, count: int) -> None:
+def _sigint_cli(
+    tmp_path: Path,
+    instance: Path,
+    policy: str,
+    marker: str,
+    count: int,
+    prefix: list[str] | None = None,
+) -> None:
     """Run ``ntp-opt solve --log``, send SIGINT once ``marker`` was logged ``count``
-    times, and check the exit status and the plan written."""
+    times, and check the exit status and the plan written. ``prefix``: the
+    interpreter's arguments that run the CLI (default ``-m ntp_opt.app.cli``)."""
     out = tmp_path / "plan.json"
-    cmd = [sys.executable, "-m", "ntp_opt.app.cli", "solve", str(instance), "--policy", policy]
+    cmd = [sys.executable, *(prefix or ["-m", "ntp_opt.app.cli"])]
+    cmd += ["solve", str(instance), "--policy", policy]
     cmd += ["--time-limit", str(HANG_GUARD), "--log", "-o", str(out)]
     proc = subprocess.Popen(
         cmd, cwd=ROOT, env=ENV, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
@@ -76,8 +85,34 @@ def test_cli_sigint_exact_returns_best_plan(tmp_path: Path, policy: str) -> None
     _sigint_cli(tmp_path, LONG, policy, "theta'=", 3)
 
 
+#: ``ntp-opt solve`` whose ``fast`` run stops after its first candidates until
+#: the cancel token is set (by the CLI's SIGINT handler): the signal then surely
+#: lands while ``fast`` runs, however fast it is and however loaded the machine.
+GATED_CLI = """
+import sys
+import ntp_opt.planners.fast as fast
+from ntp_opt.app.cli import main
+
+token = []
+candidates, fit_by_degree = fast.candidates, fast.fit_by_degree
+
+def record(instance, *, cancel=None):
+    token.append(cancel)
+    return candidates(instance, cancel=cancel)
+
+def gate(*args, **kwargs):
+    print("GATE: candidates scored, waiting for Ctrl-C", file=sys.stderr, flush=True)
+    while not token[-1].wait(0.05):
+        pass
+    return fit_by_degree(*args, **kwargs)
+
+fast.candidates, fast.fit_by_degree = record, gate
+sys.exit(main(sys.argv[1:]))
+"""
+
+
 def test_cli_sigint_fast_returns_best_plan(tmp_path: Path) -> None:
-    _sigint_cli(tmp_path, BIG, "fast", ": solving ", 1)
+    _sigint_cli(tmp_path, BIG, "fast", "GATE:", 1, prefix=["-c", GATED_CLI])
 
 
 def test_sigint_after_a_cpsat_solve_is_still_python_s(tmp_path: Path) -> None:

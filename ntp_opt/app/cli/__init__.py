@@ -101,8 +101,18 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     SIGTERM and SIGINT end the command cleanly (exit 143 / 130): the
     temporary file of a save in progress is removed, no output is left
-    half-written (``serve`` handles its own signals).
+    half-written (``serve`` handles its own signals). A Ctrl-C that lands
+    while the command is already cleaning up still exits 130, without a
+    traceback.
     """
+    try:
+        return _run(argv)
+    except KeyboardInterrupt:  # after _run's own handler: during its clean-up
+        print("ntp-opt: interrupted", file=sys.stderr)
+        return INTERRUPTED_EXIT
+
+
+def _run(argv: Sequence[str] | None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     previous = None
