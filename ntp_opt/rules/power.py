@@ -559,31 +559,54 @@ def boost_floor_stages(
     tdp = np.bincount(inverse.ravel(), weights=a.tdp[flat], minlength=len(key))  # watts per group
     rack = key % n_racks
     first = np.searchsorted(stage, key // n_racks)
-    u_base = base[first]  # the group's stage's base
-    u_caps = caps[first]
-    keep = 1 - margin
-
-    def powers(tau: float, b: np.ndarray, hi: np.ndarray) -> np.ndarray:
-        # np.clip((tau / b) ** (1 / alpha), 1, hi), the power taken only where b < tau:
-        # elsewhere it is at most 1 and clipped to min(1, hi) exactly
-        out = np.minimum(1.0, hi)
-        low = np.flatnonzero(b < tau)
-        out[low] = np.clip((tau / b[low]) ** (1.0 / alpha), 1.0, hi[low])
-        return out
-
-    def fits(tau: float) -> bool:
-        extra = tdp * (powers(tau, u_base, u_caps) - 1.0)  # tdp here: total watts of the group
-        per_rack = np.bincount(rack, weights=extra, minlength=n_racks)
-        return bool(np.all(per_rack <= rack_room * keep) and extra.sum() <= site_room * keep)
-
+    groups = _FloorGroups(
+        tdp, base[first], caps[first], rack, n_racks, rack_room, site_room, 1 - margin, alpha
+    )
     lo = float(base.min())
     top = float((base * caps**alpha).min())  # the fastest the slowest stage can get
-    if not fits(lo):
+    if not groups.fits(lo):
         return ones
     for _ in range(steps):
         mid = 0.5 * (lo + top)
-        if fits(mid):
+        if groups.fits(mid):
             lo = mid
         else:
             top = mid
-    return powers(lo, stage_base, stage_caps)
+    return _floor_powers(lo, stage_base, stage_caps, alpha)
+
+
+def _floor_powers(tau: float, b: np.ndarray, hi: np.ndarray, alpha: float) -> np.ndarray:
+    """``np.clip((tau / b) ** (1 / alpha), 1, hi)``, the power taken only where ``b < tau``:
+    elsewhere it is at most 1 and clipped to ``min(1, hi)`` exactly."""
+    out = np.minimum(1.0, hi)
+    low = np.flatnonzero(b < tau)
+    out[low] = np.clip((tau / b[low]) ** (1.0 / alpha), 1.0, hi[low])
+    return out
+
+
+@dataclass(frozen=True, eq=False)
+class _FloorGroups:
+    """The (stage, rack) groups of :func:`boost_floor_stages` and the rooms they share.
+
+    ``tdp``: total watts of each group at power 1; ``base`` and ``caps``: its
+    stage's speed base and largest multiplier; ``rack``: its rack.
+    """
+
+    tdp: np.ndarray
+    base: np.ndarray
+    caps: np.ndarray
+    rack: np.ndarray
+    n_racks: int
+    rack_room: np.ndarray
+    site_room: float
+    keep: float
+    alpha: float
+
+    def fits(self, tau: float) -> bool:
+        """Does the extra draw of every stage at speed ``tau`` fit the racks and the site?"""
+        extra = self.tdp * (_floor_powers(tau, self.base, self.caps, self.alpha) - 1.0)
+        per_rack = np.bincount(self.rack, weights=extra, minlength=self.n_racks)
+        keep = self.keep
+        return bool(
+            np.all(per_rack <= self.rack_room * keep) and extra.sum() <= self.site_room * keep
+        )

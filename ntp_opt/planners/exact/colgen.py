@@ -282,25 +282,34 @@ class Pricing:
     def enumerate(self, limit: int = MAX_CONFIGS) -> list[Config]:
         """Every non-empty fitting configuration (for tests and tiny domains)."""
         out: list[Config] = []
-
-        def rec(start: int, j0: int, stages: list[StageChoice], extra: tuple[float, ...]) -> None:
-            for j in range(j0, len(self.options)):
-                placed = self.place(j, start)
-                if placed is None:
-                    continue
-                pi, add = placed
-                new_extra = tuple((np.array(extra) + np.array(add)).tolist())
-                if not self.fits(new_extra):
-                    continue
-                t, b = self.options[j]
-                new_stages = [*stages, StageChoice(t, b, start, pi)]
-                out.append(Config(tuple(new_stages), new_extra))
-                if len(out) > limit:
-                    raise ModelTooLarge("too many configurations to enumerate")
-                rec(start + t, j, new_stages, new_extra)
-
-        rec(0, 0, [], (0.0,) * self.n_racks)
+        self._extend_all(out, limit, 0, 0, [], (0.0,) * self.n_racks)
         return out
+
+    def _extend_all(
+        self,
+        out: list[Config],
+        limit: int,
+        start: int,
+        j0: int,
+        stages: list[StageChoice],
+        extra: tuple[float, ...],
+    ) -> None:
+        """Append to ``out`` every fitting extension of ``stages`` (next stage at GPU
+        ``start``, kinds ``>= j0``); :class:`ModelTooLarge` past ``limit``."""
+        for j in range(j0, len(self.options)):
+            placed = self.place(j, start)
+            if placed is None:
+                continue
+            pi, add = placed
+            new_extra = tuple((np.array(extra) + np.array(add)).tolist())
+            if not self.fits(new_extra):
+                continue
+            t, b = self.options[j]
+            new_stages = [*stages, StageChoice(t, b, start, pi)]
+            out.append(Config(tuple(new_stages), new_extra))
+            if len(out) > limit:
+                raise ModelTooLarge("too many configurations to enumerate")
+            self._extend_all(out, limit, start + t, j, new_stages, new_extra)
 
     def cost(self, extra: tuple[float, ...], sigma_mw: float, rho_mw: tuple[float, ...]) -> float:
         """Dual cost of a configuration's draw: site and (multi-domain units) racks."""
