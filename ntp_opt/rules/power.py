@@ -305,69 +305,95 @@ def boost_stages(
     tuple of (numpy.ndarray, list of int)
         New multiplier per stage, and the replicas that boosted.
     """
-    a = instance.arrays
-    job = instance.job
-    alpha = job.power_exponent
     out = np.array(powers, dtype=float)
     cand = [int(i) for i in candidates]
     if not can_boost(instance) or not cand or len(stages.replica) == 0:
         return out, []
-    n_rep = len(tp)
-    n_racks = len(a.rack_ids)
-    rack_room = np.array(rack_room, dtype=float)
-    target = 1.0 / job.seq_time_s
-    keep = 1.0 - margin
-    inv_alpha = 1.0 / alpha
-    pw = np.array(powers, dtype=float)
-    sizes = stages.sizes
-    sptr = np.searchsorted(stages.replica, np.arange(n_rep + 1))
-    per_degree = {t: job.tp_factor(t) / job.seq_time_s for t in set(tp.tolist())}
-    factor = np.array([per_degree[t] for t in tp.tolist()], dtype=float)
-    slowest = stages.stage_min(a.speed)
-    fs = factor[stages.replica] * slowest  # factor * slowest speed, per stage
-    top = np.maximum(stages.stage_min(instance.max_multiplier), pw)
-    tdp = a.tdp[stages.gpus]
-    gpu_rep = np.repeat(stages.replica, sizes)
-    keys, inverse = np.unique(gpu_rep * n_racks + a.gpu_rack[stages.gpus], return_inverse=True)
-    inverse = inverse.ravel()
-    key_rack = keys % n_racks
-    kptr = np.searchsorted(keys // n_racks, np.arange(n_rep + 1))
+    booster = _Booster(instance, stages, tp, powers, rack_room, site_room, steps, margin)
+    return out, booster.run(cand, out)
 
-    def mults(goal: float, lo: int, hi: int) -> np.ndarray:
-        pi = (goal / fs[lo:hi]) ** inv_alpha
-        res: np.ndarray = np.minimum(np.maximum(pi, pw[lo:hi]), top[lo:hi])
+
+class _Booster:
+    """The state of one :func:`boost_stages`: per-stage and per-(replica, rack) arrays,
+    every replica's need at nominal speed, and the rooms left (updated as replicas boost)."""
+
+    def __init__(
+        self,
+        instance: Instance,
+        stages: Stages,
+        tp: np.ndarray,
+        powers: np.ndarray,
+        rack_room: np.ndarray,
+        site_room: float,
+        steps: int,
+        margin: float,
+    ) -> None:
+        a = instance.arrays
+        job = instance.job
+        self.job = job
+        self.stages = stages
+        self.tp = tp
+        self.steps = steps
+        n_rep = len(tp)
+        self.n_rep = n_rep
+        n_racks = len(a.rack_ids)
+        self.rack_room = np.array(rack_room, dtype=float)
+        self.site_room = site_room
+        self.target = 1.0 / job.seq_time_s
+        self.keep = 1.0 - margin
+        self.inv_alpha = 1.0 / job.power_exponent
+        self.pw = np.array(powers, dtype=float)
+        sizes = stages.sizes
+        self.sizes = sizes
+        self.sptr = np.searchsorted(stages.replica, np.arange(n_rep + 1))
+        per_degree = {t: job.tp_factor(t) / job.seq_time_s for t in set(tp.tolist())}
+        factor = np.array([per_degree[t] for t in tp.tolist()], dtype=float)
+        self.slowest = stages.stage_min(a.speed)
+        self.fs = factor[stages.replica] * self.slowest  # factor * slowest speed, per stage
+        self.top = np.maximum(stages.stage_min(instance.max_multiplier), self.pw)
+        self.tdp = a.tdp[stages.gpus]
+        gpu_rep = np.repeat(stages.replica, sizes)
+        keys, inverse = np.unique(gpu_rep * n_racks + a.gpu_rack[stages.gpus], return_inverse=True)
+        self.inverse = inverse.ravel()
+        self.key_rack = keys % n_racks
+        self.kptr = np.searchsorted(keys // n_racks, np.arange(n_rep + 1))
+        # every replica's need at nominal speed
+        with np.errstate(divide="ignore", invalid="ignore"):  # speed 0: never a candidate
+            self.mult_all = self.mults(self.target, 0, len(sizes))
+        watts_all = self.tdp * np.repeat(self.mult_all - self.pw, sizes)
+        self.extra_all = self.replica_sums(stages.stage_sums(watts_all), 0, len(sizes))
+        self.rack_all = np.bincount(self.inverse, weights=watts_all, minlength=len(keys))
+        self.room_keep = self.rack_room * self.keep
+        self.n_neg = int(np.count_nonzero(self.room_keep < 0))
+
+    def mults(self, goal: float, lo: int, hi: int) -> np.ndarray:
+        """Multipliers of stages ``lo:hi`` reaching speed ``goal`` (within their limits)."""
+        pi = (goal / self.fs[lo:hi]) ** self.inv_alpha
+        res: np.ndarray = np.minimum(np.maximum(pi, self.pw[lo:hi]), self.top[lo:hi])
         return res
 
-    def replica_sums(stage_sum: np.ndarray, lo: int, hi: int) -> np.ndarray:
-        # per replica, its stages' sums added one after the other (0.0 first)
-        rep = stages.replica[lo:hi]
-        first = sptr[rep]
+    def replica_sums(self, stage_sum: np.ndarray, lo: int, hi: int) -> np.ndarray:
+        """Per replica, its stages' sums added one after the other (0.0 first)."""
+        rep = self.stages.replica[lo:hi]
+        first = self.sptr[rep]
         pos = np.arange(lo, hi) - first
-        total = np.zeros(n_rep)
+        total = np.zeros(self.n_rep)
         for k in range(int(pos.max()) + 1 if hi > lo else 0):
             sel = pos == k
             total[rep[sel]] += stage_sum[sel]
         return total
 
-    # every replica's need at nominal speed
-    with np.errstate(divide="ignore", invalid="ignore"):  # speed 0: never a candidate
-        mult_all = mults(target, 0, len(sizes))
-    watts_all = tdp * np.repeat(mult_all - pw, sizes)
-    extra_all = replica_sums(stages.stage_sums(watts_all), 0, len(sizes))
-    rack_all = np.bincount(inverse, weights=watts_all, minlength=len(keys))
-
-    room_keep = rack_room * keep
-    n_neg = int(np.count_nonzero(room_keep < 0))
-
-    def need(i: int, goals: list[float]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    def need(self, i: int, goals: list[float]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """Multipliers, extra watts per touched rack and in all, at each speed of ``goals``."""
-        s0, s1 = int(sptr[i]), int(sptr[i + 1])
+        stages, sizes, tdp, pw = self.stages, self.sizes, self.tdp, self.pw
+        s0, s1 = int(self.sptr[i]), int(self.sptr[i + 1])
         g0, g1 = int(stages.start[s0]), int(stages.start[s1])
-        k0, k1 = int(kptr[i]), int(kptr[i + 1])
+        k0, k1 = int(self.kptr[i]), int(self.kptr[i + 1])
         n_s, n_g = s1 - s0, len(goals)
-        local = inverse[g0:g1] - k0
+        local = self.inverse[g0:g1] - k0
         mult = np.minimum(
-            np.maximum((np.array(goals)[:, None] / fs[s0:s1]) ** inv_alpha, pw[s0:s1]), top[s0:s1]
+            np.maximum((np.array(goals)[:, None] / self.fs[s0:s1]) ** self.inv_alpha, pw[s0:s1]),
+            self.top[s0:s1],
         )
         step = mult - pw[s0:s1]
         if sizes[s0] * n_s == g1 - g0 and (sizes[s0:s1] == sizes[s0]).all():
@@ -384,20 +410,20 @@ def boost_stages(
         per_rack = np.bincount(slot, weights=watts.ravel(), minlength=n_g * (k1 - k0))
         return mult, per_rack.reshape(n_g, k1 - k0), extra
 
-    def fits(i: int, per_rack: np.ndarray, extra: np.ndarray) -> np.ndarray:
+    def fits(self, i: int, per_rack: np.ndarray, extra: np.ndarray) -> np.ndarray:
         """Per row: do the extra watts fit the racks' and the site's rooms?"""
-        room = room_keep[key_rack[kptr[i] : kptr[i + 1]]]
-        ok: np.ndarray = np.all(per_rack <= room, axis=-1) & (extra <= site_room * keep)
+        room = self.room_keep[self.key_rack[self.kptr[i] : self.kptr[i + 1]]]
+        ok: np.ndarray = np.all(per_rack <= room, axis=-1) & (extra <= self.site_room * self.keep)
         return ok
 
-    def others_over(i: int) -> bool:
+    def others_over(self, i: int) -> bool:
         """Is a rack replica ``i`` does not touch already over its room (nothing fits then)?"""
-        room = room_keep[key_rack[kptr[i] : kptr[i + 1]]]
-        return n_neg != int(np.count_nonzero(room < 0))
+        room = self.room_keep[self.key_rack[self.kptr[i] : self.kptr[i + 1]]]
+        return self.n_neg != int(np.count_nonzero(room < 0))
 
-    def bisect(i: int, lo: float, up: float) -> float:
+    def bisect(self, i: int, lo: float, up: float) -> float:
         """``steps`` bisection steps on the reachable speed, four levels of mids at a time."""
-        left = steps
+        left = self.steps
         while left > 0:
             depth = min(4, left)
             bounds, mids = [(lo, up)], []
@@ -408,7 +434,7 @@ def boost_stages(
                     mids.append(m)
                     nxt += [(x, m), (m, y)]
                 bounds = nxt
-            ok = fits(i, *need(i, mids)[1:])
+            ok = self.fits(i, *self.need(i, mids)[1:])
             node = 0
             for _ in range(depth):
                 if ok[node]:
@@ -418,31 +444,40 @@ def boost_stages(
             left -= depth
         return lo
 
-    order = sorted(cand, key=lambda i: (float(extra_all[i]), i))
-    boosted = []
-    for i in order:
-        s0, s1 = int(sptr[i]), int(sptr[i + 1])
-        if others_over(i):
-            continue  # nothing fits, not even the reachable speed
-        mult = mult_all[s0:s1]
-        per_rack = rack_all[kptr[i] : kptr[i + 1]]
-        extra = float(extra_all[i])
-        if not fits(i, per_rack, np.array(extra)):
-            now = replica_speed(job, int(tp[i]), slowest[s0:s1].tolist(), pw[s0:s1].tolist())
-            lo = bisect(i, now, target)
-            got = need(i, [lo])
-            mult, per_rack, extra = got[0][0], got[1][0], float(got[2][0])
-            if not fits(i, per_rack, np.array(extra)) or extra <= 0:
-                continue
-        out[s0:s1] = mult
-        racks = key_rack[kptr[i] : kptr[i + 1]]
-        n_neg -= int(np.count_nonzero(room_keep[racks] < 0))
+    def run(self, cand: list[int], out: np.ndarray) -> list[int]:
+        """Boost the candidates, fewest extra watts first; write their multipliers into
+        ``out`` and return the replicas that boosted."""
+        order = sorted(cand, key=lambda i: (float(self.extra_all[i]), i))
+        boosted = []
+        for i in order:
+            s0, s1 = int(self.sptr[i]), int(self.sptr[i + 1])
+            if self.others_over(i):
+                continue  # nothing fits, not even the reachable speed
+            mult = self.mult_all[s0:s1]
+            per_rack = self.rack_all[self.kptr[i] : self.kptr[i + 1]]
+            extra = float(self.extra_all[i])
+            if not self.fits(i, per_rack, np.array(extra)):
+                slowest, pw = self.slowest[s0:s1].tolist(), self.pw[s0:s1].tolist()
+                now = replica_speed(self.job, int(self.tp[i]), slowest, pw)
+                lo = self.bisect(i, now, self.target)
+                got = self.need(i, [lo])
+                mult, per_rack, extra = got[0][0], got[1][0], float(got[2][0])
+                if not self.fits(i, per_rack, np.array(extra)) or extra <= 0:
+                    continue
+            out[s0:s1] = mult
+            self.take(i, per_rack, extra)
+            boosted.append(i)
+        return boosted
+
+    def take(self, i: int, per_rack: np.ndarray, extra: float) -> None:
+        """Spend replica ``i``'s extra watts from the rooms."""
+        racks = self.key_rack[self.kptr[i] : self.kptr[i + 1]]
+        room_keep, rack_room = self.room_keep, self.rack_room
+        self.n_neg -= int(np.count_nonzero(room_keep[racks] < 0))
         rack_room[racks] = rack_room[racks] - per_rack
-        room_keep[racks] = rack_room[racks] * keep
-        n_neg += int(np.count_nonzero(room_keep[racks] < 0))
-        site_room -= extra
-        boosted.append(i)
-    return out, boosted
+        room_keep[racks] = rack_room[racks] * self.keep
+        self.n_neg += int(np.count_nonzero(room_keep[racks] < 0))
+        self.site_room -= extra
 
 
 def boost_floor(
@@ -524,31 +559,54 @@ def boost_floor_stages(
     tdp = np.bincount(inverse.ravel(), weights=a.tdp[flat], minlength=len(key))  # watts per group
     rack = key % n_racks
     first = np.searchsorted(stage, key // n_racks)
-    u_base = base[first]  # the group's stage's base
-    u_caps = caps[first]
-    keep = 1 - margin
-
-    def powers(tau: float, b: np.ndarray, hi: np.ndarray) -> np.ndarray:
-        # np.clip((tau / b) ** (1 / alpha), 1, hi), the power taken only where b < tau:
-        # elsewhere it is at most 1 and clipped to min(1, hi) exactly
-        out = np.minimum(1.0, hi)
-        low = np.flatnonzero(b < tau)
-        out[low] = np.clip((tau / b[low]) ** (1.0 / alpha), 1.0, hi[low])
-        return out
-
-    def fits(tau: float) -> bool:
-        extra = tdp * (powers(tau, u_base, u_caps) - 1.0)  # tdp here: total watts of the group
-        per_rack = np.bincount(rack, weights=extra, minlength=n_racks)
-        return bool(np.all(per_rack <= rack_room * keep) and extra.sum() <= site_room * keep)
-
+    groups = _FloorGroups(
+        tdp, base[first], caps[first], rack, n_racks, rack_room, site_room, 1 - margin, alpha
+    )
     lo = float(base.min())
     top = float((base * caps**alpha).min())  # the fastest the slowest stage can get
-    if not fits(lo):
+    if not groups.fits(lo):
         return ones
     for _ in range(steps):
         mid = 0.5 * (lo + top)
-        if fits(mid):
+        if groups.fits(mid):
             lo = mid
         else:
             top = mid
-    return powers(lo, stage_base, stage_caps)
+    return _floor_powers(lo, stage_base, stage_caps, alpha)
+
+
+def _floor_powers(tau: float, b: np.ndarray, hi: np.ndarray, alpha: float) -> np.ndarray:
+    """``np.clip((tau / b) ** (1 / alpha), 1, hi)``, the power taken only where ``b < tau``:
+    elsewhere it is at most 1 and clipped to ``min(1, hi)`` exactly."""
+    out = np.minimum(1.0, hi)
+    low = np.flatnonzero(b < tau)
+    out[low] = np.clip((tau / b[low]) ** (1.0 / alpha), 1.0, hi[low])
+    return out
+
+
+@dataclass(frozen=True, eq=False)
+class _FloorGroups:
+    """The (stage, rack) groups of :func:`boost_floor_stages` and the rooms they share.
+
+    ``tdp``: total watts of each group at power 1; ``base`` and ``caps``: its
+    stage's speed base and largest multiplier; ``rack``: its rack.
+    """
+
+    tdp: np.ndarray
+    base: np.ndarray
+    caps: np.ndarray
+    rack: np.ndarray
+    n_racks: int
+    rack_room: np.ndarray
+    site_room: float
+    keep: float
+    alpha: float
+
+    def fits(self, tau: float) -> bool:
+        """Does the extra draw of every stage at speed ``tau`` fit the racks and the site?"""
+        extra = self.tdp * (_floor_powers(tau, self.base, self.caps, self.alpha) - 1.0)
+        per_rack = np.bincount(self.rack, weights=extra, minlength=self.n_racks)
+        keep = self.keep
+        return bool(
+            np.all(per_rack <= self.rack_room * keep) and extra.sum() <= self.site_room * keep
+        )

@@ -40,10 +40,10 @@ from __future__ import annotations
 
 import bisect
 import heapq
+import itertools
 import math
 import threading
 import time
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -278,25 +278,34 @@ class Pricing:
     def enumerate(self, limit: int = MAX_CONFIGS) -> list[Config]:
         """Every non-empty fitting configuration (for tests and tiny domains)."""
         out: list[Config] = []
-
-        def rec(start: int, j0: int, stages: list[StageChoice], extra: tuple[float, ...]) -> None:
-            for j in range(j0, len(self.options)):
-                placed = self.place(j, start)
-                if placed is None:
-                    continue
-                pi, add = placed
-                new_extra = tuple((np.array(extra) + np.array(add)).tolist())
-                if not self.fits(new_extra):
-                    continue
-                t, b = self.options[j]
-                new_stages = [*stages, StageChoice(t, b, start, pi)]
-                out.append(Config(tuple(new_stages), new_extra))
-                if len(out) > limit:
-                    raise ModelTooLarge("too many configurations to enumerate")
-                rec(start + t, j, new_stages, new_extra)
-
-        rec(0, 0, [], (0.0,) * self.n_racks)
+        self._extend_all(out, limit, 0, 0, [], (0.0,) * self.n_racks)
         return out
+
+    def _extend_all(
+        self,
+        out: list[Config],
+        limit: int,
+        start: int,
+        j0: int,
+        stages: list[StageChoice],
+        extra: tuple[float, ...],
+    ) -> None:
+        """Append to ``out`` every fitting extension of ``stages`` (next stage at GPU
+        ``start``, kinds ``>= j0``); :class:`ModelTooLarge` past ``limit``."""
+        for j in range(j0, len(self.options)):
+            placed = self.place(j, start)
+            if placed is None:
+                continue
+            pi, add = placed
+            new_extra = tuple((np.array(extra) + np.array(add)).tolist())
+            if not self.fits(new_extra):
+                continue
+            t, b = self.options[j]
+            new_stages = [*stages, StageChoice(t, b, start, pi)]
+            out.append(Config(tuple(new_stages), new_extra))
+            if len(out) > limit:
+                raise ModelTooLarge("too many configurations to enumerate")
+            self._extend_all(out, limit, start + t, j, new_stages, new_extra)
 
     def cost(self, extra: tuple[float, ...], sigma_mw: float, rho_mw: tuple[float, ...]) -> float:
         """Dual cost of a configuration's draw: site and (multi-domain units) racks."""
@@ -344,20 +353,24 @@ class Pricing:
             ``max(0, largest price)`` (exact: the empty configuration prices 0),
             and the best configurations priced above ``threshold``.
         """
+        lam = [duals.get(kind, 0.0) for kind in self.options]
+        search = _PriceSearch(self, lam, sigma_mw, rho_mw, threshold, keep, deadline, limit)
+        search.rec(0, 0, 0.0, (0.0,) * self.n_racks, [])
+        search.found.sort(key=lambda sc: -sc[0])
+        return max(search.best, 0.0), search.found
+
+    def completion(self, lam: list[float], sigma_mw: float) -> list[list[float]]:
+        """An optimistic completion: ``fill[i][r]`` is the largest sum over kinds ``>= i``
+        on ``r`` GPUs of (dual - sigma * least draw of the kind anywhere in the domain),
+        positive terms only.
+
+        The site cost ``sigma * ceil(total mW)`` is at least ``sigma * (mW so far + mW
+        of the stages added)``, so this bounds every extension (rack budgets and rack
+        prices ignored: they only lower it).
+        """
         n = len(self.options)
         h = self.h
-        lam = [duals.get(kind, 0.0) for kind in self.options]
-        everything = keep is None
-        skip = self.skip_useless and not everything
-        usable = [j for j in range(n) if lam[j] > 0 or not skip]
-        # An optimistic completion: fill[i][r] is the largest sum over kinds >= i
-        # on r GPUs of (dual - sigma * least draw of the kind anywhere in the
-        # domain), positive terms only. The site cost sigma * ceil(total mW) is at
-        # least sigma * (mW so far + mW of the stages added), so this bounds every
-        # extension (rack budgets and rack prices ignored: they only lower it).
-        if self._table is None:
-            self._table = [[self.place(j, st) for st in range(h + 1)] for j in range(n)]
-        table = self._table
+        table = self.placements()
         gain = []
         for j in range(n):
             least = math.inf
@@ -375,110 +388,169 @@ class Pricing:
                     if cand > row[r]:
                         row[r] = cand
             fill[i] = row
-        fill_l = fill.tolist()
-        best = 0.0
-        found: list[tuple[float, Config]] = []
-        floor_keep = threshold if everything else max(threshold, 0.0)
-        counter = 0
-        single = self.n_racks == 1
-        idle0 = self.unit.idle_w[0] if single else 0.0
-        budget0 = self.unit.budget_mw[0] if single else 0
-        # labels seen per (start, first kind): (value, draw); a dominated label
-        # (no more value, no less draw) cannot lead further (only for the maximum)
-        seen: dict[tuple[int, int], list[tuple[float, tuple[float, ...]]]] = {}
-        fronts: dict[tuple[int, int], tuple[list[float], list[float]]] = {}
-        sig = sigma_mw * MW
+        fill_l: list[list[float]] = fill.tolist()
+        return fill_l
 
-        def rec(
-            start: int,
-            j0: int,
-            value: float,
-            extra: tuple[float, ...],
-            stages: list[StageChoice],
-        ) -> None:
-            nonlocal best, counter
-            counter += 1
-            if counter % 4096 == 0:
-                _check(deadline)
-            if everything:
-                bar = floor_keep
-            elif keep and len(found) >= keep:
-                bar = found[-1][0]
-            else:
-                bar = min(best, floor_keep)
-            left = h - start
-            for j in usable[bisect.bisect_left(usable, j0) :]:
-                placed = table[j][start]
-                if placed is None:
-                    continue
-                pi, add = placed
-                t = self.options[j][0]
-                nv = value + lam[j]
-                # the configuration and all its extensions score at most this
-                optimistic = nv + fill_l[j][left - t] - sig * (sum(extra) + sum(add))
-                if optimistic <= bar + 1e-12:
-                    continue
-                if single:
-                    x0 = extra[0] + add[0]
-                    if ceil_mw(idle0 + x0) > budget0:
-                        continue  # extensions draw more: none fits
-                    new_extra: tuple[float, ...] = (x0,)
-                else:
-                    new_extra = tuple(x + y for x, y in zip(extra, add, strict=True))
-                    if not self.fits(new_extra):
-                        continue
-                b = self.options[j][1]
-                c = self.cost(new_extra, sigma_mw, rho_mw)
-                score = nv - c
-                if score > best:
-                    best = score
-                if everything:
-                    if score > floor_keep:
-                        cfg = Config((*stages, StageChoice(t, b, start, pi)), new_extra)
-                        found.append((score, cfg))
-                        if len(found) > limit:
-                            raise ModelTooLarge(
-                                f"more than {limit} configurations priced above the threshold"
-                            )
-                    bar = floor_keep
-                else:
-                    assert keep is not None
-                    if score > floor_keep and (len(found) < keep or score > found[-1][0]):
-                        cfg = Config((*stages, StageChoice(t, b, start, pi)), new_extra)
-                        found.append((score, cfg))
-                        found.sort(key=lambda sc: -sc[0])
-                        del found[keep:]
-                    # needed for the exact maximum, or the best `keep` above the threshold
-                    bar = found[-1][0] if keep and len(found) >= keep else min(best, floor_keep)
-                if optimistic <= bar + 1e-12:
-                    continue
-                if not everything:
-                    key = (start + t, j)
-                    if single:
-                        # Pareto front sorted by draw, values increasing along it
-                        xs, vs = fronts.setdefault(key, ([], []))
-                        x0 = new_extra[0]
-                        i = bisect.bisect_right(xs, x0)
-                        if i and vs[i - 1] >= nv:
-                            continue
-                        k = i
-                        while k < len(xs) and vs[k] <= nv:
-                            k += 1
-                        xs[i:k] = [x0]
-                        vs[i:k] = [nv]
-                    else:
-                        labels = seen.setdefault(key, [])
-                        if any(
-                            v >= nv and all(p <= q for p, q in zip(e, new_extra, strict=True))
-                            for v, e in labels
-                        ):
-                            continue
-                        labels.append((nv, new_extra))
-                rec(start + t, j, nv, new_extra, [*stages, StageChoice(t, b, start, pi)])
+    def placements(self) -> list[list[tuple[float, tuple[float, ...]] | None]]:
+        """:meth:`place` of every option at every start (computed once)."""
+        if self._table is None:
+            self._table = [
+                [self.place(j, st) for st in range(self.h + 1)] for j in range(len(self.options))
+            ]
+        return self._table
 
-        rec(0, 0, 0.0, (0.0,) * self.n_racks, [])
-        found.sort(key=lambda sc: -sc[0])
-        return max(best, 0.0), found
+
+class _PriceSearch:
+    """The depth-first search of :meth:`Pricing.price`, its state explicit.
+
+    ``found`` holds the configurations kept (best first when ``keep`` is set),
+    ``best`` the largest price seen. Labels seen per ``(start, first kind)``:
+    ``(value, draw)``; a dominated label (no more value, no less draw) cannot
+    lead further (pruned only when the maximum is asked for, not a listing).
+    """
+
+    def __init__(
+        self,
+        pricing: Pricing,
+        lam: list[float],
+        sigma_mw: float,
+        rho_mw: tuple[float, ...],
+        threshold: float,
+        keep: int | None,
+        deadline: float | None,
+        limit: int,
+    ) -> None:
+        self.pricing = pricing
+        self.lam = lam
+        self.sigma_mw = sigma_mw
+        self.rho_mw = rho_mw
+        self.keep = keep
+        self.deadline = deadline
+        self.limit = limit
+        self.everything = keep is None
+        skip = pricing.skip_useless and not self.everything
+        self.usable = [j for j in range(len(pricing.options)) if lam[j] > 0 or not skip]
+        self.table = pricing.placements()
+        self.fill = pricing.completion(lam, sigma_mw)
+        self.best = 0.0
+        self.found: list[tuple[float, Config]] = []
+        self.floor_keep = threshold if self.everything else max(threshold, 0.0)
+        self.counter = 0
+        self.single = pricing.n_racks == 1
+        self.idle0 = pricing.unit.idle_w[0] if self.single else 0.0
+        self.budget0 = pricing.unit.budget_mw[0] if self.single else 0
+        self.seen: dict[tuple[int, int], list[tuple[float, tuple[float, ...]]]] = {}
+        self.fronts: dict[tuple[int, int], tuple[list[float], list[float]]] = {}
+        self.sig = sigma_mw * MW
+
+    def bar(self) -> float:
+        """The price a configuration must beat to matter: to be listed, to be among the
+        best ``keep`` above the threshold, or (else) for the exact maximum."""
+        if self.everything:
+            return self.floor_keep
+        if self.keep and len(self.found) >= self.keep:
+            return self.found[-1][0]
+        return min(self.best, self.floor_keep)
+
+    def rec(
+        self,
+        start: int,
+        j0: int,
+        value: float,
+        extra: tuple[float, ...],
+        stages: list[StageChoice],
+    ) -> None:
+        """Extend the configuration ``stages`` (next stage at GPU ``start``, kinds ``>= j0``)."""
+        self.counter += 1
+        if self.counter % 4096 == 0:
+            _check(self.deadline)
+        options = self.pricing.options
+        table = self.table
+        lam = self.lam
+        fill = self.fill
+        sig = self.sig
+        bar = self.bar()
+        left = self.pricing.h - start
+        for j in self.usable[bisect.bisect_left(self.usable, j0) :]:
+            placed = table[j][start]
+            if placed is None:
+                continue
+            pi, add = placed
+            t = options[j][0]
+            nv = value + lam[j]
+            # the configuration and all its extensions score at most this
+            optimistic = nv + fill[j][left - t] - sig * (sum(extra) + sum(add))
+            if optimistic <= bar + 1e-12:
+                continue
+            new_extra = self.extend(extra, add)
+            if new_extra is None:
+                continue  # extensions draw more: none fits
+            b = options[j][1]
+            score = nv - self.pricing.cost(new_extra, self.sigma_mw, self.rho_mw)
+            if score > self.best:
+                self.best = score
+            self.offer(score, stages, StageChoice(t, b, start, pi), new_extra)
+            bar = self.bar()
+            if optimistic <= bar + 1e-12:
+                continue
+            if not self.everything and self.dominated((start + t, j), nv, new_extra):
+                continue
+            self.rec(start + t, j, nv, new_extra, [*stages, StageChoice(t, b, start, pi)])
+
+    def extend(self, extra: tuple[float, ...], add: tuple[float, ...]) -> tuple[float, ...] | None:
+        """The draw per rack with ``add`` on top of ``extra``; ``None`` when it does not fit."""
+        if self.single:
+            x0 = extra[0] + add[0]
+            if ceil_mw(self.idle0 + x0) > self.budget0:
+                return None
+            return (x0,)
+        new_extra = tuple(x + y for x, y in zip(extra, add, strict=True))
+        return new_extra if self.pricing.fits(new_extra) else None
+
+    def offer(
+        self,
+        score: float,
+        stages: list[StageChoice],
+        last: StageChoice,
+        extra: tuple[float, ...],
+    ) -> None:
+        """Keep the configuration ``stages + [last]`` if it scores high enough."""
+        found = self.found
+        if self.everything:
+            if score > self.floor_keep:
+                found.append((score, Config((*stages, last), extra)))
+                if len(found) > self.limit:
+                    raise ModelTooLarge(
+                        f"more than {self.limit} configurations priced above the threshold"
+                    )
+            return
+        keep = self.keep
+        assert keep is not None
+        if score > self.floor_keep and (len(found) < keep or score > found[-1][0]):
+            found.append((score, Config((*stages, last), extra)))
+            found.sort(key=lambda sc: -sc[0])
+            del found[keep:]
+
+    def dominated(self, key: tuple[int, int], nv: float, extra: tuple[float, ...]) -> bool:
+        """Whether a label seen at ``key`` dominates ``(nv, extra)``; if not, record it."""
+        if self.single:
+            # Pareto front sorted by draw, values increasing along it
+            xs, vs = self.fronts.setdefault(key, ([], []))
+            x0 = extra[0]
+            i = bisect.bisect_right(xs, x0)
+            if i and vs[i - 1] >= nv:
+                return True
+            k = i
+            while k < len(xs) and vs[k] <= nv:
+                k += 1
+            xs[i:k] = [x0]
+            vs[i:k] = [nv]
+            return False
+        labels = self.seen.setdefault(key, [])
+        if any(v >= nv and all(p <= q for p, q in zip(e, extra, strict=True)) for v, e in labels):
+            return True
+        labels.append((nv, extra))
+        return False
 
 
 @dataclass(frozen=True)
@@ -646,112 +718,192 @@ class ColumnGeneration:
             ``highspy`` (or the backend's package) is missing.
         """
         highspy = _load_highspy()
-        prep = self.prep
-        job = prep.instance.job
-        pricers = [Pricing(prep, ow, theta, self.degrees) for ow in self.owners]
-        kinds = sorted({k for p in pricers for k in p.options}, key=lambda k: (-k[0], -k[1]))
-        kind_row: dict[tuple[int, int], int] = {}
-        # rows: conv per owner, racks of multi units, kinds, dp_max, global_batch, site
-        lo: list[float] = []
-        hi: list[float] = []
-        inf = highspy.kHighsInf
-        conv_row = []
+        master = _Master(
+            self.prep,
+            self.owners,
+            self.degrees,
+            theta,
+            highspy,
+            _IntOptions(backend, deadline, threads, seed, cancel),
+        )
+        master.seed(self.pool)
+        _check(deadline)
+        root = master.generate({})
+        lp_value = root.lp_value
+        self._remember(root.used)
+        master.start_integer(root)
+        master.close_gap(root)
+        return MasterResult(
+            master.cap, master.sol, int(master.upper), lp_value, master.rounds, len(master.columns)
+        )
+
+    def _remember(self, used: list[tuple[int, Config]]) -> None:
+        """Keep the patterns of the configurations used at the root for later step times."""
+        for oi, cfg in used:
+            pool = self.pool.setdefault(oi, {})
+            pool[tuple((st.t, st.b) for st in cfg.stages)] = None
+            while len(pool) > POOL_SIZE:
+                del pool[next(iter(pool))]
+
+
+@dataclass(frozen=True)
+class _IntOptions:
+    """How the integer master is solved: backend, deadline and the backend's options."""
+
+    backend: str
+    deadline: float | None
+    threads: int
+    seed: int
+    cancel: threading.Event | None
+
+
+class _Master:
+    """Column generation at one step time: the restricted master LP, its columns,
+    and the integer master over them.
+
+    Rows of the LP: a convexity row per owner, the racks of multi-domain units, a
+    row per stage kind (stages - ``pp n[t, b]`` = 0), ``dp_max``, ``global_batch``,
+    the site, and the branching rows ``S[t, beta] = sum of n[t, b] over b >= beta``
+    (free at the root). Columns: ``n[t, b]``, one artificial column per kind row
+    (stages missing, at a large cost, so that the LP stays feasible when branching
+    raises an ``n``), then the configurations.
+    """
+
+    def __init__(
+        self,
+        prep: Prepared,
+        owners: list[Owner],
+        degrees: tuple[int, ...],
+        theta: float,
+        highspy: Any,
+        opts: _IntOptions,
+    ) -> None:
+        self.prep = prep
+        self.job = prep.instance.job
+        self.owners = owners
+        self.degrees = degrees
+        self.theta = theta
+        self.highspy = highspy
+        self.opts = opts
+        self.inf = float(highspy.kHighsInf)
+        self.pricers = [Pricing(prep, ow, theta, degrees) for ow in owners]
+        self.kinds = sorted(
+            {k for p in self.pricers for k in p.options}, key=lambda k: (-k[0], -k[1])
+        )
+        self.below: dict[tuple[int, int], list[tuple[int, int]]] = {
+            (t, b): [(t2, beta) for t2, beta in self.kinds if t2 == t and beta <= b]
+            for t, b in self.kinds
+        }
+        self.lo: list[float] = []
+        self.hi: list[float] = []
+        self.conv_row: list[int] = []
+        self.rack_row: dict[tuple[int, int], int] = {}
+        self.rack_room: dict[tuple[int, int], int] = {}
+        self.kind_row: dict[tuple[int, int], int] = {}
+        self.agg_row: dict[tuple[int, int], int] = {}
+        self.site_room = prep.site_budget_mw - ceil_mw(prep.site_idle_w)
+        self._build_rows()
+        self.h = self._build_lp()
+        self.n_cols_n = 2 * len(self.kinds)  # columns before the configurations
+        self.columns: list[tuple[int, Config]] = []  # (owner index, config)
+        self.seen: set[tuple[int, tuple[tuple[int, int, int], ...]]] = set()
+        self.rounds = 0
+        # the integer master: its program, solution, and the bounds on C
+        self.cap: Capacity
+        self.sol: IntSolution
+        self.lower = 0
+        self.upper = 0
+
+    def _row(self, lo: float, hi: float) -> int:
+        self.lo.append(lo)
+        self.hi.append(hi)
+        return len(self.lo) - 1
+
+    def _build_rows(self) -> None:
+        """The row bounds: conv per owner, racks of multi units, kinds, dp_max,
+        global_batch, site, branching rows."""
+        prep, job, inf = self.prep, self.job, self.inf
         for ow in self.owners:
-            conv_row.append(len(lo))
-            lo.append(-inf)
-            hi.append(float(ow.size))
-        rack_row: dict[tuple[int, int], int] = {}
-        rack_room: dict[tuple[int, int], int] = {}
+            self.conv_row.append(self._row(-inf, float(ow.size)))
         for u in prep.multi:
             unit = prep.units[u]
             for r in range(len(unit.racks)):
-                rack_row[(u, r)] = len(lo)
                 room = unit.budget_mw[r] - ceil_mw(unit.idle_w[r])
-                rack_room[(u, r)] = room
-                lo.append(-inf)
-                hi.append(room / MW)
-        for k in kinds:
-            kind_row[k] = len(lo)
-            lo.append(0.0)
-            hi.append(0.0)
-        dp_row = len(lo)
-        lo.append(-inf)
-        hi.append(float(job.replicas_max))
-        gb_row = len(lo)
-        lo.append(-inf)
-        hi.append(float(job.global_batch))
-        site_room = prep.site_budget_mw - ceil_mw(prep.site_idle_w)
-        site_row = len(lo)
-        lo.append(-inf)
-        hi.append(site_room / MW)
-        # branching rows: S[t, beta] = sum of n[t, b] over b >= beta (free at the root)
-        agg_row: dict[tuple[int, int], int] = {}
-        for k in kinds:
-            agg_row[k] = len(lo)
-            lo.append(-inf)
-            hi.append(inf)
+                self.rack_room[(u, r)] = room
+                self.rack_row[(u, r)] = self._row(-inf, room / MW)
+        for k in self.kinds:
+            self.kind_row[k] = self._row(0.0, 0.0)
+        self.dp_row = self._row(-inf, float(job.replicas_max))
+        self.gb_row = self._row(-inf, float(job.global_batch))
+        self.site_row = self._row(-inf, self.site_room / MW)
+        for k in self.kinds:
+            self.agg_row[k] = self._row(-inf, inf)
 
+    def _build_lp(self) -> Any:
+        """The HiGHS model with the rows, the ``n[t, b]`` and the artificial columns."""
+        highspy, job, kinds = self.highspy, self.job, self.kinds
         h = new_highs(highspy)
         h.setOptionValue("output_flag", False)
-        h.setOptionValue("threads", threads)
-        h.setOptionValue("random_seed", seed)
+        h.setOptionValue("threads", self.opts.threads)
+        h.setOptionValue("random_seed", self.opts.seed)
         h.changeObjectiveSense(highspy.ObjSense.kMaximize)
-        n_rows = len(lo)
+        n_rows = len(self.lo)
         h.addRows(
             n_rows,
-            np.array(lo),
-            np.array(hi),
+            np.array(self.lo),
+            np.array(self.hi),
             0,
             np.zeros(n_rows + 1, dtype=np.int32)[:n_rows],
             np.zeros(0, dtype=np.int32),
             np.zeros(0),
         )
-        # n[t, b], then one artificial column per kind row (stages missing, at a
-        # large cost) so that the LP stays feasible when branching raises an n
-        below: dict[tuple[int, int], list[tuple[int, int]]] = {
-            (t, b): [(t2, beta) for t2, beta in kinds if t2 == t and beta <= b] for t, b in kinds
-        }
         for t, b in kinds:
-            rows_n = [kind_row[(t, b)], dp_row, gb_row] + [agg_row[k] for k in below[(t, b)]]
-            val = np.array([-float(job.pp), 1.0, float(b)] + [1.0] * len(below[(t, b)]))
+            below = self.below[(t, b)]
+            rows_n = [self.kind_row[(t, b)], self.dp_row, self.gb_row] + [
+                self.agg_row[k] for k in below
+            ]
+            val = np.array([-float(job.pp), 1.0, float(b)] + [1.0] * len(below))
             idx = np.array(rows_n, dtype=np.int32)
             h.addCol(float(b), 0.0, float(job.replicas_max), len(idx), idx, val)
         big_m = 1000.0 * (1.0 + max((b for _, b in kinds), default=1))
         for k in kinds:
-            h.addCol(-big_m, 0.0, inf, 1, np.array([kind_row[k]], dtype=np.int32), np.ones(1))
-        n_cols_n = 2 * len(kinds)  # columns before the configurations
-        columns: list[tuple[int, Config]] = []  # (owner index, config)
-        seen: set[tuple[int, tuple[tuple[int, int, int], ...]]] = set()
+            h.addCol(
+                -big_m, 0.0, self.inf, 1, np.array([self.kind_row[k]], dtype=np.int32), np.ones(1)
+            )
+        return h
 
-        def add(oi: int, cfg: Config) -> bool:
-            key = (oi, tuple((st.t, st.b, st.start) for st in cfg.stages))
-            if key in seen:
-                return False
-            seen.add(key)
-            ow = self.owners[oi]
-            entries: dict[int, float] = {conv_row[oi]: 1.0}
-            for st in cfg.stages:
-                r = kind_row[(st.t, st.b)]
-                entries[r] = entries.get(r, 0.0) + 1.0
-            site = ceil_mw(sum(cfg.extra_w))
-            if site:
-                entries[site_row] = site / MW
-            if ow.multi is not None:
-                for r, x in enumerate(cfg.extra_w):
-                    if x:
-                        entries[rack_row[(ow.multi, r)]] = ceil_mw(x) / MW
-            idx = np.array(list(entries), dtype=np.int32)
-            val = np.array(list(entries.values()))
-            h.addCol(0.0, 0.0, float(ow.size), len(idx), idx, val)
-            columns.append((oi, cfg))
-            return True
+    def add(self, oi: int, cfg: Config) -> bool:
+        """Add configuration ``cfg`` of owner ``oi`` as a column (``False``: already there)."""
+        key = (oi, tuple((st.t, st.b, st.start) for st in cfg.stages))
+        if key in self.seen:
+            return False
+        self.seen.add(key)
+        ow = self.owners[oi]
+        entries: dict[int, float] = {self.conv_row[oi]: 1.0}
+        for st in cfg.stages:
+            r = self.kind_row[(st.t, st.b)]
+            entries[r] = entries.get(r, 0.0) + 1.0
+        site = ceil_mw(sum(cfg.extra_w))
+        if site:
+            entries[self.site_row] = site / MW
+        if ow.multi is not None:
+            for r, x in enumerate(cfg.extra_w):
+                if x:
+                    entries[self.rack_row[(ow.multi, r)]] = ceil_mw(x) / MW
+        idx = np.array(list(entries), dtype=np.int32)
+        val = np.array(list(entries.values()))
+        self.h.addCol(0.0, 0.0, float(ow.size), len(idx), idx, val)
+        self.columns.append((oi, cfg))
+        return True
 
-        # seed: patterns from earlier step times, and one kind repeated as often as it fits
-        for oi, pr in enumerate(pricers):
-            for pattern in list(self.pool.get(oi, {})):
+    def seed(self, pool: dict[int, dict[tuple[tuple[int, int], ...], None]]) -> None:
+        """Seed columns: patterns from earlier step times, and one kind repeated as often
+        as it fits."""
+        for oi, pr in enumerate(self.pricers):
+            for pattern in list(pool.get(oi, {})):
                 cfg = pr.build(pattern)
                 if cfg is not None:
-                    add(oi, cfg)
+                    self.add(oi, cfg)
             for kind in pr.options:
                 reps: list[tuple[int, int]] = []
                 cfg = None
@@ -762,194 +914,212 @@ class ColumnGeneration:
                     reps.append(kind)
                     cfg = nxt
                 if cfg is not None:
-                    add(oi, cfg)
-        _check(deadline)
-        rounds = 0
+                    self.add(oi, cfg)
 
-        def generate(nb: dict[tuple[int, int], tuple[int, int]]) -> _Node:
-            """Column generation with the sums ``S[t, beta]`` kept within ``nb``."""
-            nonlocal rounds
-            for k, r in agg_row.items():
-                lo_s, hi_s = nb.get(k, (-inf, inf))
-                h.changeRowBounds(r, float(lo_s), float(hi_s))
-            best: _Node | None = None
-            while True:
-                rounds += 1
-                h.run()
-                status = h.getModelStatus()
-                if status == highspy.HighsModelStatus.kInfeasible and nb:
-                    # the branching rows contradict dp_max or global_batch (the
-                    # artificial columns cover every stage row): no solution here
-                    return _Node(-math.inf, -math.inf, {}, 0.0, [], [], {})
-                if status != highspy.HighsModelStatus.kOptimal:
-                    raise RuntimeError(
-                        f"column generation: master LP status {h.modelStatusToString(status)!r}"
-                    )
-                lp_value = float(h.getInfo().objective_function_value)
-                dual = np.asarray(h.getSolution().row_dual, dtype=np.float64)
-                # signs (reduced cost = cost - duals . column): <= rows carry a
-                # non-negative dual in a maximisation; a stage of kind k is worth
-                # -dual of its row (stages - pp n = 0)
-                worth = {k: -float(dual[r]) for k, r in kind_row.items()}
-                delta = max(0.0, float(dual[dp_row]))
-                gamma = max(0.0, float(dual[gb_row]))
-                sigma_mw = max(0.0, float(dual[site_row])) / MW
-                rho_mw = {key: max(0.0, float(dual[r])) / MW for key, r in rack_row.items()}
-                bound = job.replicas_max * delta + job.global_batch * gamma + site_room * sigma_mw
-                bound += sum(rack_room[key] * v for key, v in rho_mw.items())
-                ys: dict[tuple[int, int], float] = {}
-                for k, r in agg_row.items():
-                    y = float(dual[r])
-                    lo_s, hi_s = nb.get(k, (-inf, inf))
-                    if y > 0 and hi_s < inf:
-                        bound += hi_s * y
-                    elif y < 0 and lo_s > -inf:
-                        bound += lo_s * y
-                    else:
-                        y = 0.0
-                    ys[k] = y
-                for k, w in worth.items():
-                    rc = k[1] - job.pp * w - delta - k[1] * gamma - sum(ys[q] for q in below[k])
-                    bound += job.replicas_max * max(0.0, rc)
-                added = 0
-                rhos: list[tuple[float, ...]] = []
-                prices: list[float] = []
-                for oi, (ow, pr) in enumerate(zip(self.owners, pricers, strict=True)):
-                    mu = max(0.0, float(dual[conv_row[oi]]))
-                    rho = (
-                        tuple(rho_mw[(ow.multi, r)] for r in range(pr.n_racks))
-                        if ow.multi is not None
-                        else (0.0,) * pr.n_racks
-                    )
-                    price, found = pr.price(worth, sigma_mw, rho, mu + PRICE_EPS, deadline=deadline)
-                    bound += ow.size * price
-                    rhos.append(rho)
-                    prices.append(price)
-                    for _, cfg in found:
-                        added += add(oi, cfg)
-                if best is None or bound < best.bound:
-                    best = _Node(bound, lp_value, worth, sigma_mw, rhos, prices, {})
-                _check(deadline)
-                if not added or math.floor(lp_value + 1e-6) >= best.upper:
-                    break
-            x = np.asarray(h.getSolution().col_value, dtype=np.float64)
-            best.lp_value = lp_value
-            best.n_values = {
-                (t, beta): sum(
-                    float(x[i]) for i, (t2, b) in enumerate(kinds) if t2 == t and b >= beta
+    # -- LP and pricing rounds -----------------------------------------------------
+
+    def generate(self, nb: dict[tuple[int, int], tuple[int, int]]) -> _Node:
+        """Column generation with the sums ``S[t, beta]`` kept within ``nb``."""
+        highspy, h, inf = self.highspy, self.h, self.inf
+        for k, r in self.agg_row.items():
+            lo_s, hi_s = nb.get(k, (-inf, inf))
+            h.changeRowBounds(r, float(lo_s), float(hi_s))
+        best: _Node | None = None
+        while True:
+            self.rounds += 1
+            h.run()
+            status = h.getModelStatus()
+            if status == highspy.HighsModelStatus.kInfeasible and nb:
+                # the branching rows contradict dp_max or global_batch (the
+                # artificial columns cover every stage row): no solution here
+                return _Node(-math.inf, -math.inf, {}, 0.0, [], [], {})
+            if status != highspy.HighsModelStatus.kOptimal:
+                raise RuntimeError(
+                    f"column generation: master LP status {h.modelStatusToString(status)!r}"
                 )
-                for t, beta in kinds
-            }
-            best.used = [
-                (oi, cfg) for ci, (oi, cfg) in enumerate(columns) if x[n_cols_n + ci] > 1e-9
-            ]
-            return best
+            lp_value = float(h.getInfo().objective_function_value)
+            dual = np.asarray(h.getSolution().row_dual, dtype=np.float64)
+            node, added = self._price_round(dual, nb, lp_value)
+            if best is None or node.bound < best.bound:
+                best = node
+            _check(self.opts.deadline)
+            if not added or math.floor(lp_value + 1e-6) >= best.upper:
+                break
+        self._read_solution(best, lp_value)
+        return best
 
-        root = generate({})
-        upper = root.upper
-        lp_value = root.lp_value
-        for oi, cfg in root.used:
-            pool = self.pool.setdefault(oi, {})
-            pool[tuple((st.t, st.b) for st in cfg.stages)] = None
-            while len(pool) > POOL_SIZE:
-                del pool[next(iter(pool))]
-        self._add_prefixes(root.used, pricers, add)
-        cap = self._integer_master(theta, columns)
-        sol = self._solve_int(cap, backend, deadline, threads, seed, cancel, None)
-        lower = int(sol.objective) if sol.objective is not None else 0
-        upper = max(upper, lower)  # never below a feasible value
+    def _price_round(
+        self, dual: np.ndarray, nb: dict[tuple[int, int], tuple[int, int]], lp_value: float
+    ) -> tuple[_Node, int]:
+        """Price every owner at the LP's duals: the round's Lagrangian bound (as a node)
+        and how many columns joined."""
+        # signs (reduced cost = cost - duals . column): <= rows carry a
+        # non-negative dual in a maximisation; a stage of kind k is worth
+        # -dual of its row (stages - pp n = 0)
+        worth = {k: -float(dual[r]) for k, r in self.kind_row.items()}
+        sigma_mw = max(0.0, float(dual[self.site_row])) / MW
+        rho_mw = {key: max(0.0, float(dual[r])) / MW for key, r in self.rack_row.items()}
+        bound = self._dual_bound(dual, nb, worth, sigma_mw, rho_mw)
+        added = 0
+        rhos: list[tuple[float, ...]] = []
+        prices: list[float] = []
+        for oi, (ow, pr) in enumerate(zip(self.owners, self.pricers, strict=True)):
+            mu = max(0.0, float(dual[self.conv_row[oi]]))
+            rho = (
+                tuple(rho_mw[(ow.multi, r)] for r in range(pr.n_racks))
+                if ow.multi is not None
+                else (0.0,) * pr.n_racks
+            )
+            price, found = pr.price(
+                worth, sigma_mw, rho, mu + PRICE_EPS, deadline=self.opts.deadline
+            )
+            bound += ow.size * price
+            rhos.append(rho)
+            prices.append(price)
+            for _, cfg in found:
+                added += self.add(oi, cfg)
+        return _Node(bound, lp_value, worth, sigma_mw, rhos, prices, {}), added
 
-        def resolve(extra: list[tuple[int, Config]], proves: bool) -> None:
-            """Add columns and solve the integer master again (warm: the old solution)."""
-            nonlocal cap, sol, lower, upper
-            old = cap
-            for oi, cfg in extra:
-                add(oi, cfg)
-            cap = self._integer_master(theta, columns)
-            hint = _map_solution(old, sol.x, cap) if sol.x is not None else None
-            sol2 = self._solve_int(cap, backend, deadline, threads, seed, cancel, hint)
-            if sol2.objective is not None and sol2.objective >= lower:  # the hint at least
-                sol, lower = sol2, int(sol2.objective)
-                if proves and sol2.status == "optimal":
-                    upper = lower
+    def _dual_bound(
+        self,
+        dual: np.ndarray,
+        nb: dict[tuple[int, int], tuple[int, int]],
+        worth: dict[tuple[int, int], float],
+        sigma_mw: float,
+        rho_mw: dict[tuple[int, int], float],
+    ) -> float:
+        """The Lagrangian bound's terms other than the owners' prices."""
+        job, inf = self.job, self.inf
+        delta = max(0.0, float(dual[self.dp_row]))
+        gamma = max(0.0, float(dual[self.gb_row]))
+        bound = job.replicas_max * delta + job.global_batch * gamma + self.site_room * sigma_mw
+        bound += sum(self.rack_room[key] * v for key, v in rho_mw.items())
+        ys: dict[tuple[int, int], float] = {}
+        for k, r in self.agg_row.items():
+            y = float(dual[r])
+            lo_s, hi_s = nb.get(k, (-inf, inf))
+            if y > 0 and hi_s < inf:
+                bound += hi_s * y
+            elif y < 0 and lo_s > -inf:
+                bound += lo_s * y
             else:
-                cap = old  # keep the solution and its program together
+                y = 0.0
+            ys[k] = y
+        for k, w in worth.items():
+            rc = k[1] - job.pp * w - delta - k[1] * gamma - sum(ys[q] for q in self.below[k])
+            bound += job.replicas_max * max(0.0, rc)
+        return bound
 
-        def close_by_enumeration() -> None:
-            """Every integer solution x has value <= bound + sum rc_c x_c over the
-            configurations (rc_c <= 0 at the root's duals), so one worth more than
-            `lower` uses only configurations with rc_c > lower - bound: list them all
-            (at most ENUM_LIMIT) and solve again; then the optimum is proven."""
-            slack = root.bound * (1 + 1e-9) + 1e-6 - (lower + 1)
-            try:
-                extra: list[tuple[int, Config]] = []
-                for oi, pr in enumerate(pricers):
-                    _, found = pr.price(
-                        root.worth,
-                        root.sigma_mw,
-                        root.rhos[oi],
-                        root.prices[oi] - slack - PRICE_EPS,
-                        keep=None,
-                        deadline=deadline,
-                        limit=ENUM_LIMIT - len(extra),
-                    )
-                    extra.extend((oi, cfg) for _, cfg in found)
-            except ModelTooLarge:
-                return  # too many: the gap stays open
-            resolve(extra, True)
+    def _read_solution(self, node: _Node, lp_value: float) -> None:
+        """Store the last LP's value, replica sums and used configurations in ``node``."""
+        x = np.asarray(self.h.getSolution().col_value, dtype=np.float64)
+        kinds = self.kinds
+        node.lp_value = lp_value
+        node.n_values = {
+            (t, beta): sum(float(x[i]) for i, (t2, b) in enumerate(kinds) if t2 == t and b >= beta)
+            for t, beta in kinds
+        }
+        node.used = [
+            (oi, cfg) for ci, (oi, cfg) in enumerate(self.columns) if x[self.n_cols_n + ci] > 1e-9
+        ]
 
-        if lower < upper and sol.status == "optimal":
+    # -- the integer master ----------------------------------------------------------
+
+    def start_integer(self, root: _Node) -> None:
+        """The first integer master: the root's columns and their prefixes."""
+        self.add_prefixes(root.used)
+        self.cap = self.integer_master()
+        self.sol = self.solve_int(self.cap, None)
+        self.lower = int(self.sol.objective) if self.sol.objective is not None else 0
+        self.upper = max(root.upper, self.lower)  # never below a feasible value
+
+    def open(self) -> bool:
+        """Whether the bounds still differ and the integer master was solved to optimality."""
+        return self.lower < self.upper and self.sol.status == "optimal"
+
+    def close_gap(self, root: _Node) -> None:
+        """Near columns, listing configurations (small gap) and branching, while a gap stays."""
+        if self.open():
             # a cheap try first: the best few configurations of every owner at the
             # root's duals (reduced cost near 0) join the integer master
-            near: list[tuple[int, Config]] = []
-            for oi, pr in enumerate(pricers):
+            self.resolve(self._near_columns(root), False)
+        if self.open() and root.upper - self.lower <= ENUM_GAP:
+            self.close_by_enumeration(root)  # a small gap: usually few configurations to list
+        if self.open():
+            # Branch on the replica sums (few; the pricing is unchanged): the
+            # largest bound over the open nodes bounds C.
+            more = len(self.columns)
+            open_bound = self.branch(root, self.lower)
+            if len(self.columns) > more:
+                self.resolve([], False)
+            self.upper = max(self.lower, min(self.upper, math.floor(open_bound)))
+            if self.open() and root.upper - self.lower > ENUM_GAP:
+                self.close_by_enumeration(root)
+
+    def _near_columns(self, root: _Node) -> list[tuple[int, Config]]:
+        """The best few configurations of every owner at the root's duals."""
+        near: list[tuple[int, Config]] = []
+        for oi, pr in enumerate(self.pricers):
+            _, found = pr.price(
+                root.worth,
+                root.sigma_mw,
+                root.rhos[oi],
+                root.prices[oi] - 1.0,
+                keep=NEAR_COLUMNS,
+                deadline=self.opts.deadline,
+            )
+            near.extend((oi, cfg) for _, cfg in found)
+        return near
+
+    def resolve(self, extra: list[tuple[int, Config]], proves: bool) -> None:
+        """Add columns and solve the integer master again (warm: the old solution)."""
+        old = self.cap
+        for oi, cfg in extra:
+            self.add(oi, cfg)
+        self.cap = self.integer_master()
+        sol = self.sol
+        hint = _map_solution(old, sol.x, self.cap) if sol.x is not None else None
+        sol2 = self.solve_int(self.cap, hint)
+        if sol2.objective is not None and sol2.objective >= self.lower:  # the hint at least
+            self.sol, self.lower = sol2, int(sol2.objective)
+            if proves and sol2.status == "optimal":
+                self.upper = self.lower
+        else:
+            self.cap = old  # keep the solution and its program together
+
+    def close_by_enumeration(self, root: _Node) -> None:
+        """Every integer solution x has value <= bound + sum rc_c x_c over the
+        configurations (rc_c <= 0 at the root's duals), so one worth more than
+        `lower` uses only configurations with rc_c > lower - bound: list them all
+        (at most ENUM_LIMIT) and solve again; then the optimum is proven."""
+        slack = root.bound * (1 + 1e-9) + 1e-6 - (self.lower + 1)
+        try:
+            extra: list[tuple[int, Config]] = []
+            for oi, pr in enumerate(self.pricers):
                 _, found = pr.price(
                     root.worth,
                     root.sigma_mw,
                     root.rhos[oi],
-                    root.prices[oi] - 1.0,
-                    keep=NEAR_COLUMNS,
-                    deadline=deadline,
+                    root.prices[oi] - slack - PRICE_EPS,
+                    keep=None,
+                    deadline=self.opts.deadline,
+                    limit=ENUM_LIMIT - len(extra),
                 )
-                near.extend((oi, cfg) for _, cfg in found)
-            resolve(near, False)
-        if lower < upper and sol.status == "optimal" and root.upper - lower <= ENUM_GAP:
-            close_by_enumeration()  # a small gap: usually few configurations to list
-        if lower < upper and sol.status == "optimal":
-            # Branch on the replica sums (few; the pricing is unchanged): the
-            # largest bound over the open nodes bounds C.
-            more = len(columns)
-            open_bound = self._branch(root, lower, generate, add, pricers, deadline)
-            if len(columns) > more:
-                resolve([], False)
-            upper = max(lower, min(upper, math.floor(open_bound)))
-            if lower < upper and sol.status == "optimal" and root.upper - lower > ENUM_GAP:
-                close_by_enumeration()
-        return MasterResult(cap, sol, int(upper), lp_value, rounds, len(columns))
+                extra.extend((oi, cfg) for _, cfg in found)
+        except ModelTooLarge:
+            return  # too many: the gap stays open
+        self.resolve(extra, True)
 
-    @staticmethod
-    def _add_prefixes(
-        used: list[tuple[int, Config]],
-        pricers: list[Pricing],
-        add: Callable[[int, Config], bool],
-    ) -> None:
+    def add_prefixes(self, used: list[tuple[int, Config]]) -> None:
         """For the integer master: used configurations with their last stages left out
         (stage counts often must drop to a multiple of ``pp``)."""
         for oi, cfg in used:
             for cut in range(1, len(cfg.stages)):
-                prefix = pricers[oi].build(tuple((st.t, st.b) for st in cfg.stages[:cut]))
+                prefix = self.pricers[oi].build(tuple((st.t, st.b) for st in cfg.stages[:cut]))
                 if prefix is not None:
-                    add(oi, prefix)
+                    self.add(oi, prefix)
 
-    def _branch(
-        self,
-        root: _Node,
-        lower: int,
-        generate: Callable[[dict[tuple[int, int], tuple[int, int]]], _Node],
-        add: Callable[[int, Config], bool],
-        pricers: list[Pricing],
-        deadline: float | None,
-    ) -> float:
+    def branch(self, root: _Node, lower: int) -> float:
         """Best-first branch and bound over the replica counts ``n``; returns the
         largest (rounded) bound of a node left open, ``lower`` when none.
 
@@ -958,17 +1128,10 @@ class ColumnGeneration:
         pruned; a node whose LP has integral ``n`` stays open (its configuration
         counts may still be fractional) and so do the nodes left at ``MAX_NODES``.
         """
-        job = self.prep.instance.job
-        counter = 0
+        deadline = self.opts.deadline
         heap: list[tuple[float, int, dict[tuple[int, int], tuple[int, int]], _Node]] = []
-
-        def push(nb: dict[tuple[int, int], tuple[int, int]], node: _Node) -> None:
-            nonlocal counter
-            counter += 1
-            if node.upper > lower:
-                heapq.heappush(heap, (-node.upper, counter, nb, node))
-
-        push({}, root)
+        ticks = itertools.count(1)
+        _push(heap, next(ticks), {}, root, lower)
         open_bound = float(lower)
         nodes = 0
         while heap:
@@ -985,55 +1148,27 @@ class ColumnGeneration:
             ):
                 open_bound = max(open_bound, float(-neg))  # n integral: left open
                 if not frac:
-                    self._add_prefixes(node.used, pricers, add)
+                    self.add_prefixes(node.used)
                     continue
                 open_bound = max(open_bound, max(-item[0] for item in heap) if heap else -neg)
                 break
             _, k, v = max(frac, key=lambda f: (min(f[0], 1 - f[0]), f[1]))
-            lo_n, hi_n = nb.get(k, (0, job.replicas_max))
+            lo_n, hi_n = nb.get(k, (0, self.job.replicas_max))
             for child in ((lo_n, math.floor(v)), (math.ceil(v), hi_n)):  # S[t, beta] <= / >=
                 if child[0] > child[1]:
                     continue
                 nbc = {**nb, k: child}
                 nodes += 1
-                push(nbc, generate(nbc))
+                _push(heap, next(ticks), nbc, self.generate(nbc), lower)
         return open_bound
 
-    def _solve_int(
-        self,
-        cap: Capacity,
-        backend: str,
-        deadline: float | None,
-        threads: int,
-        seed: int,
-        cancel: threading.Event | None,
-        hint: np.ndarray | None,
-    ) -> IntSolution:
-        remaining = None
-        if deadline is not None:
-            remaining = deadline - time.perf_counter()
-            if remaining <= 0.01:
-                raise DeadlineReached("time limit reached during column generation")
-        if not cap.classes:
-            return IntSolution(
-                "optimal", np.zeros(cap.program.n_vars, dtype=np.int64), 0, 0.0, False, 0.0
-            )
-        program = cap.program
-        if hint is not None:
-            program = IntProgram(
-                program.lb, program.ub, program.obj, program.rows, program.names, hint
-            )
-        return solve_program(
-            program, backend, time_limit=remaining, threads=threads, seed=seed, cancel=cancel
-        )
-
-    def _integer_master(self, theta: float, columns: list[tuple[int, Config]]) -> Capacity:
-        """The program of :func:`~ntp_opt.planners.exact.model.build_capacity` over ``columns``."""
+    def integer_master(self) -> Capacity:
+        """The program of :func:`~ntp_opt.planners.exact.model.build_capacity` over the columns."""
         prep = self.prep
         out = CapacityBuilder(prep)
         by_owner: dict[int, list[int]] = {}
         rack_terms: dict[tuple[int, int], dict[int, int]] = {}
-        for oi, cfg in columns:
+        for oi, cfg in self.columns:
             ow = self.owners[oi]
             j = out.add_column(ow.units, ow.pos, cfg, ow.size)
             by_owner.setdefault(oi, []).append(j)
@@ -1050,7 +1185,45 @@ class ColumnGeneration:
             unit = prep.units[u]
             room = unit.budget_mw[r] - ceil_mw(unit.idle_w[r])
             out.rows.append(Row(tuple(terms), tuple(terms.values()), None, room, f"rack{r}@{u}"))
-        return out.finish(theta, self.degrees)
+        return out.finish(self.theta, self.degrees)
+
+    def solve_int(self, cap: Capacity, hint: np.ndarray | None) -> IntSolution:
+        """The integer master ``cap`` by the backend, with the time left."""
+        opts = self.opts
+        remaining = None
+        if opts.deadline is not None:
+            remaining = opts.deadline - time.perf_counter()
+            if remaining <= 0.01:
+                raise DeadlineReached("time limit reached during column generation")
+        if not cap.classes:
+            return IntSolution(
+                "optimal", np.zeros(cap.program.n_vars, dtype=np.int64), 0, 0.0, False, 0.0
+            )
+        program = cap.program
+        if hint is not None:
+            program = IntProgram(
+                program.lb, program.ub, program.obj, program.rows, program.names, hint
+            )
+        return solve_program(
+            program,
+            opts.backend,
+            time_limit=remaining,
+            threads=opts.threads,
+            seed=opts.seed,
+            cancel=opts.cancel,
+        )
+
+
+def _push(
+    heap: list[tuple[float, int, dict[tuple[int, int], tuple[int, int]], _Node]],
+    tick: int,
+    nb: dict[tuple[int, int], tuple[int, int]],
+    node: _Node,
+    lower: int,
+) -> None:
+    """Push ``node`` (bounds ``nb``) unless its bound is no more than ``lower``."""
+    if node.upper > lower:
+        heapq.heappush(heap, (-node.upper, tick, nb, node))
 
 
 def _map_solution(old: Capacity, x: np.ndarray, new: Capacity) -> np.ndarray:
