@@ -35,7 +35,7 @@ figures: install  ## regenerate the paper's results in benchmarks/paper (~20 min
 test: install lint pytest  ## lint, type-check and run the test suite
 
 pytest: install
-	$(BIN)/python -m pytest -q -n 2 --dist loadfile
+	$(BIN)/python -m pytest -q -n 4 --dist loadfile
 
 lint: install
 	$(BIN)/ruff check ntp_opt tests benchmarks instances

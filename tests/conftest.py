@@ -1,5 +1,5 @@
 """Hypothesis profiles for the property tests (docs/testing.md), and the order in
-which ``pytest -n 2 --dist loadfile`` hands test files to its two workers.
+which ``pytest -n 4 --dist loadfile`` hands test files to its workers.
 
 ``ci`` (the default) is quick and deterministic: few examples, derandomized,
 no example database writes that could change later runs. ``thorough`` draws

@@ -90,7 +90,7 @@ def test_bounds_equal_the_reference_on_mixed_instances(seed):
 
 
 @given(instances())
-@settings(deadline=None, max_examples=30)
+@settings(deadline=None)  # examples from the profile (ci: 12, thorough: 150)
 def test_bounds_equal_the_reference_property(inst):
     _assert_same(inst)
 
