@@ -366,13 +366,7 @@ def _build(
                         f"bins[{sp},{s}]",
                     )
                 )
-    program = IntProgram(
-        lb=np.array(lb, dtype=np.int64),
-        ub=np.array(ub, dtype=np.int64),
-        obj=np.array(obj, dtype=np.int64),
-        rows=tuple(rows),
-        names=tuple(names),
-    )
+    program = IntProgram.from_lists(lb, ub, obj, rows, names)
     return _Built(program, cls_cols, n_vars, m_vars, z_var, float(WEIGHT_SCALE * UNITS), slack)
 
 

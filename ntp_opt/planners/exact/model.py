@@ -517,13 +517,7 @@ class CapacityBuilder:
         if self.site_var:
             room = self.prep.site_budget_mw - ceil_mw(self.prep.site_idle_w)
             rows.append(Row(tuple(self.site_var), tuple(self.site_coef), None, room, "site"))
-        program = IntProgram(
-            lb=np.array(lb, dtype=np.int64),
-            ub=np.array(ub, dtype=np.int64),
-            obj=np.array(obj, dtype=np.int64),
-            rows=tuple(rows),
-            names=tuple(names),
-        )
+        program = IntProgram.from_lists(lb, ub, obj, rows, names)
         return Capacity(theta, degrees, program, tuple(self.columns), classes, n_offset)
 
 

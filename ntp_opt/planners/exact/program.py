@@ -53,6 +53,24 @@ class IntProgram:
     names: tuple[str, ...] = ()
     hint: np.ndarray | None = field(default=None)
 
+    @classmethod
+    def from_lists(
+        cls,
+        lb: list[int],
+        ub: list[int],
+        obj: list[int],
+        rows: list[Row],
+        names: list[str],
+    ) -> IntProgram:
+        """A program from per-variable lists (as a model builder collects them)."""
+        return cls(
+            lb=np.array(lb, dtype=np.int64),
+            ub=np.array(ub, dtype=np.int64),
+            obj=np.array(obj, dtype=np.int64),
+            rows=tuple(rows),
+            names=tuple(names),
+        )
+
     @property
     def n_vars(self) -> int:
         """Number of variables."""
