@@ -243,6 +243,20 @@ _BATCH = 8192
 while the work per call stays near numpy's fixed cost per call (speed only)."""
 
 
+def _midpoints(los: list[float], ups: list[float], depth: int) -> np.ndarray:
+    """Per interval ``[los[i], ups[i]]``: every midpoint the next ``depth`` bisection
+    steps can visit, level by level (heap order), one row per interval."""
+    lo_l = np.array(los)[:, None]
+    up_l = np.array(ups)[:, None]
+    levels = []
+    for _ in range(depth):
+        mid = 0.5 * (lo_l + up_l)
+        levels.append(mid)
+        lo_l = np.stack([lo_l, mid], axis=2).reshape(len(los), -1)
+        up_l = np.stack([mid, up_l], axis=2).reshape(len(los), -1)
+    return np.concatenate(levels, axis=1)
+
+
 def _depth(per_point: int, searches: int, most: int = 8) -> int:
     """Look-ahead depth: the most bisection steps whose every midpoint fits one batch."""
     d = 1
@@ -389,15 +403,7 @@ def _fixed_case_bound(
         per_point = max(1, val.size + len(m_val))
         while active and steps:
             depth = min(_depth(per_point, len(active)), steps)
-            lo_l = np.array(los)[:, None]
-            up_l = np.array(ups)[:, None]
-            levels = []
-            for _ in range(depth):  # every midpoint of the next `depth` steps, heap order
-                mid = 0.5 * (lo_l + up_l)
-                levels.append(mid)
-                lo_l = np.stack([lo_l, mid], axis=2).reshape(len(active), -1)
-                up_l = np.stack([mid, up_l], axis=2).reshape(len(active), -1)
-            mids = np.concatenate(levels, axis=1)
+            mids = _midpoints(los, ups, depth)
             n_pts = mids.shape[1]
             ok = feasible_many(mids.ravel(), np.repeat(ns[active], n_pts)).reshape(
                 len(active), n_pts
@@ -620,15 +626,7 @@ def _case_bound(
         steps = 40
         while active and steps:
             depth = min(_depth(per_point, len(active)), steps)
-            lo_l = np.array(los)[:, None]
-            up_l = np.array(hs)[:, None]
-            levels = []
-            for _ in range(depth):  # every midpoint of the next `depth` steps, heap order
-                mid = 0.5 * (lo_l + up_l)
-                levels.append(mid)
-                lo_l = np.stack([lo_l, mid], axis=2).reshape(len(active), -1)
-                up_l = np.stack([mid, up_l], axis=2).reshape(len(active), -1)
-            mids = np.concatenate(levels, axis=1)
+            mids = _midpoints(los, hs, depth)
             n_pts = mids.shape[1]
             v, w, g = (
                 x.reshape(len(active), n_pts)
