@@ -44,7 +44,7 @@ if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
 #: Relative cost of the slowest test files (their wall seconds in one suite run on
 #: a loaded 2-core machine; only the order matters). ``--dist loadfile`` gives a
 #: worker one whole file when it runs short of work, in collection order; the
-#: longest files go first, so that the short ones fill in at the end and both
+#: longest files go first, so that the short ones fill in at the end and the
 #: workers finish together (longest-first scheduling). Other files keep their
 #: order after these. A stale figure only makes the split less even.
 FILE_COST = {
