@@ -13,6 +13,7 @@ deadline (every scenario solved to its proof) or with a limit never reached.
 from __future__ import annotations
 
 import itertools
+import re
 
 import numpy as np
 import pytest
@@ -233,3 +234,17 @@ def test_relaxed_instance_accepts_every_scenario_plan() -> None:
     # with no idle draw there is nothing to raise: the instance itself
     no_idle = inst.with_job(inst.job.model_copy(update={"idle_power_fraction": 0.0}))
     assert relaxed_instance(no_idle, scen.gpus) is no_idle
+
+
+def test_cli_prints_the_expected_goodput_bound_and_gap(tmp_path, capsys) -> None:
+    from ntp_opt.app.cli import main
+    from ntp_opt.model.files import save_instance
+
+    path = tmp_path / "spare.json"
+    save_instance(risk_instance("spare-domains"), path)
+    assert main(["solve", str(path), "--policy", "risk-aware", "--time-limit", "600"]) == 0
+    out = capsys.readouterr().out
+    assert "risk-aware: expected goodput after recourse 1.0000 (rel., exact over 16" in out
+    # the exact planner's bounds sit within its tolerance (1e-6) above the optimum
+    found = re.search(r"wait-and-see bound 1\.0000, gap (\S+):", out)
+    assert found is not None and float(found.group(1)) <= 2e-6

@@ -99,7 +99,7 @@ HEADER = (
     "| E blind (fresh MC) | E aware (fresh MC) | aware - blind [95 % CI] | scenarios +/- "
     "| exact E blind | exact E aware | E aware (training) | wait-and-see bound | gap "
     "| scenarios solved/tight | planner s |\n"
-    "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"
+    "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"
 )
 
 
