@@ -61,8 +61,9 @@ CAP_SHARE = 0.5
 #: than an even split still finish while few are left).
 SOLVE_SHARE = 0.25
 #: Tiers of caps: scenarios are grouped by the idle watts their failures
-#: free, and each group gets the cap of its own relaxed instance.
-WS_TIERS = 3
+#: free (at evenly spaced quantiles of their weight), and each group gets
+#: the cap of its own relaxed instance.
+WS_TIERS = 4
 
 
 @dataclass(frozen=True)
@@ -210,9 +211,12 @@ def wait_and_see_bound(
     a = instance.arrays
     idle = instance.job.idle_power_fraction * a.tdp * a.healthy
     relief = np.array([float(idle[np.unique(g)].sum()) for g in scenarios.gpus])
-    levels = np.unique(relief)
-    picks = np.unique(np.round(np.linspace(0, len(levels) - 1, min(WS_TIERS, len(levels)))))
-    tiers = levels[picks.astype(np.int64)]
+    # tier levels: the freed watts at evenly spaced quantiles of the weight
+    # (the smallest and the largest included)
+    by_relief = np.argsort(relief, kind="stable")
+    cum = np.cumsum(weights[by_relief])
+    at = np.searchsorted(cum, np.linspace(0.0, 1.0, WS_TIERS) * cum[-1], side="left")
+    tiers = np.unique(np.append(relief[by_relief[np.minimum(at, n - 1)]], relief.max()))
     tier_caps = []
     for j, level in enumerate(tiers):
         members = [g for g, r in zip(scenarios.gpus, relief, strict=True) if r <= level]
