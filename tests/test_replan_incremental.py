@@ -158,13 +158,16 @@ def test_a_replanner_replays_events_as_one_shot_replans(inst, data):
     for ev in events:
         out = runner.replan([ev])
         ref = replan(cur_inst, cur_plan, [ev], mode=mode, bound=mode == "auto")
-        assert out.plan == ref.plan
-        assert (out.choice, out.moved, out.goodput, out.bound) == (
-            ref.choice,
-            ref.moved,
-            ref.goodput,
-            ref.bound,
-        )
+        assert out.plan.replicas == ref.plan.replicas
+        assert {k: v for k, v in out.plan.metrics.items() if k != "bound"} == {
+            k: v for k, v in ref.plan.metrics.items() if k != "bound"
+        }
+        assert (out.choice, out.moved, out.goodput) == (ref.choice, ref.moved, ref.goodput)
+        if out.details["bound"] == "incremental":  # valid; settled, so within tolerance
+            assert out.goodput <= out.bound * (1 + 1e-9)
+            assert out.bound * (1 - 1e-3) <= ref.bound * (1 + 1e-9)
+        else:
+            assert out.bound == ref.bound
         assert out.instance == ref.instance
         assert check(out.instance, out.plan).goodput == out.goodput  # the full validator
         assert runner.plan is out.plan and runner.instance is out.instance

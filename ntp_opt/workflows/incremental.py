@@ -362,16 +362,25 @@ def reboost_layout(instance: Instance, plan: Plan, layout: Layout) -> Local | No
     pw_l = powers.tolist()
     reps = []
     keep_r = []
+    new_pw = np.asarray(powers, dtype=float)
+    if layout.n_stages:  # per replica: does a stage's power change?
+        moved = np.logical_or.reduceat(new_pw != layout.power, np.arange(0, len(new_pw), pp))
+    else:
+        moved = np.zeros(0, dtype=bool)
+    moved_l = moved.tolist()
     for r, (rep, b) in enumerate(zip(plan.replicas, batches, strict=True)):
         if b <= 0:
             continue
         keep_r.append(r)
+        if not moved_l[r]:  # equal stages: the same objects
+            reps.append(rep if b == rep.local_batch else Replica(rep.tp, b, rep.stages))
+            continue
         reps.append(
             Replica(
                 tp=rep.tp,
                 local_batch=b,
                 stages=tuple(
-                    Stage(st.domain, st.gpus, float(pw))
+                    st if pw == st.power else Stage(st.domain, st.gpus, pw)
                     for st, pw in zip(rep.stages, pw_l[r * pp : r * pp + pp], strict=True)
                 ),
             )

@@ -46,7 +46,7 @@ import numpy as np
 from ntp_opt.model.instance import Instance
 from ntp_opt.model.layout import SLOT, Layout
 from ntp_opt.model.plan import Plan, Replica
-from ntp_opt.planners.exact.bounds import stage_bound
+from ntp_opt.planners.exact.bounds import DualPoints, stage_bound_at, stage_bound_point
 from ntp_opt.planners.swaps import improve
 from ntp_opt.rules.tolerances import BOUND_TOL
 from ntp_opt.rules.validate import Evaluation, PlanError, check, evaluate, evaluate_layout
@@ -298,12 +298,17 @@ class PlanState:
         re-check of the next event work on it, never on node ids.
     evaluation
         The validator's figures of ``plan`` (feasible).
+    points
+        The multipliers of the last bound computed in full
+        (:func:`ntp_opt.planners.exact.bounds.stage_bound_point`), from which
+        the next events' bounds are updated; ``None`` before the first.
     """
 
     instance: Instance
     plan: Plan
     layout: Layout
     evaluation: Evaluation
+    points: DualPoints | None = None
 
     @classmethod
     def checked(cls, instance: Instance, plan: Plan) -> PlanState:
@@ -335,10 +340,17 @@ class Replanned:
     goodput, relative_goodput
         Of ``plan``, recomputed by the validator.
     bound
-        Proven upper bound on the goodput of any plan for ``instance``;
-        ``inf`` (the trivial bound) when it was not computed (``bound=False``,
-        or a :class:`Replanner` in ``"local"`` mode: ``details["bound"]`` is
-        then ``"skipped"``).
+        Proven upper bound on the goodput of any plan for ``instance``:
+        :func:`ntp_opt.planners.exact.bounds.stage_bound` (``details["bound"]``
+        is ``"computed"``), or, re-planning from a :class:`PlanState` that
+        carries the multipliers of an earlier full bound, the dual at them
+        (:func:`~ntp_opt.planners.exact.bounds.stage_bound_at`:
+        ``"incremental"``; valid, used only when it settles the choice,
+        which makes it at most ``1 / (1 - tolerance)`` times the full bound,
+        and the choice the full bound's up to the bisection's resolution);
+        ``inf`` (the
+        trivial bound, ``"skipped"``) when it was not computed
+        (``bound=False``, or a :class:`Replanner` in ``"local"`` mode).
     local_goodput, global_goodput
         The two candidates (``global_goodput`` is ``None`` when it was not
         needed).
@@ -348,7 +360,7 @@ class Replanned:
         Wall-clock seconds, events applied included.
     details
         Goodput and migration of every plan tried, by name; ``"bound"``:
-        ``"computed"`` or ``"skipped"``.
+        ``"computed"``, ``"incremental"`` or ``"skipped"`` (see ``bound``).
     state
         The new plan's :class:`PlanState` (to re-plan the next event
         without re-checking it: :class:`Replanner`).
@@ -438,7 +450,15 @@ def _step(
         local_ev = _evaluate(new_inst, local, local_lay, check_mode)
         if not local_ev.feasible:
             raise PlanError(list(local_ev.violations))
-    bound = stage_bound(new_inst) if want_bound else math.inf
+    bound, points, bound_kind = math.inf, state.points, "skipped"
+    if want_bound and points is not None:
+        # the incremental bound: the dual at the last full bound's multipliers
+        # (valid for any multipliers); enough whenever it settles the choice
+        bound, bound_kind = stage_bound_at(new_inst, points), "incremental"
+        if mode == "auto" and local_ev.goodput < bound * (1 - tolerance):
+            bound_kind = "skipped"  # undecided: the full bound decides, as without a state
+    if want_bound and bound_kind == "skipped":
+        (bound, points), bound_kind = stage_bound_point(new_inst), "computed"
     before = state.layout.assignment(a.n_gpus)
     healthy = new_inst.arrays.healthy
 
@@ -517,7 +537,7 @@ def _step(
     details: dict[str, Any] = {
         name: {"goodput": v, "moved": m} for name, (_, v, m) in options.items()
     }
-    details["bound"] = "computed" if want_bound else "skipped"
+    details["bound"] = bound_kind
     return Replanned(
         instance=new_inst,
         plan=chosen,
@@ -531,7 +551,7 @@ def _step(
         global_moved=global_moved,
         runtime_s=time.perf_counter() - start,
         details=details,
-        state=PlanState(new_inst, chosen, lay, ev),
+        state=PlanState(new_inst, chosen, lay, ev, points),
     )
 
 
@@ -633,7 +653,12 @@ class Replanner:
         self.mode = mode
         self.check = check
         self.bound = (mode == "auto") if bound is None else bound
-        self.state = PlanState.checked(instance, plan)
+        state = PlanState.checked(instance, plan)
+        if self.bound:  # the multipliers the events' bounds start from
+            state = PlanState(
+                state.instance, plan, state.layout, state.evaluation, stage_bound_point(instance)[1]
+            )
+        self.state = state
 
     @property
     def instance(self) -> Instance:
