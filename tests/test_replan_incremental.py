@@ -204,3 +204,33 @@ def test_bad_settings_are_refused():
         Replanner(inst, plan, mode="auto", bound=False)
     with pytest.raises(ValueError, match="bound"):
         replan(inst, plan, [], bound=False)
+
+
+@given(instances(), st.data())
+def test_the_incremental_bound_is_valid_and_its_rows_are_the_full_ones(inst, data):
+    from ntp_opt.planners.exact.bounds import (
+        domain_rows,
+        domain_rows_after,
+        stage_bound,
+        stage_bound_at,
+        stage_bound_point,
+    )
+
+    rows = domain_rows(inst)
+    value, points = stage_bound_point(inst, rows)
+    assert value == stage_bound(inst)
+    if inst.job.batch_policy == "elastic":  # at its own multipliers: the same number
+        assert stage_bound_at(inst, points, rows) == value
+    events = _events(data, inst, data.draw(st.integers(1, 3)))
+    new = apply_events(inst, events)
+    a = inst.arrays
+    changed = (a.healthy != new.arrays.healthy) | (a.speed != new.arrays.speed)
+    touched = sorted({int(a.gpu_domain[i]) for i in np.flatnonzero(changed)})
+    after = domain_rows_after(new, rows, touched)
+    full = domain_rows(new)
+    assert after.width == full.width and np.array_equal(after.key, full.key)
+    bound = stage_bound_at(new, points, after)
+    assert bound == stage_bound_at(new, points)
+    plan = solve(new, "fast").plan
+    assert plan is not None
+    assert evaluate(new, plan).goodput <= bound * (1 + 1e-9)

@@ -46,7 +46,14 @@ import numpy as np
 from ntp_opt.model.instance import Instance
 from ntp_opt.model.layout import SLOT, Layout
 from ntp_opt.model.plan import Plan, Replica
-from ntp_opt.planners.exact.bounds import DualPoints, stage_bound_at, stage_bound_point
+from ntp_opt.planners.exact.bounds import (
+    DomainRows,
+    DualPoints,
+    domain_rows,
+    domain_rows_after,
+    stage_bound_at,
+    stage_bound_point,
+)
 from ntp_opt.planners.swaps import improve
 from ntp_opt.rules.tolerances import BOUND_TOL
 from ntp_opt.rules.validate import Evaluation, PlanError, check, evaluate, evaluate_layout
@@ -302,6 +309,10 @@ class PlanState:
         The multipliers of the last bound computed in full
         (:func:`ntp_opt.planners.exact.bounds.stage_bound_point`), from which
         the next events' bounds are updated; ``None`` before the first.
+    rows
+        ``domain_rows(instance)`` (:mod:`ntp_opt.planners.exact.bounds`),
+        kept with ``points``: an event recomputes the rows of the domains it
+        touches only.
     """
 
     instance: Instance
@@ -309,6 +320,7 @@ class PlanState:
     layout: Layout
     evaluation: Evaluation
     points: DualPoints | None = None
+    rows: DomainRows | None = None
 
     @classmethod
     def checked(cls, instance: Instance, plan: Plan) -> PlanState:
@@ -437,6 +449,7 @@ def _step(
     new_inst = _apply(instance, evs)
     a = instance.arrays
     failed_now = a.healthy & ~new_inst.arrays.healthy
+    changed = (a.healthy != new_inst.arrays.healthy) | (a.speed != new_inst.arrays.speed)
     local, local_lay = recourse_layout(new_inst, plan, state.layout, failed_now)
     local_ev = None
     if local.metrics.get("reduced_power") or any(e.kind == "speed" for e in evs):
@@ -450,15 +463,18 @@ def _step(
         local_ev = _evaluate(new_inst, local, local_lay, check_mode)
         if not local_ev.feasible:
             raise PlanError(list(local_ev.violations))
-    bound, points, bound_kind = math.inf, state.points, "skipped"
-    if want_bound and points is not None:
+    bound, points, rows, bound_kind = math.inf, state.points, None, "skipped"
+    if want_bound and points is not None and state.rows is not None:
         # the incremental bound: the dual at the last full bound's multipliers
         # (valid for any multipliers); enough whenever it settles the choice
-        bound, bound_kind = stage_bound_at(new_inst, points), "incremental"
+        touched_d = sorted({int(a.gpu_domain[i]) for i in np.flatnonzero(changed)})
+        rows = domain_rows_after(new_inst, state.rows, touched_d)
+        bound, bound_kind = stage_bound_at(new_inst, points, rows), "incremental"
         if mode == "auto" and local_ev.goodput < bound * (1 - tolerance):
             bound_kind = "skipped"  # undecided: the full bound decides, as without a state
     if want_bound and bound_kind == "skipped":
-        (bound, points), bound_kind = stage_bound_point(new_inst), "computed"
+        rows = domain_rows(new_inst) if rows is None else rows
+        (bound, points), bound_kind = stage_bound_point(new_inst, rows), "computed"
     before = state.layout.assignment(a.n_gpus)
     healthy = new_inst.arrays.healthy
 
@@ -551,7 +567,7 @@ def _step(
         global_moved=global_moved,
         runtime_s=time.perf_counter() - start,
         details=details,
-        state=PlanState(new_inst, chosen, lay, ev, points),
+        state=PlanState(new_inst, chosen, lay, ev, points, rows),
     )
 
 
@@ -654,10 +670,10 @@ class Replanner:
         self.check = check
         self.bound = (mode == "auto") if bound is None else bound
         state = PlanState.checked(instance, plan)
-        if self.bound:  # the multipliers the events' bounds start from
-            state = PlanState(
-                state.instance, plan, state.layout, state.evaluation, stage_bound_point(instance)[1]
-            )
+        if self.bound:  # the multipliers and rows the events' bounds start from
+            rows = domain_rows(instance)
+            points = stage_bound_point(instance, rows)[1]
+            state = PlanState(instance, plan, state.layout, state.evaluation, points, rows)
         self.state = state
 
     @property

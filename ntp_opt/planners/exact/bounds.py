@@ -23,6 +23,7 @@ smaller of the two.
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -175,8 +176,12 @@ DualPoints = dict[tuple[int, ...], tuple[float, float]]
 """Per case of :func:`stage_bound` (its degrees), multipliers ``(lambda, mu)``."""
 
 
-def stage_bound_point(instance: Instance) -> tuple[float, DualPoints]:
+def stage_bound_point(
+    instance: Instance, rows: DomainRows | None = None
+) -> tuple[float, DualPoints]:
     """:func:`stage_bound`, and per case the multipliers whose dual gave its value.
+
+    ``rows``: ``domain_rows(instance)``, when known.
 
     Returns
     -------
@@ -185,10 +190,10 @@ def stage_bound_point(instance: Instance) -> tuple[float, DualPoints]:
         :func:`stage_bound_at` takes.
     """
     points: DualPoints = {}
-    return _stage_bound(instance, record=points), points
+    return _stage_bound(instance, record=points, rows_in=rows), points
 
 
-def stage_bound_at(instance: Instance, points: DualPoints) -> float:
+def stage_bound_at(instance: Instance, points: DualPoints, rows: DomainRows | None = None) -> float:
     """A valid upper bound from given multipliers: no search (re-planning's incremental bound).
 
     Every ``(lambda, mu) >= 0`` gives a bound (:func:`stage_bound`), so the
@@ -206,18 +211,100 @@ def stage_bound_at(instance: Instance, points: DualPoints) -> float:
         The instance.
     points
         Multipliers per case (:func:`stage_bound_point`).
+    rows
+        ``domain_rows(instance)``, when known (re-planning keeps them up to
+        date with :func:`domain_rows_after`).
 
     Returns
     -------
     float
     """
-    return _stage_bound(instance, at=points)
+    return _stage_bound(instance, at=points, rows_in=rows)
+
+
+@dataclass(frozen=True, eq=False)
+class DomainRows:
+    """Per domain, what :func:`stage_bound` classifies it by (its *row*).
+
+    ``key[d]``: the healthy GPU count, the healthy speeds descending and TDPs
+    ascending (zero-padded to ``width`` columns each), and the largest
+    multiplier cap (with the validator's tolerance). Domains with equal rows
+    form one class. Kept by re-planning, which recomputes only the rows of
+    the domains an event touches (:func:`domain_rows_after`).
+    """
+
+    key: np.ndarray
+    width: int
+
+
+def domain_rows(instance: Instance) -> DomainRows:
+    """Every domain's row (:class:`DomainRows`)."""
+    job = instance.job
+    a = instance.arrays
+    ok = a.healthy
+    # per domain: the largest cap of its healthy GPUs bounds every stage's multiplier
+    dom_cap = np.ones(a.n_domains)
+    if job.power_exponent > 0:
+        np.maximum.at(dom_cap, a.gpu_domain[ok], instance.max_multiplier[ok])
+    dom_hi = dom_cap * (1 + POWER_TOL)
+    # per domain: healthy speeds descending and TDPs ascending, zero-padded
+    dom = a.gpu_domain[ok]
+    spd = a.speed[ok]
+    tdp = a.tdp[ok]
+    h = np.bincount(dom, minlength=a.n_domains)
+    width = max(int(h.max(initial=0)), job.tp)  # every degree indexes a column
+    starts = np.concatenate(([0], np.cumsum(h)[:-1]))
+    by_speed = np.lexsort((-spd, dom))
+    pos = np.arange(len(dom)) - starts[dom[by_speed]]
+    speeds = np.zeros((a.n_domains, width))
+    speeds[dom[by_speed], pos] = spd[by_speed]
+    by_tdp = np.lexsort((tdp, dom))
+    tdps = np.zeros((a.n_domains, width))
+    tdps[dom[by_tdp], np.arange(len(dom)) - starts[dom[by_tdp]]] = tdp[by_tdp]
+    key = np.hstack([h[:, None].astype(float), speeds, tdps, dom_hi[:, None]])
+    return DomainRows(key, width)
+
+
+def domain_rows_after(instance: Instance, rows: DomainRows, domains: list[int]) -> DomainRows:
+    """``rows`` with the rows of ``domains`` recomputed from ``instance`` (copy-on-write).
+
+    Equal to ``domain_rows(instance)`` when only those domains changed
+    (their health, speeds, caps or TDPs); recomputed in full when a domain
+    outgrows the width.
+    """
+    job = instance.job
+    a = instance.arrays
+    width = rows.width
+    key = rows.key.copy()
+    for d in domains:
+        members = a.domain_gpus[d]
+        live = members[a.healthy[members]]
+        n = len(live)
+        if n > width:
+            return domain_rows(instance)
+        cap = 1.0
+        if job.power_exponent > 0 and n:
+            cap = max(1.0, float(instance.max_multiplier[live].max()))
+        row = np.zeros(2 * width + 2)
+        row[0] = n
+        row[1 : 1 + n] = np.sort(a.speed[live])[::-1]
+        row[1 + width : 1 + width + n] = np.sort(a.tdp[live])
+        row[-1] = cap * (1 + POWER_TOL)
+        key[d] = row
+    if width > job.tp and not (key[:, 0] == width).any():
+        return domain_rows(instance)  # the widest domain shrank: the width with it
+    return DomainRows(key, width)
 
 
 def _stage_bound(
-    instance: Instance, *, record: DualPoints | None = None, at: DualPoints | None = None
+    instance: Instance,
+    *,
+    record: DualPoints | None = None,
+    at: DualPoints | None = None,
+    rows_in: DomainRows | None = None,
 ) -> float:
-    """:func:`stage_bound`; ``record`` receives each case's multipliers, ``at`` gives them."""
+    """:func:`stage_bound`; ``record`` receives each case's multipliers, ``at`` gives
+    them; ``rows_in``: the instance's :func:`domain_rows`, when known."""
     job = instance.job
     a = instance.arrays
     alpha = job.power_exponent
@@ -229,27 +316,10 @@ def _stage_bound(
     room = a.site_budget - float((a.tdp[ok] * idle).sum()) + _slack(a.site_budget)
     if room < 0:
         return 0.0
-    # per domain: the largest cap of its healthy GPUs bounds every stage's multiplier
-    dom_cap = np.ones(a.n_domains)
-    if alpha > 0:
-        np.maximum.at(dom_cap, a.gpu_domain[ok], instance.max_multiplier[ok])
-    dom_hi = dom_cap * (1 + POWER_TOL)
-    # per domain: healthy speeds descending and TDPs ascending, zero-padded
-    dom = a.gpu_domain[ok]
-    spd = a.speed[ok]
-    tdp = a.tdp[ok]
-    h = np.bincount(dom, minlength=a.n_domains)
-    width = max(int(h.max()), job.tp)  # every degree indexes a column
-    starts = np.concatenate(([0], np.cumsum(h)[:-1]))
-    by_speed = np.lexsort((-spd, dom))
-    pos = np.arange(len(dom)) - starts[dom[by_speed]]
-    speeds = np.zeros((a.n_domains, width))
-    speeds[dom[by_speed], pos] = spd[by_speed]
-    by_tdp = np.lexsort((tdp, dom))
-    tdps = np.zeros((a.n_domains, width))
-    tdps[dom[by_tdp], np.arange(len(dom)) - starts[dom[by_tdp]]] = tdp[by_tdp]
-    key = np.hstack([h[:, None].astype(float), speeds, tdps, dom_hi[:, None]])
-    rows, counts = _unique_rows(key)
+    if rows_in is None:
+        rows_in = domain_rows(instance)
+    width = rows_in.width
+    rows, counts = _unique_rows(rows_in.key)
     h_cls = rows[:, 0].astype(np.int64)
     s_cls = rows[:, 1 : 1 + width]
     w_cls = rows[:, 1 + width : 1 + 2 * width]
@@ -283,7 +353,7 @@ def _stage_bound(
             if record is not None and found:
                 record[degrees] = (float(found[-1][0]), float(found[-1][1]))
         if degrees == (job.tp,):
-            slots = int((h // job.tp).sum())
+            slots = int((rows_in.key[:, 0].astype(np.int64) // job.tp).sum())
             replicas = min(job.replicas_max, slots // job.pp)
         else:
             replicas = job.replicas_max
