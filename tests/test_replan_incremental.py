@@ -163,7 +163,7 @@ def test_a_replanner_replays_events_as_one_shot_replans(inst, data):
             k: v for k, v in ref.plan.metrics.items() if k != "bound"
         }
         assert (out.choice, out.moved, out.goodput) == (ref.choice, ref.moved, ref.goodput)
-        if out.details["bound"] == "incremental":  # valid; settled, so within tolerance
+        if out.bound_kind == "incremental":  # valid; settled, so within tolerance
             assert out.goodput <= out.bound * (1 + 1e-9)
             assert out.bound * (1 - 1e-3) <= ref.bound * (1 + 1e-9)
         else:
@@ -172,7 +172,7 @@ def test_a_replanner_replays_events_as_one_shot_replans(inst, data):
         assert check(out.instance, out.plan).goodput == out.goodput  # the full validator
         assert runner.plan is out.plan and runner.instance is out.instance
         if mode == "local":
-            assert out.bound == math.inf and out.details["bound"] == "skipped"
+            assert out.bound == math.inf and out.bound_kind == "skipped"
         cur_inst, cur_plan = out.instance, out.plan
 
 

@@ -353,7 +353,7 @@ class Replanned:
         Of ``plan``, recomputed by the validator.
     bound
         Proven upper bound on the goodput of any plan for ``instance``:
-        :func:`ntp_opt.planners.exact.bounds.stage_bound` (``details["bound"]``
+        :func:`ntp_opt.planners.exact.bounds.stage_bound` (``bound_kind``
         is ``"computed"``), or, re-planning from a :class:`PlanState` that
         carries the multipliers of an earlier full bound, the dual at them
         (:func:`~ntp_opt.planners.exact.bounds.stage_bound_at`:
@@ -371,7 +371,8 @@ class Replanned:
     runtime_s
         Wall-clock seconds, events applied included.
     details
-        Goodput and migration of every plan tried, by name; ``"bound"``:
+        Goodput and migration of every plan tried, by name.
+    bound_kind
         ``"computed"``, ``"incremental"`` or ``"skipped"`` (see ``bound``).
     state
         The new plan's :class:`PlanState` (to re-plan the next event
@@ -390,6 +391,7 @@ class Replanned:
     global_moved: int | None
     runtime_s: float
     details: dict[str, Any] = field(default_factory=dict)
+    bound_kind: str = "computed"
     state: PlanState | None = field(default=None, compare=False, repr=False)
 
     @property
@@ -553,7 +555,6 @@ def _step(
     details: dict[str, Any] = {
         name: {"goodput": v, "moved": m} for name, (_, v, m) in options.items()
     }
-    details["bound"] = bound_kind
     return Replanned(
         instance=new_inst,
         plan=chosen,
@@ -567,6 +568,7 @@ def _step(
         global_moved=global_moved,
         runtime_s=time.perf_counter() - start,
         details=details,
+        bound_kind=bound_kind,
         state=PlanState(new_inst, chosen, lay, ev, points, rows),
     )
 
