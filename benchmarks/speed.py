@@ -247,7 +247,10 @@ def _replan_rows(name: str, instance: Instance, modes: tuple[str, ...], n: int) 
     for kind, events in _replan_events(instance, state.layout.gpus, n).items():
         cells = []
         local = 0
-        for mode in modes:
+        for mode in ("auto", "local"):
+            if mode not in modes:
+                cells.append("-")
+                continue
             times = []
             for ev in events:
                 cpu = time.process_time()
@@ -256,7 +259,6 @@ def _replan_rows(name: str, instance: Instance, modes: tuple[str, ...], n: int) 
                 local += mode == "auto" and out.choice == "local"
             cells.append(f"{statistics.median(times):.1f} / {max(times):.1f}")
         kept = f"{local}/{len(events)}" if "auto" in modes else "-"
-        cells += ["-"] * (2 - len(cells))
         row = (
             f"| {name} | {gpus:,} | {kind} | {' | '.join(cells)} | {kept} "
             f"| {1000 * floor.cpu:.2f} |"
