@@ -30,6 +30,14 @@ the new one; GPUs that failed are not counted.
 The new instance shares the old one's (frozen) graph structure and only
 copies the attributes of the GPUs that changed, so re-planning a 32k-GPU
 cluster does not copy its graph.
+
+The local plan is made and checked in index space, on the running plan's
+:class:`~ntp_opt.model.layout.Layout`
+(:mod:`ntp_opt.workflows.incremental`,
+:func:`ntp_opt.rules.validate.evaluate_layout`). :func:`replan` checks the
+plan it is given in full; a :class:`Replanner` keeps that check, the layout
+and the bound's multipliers (:class:`PlanState`) from one event to the next
+and updates the bound instead of searching it (``Replanned.bound_kind``).
 """
 
 from __future__ import annotations
