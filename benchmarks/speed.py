@@ -24,7 +24,20 @@ Sections (``SECTIONS``; one function each, returning Markdown lines):
   without validation (the planner's own time, as :func:`ntp_opt.solve.solve`
   runs it), of which :func:`ntp_opt.planners.exact.bounds.capacity_bound`.
 
-Further sections (the CLI end to end, re-planning) plug into ``SECTIONS``.
+* ``replan``: one event re-planned by a :class:`ntp_opt.workflows.replan.Replanner`
+  (the running plan checked once, events applied to its layout), 20 events
+  of each kind (a used GPU, a spare GPU or a tray fails, a GPU is repaired, a
+  used GPU becomes a straggler), each from the same running plan
+  (``commit=False``): median and max CPU ms per kind, in ``"auto"`` mode (the
+  bound decides) and ``"local"`` mode (no bound), next to the floor, the
+  exact batch split of the running plan's replicas alone. Instances: the
+  NVL32 clusters of ``benchmarks/large.py`` at 32k and 131k GPUs (``--quick``:
+  4k), where the running plan is within the tolerance of the bound, and the
+  32k and 128k files of ``instances/large/`` (``"local"`` mode only: their
+  ``fast`` plans are further from the bound than the tolerance, so ``"auto"``
+  falls back to a global plan after every event).
+
+Further sections (the CLI end to end) plug into ``SECTIONS``.
 """
 
 from __future__ import annotations
@@ -179,7 +192,123 @@ def fast_section(ctx: Context) -> list[str]:
     ]
 
 
-SECTIONS: dict[str, Callable[[Context], list[str]]] = {"fast": fast_section}
+REPLAN_EVENTS = 20
+"""Events of each kind the ``replan`` section re-plans."""
+
+
+def _replan_events(
+    instance: Instance, layout_gpus: Any, n: int, seed: int = 7
+) -> dict[str, list[Any]]:
+    """``n`` events of each kind, each valid on ``instance`` (the running plan's GPUs given)."""
+    import numpy as np
+
+    from ntp_opt.workflows.replan import ClusterEvent
+
+    a = instance.arrays
+    used = np.zeros(a.n_gpus, dtype=bool)
+    used[layout_gpus] = True
+    rng = np.random.default_rng(seed)
+    spare = np.flatnonzero(~used & a.healthy)
+    down = np.flatnonzero(~a.healthy)
+    whole = [i for i in range(len(a.tray_ids)) if a.healthy[a.gpu_tray == i].all()]
+    ids = a.gpu_ids
+    kinds: dict[str, Callable[[], Any]] = {
+        "fail a used GPU": lambda: ClusterEvent("fail", ids[rng.choice(np.flatnonzero(used))]),
+        "fail a spare GPU": lambda: ClusterEvent("fail", ids[rng.choice(spare)]),
+        "fail a tray": lambda: ClusterEvent("fail", a.tray_ids[whole[rng.integers(len(whole))]]),
+        "repair a GPU": lambda: ClusterEvent("repair", ids[rng.choice(down)]),
+        "new straggler (0.8)": lambda: ClusterEvent(
+            "speed", ids[rng.choice(np.flatnonzero(used))], 0.8
+        ),
+    }
+    possible = {
+        "fail a spare GPU": len(spare),
+        "repair a GPU": len(down),
+        "fail a tray": len(whole),
+    }
+    return {k: [make() for _ in range(n)] for k, make in kinds.items() if possible.get(k, 1)}
+
+
+def _replan_rows(name: str, instance: Instance, modes: tuple[str, ...], n: int) -> list[str]:
+    """Rows of the ``replan`` table for one instance."""
+    import statistics
+
+    from ntp_opt.rules.goodput import split_batch
+    from ntp_opt.workflows.replan import Replanner
+
+    plan, _ = plan_fast(instance)
+    rows = []
+    runners = {m: Replanner(instance, plan, mode=m) for m in modes}  # type: ignore[arg-type]
+    state = runners[modes[0]].state
+    speeds = list(state.evaluation.replica_speeds)
+    tps = state.layout.degree.tolist()
+    floor, _ = best_of(3, lambda: split_batch(instance.job, speeds, tps))
+    gpus = instance.arrays.n_gpus
+    for kind, events in _replan_events(instance, state.layout.gpus, n).items():
+        cells = []
+        local = 0
+        for mode in ("auto", "local"):
+            if mode not in modes:
+                cells.append("-")
+                continue
+            times = []
+            for ev in events:
+                cpu = time.process_time()
+                out = runners[mode].replan([ev], commit=False)
+                times.append(1000 * (time.process_time() - cpu))
+                local += mode == "auto" and out.choice == "local"
+            cells.append(f"{statistics.median(times):.1f} / {max(times):.1f}")
+        kept = f"{local}/{len(events)}" if "auto" in modes else "-"
+        row = (
+            f"| {name} | {gpus:,} | {kind} | {' | '.join(cells)} | {kept} "
+            f"| {1000 * floor.cpu:.2f} |"
+        )
+        print(row, flush=True)
+        rows.append(row)
+    return rows
+
+
+def replan_section(ctx: Context) -> list[str]:
+    """Re-planning one event with a :class:`~ntp_opt.workflows.replan.Replanner`."""
+    sys.path.insert(0, str(HERE))
+    from large import build  # the issue's NVL32 clusters
+
+    head = [
+        "| instance | GPUs | event | auto: median / max ms | local: median / max ms "
+        "| auto kept local | floor: batch split ms |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    print("\n".join(head), flush=True)
+    rows: list[str] = []
+    sizes = [4096] if ctx.quick else [32768, 131072]
+    for n in sizes:
+        inst = build("nvl32", n, "elastic", 1e-3, "generous", seed=1)
+        rows += _replan_rows(inst.name, inst, ("auto", "local"), REPLAN_EVENTS)
+    if not ctx.quick:
+        for path in ctx.files:
+            if path.parent.name != "large" or not any(k in path.name for k in ("32k", "128k")):
+                continue
+            inst = load_instance(path)
+            name = path.name.removesuffix(".json.gz")
+            rows += _replan_rows(name, inst, ("local",), REPLAN_EVENTS)
+    return [
+        "## `replan` (one event, `Replanner`)",
+        "",
+        f"CPU milliseconds per event, {REPLAN_EVENTS} events of each kind, each from the "
+        "running `fast` plan; the floor is the exact batch split of its replicas alone "
+        "(best of 3). `auto` computes the bound incrementally where it settles the choice; "
+        "`local` skips it.",
+        "",
+        *head,
+        *rows,
+        "",
+    ]
+
+
+SECTIONS: dict[str, Callable[[Context], list[str]]] = {
+    "fast": fast_section,
+    "replan": replan_section,
+}
 """Every section, in the order printed."""
 
 

@@ -260,7 +260,8 @@ class Instance:
             unchanged structure and node attributes; only the nodes of GPUs
             whose health or speed differ are copied (with only the changed
             attribute, ``state`` or ``speed``, set), and the compiled arrays
-            other than ``healthy`` and ``speed`` are shared.
+            other than ``healthy`` and ``speed`` are shared, as is
+            :attr:`max_multiplier`.
         """
         a = self.arrays
         new_healthy = np.array(a.healthy if healthy is None else healthy, dtype=bool)
@@ -289,6 +290,8 @@ class Instance:
         object.__setattr__(new, "cluster", graph)
         object.__setattr__(new, "job", self.job)
         object.__setattr__(new, "meta", self.meta)
+        if "max_multiplier" in self.__dict__:  # boards and job unchanged: the same caps
+            new.__dict__["max_multiplier"] = self.__dict__["max_multiplier"]
         return new._sharing(arrays)
 
     def _sharing(self, arrays: ClusterArrays) -> Instance:
