@@ -124,6 +124,11 @@ class Domain:
     tdp: np.ndarray
     rack_pos: np.ndarray  # position of each GPU's rack in its unit's rack list
     cap: np.ndarray  # largest power multiplier of each GPU (job and board)
+    # A whole multi-domain unit seen as one domain (:func:`unit_domain`): per
+    # position, the end of its segment (one real domain) and that domain's index.
+    # ``None`` for a real domain (one segment).
+    seg_end: np.ndarray | None = None
+    domain_of: np.ndarray | None = None
 
 
 @dataclass(frozen=True)
@@ -296,6 +301,69 @@ class Config:
 
     stages: tuple[StageChoice, ...]
     extra_w: tuple[float, ...]  # per rack of the unit: draw above idle
+
+
+#: ``pos`` of a column that holds a whole multi-domain unit (:func:`unit_domain`).
+WHOLE_UNIT = -1
+
+
+def profile_key(dom: Domain) -> tuple[object, ...]:
+    """What makes two domains interchangeable inside a unit: healthy speeds, TDPs,
+    rack positions and caps, in stage order."""
+    return (
+        tuple(dom.speed.tolist()),
+        tuple(dom.tdp.tolist()),
+        tuple(dom.rack_pos.tolist()),
+        tuple(dom.cap.tolist()),
+    )
+
+
+def unit_domain(prep: Prepared, u: int) -> Domain:
+    """A multi-domain unit as one segmented domain: its domains' GPUs (each in stage
+    order) one after the other, in a canonical domain order.
+
+    The domains are ordered by :func:`profile_key` (then index), so units whose
+    domains have the same profiles give segments of the same profiles in the same
+    order: such units are interchangeable (one class of the column generation).
+    A stage never spans two segments; within a segment stages follow the same
+    rules as in a real domain.
+
+    Parameters
+    ----------
+    prep
+        From :func:`prepare`.
+    u
+        Index of the unit in :attr:`Prepared.units`.
+
+    Returns
+    -------
+    Domain
+        ``seg_end`` and ``domain_of`` set; ``index`` is its first domain's.
+    """
+    doms = sorted(
+        (prep.domains[d] for d in prep.units[u].domains),
+        key=lambda dm: (profile_key(dm), dm.index),
+    )
+    ends = np.cumsum([len(dm.gpus) for dm in doms])
+    return Domain(
+        doms[0].index,
+        np.concatenate([dm.gpus for dm in doms]),
+        np.concatenate([dm.speed for dm in doms]),
+        np.concatenate([dm.tdp for dm in doms]),
+        np.concatenate([dm.rack_pos for dm in doms]),
+        np.concatenate([dm.cap for dm in doms]),
+        seg_end=np.repeat(ends, [len(dm.gpus) for dm in doms]).astype(np.int64),
+        domain_of=np.repeat([dm.index for dm in doms], [len(dm.gpus) for dm in doms]).astype(
+            np.int64
+        ),
+    )
+
+
+def unit_key(prep: Prepared, u: int) -> tuple[object, ...]:
+    """Units with equal keys are interchangeable as whole units (:func:`unit_domain`)."""
+    unit = prep.units[u]
+    profiles = sorted(profile_key(prep.domains[d]) for d in unit.domains)
+    return (tuple(profiles), unit.budget_mw, unit.idle_w)
 
 
 def stage_power(
@@ -593,6 +661,14 @@ def iter_stages(prep: Prepared, cap: Capacity, x: np.ndarray) -> Iterator[StageP
             k = used_units.get((units[0], pos), 0)
             used_units[(units[0], pos)] = k + 1
             unit = prep.units[units[k]]
+            if pos == WHOLE_UNIT:
+                whole = unit_domain(prep, units[k])
+                assert whole.domain_of is not None
+                for st in cfg.stages:
+                    gpus = tuple(int(g) for g in whole.gpus[st.start : st.start + st.t])
+                    d = int(whole.domain_of[st.start])
+                    out.append(StagePick(st.t, st.b, d, gpus, st.power))
+                continue
             dom = prep.domains[unit.domains[pos]]
             for st in cfg.stages:
                 gpus = tuple(int(g) for g in dom.gpus[st.start : st.start + st.t])

@@ -323,6 +323,17 @@ def _min_theta(
     return hi, lo
 
 
+#: Domains in multi-domain units (racks shared by several domains, NVL8) above which
+#: the search generates configurations per whole unit (``colgen``: identical racks
+#: form one class) instead of one binary per domain and configuration.
+MULTI_DOMAINS_COLGEN = 64
+
+
+def _many_rack_domains(prep: Prepared) -> bool:
+    """Whether the full program would hold too many domains that share racks."""
+    return sum(len(prep.units[u].domains) for u in prep.multi) > MULTI_DOMAINS_COLGEN
+
+
 def _case_fixed(s: _Search, degrees: tuple[int, ...], factor: float) -> float:
     """Search one degree set under ``fixed``; returns the case's goodput bound."""
     job = s.prep.instance.job
@@ -344,8 +355,36 @@ def _case_fixed(s: _Search, degrees: tuple[int, ...], factor: float) -> float:
             low, up, tight = s.capacity(theta_inc * (1 + FLOAT_NOISE), degrees)
             if low >= big_b:
                 hi = min(hi, tight)
+    prune = _fixed_prune(s, degrees, factor, lo, hi)
+    if prune is not None:
+        if prune[0]:
+            return prune[1]
+        hi = prune[1]
     hi, lo = _min_theta(s, degrees, big_b, lo, hi)
     return big_b / (lo * factor)
+
+
+def _fixed_prune(
+    s: _Search, degrees: tuple[int, ...], factor: float, lo: float, hi: float
+) -> tuple[bool, float] | None:
+    """One program at the step time a plan of this case would need to beat the
+    incumbent by more than :data:`REL_TOL`: where ``C`` stays below ``B`` there,
+    no step time at or below it carries ``B`` (``C`` is non-decreasing) and the
+    case is settled, ``(True, its bound)``; where it reaches ``B`` the search goes
+    on below the solution's tight point, ``(False, new hi)``. ``None``: no probe."""
+    big_b = s.prep.instance.job.global_batch
+    if s.best_value <= 0:
+        return None
+    theta_p = big_b / (s.best_value * factor * (1 + REL_TOL))
+    if not lo < theta_p < hi:
+        return None
+    low, up, tight = s.capacity(theta_p, degrees)
+    if up < big_b:
+        s.note(f"degrees {list(degrees)}: cannot beat the incumbent (C < B at {theta_p:.9g})")
+        return True, big_b / (theta_p * factor)
+    if low >= big_b:
+        return False, max(lo, min(hi, tight))
+    return None
 
 
 def _elastic(s: _Search, cases: list[tuple[tuple[int, ...], float]]) -> float:
@@ -540,6 +579,10 @@ def solve_exact(
     deadline_hit = False
     for degrees, factor in cases:
         try:
+            if _many_rack_domains(prep):
+                raise ModelTooLarge(
+                    f"{sum(len(prep.units[u].domains) for u in prep.multi)} domains share racks"
+                )
             build_capacity(prep, _theta_range(prep, degrees)[1], degrees, deadline)
             kept.append((degrees, factor))
         except ModelTooLarge as err:
