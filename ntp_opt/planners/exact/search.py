@@ -280,11 +280,20 @@ def _theta_range(prep: Prepared, degrees: tuple[int, ...]) -> tuple[float, float
 
 
 def _min_theta(
-    s: _Search, degrees: tuple[int, ...], target: int, lo: float, hi: float
+    s: _Search,
+    degrees: tuple[int, ...],
+    target: int,
+    lo: float,
+    hi: float,
+    *,
+    alternate: bool = False,
 ) -> tuple[float, float]:
     """Smallest ``theta'`` with ``C >= target`` in ``(lo, hi]``: ``(feasible hi, proven lo)``.
 
     ``C(hi) >= target`` must hold; every ``theta' <= lo`` has ``C < target``.
+    On the continuous axis, a probe right below the feasible end follows every
+    solution found; with ``alternate`` probes and geometric midpoints alternate
+    strictly (a solution that tightens only a little then still halves the bracket).
     """
     cands = _candidates(s.prep, degrees)
     if cands is not None:
@@ -315,7 +324,7 @@ def _min_theta(
         probe = not probe
         if low >= target:
             hi = max(tight_at, lo)
-            probe = True
+            probe = probe or not alternate
         elif up < target:
             lo = mid
         else:
@@ -339,28 +348,33 @@ def _case_fixed(s: _Search, degrees: tuple[int, ...], factor: float) -> float:
     job = s.prep.instance.job
     lo, hi = _theta_range(s.prep, degrees)
     big_b = job.global_batch
-    low, up, _ = s.capacity(hi, degrees)
-    if up < big_b:
-        return 0.0  # the job cannot run at all in this case
-    if low < big_b:
-        raise _Deadline
     # any plan has a replica with b >= B / dp_max
     lo = max(lo, math.ceil(big_b / max(1, job.replicas_max)) * lo) / (1 + EDGE_SLACK)
-    # warm start: the incumbent's step time is feasible if its plan fits this case
-    inc = s.best_plan
-    if inc.replicas and all(r.tp in degrees for r in inc.replicas):
-        ev = evaluate(s.prep.instance, inc)
-        theta_inc = ev.step_time / (factor if any(r.tp < job.tp for r in inc.replicas) else 1.0)
-        if lo < theta_inc < hi:
-            low, up, tight = s.capacity(theta_inc * (1 + FLOAT_NOISE), degrees)
-            if low >= big_b:
-                hi = min(hi, tight)
+    # no plan beats the capacity bound: below B / (bound * factor) C stays under B
+    if math.isfinite(s.global_bound) and s.global_bound > 0:
+        lo = max(lo, big_b / (s.global_bound * factor) * (1 - EDGE_SLACK))
+    # first the one program that may settle the case against the incumbent
     prune = _fixed_prune(s, degrees, factor, lo, hi)
+    if prune is not None and prune[0]:
+        return prune[1]
     if prune is not None:
-        if prune[0]:
-            return prune[1]
-        hi = prune[1]
-    hi, lo = _min_theta(s, degrees, big_b, lo, hi)
+        hi = prune[1]  # a solution carries B there: C(hi) >= B
+    else:
+        low, up, _ = s.capacity(hi, degrees)
+        if up < big_b:
+            return 0.0  # the job cannot run at all in this case
+        if low < big_b:
+            raise _Deadline
+        # warm start: the incumbent's step time is feasible if its plan fits this case
+        inc = s.best_plan
+        if inc.replicas and all(r.tp in degrees for r in inc.replicas):
+            ev = evaluate(s.prep.instance, inc)
+            theta_inc = ev.step_time / (factor if any(r.tp < job.tp for r in inc.replicas) else 1.0)
+            if lo < theta_inc < hi:
+                low, up, tight = s.capacity(theta_inc * (1 + FLOAT_NOISE), degrees)
+                if low >= big_b:
+                    hi = min(hi, tight)
+    hi, lo = _min_theta(s, degrees, big_b, lo, hi, alternate=True)
     return big_b / (lo * factor)
 
 
