@@ -241,3 +241,20 @@ def test_whole_unit_configurations_and_pricing_match_products(seed):
                 if brute > 0:
                     assert found[0][0] == pytest.approx(brute, abs=1e-9)
                     assert pr.fits(found[0][1].extra_w)
+
+
+@pytest.mark.parametrize("seed", [0, 3, 6])
+def test_threshold_question_skips_the_integer_master(seed):
+    # asked only whether C >= target: an LP bound below the target answers it (no
+    # integer master, lower 0); otherwise the answer is the full one
+    inst = small_instance(seed)
+    prep = prepare(inst)
+    degrees = inst.job.allowed
+    for theta in thetas(inst, degrees, 4):
+        want = full_capacity(inst, theta, degrees)
+        full = ColumnGeneration(prep, degrees).solve(theta, "cpsat")
+        above = ColumnGeneration(prep, degrees).solve(theta, "cpsat", target=full.upper + 1)
+        assert above.lower == 0 and above.solution.x is not None and len(above.solution.x) == 0
+        assert want <= above.upper < full.upper + 1
+        same = ColumnGeneration(prep, degrees).solve(theta, "cpsat", target=full.upper)
+        assert (same.lower, same.upper) == (full.lower, full.upper) == (want, want)

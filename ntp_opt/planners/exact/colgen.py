@@ -784,6 +784,7 @@ class ColumnGeneration:
         threads: int = 1,
         seed: int = 0,
         cancel: threading.Event | None = None,
+        target: int | None = None,
     ) -> MasterResult:
         """Bounds on ``C(theta')``: the LP bound and an integer solution over the columns.
 
@@ -798,6 +799,10 @@ class ColumnGeneration:
             during column generation; the integer master gets the time left.
         threads, seed, cancel
             Passed to the backend.
+        target
+            The caller only asks whether ``C(theta') >= target``: when the LP bound
+            is already below it, no integer master is solved (the result has no
+            solution, ``lower`` 0 and the LP bound as ``upper``).
 
         Returns
         -------
@@ -830,6 +835,12 @@ class ColumnGeneration:
         root = master.generate({})
         lp_value = root.lp_value
         self._remember(root.used)
+        if target is not None and root.upper < target:
+            empty = CapacityBuilder(self.prep).finish(theta, self.degrees)
+            sol = IntSolution("optimal", np.zeros(0, dtype=np.int64), 0, 0.0, False, 0.0)
+            return MasterResult(
+                empty, sol, max(0, root.upper), lp_value, master.rounds, len(master.columns)
+            )
         master.start_integer(root)
         master.close_gap(root)
         return MasterResult(

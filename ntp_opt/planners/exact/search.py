@@ -108,9 +108,15 @@ class _Search:
 
     # -- capacity oracle ---------------------------------------------------
 
-    def capacity(self, theta: float, degrees: tuple[int, ...]) -> tuple[int, int, float]:
+    def capacity(
+        self, theta: float, degrees: tuple[int, ...], target: int | None = None
+    ) -> tuple[int, int, float]:
         """Bounds ``(lower, upper)`` on ``C(theta)`` (equal when proven), and a step
-        time ``<= theta`` at which the solution found still carries ``lower``."""
+        time ``<= theta`` at which the solution found still carries ``lower``.
+
+        With ``target``, only ``C(theta) >= target`` is asked: where configurations
+        are generated on demand and their LP bound is below ``target``, the
+        answer is ``(0, that bound)`` without an integer program."""
         remaining = None
         if self.control is not None and self.control.cancelled:
             raise _Interrupted
@@ -126,14 +132,14 @@ class _Search:
             else:
                 master = generated.solve(
                     theta, self.backend, deadline=self.deadline, threads=self.threads,
-                    seed=self.seed, cancel=cancel,
+                    seed=self.seed, cancel=cancel, target=target,
                 )  # fmt: skip
                 cap = master.capacity
         except DeadlineReached:
             raise _Deadline from None
         self.evaluations += 1
         if not cap.classes:
-            return 0, 0, theta
+            return 0, (0 if generated is None else master.upper), theta
         if generated is None:
             sol = solve_program(
                 cap.program,
@@ -305,7 +311,7 @@ def _min_theta(
         best = i_hi
         while i_lo < best:
             m = (i_lo + best) // 2
-            low, up, tight = s.capacity(float(cands[m]), degrees)
+            low, up, tight = s.capacity(float(cands[m]), degrees, target)
             if low >= target:
                 # the solution still fits at `tight`: C is constant on [tight, cands[m]]
                 first = int(np.searchsorted(cands, tight * (1 - FLOAT_NOISE), side="left"))
@@ -320,7 +326,7 @@ def _min_theta(
     probe = True  # hi is where a known solution stops fitting: C often drops right below
     while hi / lo - 1 > REL_TOL:
         mid = max(hi * (1 - REL_TOL / 2), lo * (1 + PROBE_STEP)) if probe else math.sqrt(lo * hi)
-        low, up, tight_at = s.capacity(mid, degrees)
+        low, up, tight_at = s.capacity(mid, degrees, target)
         probe = not probe
         if low >= target:
             hi = max(tight_at, lo)
@@ -360,7 +366,7 @@ def _case_fixed(s: _Search, degrees: tuple[int, ...], factor: float) -> float:
     if prune is not None:
         hi = prune[1]  # a solution carries B there: C(hi) >= B
     else:
-        low, up, _ = s.capacity(hi, degrees)
+        low, up, _ = s.capacity(hi, degrees, big_b)
         if up < big_b:
             return 0.0  # the job cannot run at all in this case
         if low < big_b:
@@ -371,11 +377,15 @@ def _case_fixed(s: _Search, degrees: tuple[int, ...], factor: float) -> float:
             ev = evaluate(s.prep.instance, inc)
             theta_inc = ev.step_time / (factor if any(r.tp < job.tp for r in inc.replicas) else 1.0)
             if lo < theta_inc < hi:
-                low, up, tight = s.capacity(theta_inc * (1 + FLOAT_NOISE), degrees)
+                low, up, tight = s.capacity(theta_inc * (1 + FLOAT_NOISE), degrees, big_b)
                 if low >= big_b:
                     hi = min(hi, tight)
     hi, lo = _min_theta(s, degrees, big_b, lo, hi, alternate=True)
     return big_b / (lo * factor)
+
+
+#: Share of the time left that the probe against the incumbent may take (fixed batch).
+PRUNE_SHARE = 0.2
 
 
 def _fixed_prune(
@@ -392,7 +402,22 @@ def _fixed_prune(
     theta_p = big_b / (s.best_value * factor * (1 + REL_TOL))
     if not lo < theta_p < hi:
         return None
-    low, up, tight = s.capacity(theta_p, degrees)
+    # the program right at the threshold can be hard to prove: with a time limit it
+    # gets a share of the time left, and the search goes on without it if that ends
+    deadline, unproven = s.deadline, s.unproven
+    if deadline is not None:
+        now = time.perf_counter()
+        s.deadline = now + PRUNE_SHARE * max(0.0, deadline - now)
+    try:
+        low, up, tight = s.capacity(theta_p, degrees, big_b)
+    except _Deadline:
+        if deadline is not None and time.perf_counter() >= deadline:
+            raise
+        s.unproven = unproven
+        s.note(f"degrees {list(degrees)}: the program at {theta_p:.9g} took too long")
+        return None
+    finally:
+        s.deadline = deadline
     if up < big_b:
         s.note(f"degrees {list(degrees)}: cannot beat the incumbent (C < B at {theta_p:.9g})")
         return True, big_b / (theta_p * factor)
