@@ -206,10 +206,24 @@ def prepare(instance: Instance) -> Prepared:
         idx = a.domain_gpus[d]
         idx = idx[a.healthy[idx]]
         racks = unit_racks[unit_of_domain[d]]
-        pos_of = {r: i for i, r in enumerate(racks)}
-        rpos = np.array([pos_of[r] for r in a.gpu_rack[idx].tolist()], dtype=np.int64)
+        if len(racks) == 1:
+            rpos = np.zeros(len(idx), dtype=np.int64)
+        else:
+            pos_of = {r: i for i, r in enumerate(racks)}
+            rpos = np.array([pos_of[r] for r in a.gpu_rack[idx].tolist()], dtype=np.int64)
         # fastest first; among equal speeds the highest cap first, then alternate
         # racks (round robin)
+        if len(idx) == 0 or bool((rpos == rpos[0]).all()):
+            # one rack: the round-robin rank grows with the index within each
+            # (speed, cap) group, so the index alone breaks the ties (same order)
+            order = np.lexsort((np.arange(len(idx)), -caps[idx], -a.speed[idx]))
+            idx = idx[order]
+            domains.append(
+                Domain(
+                    d, idx, a.speed[idx].copy(), a.tdp[idx].copy(), rpos[order], caps[idx].copy()
+                )
+            )
+            continue
         rank = np.zeros(len(idx), dtype=np.int64)
         seen: dict[tuple[float, float, int], int] = {}
         for j, (s, cp, rp) in enumerate(

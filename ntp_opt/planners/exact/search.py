@@ -567,13 +567,7 @@ def solve_exact(
     if can_boost(instance):
         # warm start: the same search without boost has finitely many step
         # times to try and finds a good plan fast; it is valid here too
-        plain = Instance(
-            instance.name,
-            instance.cluster,
-            job.model_copy(update={"max_boost": 0.0}),
-            instance.meta,
-            copy_graph=False,
-        )
+        plain = instance.with_job(job.model_copy(update={"max_boost": 0.0}))  # same arrays
         sub = solve_exact(
             plain,
             backend,
