@@ -9,8 +9,9 @@ import pytest
 from ntp_opt import Instance, Job, evaluate, solve
 from ntp_opt.model import topology
 from ntp_opt.planners.exact import search
+from ntp_opt.planners.exact.backends import solve_program
 from ntp_opt.planners.exact.colgen import column_generation_available, owners
-from ntp_opt.planners.exact.model import WHOLE_UNIT, prepare
+from ntp_opt.planners.exact.model import WHOLE_UNIT, build_capacity, prepare
 from tests.helpers import HANG_GUARD
 
 from .bruteforce import brute_force
@@ -87,3 +88,33 @@ def test_fixed_cases_settled_early(seed, most):
     assert res.status == "optimal"
     assert res.objective == pytest.approx(best, rel=1e-5, abs=1e-9)
     assert len(res.log.splitlines()) <= most
+
+
+@needs_colgen
+@pytest.mark.parametrize("seed", range(12))
+def test_lp_relaxation_bounds_the_capacity(seed):
+    # the LP relaxation that answers threshold questions is never below C(theta')
+    inst = exact_instance(seed)
+    prep = prepare(inst)
+    job = inst.job
+    for theta in (0.5 * job.seq_time_s, 1.5 * job.seq_time_s, 4.0 * job.seq_time_s):
+        cap = build_capacity(prep, theta, job.allowed)
+        if not cap.classes:
+            continue
+        sol = solve_program(cap.program, "cpsat")
+        relaxed = search.lp_relaxation(cap.program)
+        assert relaxed is not None
+        assert sol.objective is not None and relaxed >= sol.objective - 1e-6
+
+
+@needs_colgen
+@pytest.mark.parametrize("seed", [4, 16, 38])
+def test_threshold_settled_by_lp_equals_brute_force(seed):
+    # fixed batch: step times where the LP relaxation is below B are settled without
+    # an integer program; the optimum is still the brute force's
+    inst = exact_instance(seed)
+    best, _ = brute_force(inst)
+    res = solve(inst, "cpsat", time_limit=HANG_GUARD, log=True)
+    assert "LP=" in res.log
+    assert res.status == "optimal"
+    assert res.objective == pytest.approx(best, rel=1e-5, abs=1e-9)

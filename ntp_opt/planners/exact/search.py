@@ -40,6 +40,10 @@ from ntp_opt.model.plan import Plan
 from ntp_opt.planners import heuristics as baselines
 from ntp_opt.planners.base import Limit, Outcome
 from ntp_opt.planners.exact.backends import solve_program
+from ntp_opt.planners.exact.backends.common import BackendUnavailable
+from ntp_opt.planners.exact.backends.common import prepare as normalise_program
+from ntp_opt.planners.exact.backends.highs import highs_lp, new_highs
+from ntp_opt.planners.exact.backends.highs import load as load_highs
 from ntp_opt.planners.exact.bounds import capacity_bound
 from ntp_opt.planners.exact.colgen import ColumnGeneration, column_generation_for
 from ntp_opt.planners.exact.model import (
@@ -53,6 +57,7 @@ from ntp_opt.planners.exact.model import (
     prepare,
     tighten,
 )
+from ntp_opt.planners.exact.program import IntProgram
 from ntp_opt.rules.goodput import replica_speed, split_batch
 from ntp_opt.rules.power import can_boost, largest_cap
 from ntp_opt.rules.tolerances import (
@@ -73,6 +78,46 @@ class _Deadline(Exception):
 
 class _Interrupted(Exception):
     pass
+
+
+#: Absolute margin by which the LP relaxation must be below a target (``C`` and the
+#: target are integers; the LP value is a float with solver tolerances).
+LP_MARGIN = 0.5
+
+
+def lp_relaxation(program: IntProgram, threads: int = 1) -> float | None:
+    """The LP relaxation's optimum of a capacity program (HiGHS), or ``None`` when
+    ``highspy`` is missing or the LP is not solved to optimality.
+
+    Parameters
+    ----------
+    program
+        A maximisation with integer variables.
+    threads
+        HiGHS threads.
+
+    Returns
+    -------
+    float or None
+        An upper bound on the program's integer optimum, up to solver tolerances.
+    """
+    try:
+        highspy = load_highs()
+    except BackendUnavailable:
+        return None
+    data, broken = normalise_program(program)
+    if broken:
+        return None
+    lp = highs_lp(highspy, data)
+    lp.integrality_ = [highspy.HighsVarType.kContinuous] * len(data.lb)
+    h = new_highs(highspy)
+    h.setOptionValue("output_flag", False)
+    h.setOptionValue("threads", threads)
+    h.passModel(lp)
+    h.run()
+    if h.getModelStatus() != highspy.HighsModelStatus.kOptimal:
+        return None
+    return float(h.getInfo().objective_function_value)
 
 
 @dataclass
@@ -140,6 +185,16 @@ class _Search:
         self.evaluations += 1
         if not cap.classes:
             return 0, (0 if generated is None else master.upper), theta
+        if generated is None and target is not None:
+            relaxed = lp_relaxation(cap.program, self.threads)
+            if relaxed is not None and relaxed < target - LP_MARGIN:
+                # C is an integer at most the LP value: below the target
+                self.evaluations += 1
+                if self.keep_log:
+                    self.log.append(
+                        f"theta'={theta:.9g} degrees={list(degrees)} LP={relaxed:.6f} < {target}"
+                    )
+                return 0, max(0, math.floor(relaxed + LP_MARGIN)), theta
         if generated is None:
             sol = solve_program(
                 cap.program,
