@@ -393,6 +393,18 @@ def _min_theta(
     return hi, lo
 
 
+#: GPUs from which ``fast``'s plan is always a warm start (below: only where a case
+#: needs generated configurations or none can be searched).
+FAST_WARM_GPUS = 4096
+
+
+def _fast_plan(instance: Instance) -> Plan:
+    """``fast``'s plan (not validated: the caller evaluates it)."""
+    from ntp_opt.planners.fast import plan_fast
+
+    return plan_fast(instance, validate=False)[0]
+
+
 #: Domains in multi-domain units (racks shared by several domains, NVL8) above which
 #: the search generates configurations per whole unit (``colgen``: identical racks
 #: form one class) instead of one binary per domain and configuration.
@@ -611,11 +623,11 @@ def solve_exact(
     starts = [baselines.ntp_pw(instance), baselines.ntp(instance), baselines.dp_drop(instance)]
     if initial_plan is not None:
         starts.insert(0, initial_plan)
-    # the sort-and-pack planner is scale-free (under a second at 131k GPUs) and
-    # usually far better than the baselines on large clusters: a warm start too
-    from ntp_opt.planners.fast import plan_fast
-
-    starts.append(plan_fast(instance, validate=False)[0])
+    if len(instance.arrays.speed) >= FAST_WARM_GPUS:
+        # the sort-and-pack planner is scale-free (under a second at 131k GPUs)
+        # and usually far better than the baselines on large clusters, where the
+        # search may not finish: a warm start too
+        starts.append(_fast_plan(instance))
     job = instance.job
     sub_evaluations = 0
     sub_interrupted = False
@@ -691,6 +703,18 @@ def solve_exact(
             s.unproven = left_out = deadline_hit = True
             s.note(f"left out degrees {list(degrees)}: time limit reached")
     cases = kept
+    too_large = (left_out and not cases) or bool(s.colgen)
+    if too_large and len(instance.arrays.speed) < FAST_WARM_GPUS:
+        if deadline is None or time.perf_counter() < deadline:
+            # no case can be searched (huge batch levels, many stages per domain),
+            # or some only with generated configurations (slower): fast's plan
+            # is a better warm start there than the baselines
+            fast_plan = _fast_plan(instance)
+            ev = evaluate(instance, fast_plan)
+            if ev.feasible and ev.goodput > s.best_value:
+                s.best_plan = fast_plan.with_metrics(**ev.as_metrics())
+                s.best_layout = None
+                s.best_value = ev.goodput
     bound = 0.0
     timed_out, interrupted = deadline_hit, False
     try:
