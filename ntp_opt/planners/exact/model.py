@@ -124,6 +124,11 @@ class Domain:
     tdp: np.ndarray
     rack_pos: np.ndarray  # position of each GPU's rack in its unit's rack list
     cap: np.ndarray  # largest power multiplier of each GPU (job and board)
+    # A whole multi-domain unit seen as one domain (:func:`unit_domain`): per
+    # position, the end of its segment (one real domain) and that domain's index.
+    # ``None`` for a real domain (one segment).
+    seg_end: np.ndarray | None = None
+    domain_of: np.ndarray | None = None
 
 
 @dataclass(frozen=True)
@@ -201,10 +206,24 @@ def prepare(instance: Instance) -> Prepared:
         idx = a.domain_gpus[d]
         idx = idx[a.healthy[idx]]
         racks = unit_racks[unit_of_domain[d]]
-        pos_of = {r: i for i, r in enumerate(racks)}
-        rpos = np.array([pos_of[r] for r in a.gpu_rack[idx].tolist()], dtype=np.int64)
+        if len(racks) == 1:
+            rpos = np.zeros(len(idx), dtype=np.int64)
+        else:
+            pos_of = {r: i for i, r in enumerate(racks)}
+            rpos = np.array([pos_of[r] for r in a.gpu_rack[idx].tolist()], dtype=np.int64)
         # fastest first; among equal speeds the highest cap first, then alternate
         # racks (round robin)
+        if len(idx) == 0 or bool((rpos == rpos[0]).all()):
+            # one rack: the round-robin rank grows with the index within each
+            # (speed, cap) group, so the index alone breaks the ties (same order)
+            order = np.lexsort((np.arange(len(idx)), -caps[idx], -a.speed[idx]))
+            idx = idx[order]
+            domains.append(
+                Domain(
+                    d, idx, a.speed[idx].copy(), a.tdp[idx].copy(), rpos[order], caps[idx].copy()
+                )
+            )
+            continue
         rank = np.zeros(len(idx), dtype=np.int64)
         seen: dict[tuple[float, float, int], int] = {}
         for j, (s, cp, rp) in enumerate(
@@ -296,6 +315,69 @@ class Config:
 
     stages: tuple[StageChoice, ...]
     extra_w: tuple[float, ...]  # per rack of the unit: draw above idle
+
+
+#: ``pos`` of a column that holds a whole multi-domain unit (:func:`unit_domain`).
+WHOLE_UNIT = -1
+
+
+def profile_key(dom: Domain) -> tuple[object, ...]:
+    """What makes two domains interchangeable inside a unit: healthy speeds, TDPs,
+    rack positions and caps, in stage order."""
+    return (
+        tuple(dom.speed.tolist()),
+        tuple(dom.tdp.tolist()),
+        tuple(dom.rack_pos.tolist()),
+        tuple(dom.cap.tolist()),
+    )
+
+
+def unit_domain(prep: Prepared, u: int) -> Domain:
+    """A multi-domain unit as one segmented domain: its domains' GPUs (each in stage
+    order) one after the other, in a canonical domain order.
+
+    The domains are ordered by :func:`profile_key` (then index), so units whose
+    domains have the same profiles give segments of the same profiles in the same
+    order: such units are interchangeable (one class of the column generation).
+    A stage never spans two segments; within a segment stages follow the same
+    rules as in a real domain.
+
+    Parameters
+    ----------
+    prep
+        From :func:`prepare`.
+    u
+        Index of the unit in :attr:`Prepared.units`.
+
+    Returns
+    -------
+    Domain
+        ``seg_end`` and ``domain_of`` set; ``index`` is its first domain's.
+    """
+    doms = sorted(
+        (prep.domains[d] for d in prep.units[u].domains),
+        key=lambda dm: (profile_key(dm), dm.index),
+    )
+    ends = np.cumsum([len(dm.gpus) for dm in doms])
+    return Domain(
+        doms[0].index,
+        np.concatenate([dm.gpus for dm in doms]),
+        np.concatenate([dm.speed for dm in doms]),
+        np.concatenate([dm.tdp for dm in doms]),
+        np.concatenate([dm.rack_pos for dm in doms]),
+        np.concatenate([dm.cap for dm in doms]),
+        seg_end=np.repeat(ends, [len(dm.gpus) for dm in doms]).astype(np.int64),
+        domain_of=np.repeat([dm.index for dm in doms], [len(dm.gpus) for dm in doms]).astype(
+            np.int64
+        ),
+    )
+
+
+def unit_key(prep: Prepared, u: int) -> tuple[object, ...]:
+    """Units with equal keys are interchangeable as whole units (:func:`unit_domain`)."""
+    unit = prep.units[u]
+    profiles = sorted(profile_key(prep.domains[d]) for d in unit.domains)
+    return (tuple(profiles), unit.budget_mw, unit.idle_w)
 
 
 def stage_power(
@@ -593,6 +675,14 @@ def iter_stages(prep: Prepared, cap: Capacity, x: np.ndarray) -> Iterator[StageP
             k = used_units.get((units[0], pos), 0)
             used_units[(units[0], pos)] = k + 1
             unit = prep.units[units[k]]
+            if pos == WHOLE_UNIT:
+                whole = unit_domain(prep, units[k])
+                assert whole.domain_of is not None
+                for st in cfg.stages:
+                    gpus = tuple(int(g) for g in whole.gpus[st.start : st.start + st.t])
+                    d = int(whole.domain_of[st.start])
+                    out.append(StagePick(st.t, st.b, d, gpus, st.power))
+                continue
             dom = prep.domains[unit.domains[pos]]
             for st in cfg.stages:
                 gpus = tuple(int(g) for g in dom.gpus[st.start : st.start + st.t])
