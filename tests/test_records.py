@@ -1,0 +1,255 @@
+"""Instances straight into arrays: the column checks against the reference path.
+
+:func:`ntp_opt.model.files.instance_from_dict` compiles the cluster's records
+column by column and builds the graph only when ``instance.cluster`` is read;
+:func:`ntp_opt.model.files.instance_from_dict_reference` validates every record
+through pydantic and builds the graph first. Both must give the same instance
+(arrays, fields, graph) or the same error.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import pickle
+import random
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from ntp_opt.model import topology
+from ntp_opt.model.files import (
+    InputError,
+    instance_from_dict,
+    instance_from_dict_reference,
+    instance_to_dict,
+    load_instance,
+    read_json,
+    save_instance,
+)
+from ntp_opt.model.instance import ClusterArrays, Instance, compile_cluster
+from ntp_opt.model.job import Job
+from ntp_opt.model.records import compile_records
+
+from .helpers import make_instance
+
+INSTANCES = Path(__file__).resolve().parent.parent / "instances"
+BUNDLED = sorted(p for p in INSTANCES.iterdir() if p.name.endswith((".json", ".json.gz")))
+BUNDLED = [p for p in BUNDLED if p.name not in ("best_known.json",)]
+
+
+def _is_lazy(instance: Instance) -> bool:
+    """Whether the graph is not built yet (the column path was taken)."""
+    return "cluster" not in vars(instance)
+
+
+def assert_same_arrays(a: ClusterArrays, b: ClusterArrays) -> None:
+    for name, x in vars(a).items():
+        y = getattr(b, name)
+        if isinstance(x, np.ndarray):
+            assert x.dtype == y.dtype and x.shape == y.shape, name
+            assert np.array_equal(x, y), name
+            assert not x.flags.writeable, name
+        elif name == "domain_gpus":
+            assert len(x) == len(y)
+            for u, v in zip(x, y, strict=True):
+                assert u.dtype == v.dtype and np.array_equal(u, v)
+        else:
+            assert x == y and type(x) is type(y), name
+
+
+def assert_same_graph(g, h) -> None:
+    assert g.graph == h.graph and list(g.graph) == list(h.graph)
+    gn, hn = list(g.nodes(data=True)), list(h.nodes(data=True))
+    assert gn == hn
+    # attribute order and value types too (saving writes them in this order)
+    assert [[(k, type(v)) for k, v in d.items()] for _, d in gn] == [
+        [(k, type(v)) for k, v in d.items()] for _, d in hn
+    ]
+    ge, he = list(g.edges(data=True)), list(h.edges(data=True))
+    assert ge == he
+    assert [[(k, type(v)) for k, v in d.items()] for *_, d in ge] == [
+        [(k, type(v)) for k, v in d.items()] for *_, d in he
+    ]
+
+
+def assert_equivalent(data: dict[str, Any]) -> Instance:
+    """The column path on ``data`` equals the reference path; returns the former."""
+    ref = instance_from_dict_reference(copy.deepcopy(data), "x")
+    fast = instance_from_dict(data, "x")
+    assert _is_lazy(fast)
+    assert (fast.name, fast.job, fast.meta) == (ref.name, ref.job, ref.meta)
+    assert_same_arrays(fast.arrays, ref.arrays)
+    assert np.array_equal(fast.max_multiplier, ref.max_multiplier)
+    assert_same_graph(fast.cluster, ref.cluster)
+    assert fast == ref
+    assert not _is_lazy(fast)
+    return fast
+
+
+#: Files up to this size (bytes) are also loaded the reference way (slow at 16k+ GPUs).
+REFERENCE_BYTES = 100_000
+
+
+@pytest.mark.parametrize("path", BUNDLED, ids=lambda p: p.name)
+def test_bundled_instances_load_the_same_both_ways(path):
+    fast = load_instance(path)
+    assert _is_lazy(fast)
+    if path.stat().st_size > REFERENCE_BYTES:  # the lazy graph, checked and compiled
+        topology.check_topology(fast.cluster)
+        assert_same_arrays(fast.arrays, compile_cluster(fast.cluster))
+        return
+    ref = instance_from_dict_reference(read_json(path), str(path))
+    assert (fast.name, fast.job, fast.meta) == (ref.name, ref.job, ref.meta)
+    assert_same_arrays(fast.arrays, ref.arrays)
+    assert_same_graph(fast.cluster, ref.cluster)
+
+
+def _random_graph(rng: random.Random):
+    kind = rng.choice(list(topology.BUILDERS))
+    size = topology.DOMAIN_SIZE[kind]
+    g = topology.build(kind, size * rng.randint(1, 6), rack_power_factor=rng.choice([1.0, 1.3]))
+    gpus = topology.gpus(g)
+    if rng.random() < 0.7:
+        topology.fail_random(g, count=rng.randint(0, len(gpus) // 4), seed=rng.randint(0, 99))
+    if rng.random() < 0.5:
+        topology.add_stragglers(
+            g, count=rng.randint(1, 5), speed=(0.5, 0.9), seed=rng.randint(0, 99)
+        )
+    for gid in rng.sample(gpus, k=min(len(gpus), rng.randint(0, 5))):
+        node = g.nodes[gid]
+        node["max_power_w"] = node["tdp_w"] * rng.choice([1.0, 1.25])
+        node["uuid"] = f"GPU-{rng.randint(0, 10**6)}"
+        node["host"] = "h1"
+        node["index"] = rng.randint(0, 7)
+    if rng.random() < 0.5:
+        for t in topology.trays(g)[:2]:
+            g.nodes[t]["p_fail"] = 0.01
+            g.nodes[t]["host"] = "tray-host"
+    return g, size
+
+
+@pytest.mark.parametrize("seed", range(12))
+def test_random_instances_load_the_same_both_ways(seed, tmp_path):
+    rng = random.Random(seed)
+    g, size = _random_graph(rng)
+    inst = Instance(f"r{seed}", g, Job(tp=min(size, 8), pp=1, dp=1, global_batch=4))
+    data = json.loads(json.dumps(instance_to_dict(inst)))
+    if seed % 3 == 0:  # integers where the schema takes floats, absent defaults, int ids
+        for node in data["cluster"]["nodes"]:
+            if node["kind"] == "gpu":
+                node["tdp_w"] = int(node["tdp_w"])
+                node.pop("p_fail")
+                node.pop("state") if node["state"] == "healthy" else None
+            if node["kind"] == "switch" and node["tier"] == "leaf":
+                node.pop("tier")
+    if seed % 4 == 1:  # integer node ids
+        ids = {n["id"]: i for i, n in enumerate(data["cluster"]["nodes"])}
+        for node in data["cluster"]["nodes"]:
+            node["id"] = ids[node["id"]]
+        for e in data["cluster"]["edges"]:
+            e["source"], e["target"] = ids[e["source"]], ids[e["target"]]
+    fast = assert_equivalent(data)
+    # and through a file: the same bytes back
+    save_instance(fast, tmp_path / "a.json")
+    assert_equivalent(read_json(tmp_path / "a.json"))
+
+
+BAD_VALUES: list[Any] = [
+    None, True, False, -1, 0, 0.5, 1, 1.5, 1e7, 1e13, "x", "", [], {}, 10**30,
+    "healthy", "failed", "leaf", "spine", "gpu", "tray", 3, 1000.0, 2e-7, "d0",
+]  # fmt: skip
+FIELDS = [
+    "id", "kind", "state", "speed", "p_fail", "tdp_w", "max_power_w", "uuid", "host",
+    "index", "size", "power_budget_w", "tier", "extra",
+]  # fmt: skip
+
+
+def _mutate(data: dict[str, Any], rng: random.Random) -> None:
+    cl = data["cluster"]
+    nodes, edges = cl["nodes"], cl["edges"]
+    what = rng.randrange(8)
+    if what <= 2:
+        node = rng.choice(nodes)
+        node[rng.choice(FIELDS)] = copy.deepcopy(rng.choice(BAD_VALUES))
+    elif what == 3:
+        node = rng.choice(nodes)
+        node.pop(rng.choice(list(node)))
+    elif what == 4:
+        nodes.append(copy.deepcopy(rng.choice(nodes)))
+    elif what == 5:
+        a, b = rng.choice(nodes)["id"], rng.choice(nodes)["id"]
+        edges.append({"source": a, "target": b})
+    elif what == 6 and edges:
+        edges.pop(rng.randrange(len(edges)))
+    else:
+        e = rng.choice(edges)
+        e[rng.choice(["source", "target", "bandwidth_gbps", "x"])] = copy.deepcopy(
+            rng.choice(BAD_VALUES)
+        )
+
+
+def _outcome(build, data):
+    try:
+        return build(copy.deepcopy(data), "bad.json")
+    except InputError as err:
+        return str(err)
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_corrupted_records_give_the_reference_outcome(seed):
+    rng = random.Random(1000 + seed)
+    inst = make_instance(domains=4, size=8, tray=4, failed=2, stragglers=1, seed=seed)
+    data = json.loads(json.dumps(instance_to_dict(inst)))
+    for _ in range(rng.randint(1, 3)):
+        _mutate(data, rng)
+    fast = _outcome(instance_from_dict, data)
+    ref = _outcome(instance_from_dict_reference, data)
+    if isinstance(ref, str):
+        assert fast == ref
+    else:
+        assert isinstance(fast, Instance)
+        assert_same_arrays(fast.arrays, ref.arrays)
+        assert_same_graph(fast.cluster, ref.cluster)
+
+
+def test_column_checks_refuse_what_they_cannot_prove():
+    inst = make_instance(domains=2, size=8, tray=4)
+    data = json.loads(json.dumps(instance_to_dict(inst)))
+    nodes, edges = data["cluster"]["nodes"], data["cluster"]["edges"]
+    assert compile_records(nodes, edges, None) is not None
+    assert compile_records(nodes, [*edges, dict(edges[0])], None) is None  # repeated edge
+    assert compile_records(nodes, edges, None, min_domain=16) is None  # domains below tp
+    flipped = [*edges, {"source": edges[0]["target"], "target": edges[0]["source"]}]
+    assert compile_records(nodes, flipped, None) is None
+
+
+def test_lazy_graph_variants_match_the_eager_ones():
+    inst = make_instance(domains=4, size=8, tray=4, failed=3, stragglers=2, seed=3)
+    data = json.loads(json.dumps(instance_to_dict(inst)))
+    lazy, eager = instance_from_dict(data), instance_from_dict_reference(data)
+    healthy = lazy.arrays.healthy.copy()
+    healthy[:5] = ~healthy[:5]
+    speed = lazy.arrays.speed.copy()
+    speed[7] = 0.25
+    a, b = lazy.with_health(healthy, speed), eager.with_health(healthy, speed)
+    assert _is_lazy(a) and _is_lazy(lazy)
+    assert_same_arrays(a.arrays, b.arrays)
+    assert_same_graph(a.cluster, b.cluster)
+    job = lazy.job.model_copy(update={"max_boost": 0.0})
+    fresh = instance_from_dict(data)
+    c, d = fresh.with_job(job), eager.with_job(job)
+    assert _is_lazy(c) and c.arrays is fresh.arrays
+    assert c.job == d.job and c == d
+    with pytest.raises(topology.TopologyError, match="larger than 4 NVLink domain"):
+        instance_from_dict(data).with_job(job.model_copy(update={"tp": 16}))
+
+
+def test_lazy_instance_pickles_with_its_graph():
+    inst = make_instance(domains=2, size=8, tray=4, failed=1)
+    lazy = instance_from_dict(json.loads(json.dumps(instance_to_dict(inst))))
+    back = pickle.loads(pickle.dumps(lazy))
+    assert back == inst and not _is_lazy(back)
+    assert_same_arrays(inst.arrays, back.arrays)
