@@ -18,10 +18,13 @@ from typing import Any
 
 import numpy as np
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from ntp_opt.model import topology
 from ntp_opt.model.files import (
     InputError,
+    dumps_indented,
     instance_from_dict,
     instance_from_dict_reference,
     instance_to_dict,
@@ -253,3 +256,38 @@ def test_lazy_instance_pickles_with_its_graph():
     back = pickle.loads(pickle.dumps(lazy))
     assert back == inst and not _is_lazy(back)
     assert_same_arrays(inst.arrays, back.arrays)
+
+
+# --- the fast indented encoder ---------------------------------------------------
+
+_json_values = st.recursive(
+    st.none()
+    | st.booleans()
+    | st.integers()
+    | st.floats(allow_nan=False, allow_infinity=False)
+    | st.text(),
+    lambda inner: (
+        st.lists(inner, max_size=5)
+        | st.tuples(inner, inner)
+        | st.dictionaries(st.text(max_size=5), inner, max_size=5)
+    ),
+    max_leaves=30,
+)
+
+
+@given(_json_values, st.integers(0, 3))
+def test_dumps_indented_is_json_dumps(value, indent):
+    assert dumps_indented(value, indent) == json.dumps(value, indent=indent, allow_nan=False)
+
+
+@pytest.mark.parametrize(
+    "value", [float("nan"), [1.0, float("inf")], {1: 2}, {"a": np.float32(1)}, [np.int64(3)]]
+)
+def test_dumps_indented_leaves_the_rest_to_json(value):
+    try:
+        expected = json.dumps(value, indent=1, allow_nan=False)
+    except (TypeError, ValueError) as err:
+        with pytest.raises(type(err), match="JSON"):
+            dumps_indented(value)
+    else:
+        assert dumps_indented(value) == expected
