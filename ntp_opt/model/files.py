@@ -581,7 +581,7 @@ class _Unusual(Exception):
 def _scalar(x: Any) -> str:
     t = type(x)
     if t is str:
-        return _ENCODE_STR(x)  # type: ignore[no-any-return]
+        return _ENCODE_STR(x)
     if t is float:
         if not math.isfinite(x):
             raise _Unusual
