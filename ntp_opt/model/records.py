@@ -196,8 +196,13 @@ def _compile(nodes: Any, edges: Any, site_budget: float | None, min_domain: int)
     n = len(gpus)
     if "state" in gk:
         states = _column(gpus, "state", "healthy", gall)
-        healthy = np.fromiter(map("healthy".__eq__, states), dtype=bool, count=n)
-        _need(int(healthy.sum()) + states.count("failed") == n)
+        failed = states.count("failed")
+        _need(states.count("healthy") + failed == n)
+        healthy = np.ones(n, dtype=bool)
+        at = -1
+        for _ in range(failed):  # list.index scans at C speed; failures are few
+            at = states.index("failed", at + 1)
+            healthy[at] = False
     else:
         healthy = np.ones(n, dtype=bool)
     speed = _number_column(gpus, keys[_GPU], "speed", 1.0, 1e-6, 1000.0)
@@ -239,7 +244,7 @@ def _compile(nodes: Any, edges: Any, site_budget: float | None, min_domain: int)
     for end in ("source", "target"):
         col = list(map(itemgetter(end), edges))
         _need(set(map(type, col)) <= _ID_TYPES)
-        ends.append(np.fromiter(map(index.__getitem__, col), dtype=np.int64, count=m))
+        ends.append(np.array(itemgetter(*col)(index) if m > 1 else [index[c] for c in col]))
     src, tgt = ends
     if "bandwidth_gbps" in ek:
         _floats(_column(edges, "bandwidth_gbps", None, eall), 0.0, lo_open=True, null=np.nan)
