@@ -475,21 +475,27 @@ def _read_bytes(path: Path) -> bytes:
     return b"".join(chunks)
 
 
-def _loads_plain(raw: bytes) -> Any:
+def _plain_text(raw: bytes) -> str | None:
+    """``raw`` decoded, or ``None`` if :func:`_parse` must judge it (BOM, not UTF-8, NUL)."""
+    if raw.startswith((b"\xef\xbb\xbf", b"\xff\xfe", b"\xfe\xff")):
+        return None
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError:
+        return None
+    return None if "\x00" in text else text
+
+
+def _loads_plain(text: str) -> Any:
     """``json.loads`` without per-value hooks; ``None`` on anything :func:`_parse` must judge.
 
     The caller still has to prove that no key was repeated and no number
     overflowed (see :func:`_parse_fast`).
     """
-    if raw.startswith((b"\xef\xbb\xbf", b"\xff\xfe", b"\xfe\xff")):
-        return None
     constants: list[str] = []
     try:
-        text = raw.decode("utf-8")
-        if "\x00" in text:
-            return None
         data = json.loads(text, parse_constant=constants.append)
-    except (ValueError, RecursionError):  # UnicodeDecodeError and JSONDecodeError included
+    except (ValueError, RecursionError):  # JSONDecodeError included
         return None
     return None if constants else data
 
@@ -504,7 +510,9 @@ def _parse_fast(raw: bytes, source: str) -> Any:
     through ``parse_constant``; an overflow leaves an infinite float. Anything
     else, errors included, takes :func:`_parse`.
     """
-    data = _loads_plain(raw)
+    text = _plain_text(raw)
+    data = None if text is None else _loads_plain(text)
+    del text
     if data is None:
         return _parse(raw, source)
     keys, finite = _keys_and_finite(data)
@@ -913,7 +921,8 @@ def load_instance(path: str | os.PathLike[str]) -> Instance:
     its cluster compiled by the column checks (:func:`instance_from_dict`),
     then the parse proven equal to the checked one (:func:`_parse_fast`'s
     rules: no repeated key, no overflowed number). Otherwise the checked
-    parse and :func:`instance_from_dict`, whose errors name the field.
+    parse (of the file read again) and :func:`instance_from_dict`, whose
+    errors name the field.
 
     Raises
     ------
@@ -922,7 +931,13 @@ def load_instance(path: str | os.PathLike[str]) -> Instance:
     """
     p = Path(path)
     raw = _read_bytes(p)
-    data = _loads_plain(raw)
+    text = _plain_text(raw)
+    if text is None:
+        return instance_from_dict(_parse(raw, str(p)), str(p))
+    del raw
+    colons = text.count(":")  # ':' never occurs inside a multi-byte UTF-8 character
+    data = _loads_plain(text)
+    del text  # peak memory: the checked path below reads the file again
     if isinstance(data, dict) and data.get("format") == INSTANCE_FORMAT:
         try:
             _check_counts(data, str(p))
@@ -930,14 +945,16 @@ def load_instance(path: str | os.PathLike[str]) -> Instance:
             pass  # the checked path below reports it
         else:
             instance = _instance_from_columns(data)
-            if instance is not None and _same_as_checked(raw, data):
+            if instance is not None and _same_as_checked(colons, data):
                 return instance
     del data
-    return instance_from_dict(_parse(raw, str(p)), str(p))
+    return instance_from_dict(_parse(_read_bytes(p), str(p)), str(p))
 
 
-def _same_as_checked(raw: bytes, data: dict[str, Any]) -> bool:
+def _same_as_checked(colons: int, data: dict[str, Any]) -> bool:
     """Whether :func:`_parse` gives ``data`` too, for records the column checks accepted.
+
+    ``colons``: the ``:`` characters of the text ``data`` was parsed from.
 
     Their values are proven scalars and finite, so only the rest of the file
     is walked for floats, and the keys are counted as in :func:`_parse_fast`.
@@ -947,7 +964,7 @@ def _same_as_checked(raw: bytes, data: dict[str, Any]) -> bool:
     rest = {**data, "cluster": {**cluster, "nodes": [], "edges": []}}
     keys, finite = _keys_and_finite(rest)
     keys += sum(map(len, nodes)) + sum(map(len, edges))
-    return finite and raw.count(b":") == keys
+    return finite and colons == keys
 
 
 def save_instance(
