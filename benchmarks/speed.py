@@ -26,7 +26,8 @@ Sections (``SECTIONS``; one function each, returning Markdown lines):
 
 * ``cli``: per instance, ``ntp-opt solve FILE --policy fast -o plan.json`` end
   to end in a subprocess (CPU: its user + system time; peak RSS: its
-  ``ru_maxrss``; both from ``os.wait4``, the child's own ``getrusage``), next
+  ``ru_maxrss``; both from ``os.wait4``, the child's own ``getrusage``; run it
+  from outside the repository to measure the code on ``PYTHONPATH``), next
   to the floor (gunzip + ``json.loads`` of the file, plus the numpy import).
   With ``--load-file FILE`` (repeatable; e.g. a ~1M-node instance generated in
   /tmp, not bundled), also :func:`~ntp_opt.model.files.load_instance` of that
@@ -40,7 +41,6 @@ from __future__ import annotations
 import argparse
 import gzip
 import json
-import os
 import resource
 import subprocess
 import sys
@@ -200,22 +200,31 @@ class ChildRun:
     stdout: str
 
 
+_LAUNCHER = """
+import os, subprocess, sys, time
+wall = time.perf_counter()
+proc = subprocess.Popen(sys.argv[1:])
+_, status, usage = os.wait4(proc.pid, 0)
+print(os.waitstatus_to_exitcode(status), usage.ru_utime + usage.ru_stime,
+      time.perf_counter() - wall, usage.ru_maxrss, flush=True)
+"""
+
+
 def run_child(args: list[str]) -> ChildRun:
-    """Run ``args`` and measure that child alone (``os.wait4``: its own rusage)."""
-    wall = time.perf_counter()
-    proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-    assert proc.stdout is not None and proc.stderr is not None
-    out, err = proc.stdout.read(), proc.stderr.read()
-    _, status, usage = os.wait4(proc.pid, 0)
-    proc.returncode = os.waitstatus_to_exitcode(status)
-    if proc.returncode:
-        raise RuntimeError(f"{' '.join(args)} failed:\n{err.decode()[-2000:]}")
-    return ChildRun(
-        usage.ru_utime + usage.ru_stime,
-        time.perf_counter() - wall,
-        usage.ru_maxrss / 1024,
-        out.decode(),
+    """Run ``args`` and measure that child alone (``os.wait4``: its own rusage).
+
+    A small launcher process starts it: Linux keeps the peak RSS of the
+    process a child was forked from in the child's ``ru_maxrss``, so a child
+    of this (large) process would report at least this one's peak.
+    """
+    proc = subprocess.run(
+        [sys.executable, "-c", _LAUNCHER, *args], capture_output=True, text=True, check=False
     )
+    *lines, last = proc.stdout.splitlines() or [""]
+    fields = last.split()
+    if proc.returncode or len(fields) != 4 or fields[0] != "0":
+        raise RuntimeError(f"{' '.join(args)} failed:\n{proc.stderr[-2000:]}")
+    return ChildRun(float(fields[1]), float(fields[2]), int(fields[3]) / 1024, "\n".join(lines))
 
 
 def best_child(repeat: int, args: list[str]) -> ChildRun:
