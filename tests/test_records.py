@@ -227,6 +227,10 @@ def test_column_checks_refuse_what_they_cannot_prove():
     assert compile_records(nodes, edges, None, min_domain=16) is None  # domains below tp
     flipped = [*edges, {"source": edges[0]["target"], "target": edges[0]["source"]}]
     assert compile_records(nodes, flipped, None) is None
+    for extra in ({"weight": 1.0}, {"bandwidth_gbps": 1.0, "weight": 1.0}, {"bandwidth_gbps": 0}):
+        changed = [{**edges[0], **extra}, *edges[1:]]
+        assert compile_records(nodes, changed, None) is None, extra
+    assert compile_records(nodes, [{**edges[0], "bandwidth_gbps": 5}, *edges[1:]], None)
 
 
 def test_lazy_graph_variants_match_the_eager_ones():

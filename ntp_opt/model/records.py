@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from collections.abc import Hashable, Sequence
 from itertools import chain
-from operator import itemgetter
+from operator import itemgetter, methodcaller
 from typing import Any
 
 import networkx as nx
@@ -50,7 +50,6 @@ _REQUIRED_KEYS = (
     frozenset({"id", "kind"}),
     frozenset({"id", "kind"}),
 )
-_EDGE_KEYS = frozenset({"source", "target", "bandwidth_gbps"})
 # Containment edges by (smaller kind code, larger kind code): gpu-tray, tray-domain,
 # tray-rack, domain-switch, switch-switch.
 _PAIRS = np.array(
@@ -59,6 +58,7 @@ _PAIRS = np.array(
 _NUMBER_TYPES = frozenset({float, int})
 _ID_TYPES = frozenset({str, int})
 _NONE = type(None)
+_ABSENT = object()
 
 
 class _Unproven(Exception):
@@ -239,15 +239,21 @@ def _compile(nodes: Any, edges: Any, site_budget: float | None, min_domain: int)
 
     # Edges
     m = len(edges)
-    ek, eall = _group_keys(edges, _EDGE_KEYS, frozenset({"source", "target"}))
+    # Every edge has its two ends (read below); an edge with a third key must have
+    # the bandwidth as that key: as many bandwidths as 3-key edges and none larger.
+    lengths = list(map(len, edges))
+    bandwidths = list(map(methodcaller("get", "bandwidth_gbps", _ABSENT), edges))
+    n_bw = m - bandwidths.count(_ABSENT)
+    _need(max(lengths, default=2) <= 3 and lengths.count(3) == n_bw)
     ends = []
     for end in ("source", "target"):
         col = list(map(itemgetter(end), edges))
         _need(set(map(type, col)) <= _ID_TYPES)
         ends.append(np.array(itemgetter(*col)(index) if m > 1 else [index[c] for c in col]))
     src, tgt = ends
-    if "bandwidth_gbps" in ek:
-        _floats(_column(edges, "bandwidth_gbps", None, eall), 0.0, lo_open=True, null=np.nan)
+    if n_bw:
+        present = [b for b in bandwidths if b is not _ABSENT] if n_bw < m else bandwidths
+        _floats(present, 0.0, lo_open=True, null=np.nan)
     _need(bool((src != tgt).all()))
     lo, hi = np.minimum(src, tgt), np.maximum(src, tgt)
     pairs = np.sort(lo * n_nodes + hi)
