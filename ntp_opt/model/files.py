@@ -37,7 +37,7 @@ from pydantic import (
 from ntp_opt.model.instance import Instance
 from ntp_opt.model.job import Job
 from ntp_opt.model.plan import Plan, Replica, Stage
-from ntp_opt.model.records import compile_records, graph_from_records
+from ntp_opt.model.records import compile_records
 from ntp_opt.model.safeio import atomic_open
 from ntp_opt.model.topology import DEFAULT_TDP_W, TopologyError
 
@@ -575,7 +575,8 @@ def write_json(data: Any, path: Path, inputs: Iterable[str | os.PathLike[str]] =
             with gzip.GzipFile(fileobj=fh, mode="wb", mtime=0) as gz:
                 gz.write(text.encode())
         else:
-            fh.write(text.encode() + b"\n")
+            fh.write(text.encode())
+            fh.write(b"\n")
 
 
 _ENCODE_STR = json.encoder.encode_basestring_ascii
@@ -739,7 +740,7 @@ def instance_from_dict(data: Any, source: str = "<instance>") -> Instance:
     The cluster's records are checked column by column and compiled straight
     into :attr:`Instance.arrays`; the NetworkX graph (:attr:`Instance.cluster`)
     is built from them when first read, so the instance keeps references to
-    ``data``'s node and edge records until then (do not change them). Records
+    ``data``'s node records until then (do not change them). Records
     the column checks cannot prove valid take :func:`instance_from_dict_reference`,
     whose errors name the node and the field.
 
@@ -781,16 +782,18 @@ def _instance_from_columns(data: dict[str, Any]) -> Instance | None:
     except ValidationError:
         return None
     site = model.cluster.graph
-    arrays = compile_records(nodes, edges, site.power_budget_w, model.job.tp)
-    if arrays is None:
+    compiled = compile_records(nodes, edges, site.power_budget_w, model.job.tp)
+    if compiled is None:
         return None
     graph_attrs = {k: getattr(site, k) for k in cluster.get("graph", {})}
+    # The graph, if ever read, is built from the node records and the compiled
+    # edges: the instance keeps no reference to the edge records.
     return Instance.from_arrays(
         model.name,
-        arrays,
+        compiled.arrays,
         model.job,
         _meta(model),
-        lambda: graph_from_records(graph_attrs, nodes, edges),
+        lambda: compiled.graph(graph_attrs, nodes),
     )
 
 

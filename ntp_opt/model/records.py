@@ -11,13 +11,14 @@ returns ``None``, and the caller takes the reference path (pydantic per
 record, the graph, :func:`ntp_opt.model.topology.check_topology`), whose
 error messages name the file, the node and the field.
 
-:func:`graph_from_records` builds the graph the reference path builds, for
+:meth:`CompiledRecords.graph` builds the graph the reference path builds, for
 :attr:`ntp_opt.model.instance.Instance.cluster` to compute on first read.
 """
 
 from __future__ import annotations
 
 from collections.abc import Hashable, Sequence
+from dataclasses import dataclass
 from itertools import chain
 from operator import itemgetter, methodcaller
 from typing import Any
@@ -140,9 +141,68 @@ def _group_keys(
     return some, every
 
 
+@dataclass(frozen=True, eq=False)
+class CompiledRecords:
+    """What :func:`compile_records` proved and built: the arrays, and the edges in brief.
+
+    The edges are kept as node positions (and bandwidths), so that the parsed
+    edge records can be dropped: the graph needs only the node records.
+    """
+
+    arrays: ClusterArrays
+    ids: list[Hashable]
+    edge_source: np.ndarray
+    edge_target: np.ndarray
+    bandwidths: list[Any] | None
+
+    def graph(self, graph_attrs: dict[str, Any], nodes: Sequence[dict[str, Any]]) -> nx.Graph:
+        """The cluster graph the reference path builds from the same records.
+
+        Equal to it node by node and edge by edge, in the file's order, with
+        the attributes in the file's order, integers of float fields as
+        floats and a switch's default ``tier`` (so that saving it again writes
+        the same file).
+
+        Parameters
+        ----------
+        graph_attrs
+            The validated ``cluster.graph`` attributes.
+        nodes
+            The node records that were compiled.
+
+        Returns
+        -------
+        networkx.Graph
+            A new (unfrozen) graph.
+        """
+        graph = nx.Graph()
+        graph.graph.update(graph_attrs)
+        rows: list[tuple[Hashable, dict[str, Any]]] = []
+        for node in nodes:
+            attrs = {k: _value(k, v) for k, v in node.items() if k != "id"}
+            if attrs["kind"] == "switch":
+                attrs.setdefault("tier", "leaf")
+            rows.append((node["id"], attrs))
+        graph.add_nodes_from(rows)
+        ids = self.ids
+        ends = zip(self.edge_source.tolist(), self.edge_target.tolist(), strict=True)
+        if self.bandwidths is None:
+            graph.add_edges_from((ids[u], ids[v]) for u, v in ends)
+        else:
+            graph.add_edges_from(
+                (
+                    ids[u],
+                    ids[v],
+                    {} if b is _ABSENT else {"bandwidth_gbps": _value("bandwidth_gbps", b)},
+                )
+                for (u, v), b in zip(ends, self.bandwidths, strict=True)
+            )
+        return graph
+
+
 def compile_records(
     nodes: Any, edges: Any, site_budget: float | None, min_domain: int = 1
-) -> ClusterArrays | None:
+) -> CompiledRecords | None:
     """The compiled cluster of node-link records, or ``None`` if they may be invalid.
 
     Parameters
@@ -160,9 +220,10 @@ def compile_records(
 
     Returns
     -------
-    ClusterArrays or None
-        What :func:`ntp_opt.model.instance.compile_cluster` gives for the
-        graph the reference path builds from the same records, if every record
+    CompiledRecords or None
+        Its ``arrays`` are what :func:`ntp_opt.model.instance.compile_cluster`
+        gives for the graph the reference path builds from the same records
+        (:meth:`CompiledRecords.graph`), if every record
         and the topology are proven valid (the schema of ``InstanceFile``'s
         cluster and :func:`ntp_opt.model.topology.check_topology`); ``None``
         otherwise (duplicate edges, whose graph merges them, included).
@@ -173,7 +234,7 @@ def compile_records(
         return None
 
 
-def _compile(nodes: Any, edges: Any, site_budget: float | None, min_domain: int) -> ClusterArrays:
+def _compile(nodes: Any, edges: Any, site_budget: float | None, min_domain: int) -> CompiledRecords:
     _need(type(nodes) is list and type(edges) is list)
     _need(set(map(type, nodes)) <= {dict} and set(map(type, edges)) <= {dict})
     n_nodes = len(nodes)
@@ -300,7 +361,7 @@ def _compile(nodes: Any, edges: Any, site_budget: float | None, min_domain: int)
     gpu_ids = tuple(_pick(ids, order[_GPU]))
     domain_ids = tuple(_pick(ids, order[_DOMAIN]))
     rack_ids = tuple(_pick(ids, order[_RACK]))
-    return ClusterArrays(
+    arrays = ClusterArrays(
         gpu_ids=gpu_ids,
         gpu_index=dict(zip(gpu_ids, range(n), strict=True)),
         gpu_tray=gpu_tray,
@@ -321,6 +382,10 @@ def _compile(nodes: Any, edges: Any, site_budget: float | None, min_domain: int)
         rack_budget=rack_budget,
         site_budget=site,
     )
+    small = np.int32 if n_nodes < 2**31 else np.int64
+    return CompiledRecords(
+        arrays, ids, src.astype(small), tgt.astype(small), bandwidths if n_bw else None
+    )
 
 
 def _number_column(
@@ -339,44 +404,3 @@ def _number_column(
 
 def _value(key: str, value: Any) -> Any:
     return float(value) if type(value) is int and key in FLOAT_FIELDS else value
-
-
-def graph_from_records(
-    graph_attrs: dict[str, Any], nodes: Sequence[dict[str, Any]], edges: Sequence[dict[str, Any]]
-) -> nx.Graph:
-    """The cluster graph of records that :func:`compile_records` accepted.
-
-    Equal to the graph the reference path builds (node order and attribute
-    order of the file, integers of float fields as floats, a switch's default
-    ``tier``), so that saving it again writes the same file.
-
-    Parameters
-    ----------
-    graph_attrs
-        The validated ``cluster.graph`` attributes.
-    nodes, edges
-        The accepted records.
-
-    Returns
-    -------
-    networkx.Graph
-        A new (unfrozen) graph.
-    """
-    graph = nx.Graph()
-    graph.graph.update(graph_attrs)
-    rows: list[tuple[Hashable, dict[str, Any]]] = []
-    for node in nodes:
-        attrs = {k: _value(k, v) for k, v in node.items() if k != "id"}
-        if attrs["kind"] == "switch":
-            attrs.setdefault("tier", "leaf")
-        rows.append((node["id"], attrs))
-    graph.add_nodes_from(rows)
-    graph.add_edges_from(
-        (
-            e["source"],
-            e["target"],
-            {k: _value(k, v) for k, v in e.items() if k != "source" and k != "target"},
-        )
-        for e in edges
-    )
-    return graph
