@@ -254,6 +254,13 @@ def test_lazy_graph_variants_match_the_eager_ones():
         instance_from_dict(data).with_job(job.model_copy(update={"tp": 16}))
 
 
+def test_repr_leaves_the_graph_unbuilt():
+    inst = make_instance(domains=2, size=8, tray=4)
+    lazy = instance_from_dict(json.loads(json.dumps(instance_to_dict(inst))))
+    assert "graph not built yet" in repr(lazy) and _is_lazy(lazy)
+    assert repr(inst).startswith("Instance(name='small', cluster=<networkx")
+
+
 def test_lazy_instance_pickles_with_its_graph():
     inst = make_instance(domains=2, size=8, tray=4, failed=1)
     lazy = instance_from_dict(json.loads(json.dumps(instance_to_dict(inst))))

@@ -208,6 +208,14 @@ class Instance:
                     return graph
             raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
 
+    def __repr__(self) -> str:
+        # The dataclass's repr, without building a lazy graph to show it.
+        graph = self.__dict__.get("cluster")
+        shown = "<graph not built yet>" if graph is None else repr(graph)
+        return (
+            f"Instance(name={self.name!r}, cluster={shown}, job={self.job!r}, meta={self.meta!r})"
+        )
+
     def __getstate__(self) -> dict[str, Any]:
         """Pickled state: the graph is built first (its lazy source is a closure)."""
         state = dict(self.__dict__)
