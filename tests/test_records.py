@@ -24,6 +24,7 @@ from hypothesis import strategies as st
 from ntp_opt.model import topology
 from ntp_opt.model.files import (
     InputError,
+    check_cluster,
     dumps_indented,
     instance_from_dict,
     instance_from_dict_reference,
@@ -302,3 +303,14 @@ def test_dumps_indented_leaves_the_rest_to_json(value):
             dumps_indented(value)
     else:
         assert dumps_indented(value) == expected
+
+
+def test_check_cluster_takes_the_columns_then_the_schema():
+    g = topology.build("nvl32", 64)
+    check_cluster(g)  # valid: proven by the column checks
+    g.nodes["d0.t0.g0"]["speed"] = 0.0  # out of range: the schema names it
+    with pytest.raises(InputError, match=r"gen: cluster\.nodes\[2\]\.speed: Input should be"):
+        check_cluster(g, "gen")
+    g.nodes["d0.t0.g0"]["speed"] = 0.5
+    g.remove_edge("d0.t0", "r0")  # a topology problem is not the schema's: accepted
+    check_cluster(g)
