@@ -314,3 +314,26 @@ def test_check_cluster_takes_the_columns_then_the_schema():
     g.nodes["d0.t0.g0"]["speed"] = 0.5
     g.remove_edge("d0.t0", "r0")  # a topology problem is not the schema's: accepted
     check_cluster(g)
+
+
+def test_lazy_health_variants_keep_no_chain():
+    """Many with_health steps on a lazy instance: the graph the eager steps build, no chain."""
+    inst = make_instance(domains=4, size=8, tray=4, failed=2, stragglers=1, seed=4)
+    data = json.loads(json.dumps(instance_to_dict(inst)))
+    lazy, eager = instance_from_dict(data), instance_from_dict_reference(data)
+    rng = np.random.default_rng(0)
+    for step in range(1500):  # deeper than the recursion limit, were variants chained
+        healthy = lazy.arrays.healthy.copy()
+        speed = lazy.arrays.speed.copy()
+        i = int(rng.integers(healthy.size))
+        if step % 2:
+            healthy[i] = not healthy[i]
+        else:
+            speed[i] = float(rng.choice([0.5, 0.8, 1.0]))
+        lazy = lazy.with_health(healthy, speed)
+        if step % 100 == 0 or step > 1490:
+            eager = eager.with_health(healthy, speed)
+    assert _is_lazy(lazy)
+    assert_same_arrays(lazy.arrays, eager.arrays)
+    assert_same_graph(lazy.cluster, eager.cluster)
+    assert lazy == eager

@@ -337,14 +337,22 @@ class Instance:
             arr.setflags(write=False)
         arrays = ClusterArrays(**{**a.__dict__, "healthy": new_healthy, "speed": new_speed})
 
-        def graph() -> nx.Graph:
-            return _graph_with_health(self.cluster, a, new_healthy, new_speed, changed)
-
-        if "cluster" not in self.__dict__:  # not built yet: the new graph waits for it
-            return Instance.from_arrays(self.name, arrays, self.job, self.meta, graph)
+        source = self.__dict__.get("_graph_source")
+        if "cluster" not in self.__dict__ and source is not None:  # lazy: so is the new one
+            lazy = _HealthGraph.after(source, a, new_healthy, new_speed)
+            return Instance.from_arrays(self.name, arrays, self.job, self.meta, lazy)
+        graph = _graph_with_health(
+            self.cluster,
+            a.gpu_ids,
+            changed,
+            new_healthy != a.healthy,
+            new_speed != a.speed,
+            new_healthy,
+            new_speed,
+        )
         new = object.__new__(Instance)
         object.__setattr__(new, "name", self.name)
-        object.__setattr__(new, "cluster", nx.freeze(graph()))
+        object.__setattr__(new, "cluster", nx.freeze(graph))
         object.__setattr__(new, "job", self.job)
         object.__setattr__(new, "meta", self.meta)
         return new._sharing(arrays)
@@ -412,24 +420,77 @@ def _check_job_fits(job: Job, sizes: dict[Hashable, int]) -> None:
 
 def _graph_with_health(
     old: nx.Graph,
-    a: ClusterArrays,
+    gpu_ids: tuple[Hashable, ...],
+    changed: np.ndarray,
+    state_changed: np.ndarray,
+    speed_changed: np.ndarray,
     healthy: np.ndarray,
     speed: np.ndarray,
-    changed: np.ndarray,
 ) -> nx.Graph:
-    """``old`` sharing its structure, with the changed GPUs' ``state``/``speed`` replaced."""
+    """``old`` sharing its structure; the ``changed`` GPUs' nodes copied with their
+    ``state`` (where ``state_changed``) and ``speed`` (where ``speed_changed``) set."""
     graph = nx.Graph()
-    graph._adj = old._adj  # frozen, shared: the structure does not change
+    graph._adj = old._adj  # frozen or private, shared: the structure does not change
     graph._node = dict(old._node)
     graph.graph = dict(old.graph)
-    for i in changed:
-        attrs = dict(old._node[a.gpu_ids[i]])
-        if healthy[i] != a.healthy[i]:
+    for i in changed.tolist():
+        attrs = dict(old._node[gpu_ids[i]])
+        if state_changed[i]:
             attrs["state"] = HEALTHY if healthy[i] else FAILED
-        if speed[i] != a.speed[i]:
+        if speed_changed[i]:
             attrs["speed"] = float(speed[i])
-        graph._node[a.gpu_ids[i]] = attrs
+        graph._node[gpu_ids[i]] = attrs
     return graph
+
+
+@dataclass(frozen=True, eq=False)
+class _HealthGraph:
+    """The lazy graph of a :meth:`Instance.with_health` variant of a lazy instance.
+
+    It keeps the first lazy instance's graph source and, per GPU, whether any
+    variant on the way changed its health or speed, instead of a chain of
+    variants: many events (re-planning, simulation) neither grow a chain nor
+    deepen the build. The graph built is the one the variants would have
+    built one after another: the source's, with ``state`` and ``speed`` set
+    to their last values on the GPUs whose health or speed ever changed.
+    """
+
+    root: Callable[[], nx.Graph]
+    gpu_ids: tuple[Hashable, ...]
+    state_changed: np.ndarray
+    speed_changed: np.ndarray
+    healthy: np.ndarray
+    speed: np.ndarray
+
+    @classmethod
+    def after(
+        cls,
+        source: Callable[[], nx.Graph],
+        a: ClusterArrays,
+        healthy: np.ndarray,
+        speed: np.ndarray,
+    ) -> _HealthGraph:
+        """The lazy graph after setting ``healthy`` and ``speed`` on an instance (arrays ``a``)
+        whose lazy graph is ``source``."""
+        state_changed, speed_changed = healthy != a.healthy, speed != a.speed
+        root = source
+        if isinstance(source, _HealthGraph):
+            root = source.root
+            state_changed |= source.state_changed
+            speed_changed |= source.speed_changed
+        return cls(root, a.gpu_ids, state_changed, speed_changed, healthy, speed)
+
+    def __call__(self) -> nx.Graph:
+        changed = np.flatnonzero(self.state_changed | self.speed_changed)
+        return _graph_with_health(
+            self.root(),
+            self.gpu_ids,
+            changed,
+            self.state_changed,
+            self.speed_changed,
+            self.healthy,
+            self.speed,
+        )
 
 
 def _edge_set(graph: nx.Graph) -> set[tuple[frozenset[Hashable], tuple[tuple[str, Any], ...]]]:
