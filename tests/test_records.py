@@ -36,6 +36,7 @@ from ntp_opt.model.files import (
 from ntp_opt.model.instance import ClusterArrays, Instance, compile_cluster
 from ntp_opt.model.job import Job
 from ntp_opt.model.records import compile_records
+from ntp_opt.solve import solve
 
 from .helpers import make_instance
 
@@ -108,6 +109,9 @@ def test_bundled_instances_load_the_same_both_ways(path):
     ref = instance_from_dict_reference(read_json(path), str(path))
     assert (fast.name, fast.job, fast.meta) == (ref.name, ref.job, ref.meta)
     assert_same_arrays(fast.arrays, ref.arrays)
+    plan = solve(fast, "fast").plan
+    assert _is_lazy(fast)  # planning and validating never read the graph
+    assert plan == solve(ref, "fast").plan
     assert_same_graph(fast.cluster, ref.cluster)
 
 
