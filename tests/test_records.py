@@ -30,6 +30,7 @@ from ntp_opt.model.files import (
     instance_from_dict_reference,
     instance_to_dict,
     load_instance,
+    parse_json,
     read_json,
     save_instance,
 )
@@ -341,3 +342,25 @@ def test_lazy_health_variants_keep_no_chain():
     assert_same_arrays(lazy.arrays, eager.arrays)
     assert_same_graph(lazy.cluster, eager.cluster)
     assert lazy == eager
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        b'{"a": 1, "a": 2}',
+        b'{"a": "\\u003a", "a": 1}',
+        b'{"a": "x:y", "b": {"c": 1, "c": 1}}',
+        b'{"a": [1e999]}',
+        b'{"a": NaN}',
+        b'[{"k": 1}, {"k": -Infinity}]',
+    ],
+)
+def test_fast_parse_defers_to_the_checked_one(text):
+    with pytest.raises(InputError) as err:
+        parse_json(text, "x.json")
+    assert "x.json" in str(err.value)
+
+
+def test_fast_parse_keeps_colons_in_strings():
+    text = b'{"url": "https://a:b", "n": [1, 2.5, "c:"], "o": {"k": null}}'
+    assert parse_json(text, "x.json") == json.loads(text)
