@@ -37,7 +37,14 @@ Sections (``SECTIONS``; one function each, returning Markdown lines):
   ``fast`` plans are further from the bound than the tolerance, so ``"auto"``
   falls back to a global plan after every event).
 
-Further sections (the CLI end to end) plug into ``SECTIONS``.
+* ``cli``: per instance, ``ntp-opt solve FILE --policy fast -o plan.json`` end
+  to end in a subprocess (CPU: its user + system time; peak RSS: its
+  ``ru_maxrss``; both from ``os.wait4``, the child's own ``getrusage``; run it
+  from outside the repository to measure the code on ``PYTHONPATH``), next
+  to the floor (gunzip + ``json.loads`` of the file, plus the numpy import).
+  With ``--load-file FILE`` (repeatable; e.g. a ~1M-node instance generated in
+  /tmp, not bundled), also :func:`~ntp_opt.model.files.load_instance` of that
+  file in a subprocess: the load's CPU and the child's peak RSS.
 """
 
 from __future__ import annotations
@@ -53,6 +60,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
+from tempfile import TemporaryDirectory
 from typing import Any
 
 from ntp_opt.model.files import load_instance
@@ -119,6 +127,7 @@ class Context:
     repeat: int
     numpy_floor: Timing
     parsed_gpus: dict[Path, int] = field(default_factory=dict)
+    load_files: list[Path] = field(default_factory=list)
 
 
 def read_floor(path: Path) -> tuple[Timing, Timing, Any]:
@@ -305,9 +314,127 @@ def replan_section(ctx: Context) -> list[str]:
     ]
 
 
+@dataclass
+class ChildRun:
+    """CPU seconds (user + system), wall seconds and peak RSS (MB) of one child process."""
+
+    cpu: float
+    wall: float
+    rss_mb: float
+    stdout: str
+
+
+_LAUNCHER = """
+import os, subprocess, sys, time
+wall = time.perf_counter()
+proc = subprocess.Popen(sys.argv[1:])
+_, status, usage = os.wait4(proc.pid, 0)
+print(os.waitstatus_to_exitcode(status), usage.ru_utime + usage.ru_stime,
+      time.perf_counter() - wall, usage.ru_maxrss, flush=True)
+"""
+
+
+def run_child(args: list[str]) -> ChildRun:
+    """Run ``args`` and measure that child alone (``os.wait4``: its own rusage).
+
+    A small launcher process starts it: Linux keeps the peak RSS of the
+    process a child was forked from in the child's ``ru_maxrss``, so a child
+    of this (large) process would report at least this one's peak.
+    """
+    proc = subprocess.run(
+        [sys.executable, "-c", _LAUNCHER, *args], capture_output=True, text=True, check=False
+    )
+    *lines, last = proc.stdout.splitlines() or [""]
+    fields = last.split()
+    if proc.returncode or len(fields) != 4 or fields[0] != "0":
+        raise RuntimeError(f"{' '.join(args)} failed:\n{proc.stderr[-2000:]}")
+    return ChildRun(float(fields[1]), float(fields[2]), int(fields[3]) / 1024, "\n".join(lines))
+
+
+def best_child(repeat: int, args: list[str]) -> ChildRun:
+    """The fastest of ``repeat`` child runs (CPU, wall and RSS each their minimum)."""
+    runs = [run_child(args) for _ in range(max(1, repeat))]
+    return ChildRun(
+        min(r.cpu for r in runs),
+        min(r.wall for r in runs),
+        min(r.rss_mb for r in runs),
+        runs[-1].stdout,
+    )
+
+
+_LOAD_SCRIPT = """
+import sys, time
+from ntp_opt.model.files import load_instance
+cpu, wall = time.process_time(), time.perf_counter()
+inst = load_instance(sys.argv[1])
+_ = inst.arrays
+print(time.process_time() - cpu, time.perf_counter() - wall, inst.arrays.n_gpus)
+"""
+
+
+def cli_section(ctx: Context) -> list[str]:
+    """``ntp-opt solve --policy fast -o`` end to end per instance, next to the floor."""
+    rows = [
+        "| instance | GPUs | floor: gunzip + json.loads + numpy | CLI solve --policy fast -o "
+        "| CLI / floor | peak RSS MB |",
+        "|---|---|---|---|---|---|",
+    ]
+    print("\n".join(rows), flush=True)
+    with TemporaryDirectory() as tmp:
+        for path in ctx.files:
+            unzip, parse, doc = read_floor(path)
+            gpus = gpu_count(doc)
+            del doc
+            if ctx.quick and gpus > QUICK_GPUS:
+                continue
+            floor = Timing(
+                unzip.cpu + parse.cpu + ctx.numpy_floor.cpu,
+                unzip.wall + parse.wall + ctx.numpy_floor.wall,
+            )
+            args = [sys.executable, "-m", "ntp_opt.app.cli", "solve", str(path)]
+            run = best_child(ctx.repeat, [*args, "--policy", "fast", "-o", f"{tmp}/plan.json"])
+            rows.append(
+                f"| {path.name.removesuffix('.json.gz')} | {gpus:,} | {_fmt(floor)} "
+                f"| {run.cpu:.3f} / {run.wall:.3f} | {run.cpu / max(floor.cpu, 1e-9):.2f} "
+                f"| {run.rss_mb:.0f} |"
+            )
+            print(rows[-1], flush=True)
+    loads = [
+        "| file | GPUs | gunzip + json.loads | load_instance (+ arrays) | load / floor "
+        "| peak RSS MB (child, imports included) |",
+        "|---|---|---|---|---|---|",
+    ]
+    for path in ctx.load_files:
+        unzip, parse, doc = read_floor(path)
+        del doc
+        floor = Timing(unzip.cpu + parse.cpu, unzip.wall + parse.wall)
+        run = best_child(ctx.repeat, [sys.executable, "-c", _LOAD_SCRIPT, str(path)])
+        cpu, wall, gpus = run.stdout.split()
+        loads.append(
+            f"| {path.name} | {int(gpus):,} | {_fmt(floor)} | {float(cpu):.3f} / "
+            f"{float(wall):.3f} | {float(cpu) / max(floor.cpu, 1e-9):.2f} | {run.rss_mb:.0f} |"
+        )
+        print(loads[-1], flush=True)
+    return [
+        "## CLI end to end (`ntp-opt solve FILE --policy fast -o plan.json`)",
+        "",
+        f"CPU / wall seconds of the child process, best of {ctx.repeat}; the floor adds "
+        "the numpy import to reading the file.",
+        "",
+        *rows,
+        "",
+        *(
+            ["### `load_instance` of the `--load-file` instances", "", *loads, ""]
+            if ctx.load_files
+            else []
+        ),
+    ]
+
+
 SECTIONS: dict[str, Callable[[Context], list[str]]] = {
     "fast": fast_section,
     "replan": replan_section,
+    "cli": cli_section,
 }
 """Every section, in the order printed."""
 
@@ -321,10 +448,18 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--repeat", type=int, default=3, help="runs per figure (best kept)")
     parser.add_argument("-o", "--output", type=Path, help="also write the tables here")
+    parser.add_argument(
+        "--load-file",
+        action="append",
+        type=Path,
+        default=[],
+        help="cli section: also time load_instance of this file (e.g. 1M GPUs in /tmp)",
+    )
     parser.add_argument("files", nargs="*", type=Path, help="instance files (default: bundled)")
     args = parser.parse_args(argv)
     numpy_floor = numpy_import_floor(args.repeat)
     ctx = Context(args.files or bundled_files(), args.quick, args.repeat, numpy_floor)
+    ctx.load_files = args.load_file
     lines = [
         "# Speed against the floor",
         "",
