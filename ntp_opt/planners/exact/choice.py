@@ -196,14 +196,19 @@ def choice_groups(
 
 @dataclass
 class _Table:
-    """Every (kind, split) at one step time, ordered by kind; infeasible splits left out."""
+    """The feasible splits of every stage kind at one step time.
 
-    kind: np.ndarray  # option index of each row
-    t: np.ndarray
+    Kinds whose splits, powers and draws coincide (same degree, same power
+    multiplier on every split: e.g. every level that needs no boost) share
+    their rows: kind ``j`` reads rows ``lo[j]:hi[j]``.
+    """
+
     k: np.ndarray  # (rows, groups)
     add: np.ndarray  # (rows, racks): extra draw in W
     power: np.ndarray
-    first: np.ndarray  # first row of each option (len options + 1)
+    lo: list[int]
+    hi: list[int]
+    rep: list[int]  # per kind: the kind whose rows it reads
 
 
 def _table(
@@ -218,8 +223,12 @@ def _table(
     boost = alpha > 0 and job.max_boost > 0
     onehot = np.zeros((len(cd.members), n_racks))
     onehot[np.arange(len(cd.members)), cd.rack] = 1.0
-    kinds, ts, ks, adds, pows = [], [], [], [], []
-    first = [0]
+    ks, adds, pows = [], [], []
+    lo: list[int] = []
+    hi_: list[int] = []
+    rep: list[int] = []
+    seen: dict[tuple[int, bytes], int] = {}
+    rows = 0
     for j, (t, b) in enumerate(options):
         k = cd.splits(t)
         used = k > 0
@@ -237,22 +246,32 @@ def _table(
         else:
             ok = plain
             pi = np.ones(len(k))
+        pi = np.where(ok, pi, np.nan)
+        key = (t, pi.tobytes())
+        if key in seen:  # the same rows as an earlier kind
+            r = seen[key]
+            lo.append(lo[r])
+            hi_.append(hi_[r])
+            rep.append(r)
+            continue
+        seen[key] = j
         k, pi = k[ok], pi[ok]
         add = ((k * cd.tdp[None, :]) @ onehot) * (pi - idle)[:, None]
-        kinds.append(np.full(len(k), j, dtype=np.int64))
-        ts.append(np.full(len(k), t, dtype=np.int64))
         ks.append(k)
         adds.append(add)
         pows.append(pi)
-        first.append(first[-1] + len(k))
+        lo.append(rows)
+        rows += len(k)
+        hi_.append(rows)
+        rep.append(j)
     g = len(cd.members)
     return _Table(
-        kind=np.concatenate(kinds) if kinds else np.zeros(0, dtype=np.int64),
-        t=np.concatenate(ts) if ts else np.zeros(0, dtype=np.int64),
         k=np.concatenate(ks) if ks else np.zeros((0, g), dtype=np.int64),
         add=np.concatenate(adds) if adds else np.zeros((0, n_racks)),
         power=np.concatenate(pows) if pows else np.zeros(0),
-        first=np.array(first, dtype=np.int64),
+        lo=lo,
+        hi=hi_,
+        rep=rep,
     )
 
 
@@ -317,76 +336,123 @@ def choice_configs(
     budget_r = np.array(unit_budget_mw, dtype=float)
     configs: list[Listed] = [((), (0.0,) * n_racks)]
 
-    def make(hist: np.ndarray, draw: np.ndarray) -> Listed:
-        ptr = [0] * len(cd.members)
-        stages = []
-        for row in hist.tolist():
-            pos: list[int] = []
-            for g, n in enumerate(table.k[row].tolist()):
-                pos.extend(cd.members[g][ptr[g] : ptr[g] + n])
-                ptr[g] += n
-            t, b = options[int(table.kind[row])]
-            stages.append((t, b, float(table.power[row]), tuple(sorted(pos))))
-        return tuple(stages), tuple(float(x) for x in draw)
+    k_rows = table.k.tolist()
+    power_rows = table.power.tolist()
+    placed: dict[tuple[int, tuple[int, ...]], tuple[tuple[int, ...], tuple[int, ...]]] = {}
 
-    def rec(j0: int, used: np.ndarray, draw: np.ndarray, hist: np.ndarray, total: int) -> None:
+    def place(row: int, ptr: tuple[int, ...]) -> tuple[tuple[int, ...], tuple[int, ...]]:
+        """GPU positions of split ``row`` taken after ``ptr`` GPUs of each group, and the
+        new ``ptr``."""
+        key = (row, ptr)
+        if key not in placed:
+            pos: list[int] = []
+            nxt = list(ptr)
+            for g, n in enumerate(k_rows[row]):
+                if n:
+                    pos.extend(cd.members[g][ptr[g] : ptr[g] + n])
+                    nxt[g] += n
+            placed[key] = (tuple(sorted(pos)), tuple(nxt))
+        return placed[key]
+
+    def make(path: list[int], hist: np.ndarray, draw: np.ndarray) -> Listed:
+        ptr = (0,) * len(cd.members)
+        stages = []
+        for j, row in zip(path, hist.tolist(), strict=True):
+            pos, ptr = place(row, ptr)
+            t, b = options[j]
+            stages.append((t, b, power_rows[row], pos))
+        return tuple(stages), tuple(draw.tolist())
+
+    def rec(
+        j0: int, path: list[int], used: np.ndarray, draw: np.ndarray, hist: np.ndarray, total: int
+    ) -> None:
         check()
         if total + min_t > h:
             return
-        lo = int(table.first[j0])
-        cand = np.arange(lo, len(table.kind))
-        cand = cand[table.t[cand] + total <= h]
-        if len(cand) == 0:
+        kinds = [
+            j
+            for j in range(j0, len(options))
+            if table.hi[j] > table.lo[j] and options[j][0] + total <= h
+        ]
+        if not kinds:
             return
-        # every candidate (kind, split) on every state; rows grouped by kind
+        reps = sorted({table.rep[j] for j in kinds})
+        sizes_r = [table.hi[r] - table.lo[r] for r in reps]
+        cand = np.concatenate([np.arange(table.lo[r], table.hi[r]) for r in reps])
+        seg_of = dict(
+            zip(reps, np.split(np.arange(len(cand)), np.cumsum(sizes_r)[:-1]), strict=True)
+        )
+        # every candidate split on every state
         new_used = table.k[cand][:, None, :] + used[None, :, :]
         new_draw = table.add[cand][:, None, :] + draw[None, :, :]
         ok = np.all(new_used <= sizes, axis=2)
         ok &= np.all(np.ceil((idle_r + new_draw) * _MW - MW_ROUND_SLACK) <= budget_r, axis=2)
         if not ok.any():
             return
-        kinds = table.kind[cand]
-        starts = np.flatnonzero(np.diff(kinds)) + 1
-        rows = np.arange(len(cand))
         if cd.single:
             site = np.where(ok, np.ceil(new_draw.sum(axis=2) * _MW - MW_ROUND_SLACK), np.inf)
             best_s = site.argmin(axis=1)
-            best_v = site[rows, best_s]
-        for seg in np.split(rows, starts):
+            best_v = site[np.arange(len(cand)), best_s]
+        results: dict[int, tuple[list[int], np.ndarray, np.ndarray, np.ndarray] | None] = {}
+
+        def states(
+            r: int, deeper: bool
+        ) -> tuple[list[int], np.ndarray, np.ndarray, np.ndarray] | None:
+            """For the rows of kind ``r``: the configurations to list (state indices) and,
+            when ``deeper``, the distinct states to extend."""
+            if r in results:
+                return results[r]
+            seg = seg_of[r]
             seg_ok = ok[seg]
-            if not seg_ok.any():
-                continue
-            j = int(kinds[seg[0]])
-            t = options[j][0]
-            if cd.single:
-                r = int(seg[int(np.argmin(best_v[seg]))])
-                s = int(best_s[r])
-                configs.append(make(np.append(hist[s], cand[r]), new_draw[r, s]))
-            if not cd.single or total + t + min_t <= h:
+            out: tuple[list[int], np.ndarray, np.ndarray, np.ndarray] | None = None
+            if seg_ok.any():
                 ci, si = np.nonzero(seg_ok)
                 ci = seg[ci]
+                if cd.single and not deeper:
+                    c = int(seg[int(np.argmin(best_v[seg]))])
+                    ci, si = np.array([c]), np.array([int(best_s[c])])
                 u2 = new_used[ci, si]
                 d2 = new_draw[ci, si]
                 h2 = np.concatenate((hist[si], cand[ci][:, None]), axis=1)
-                # distinct states only (same GPUs per group and draws: same extensions)
-                _, first = np.unique(np.concatenate((u2, d2), axis=1), axis=0, return_index=True)
-                first = np.sort(first)
-                u2, d2, h2 = u2[first], d2[first], h2[first]
-                if len(u2) > MAX_STATES:
-                    raise ChoiceTooLarge(f"domain {name!r}: more than {MAX_STATES} split states")
-                if not cd.single:  # the racks are rows: every Pareto-minimal draw
-                    for p in _pareto(d2):
-                        configs.append(make(h2[p], d2[p]))
+                if deeper:  # distinct states only (same GPUs per group and draws)
+                    _, first = np.unique(
+                        np.concatenate((u2, d2), axis=1), axis=0, return_index=True
+                    )
+                    first = np.sort(first)
+                    u2, d2, h2 = u2[first], d2[first], h2[first]
+                    if len(u2) > MAX_STATES:
+                        raise ChoiceTooLarge(
+                            f"domain {name!r}: more than {MAX_STATES} split states"
+                        )
+                if cd.single:
+                    site_u = np.ceil(d2.sum(axis=1) * _MW - MW_ROUND_SLACK)
+                    picks = [int(np.argmin(site_u))]
+                else:  # the racks are rows: every Pareto-minimal draw
+                    picks = _pareto(d2)
+                out = (picks, u2, d2, h2)
+            results[r] = out
+            return out
+
+        for j in kinds:
+            t = options[j][0]
+            deeper = total + t + min_t <= h
+            res = states(table.rep[j], deeper or not cd.single)
+            if res is None:
+                continue
+            picks, u2, d2, h2 = res
+            for p in picks:
+                configs.append(make([*path, j], h2[p], d2[p]))
             if limit is not None and len(configs) > limit:
                 raise ChoiceTooLarge(
                     f"domain {name!r} has more than {limit} stage configurations at this step time"
                 )
-            if total + t + min_t <= h:
-                rec(j, u2, d2, h2, total + t)
+            if deeper:
+                rec(j, [*path, j], u2, d2, h2, total + t)
 
     g = len(cd.members)
     rec(
         0,
+        [],
         np.zeros((1, g), dtype=np.int64),
         np.zeros((1, n_racks)),
         np.zeros((1, 0), dtype=np.int64),
