@@ -354,6 +354,18 @@ def choice_configs(
             placed[key] = (tuple(sorted(pos)), tuple(nxt))
         return placed[key]
 
+    def _headroom(draw: np.ndarray) -> np.ndarray:
+        """The least budget left in any rack (mW), per state (last axis: racks)."""
+        used = np.ceil((idle_r + draw) * _MW - MW_ROUND_SLACK)
+        left: np.ndarray = (budget_r - used).min(axis=-1)
+        return left
+
+    def _best(site: np.ndarray, room: np.ndarray) -> np.ndarray:
+        """Per row: the column of least ``site``, ties to the largest ``room``."""
+        low = site == site.min(axis=1, keepdims=True)
+        pick: np.ndarray = np.where(low, room, -np.inf).argmax(axis=1)
+        return pick
+
     def make(path: list[int], hist: np.ndarray, draw: np.ndarray) -> Listed:
         ptr = (0,) * len(cd.members)
         stages = []
@@ -390,9 +402,13 @@ def choice_configs(
         if not ok.any():
             return
         if cd.single:
+            # the least site draw; among equal ones the most headroom in the tightest rack
+            # (any is exact; this one keeps fitting longest as the step time shrinks)
             site = np.where(ok, np.ceil(new_draw.sum(axis=2) * _MW - MW_ROUND_SLACK), np.inf)
-            best_s = site.argmin(axis=1)
+            room = np.where(ok, _headroom(new_draw), -np.inf)
+            best_s = _best(site, room)
             best_v = site[np.arange(len(cand)), best_s]
+            best_room = room[np.arange(len(cand)), best_s]
         results: dict[int, tuple[list[int], np.ndarray, np.ndarray, np.ndarray] | None] = {}
 
         def states(
@@ -409,7 +425,7 @@ def choice_configs(
                 ci, si = np.nonzero(seg_ok)
                 ci = seg[ci]
                 if cd.single and not deeper:
-                    c = int(seg[int(np.argmin(best_v[seg]))])
+                    c = int(seg[int(_best(best_v[seg][None, :], best_room[seg][None, :])[0])])
                     ci, si = np.array([c]), np.array([int(best_s[c])])
                 u2 = new_used[ci, si]
                 d2 = new_draw[ci, si]
@@ -426,7 +442,7 @@ def choice_configs(
                         )
                 if cd.single:
                     site_u = np.ceil(d2.sum(axis=1) * _MW - MW_ROUND_SLACK)
-                    picks = [int(np.argmin(site_u))]
+                    picks = [int(_best(site_u[None, :], _headroom(d2)[None, :])[0])]
                 else:  # the racks are rows: every Pareto-minimal draw
                     picks = _pareto(d2)
                 out = (picks, u2, d2, h2)
