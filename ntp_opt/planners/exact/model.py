@@ -35,9 +35,12 @@ GPU has a lower cap than a slower one, this choice is optimal (an earlier GPU
 is never worse in speed nor in cap, and every GPU left out draws the same idle
 power). Otherwise (mixed TDPs, a domain spanning racks such as NVL36x2, or
 caps that disagree with speeds) a slower or lower-power GPU, or another rack
-split, can be better: the search then still returns a validated plan, but reports
-it as feasible with the capacity bound, not as optimal
-(:attr:`Prepared.inexact` says why).
+split, can be better: such a domain's configurations are listed with an exact
+GPU choice (:mod:`ntp_opt.planners.exact.choice`: every split of a stage over
+the groups of interchangeable GPUs) where that stays small
+(:attr:`Prepared.choice`). Where it does not, the domain keeps fastest-first
+and the search still returns a validated plan, but reports it as feasible with
+the capacity bound, not as optimal (:attr:`Prepared.inexact` says why).
 """
 
 from __future__ import annotations
