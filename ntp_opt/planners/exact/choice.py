@@ -40,6 +40,7 @@ keeps fastest-first and the result is not claimed optimal.
 
 from __future__ import annotations
 
+import functools
 import itertools
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -119,7 +120,8 @@ class ChoiceDomain:
         return self._splits[t]
 
 
-def _count_splits(sizes: list[int], t: int) -> int:
+@functools.lru_cache(maxsize=4096)
+def _count_splits(sizes: tuple[int, ...], t: int) -> int:
     """Number of ``k`` with ``sum k = t`` and ``0 <= k[g] <= sizes[g]`` (a small DP)."""
     ways = [1] + [0] * t
     for n in sizes:
@@ -173,7 +175,7 @@ def choice_groups(
     usable = [t for t in degrees if t <= h]
     if not usable:
         return None, "no stage fits"
-    worst = max(_count_splits(sizes, t) for t in usable)
+    worst = max(_count_splits(tuple(sorted(sizes)), t) for t in usable)
     stages = h // min(usable)
     if worst > MAX_SPLITS or worst**stages > MAX_STATES:
         return None, (
