@@ -11,6 +11,8 @@ import itertools
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from ntp_opt import Instance, Job, solve, validate
 from ntp_opt.model import topology
@@ -137,3 +139,44 @@ def test_too_many_groups_stay_fastest_first():
     prep = prepare(inst)
     assert not prep.choice
     assert "spans racks" in prep.inexact and "no exact GPU choice" in prep.inexact
+
+
+@st.composite
+def two_rack_domains(draw: st.DrawFn) -> Instance:
+    """One NVL36x2-like domain of 6 or 8 GPUs over two racks with their own budgets,
+    random TDPs (700-1200 W) and speeds: several stages per domain."""
+    size = draw(st.sampled_from([6, 8]))
+    g = topology.build_cluster(1, size, 1, size // 2)
+    gpus = topology.gpus(g)
+    for gpu in gpus:
+        g.nodes[gpu]["tdp_w"] = draw(st.sampled_from([700.0, 1000.0, 1200.0]))
+        topology.set_speed(g, [gpu], draw(st.sampled_from([1.0, 1.0, 0.8])))
+    for r in topology.racks(g):  # racks of 1,000 W GPUs' worth, with 0-30 % to boost
+        g.nodes[r]["power_budget_w"] = 500.0 * size * draw(st.sampled_from([1.0, 1.1, 1.3]))
+    tp = draw(st.sampled_from([2, 3] if size == 6 else [3, 4]))
+    dp = draw(st.integers(1, 3))
+    batch = draw(st.integers(dp, 2 * dp + 1))
+    job = Job(
+        tp=tp,
+        tp_min=tp,
+        pp=draw(st.sampled_from([1, 2])),
+        dp=dp,
+        global_batch=batch,
+        max_local_batch=-(-batch // dp) + 1,
+        batch_policy=draw(st.sampled_from(["fixed", "elastic"])),
+        max_boost=draw(st.sampled_from([0.3, 1.0])),
+        idle_power_fraction=draw(st.sampled_from([0.0, 0.3])),
+    )
+    return Instance("two-racks", g, job)
+
+
+@settings(max_examples=max(2, round((settings.default.max_examples or 12) * 0.5)))
+@given(two_rack_domains())
+def test_two_rack_domains_are_exact(inst):
+    assert not prepare(inst).inexact
+    best, _ = brute_force(inst)
+    res = solve(inst, "optimal", time_limit=HANG_GUARD)
+    assert validate(inst, res.plan) == []
+    assert res.status == "optimal"
+    assert res.objective == pytest.approx(best, rel=1e-6, abs=1e-12)
+    assert res.bound is not None and res.bound >= best * (1 - 1e-9)
