@@ -17,7 +17,9 @@ from hypothesis import strategies as st
 from ntp_opt import Instance, Job, solve, validate
 from ntp_opt.model import topology
 from ntp_opt.planners.exact import choice
-from ntp_opt.planners.exact.model import prepare
+from ntp_opt.planners.exact.backends import available_backends, solve_program
+from ntp_opt.planners.exact.colgen import ColumnGeneration, column_generation_available
+from ntp_opt.planners.exact.model import build_capacity, iter_stages, prepare
 from tests.helpers import HANG_GUARD
 
 from .bruteforce import brute_force
@@ -180,3 +182,36 @@ def test_two_rack_domains_are_exact(inst):
     assert res.status == "optimal"
     assert res.objective == pytest.approx(best, rel=1e-6, abs=1e-12)
     assert res.bound is not None and res.bound >= best * (1 - 1e-9)
+
+
+@pytest.mark.skipif(
+    not column_generation_available() or "cpsat" not in available_backends(),
+    reason="needs highspy and ortools",
+)
+@pytest.mark.parametrize("seed", [0, 2, 9, 26, 29, 34])
+def test_column_generation_prices_chosen_domains_exactly(seed):
+    # configurations generated on demand for chosen domains: the same C(theta') as the
+    # full program over the exact listing, proven
+    inst = choice_instance(seed)
+    prep = prepare(inst)
+    assert prep.choice
+    job = inst.job
+    for degrees in {(job.tp,), job.allowed}:
+        cg = ColumnGeneration(prep, degrees)
+        top = (
+            min(job.local_batch_max, job.global_batch)
+            * job.seq_time_s
+            / job.tp_factor(min(degrees))
+        )
+        for theta in np.geomspace(0.4 * job.seq_time_s, 1.3 * top, 4).tolist():
+            cap = build_capacity(prep, theta, degrees)
+            want = 0
+            if cap.classes:
+                sol = solve_program(cap.program, "cpsat")
+                want = int(sol.objective or 0)
+            got = cg.solve(theta, "cpsat")
+            assert got.upper == got.lower == want, (theta, degrees)
+            stages = list(iter_stages(prep, got.capacity, got.solution.x))
+            assert sum(st.batch for st in stages) == got.lower * job.pp
+            used = [g for st in stages for g in st.gpus]
+            assert len(used) == len(set(used))  # no GPU in two stages

@@ -548,9 +548,6 @@ def solve_exact(
                 s.colgen[degrees] = generated
                 kept.append((degrees, factor))
                 s.note(f"degrees {list(degrees)}: column generation ({err})")
-                if prep.choice:  # its pricing places stages fastest first: not exact there
-                    s.unproven = True
-                    s.note(f"degrees {list(degrees)}: fastest-first GPUs in generated columns")
                 continue
             s.unproven = left_out = True
             s.note(f"left out degrees {list(degrees)}: {err}")
