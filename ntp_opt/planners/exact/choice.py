@@ -99,6 +99,10 @@ class ChoiceDomain:
     rack: np.ndarray
     single: bool
     _splits: dict[int, np.ndarray] = field(default_factory=dict, compare=False, repr=False)
+    # the last listings (the search asks for the same step time more than once)
+    _listed: dict[tuple[object, ...], list[Listed]] = field(
+        default_factory=dict, compare=False, repr=False
+    )
 
     @property
     def size(self) -> np.ndarray:
@@ -329,6 +333,30 @@ def choice_configs(
         Each configuration's stages (degree, batch level, power multiplier, GPU
         positions in the domain's stage order) and extra draw per rack.
     """
+    key = (theta, degrees, tuple(options), unit_idle_w, unit_budget_mw, limit)
+    if key in cd._listed:
+        return cd._listed[key]
+    configs = _listing(
+        job, cd, unit_idle_w, unit_budget_mw, theta, degrees, options, check, name, limit
+    )
+    if len(cd._listed) >= 4:
+        del cd._listed[next(iter(cd._listed))]
+    cd._listed[key] = configs
+    return configs
+
+
+def _listing(
+    job: Job,
+    cd: ChoiceDomain,
+    unit_idle_w: tuple[float, ...],
+    unit_budget_mw: tuple[int, ...],
+    theta: float,
+    degrees: tuple[int, ...],
+    options: list[tuple[int, int]],
+    check: Callable[[], None],
+    name: str,
+    limit: int | None,
+) -> list[Listed]:
     n_racks = len(unit_idle_w)
     table = _table(job, cd, options, n_racks, theta)
     sizes = cd.size
