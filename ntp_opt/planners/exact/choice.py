@@ -223,6 +223,8 @@ def _table(
     options: list[tuple[int, int]],
     n_racks: int,
     theta: float,
+    idle_r: np.ndarray,
+    budget_r: np.ndarray,
 ) -> _Table:
     idle = job.idle_power_fraction
     alpha = job.power_exponent
@@ -263,6 +265,9 @@ def _table(
         seen[key] = j
         k, pi = k[ok], pi[ok]
         add = ((k * cd.tdp[None, :]) @ onehot) * (pi - idle)[:, None]
+        # a split whose draw alone breaks a rack never fits (draws only add up)
+        alone = np.all(np.ceil((idle_r + add) * _MW - MW_ROUND_SLACK) <= budget_r, axis=1)
+        k, pi, add = k[alone], pi[alone], add[alone]
         ks.append(k)
         adds.append(add)
         pows.append(pi)
@@ -358,12 +363,12 @@ def _listing(
     limit: int | None,
 ) -> list[Listed]:
     n_racks = len(unit_idle_w)
-    table = _table(job, cd, options, n_racks, theta)
+    idle_r = np.array(unit_idle_w)
+    budget_r = np.array(unit_budget_mw, dtype=float)
+    table = _table(job, cd, options, n_racks, theta, idle_r, budget_r)
     sizes = cd.size
     h = int(sizes.sum())
     min_t = min((t for t in degrees if t <= h), default=h + 1)
-    idle_r = np.array(unit_idle_w)
-    budget_r = np.array(unit_budget_mw, dtype=float)
     configs: list[Listed] = [((), (0.0,) * n_racks)]
 
     k_rows = table.k.tolist()
