@@ -51,6 +51,7 @@ import numpy as np
 
 from ntp_opt.planners.exact.backends import BackendUnavailable, solve_program
 from ntp_opt.planners.exact.backends.highs import new_highs
+from ntp_opt.planners.exact.choice_pricing import ListedPricing
 from ntp_opt.planners.exact.model import (
     MAX_CONFIGS,
     MW,
@@ -896,7 +897,13 @@ class _Master:
         self.highspy = highspy
         self.opts = opts
         self.inf = float(highspy.kHighsInf)
-        self.pricers = [Pricing(prep, ow, theta, degrees) for ow in owners]
+        # a domain whose GPUs are chosen exactly is priced over its exact listing
+        self.pricers: list[Pricing | ListedPricing] = [
+            ListedPricing(prep, ow, theta, degrees, opts.deadline)
+            if prep.units[ow.units[0]].domains[ow.pos] in prep.choice
+            else Pricing(prep, ow, theta, degrees)
+            for ow in owners
+        ]
         self.kinds = sorted(
             {k for p in self.pricers for k in p.options}, key=lambda k: (-k[0], -k[1])
         )
@@ -916,7 +923,7 @@ class _Master:
         self.h = self._build_lp()
         self.n_cols_n = 2 * len(self.kinds)  # columns before the configurations
         self.columns: list[tuple[int, Config]] = []  # (owner index, config)
-        self.seen: set[tuple[int, tuple[tuple[int, int, int], ...]]] = set()
+        self.seen: set[tuple[int, tuple[tuple[int, int, int, tuple[int, ...]], ...]]] = set()
         self.rounds = 0
         # the integer master: its program, solution, and the bounds on C
         self.cap: Capacity
@@ -986,7 +993,7 @@ class _Master:
 
     def add(self, oi: int, cfg: Config) -> bool:
         """Add configuration ``cfg`` of owner ``oi`` as a column (``False``: already there)."""
-        key = (oi, tuple((st.t, st.b, st.start) for st in cfg.stages))
+        key = (oi, tuple((st.t, st.b, st.start, st.pos) for st in cfg.stages))
         if key in self.seen:
             return False
         self.seen.add(key)

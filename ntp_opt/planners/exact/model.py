@@ -35,9 +35,12 @@ GPU has a lower cap than a slower one, this choice is optimal (an earlier GPU
 is never worse in speed nor in cap, and every GPU left out draws the same idle
 power). Otherwise (mixed TDPs, a domain spanning racks such as NVL36x2, or
 caps that disagree with speeds) a slower or lower-power GPU, or another rack
-split, can be better: the search then still returns a validated plan, but reports
-it as feasible with the capacity bound, not as optimal
-(:attr:`Prepared.inexact` says why).
+split, can be better: such a domain's configurations are listed with an exact
+GPU choice (:mod:`ntp_opt.planners.exact.choice`: every split of a stage over
+the groups of interchangeable GPUs) where that stays small
+(:attr:`Prepared.choice`). Where it does not, the domain keeps fastest-first
+and the search still returns a validated plan, but reports it as feasible with
+the capacity bound, not as optimal (:attr:`Prepared.inexact` says why).
 """
 
 from __future__ import annotations
@@ -45,12 +48,18 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import NamedTuple
 
 import numpy as np
 
 from ntp_opt.model.instance import Instance
+from ntp_opt.planners.exact.choice import (
+    ChoiceDomain,
+    ChoiceTooLarge,
+    choice_configs,
+    choice_groups,
+)
 from ntp_opt.planners.exact.program import IntProgram, Row
 from ntp_opt.rules.tolerances import (
     BISECT_TOL,
@@ -154,6 +163,8 @@ class Prepared:
     site_idle_w: float
     speeds: tuple[float, ...]  # distinct healthy GPU speeds
     inexact: str = ""  # why "fastest GPUs first" may miss the optimum ("" = it cannot)
+    # domains where fastest-first may miss the optimum, listed exactly by choice.py
+    choice: dict[int, ChoiceDomain] = field(default_factory=dict)
 
 
 def prepare(instance: Instance) -> Prepared:
@@ -271,20 +282,35 @@ def prepare(instance: Instance) -> Prepared:
     healthy_speeds = sorted({float(s) for s in a.speed[a.healthy].tolist()}, reverse=True)
     # Fastest-first is optimal when a domain's healthy GPUs share one TDP and
     # one rack: then a faster GPU never costs more power anywhere.
+    # Otherwise the domain's GPUs are chosen exactly (choice.py) where that stays small.
     inexact = ""
+    choice: dict[int, ChoiceDomain] = {}
+    single_domain = {unit.domains[0] for unit in units if len(unit.domains) == 1}
     for dom in domains:
+        why = ""
         if len(set(dom.tdp.tolist())) > 1:
-            inexact = f"domain {a.domain_ids[dom.index]!r} mixes GPU TDPs"
-            break
-        if len(set(dom.rack_pos.tolist())) > 1:
-            inexact = f"domain {a.domain_ids[dom.index]!r} spans racks"
-            break
-        if len(dom.cap) > 1 and np.any(np.diff(dom.cap) > 0):
-            inexact = (
+            why = f"domain {a.domain_ids[dom.index]!r} mixes GPU TDPs"
+        elif len(set(dom.rack_pos.tolist())) > 1:
+            why = f"domain {a.domain_ids[dom.index]!r} spans racks"
+        elif len(dom.cap) > 1 and np.any(np.diff(dom.cap) > 0):
+            why = (
                 f"domain {a.domain_ids[dom.index]!r} has a faster GPU whose board accepts "
                 "less power than a slower one's"
             )
-            break
+        if not why:
+            continue
+        grouped, too_many = choice_groups(
+            dom.rack_pos,
+            dom.tdp,
+            dom.cap,
+            dom.speed,
+            instance.job.allowed,
+            dom.index in single_domain,
+        )
+        if grouped is not None:
+            choice[dom.index] = grouped
+        elif not inexact:
+            inexact = f"{why}; no exact GPU choice: {too_many}"
     site_idle = float((a.tdp * a.healthy).sum() * idle_frac)
     return Prepared(
         instance=instance,
@@ -296,17 +322,20 @@ def prepare(instance: Instance) -> Prepared:
         site_idle_w=site_idle,
         speeds=tuple(healthy_speeds),
         inexact=inexact,
+        choice=choice,
     )
 
 
 @dataclass(frozen=True)
 class StageChoice:
-    """One stage of a configuration: GPUs ``[start, start + t)`` of the domain's order."""
+    """One stage of a configuration: GPUs ``[start, start + t)`` of the domain's order,
+    or the positions ``pos`` in that order when set (an exact GPU choice, choice.py)."""
 
     t: int
     b: int
     start: int
     power: float
+    pos: tuple[int, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -462,6 +491,28 @@ def domain_configs(
         for b in range(1, top + 1):
             options.append((b / job.tp_factor(t), t, b))
     options.sort(key=lambda o: (-o[0], -o[1], -o[2]))
+    grouped = prep.choice.get(dom.index)
+    if grouped is not None:  # fastest-first may miss the optimum: exact GPU choice
+        unit = next(u for u in prep.units if dom.index in u.domains)
+        try:
+            listed = choice_configs(
+                job,
+                grouped,
+                unit.idle_w,
+                unit.budget_mw,
+                theta,
+                degrees,
+                [(t, b) for _, t, b in options],
+                lambda: _check_deadline(deadline),
+                str(prep.instance.arrays.domain_ids[dom.index]),
+                MAX_CONFIGS,
+            )
+        except ChoiceTooLarge as err:
+            raise ModelTooLarge(str(err)) from None
+        return [
+            Config(tuple(StageChoice(t, b, min(pos), pi, pos) for t, b, pi, pos in stages), extra)
+            for stages, extra in listed
+        ]
     configs: list[Config] = [Config((), (0.0,) * n_racks)]
     tdp_cum = dom.tdp
     min_t = min((t for t in degrees), default=h + 1)
@@ -685,7 +736,8 @@ def iter_stages(prep: Prepared, cap: Capacity, x: np.ndarray) -> Iterator[StageP
                 continue
             dom = prep.domains[unit.domains[pos]]
             for st in cfg.stages:
-                gpus = tuple(int(g) for g in dom.gpus[st.start : st.start + st.t])
+                block = list(st.pos) if st.pos else slice(st.start, st.start + st.t)
+                gpus = tuple(int(g) for g in dom.gpus[block])
                 out.append(StagePick(st.t, st.b, dom.index, gpus, st.power))
     out.sort(key=lambda s: (s.domain, s.gpus))
     yield from out
