@@ -53,6 +53,7 @@ def _child(conn: socket.socket, fds: list[int], request: dict) -> None:
     os.environ.clear()
     os.environ.update(request["env"])
     sys.argv = [sys.argv[0], *request["argv"]]
+    sys.path[0] = request["cwd"]  # as ``python -m``: the working directory first
     from ntp_opt.app.cli import main
 
     status = 1
