@@ -41,33 +41,34 @@ if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
     signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
-#: Relative cost of the slowest test files (their wall seconds in one suite run on
-#: a loaded 2-core machine; only the order matters). ``--dist loadfile`` gives a
-#: worker one whole file when it runs short of work, in collection order; the
-#: longest files go first, so that the short ones fill in at the end and the
-#: workers finish together (longest-first scheduling). Other files keep their
-#: order after these. A stale figure only makes the split less even.
+#: Relative cost of the slowest test files: their CPU seconds (the test process and
+#: its children) in one suite run (``-n 2 --dist loadfile``, 2026-12-03, session 22);
+#: only the order matters. ``--dist loadfile`` gives a worker one whole file when it
+#: runs short of work, in collection order; the longest files go first, so that the
+#: short ones fill in at the end and the workers finish together (longest-first
+#: scheduling). Other files keep their order after these. A stale figure only makes
+#: the split less even.
 FILE_COST = {
-    "test_docs.py": 165,
-    "test_milp.py": 133,
-    "test_properties.py": 110,
-    "test_export.py": 95,
-    "test_riskaware.py": 92,
-    "test_bench.py": 75,
-    "test_service_limits.py": 76,
-    "test_simulate.py": 68,
-    "test_service.py": 67,
-    "test_control.py": 65,
-    "test_plot.py": 59,
-    "test_power_limits.py": 55,
-    "test_fast.py": 35,
-    "test_bench_ray.py": 32,
-    "test_instances.py": 28,
-    "test_hostile.py": 24,
-    "test_best_known.py": 24,
-    "test_papercuts.py": 20,
-    "test_cli.py": 14,
-    "test_replan.py": 14,
+    "test_docs.py": 27,
+    "test_milp.py": 20,
+    "test_bounds_reference.py": 18,
+    "test_bench.py": 17,
+    "test_riskaware.py": 13,
+    "test_service_limits.py": 13,
+    "test_control.py": 12,
+    "test_simulate.py": 10,
+    "test_instances.py": 10,
+    "test_power_limits.py": 10,
+    "test_plot.py": 10,
+    "test_export.py": 10,
+    "test_properties.py": 9,
+    "test_hostile.py": 9,
+    "test_bench_ray.py": 8,
+    "test_best_known.py": 4,
+    "test_fast.py": 4,
+    "test_service.py": 3,
+    "test_papercuts.py": 3,
+    "test_backends.py": 3,
 }
 
 

@@ -1,10 +1,13 @@
-"""Small instances built from the topology presets, shared by the tests."""
+"""Small instances built from the topology presets, and settings shared by the tests."""
 
 from __future__ import annotations
 
+import os
+import threading
 from typing import Any
 
 from ntp_opt.model import topology
+from ntp_opt.model.control import SolveProgress
 from ntp_opt.model.instance import Instance
 from ntp_opt.model.job import Job
 
@@ -43,3 +46,36 @@ def make_instance(
 #: guards against a hang and is never reached, even on a loaded machine, so no
 #: assertion depends on how fast the machine is (docs/testing.md).
 HANG_GUARD = 600.0
+
+
+#: Whether the ``thorough`` hypothesis profile is active (``HYPOTHESIS_PROFILE``,
+#: tests/conftest.py): seeded tests then run every seed, not the ``ci`` share.
+THOROUGH = os.environ.get("HYPOTHESIS_PROFILE", "ci") == "thorough"
+
+
+def seeds(n: int, ci_step: int) -> range:
+    """Seeds ``0..n-1`` under the ``thorough`` profile; every ``ci_step``-th on ``ci``.
+
+    For parametrized tests that repeat one check on many random instances: the
+    quick default run keeps a spread of them, the thorough run all (docs/testing.md).
+    """
+    return range(n) if THOROUGH else range(0, n, ci_step)
+
+
+def stop_at_first_plan() -> dict[str, Any]:
+    """``solve()`` arguments that stop an exact search soon after its first plan.
+
+    The callback sets the cancel token at the first report carrying an
+    incumbent; the search stops at its next check (``limit="interrupted"``) and
+    returns its best plan so far. For checks that hold for any plan the search
+    returns, on instances it cannot prove quickly: event-driven, unlike a time
+    limit, whose CPU cost grows with the machine's speed. ``HANG_GUARD`` stays
+    as the time limit.
+    """
+    cancel = threading.Event()
+
+    def callback(progress: SolveProgress) -> None:
+        if progress.incumbent is not None:
+            cancel.set()
+
+    return {"callback": callback, "cancel": cancel, "time_limit": HANG_GUARD}

@@ -33,11 +33,15 @@ import shutil
 import socket
 import subprocess
 import sys
+import tempfile
 import threading
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
+
+from .warm_cli import SOCKET_ENV
 
 ROOT = Path(__file__).resolve().parent.parent
 PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
@@ -127,16 +131,40 @@ def _matches(expected: str, actual: str) -> bool:
     return re.fullmatch("".join(parts), actual.rstrip("\n") + "\n", re.S) is not None
 
 
+@pytest.fixture(scope="module")
+def warm_cli() -> Iterator[str]:
+    """The warm ``ntp-opt`` server (tests/warm_cli.py) for the page's shell blocks:
+    its socket path. Each command still runs in a process of its own."""
+    folder = Path(tempfile.mkdtemp(prefix="ntp-warm-"))  # short: a Unix socket path
+    sock = str(folder / "cli.sock")
+    proc = subprocess.Popen(
+        [sys.executable, str(ROOT / "tests" / "warm_cli.py"), "--warm-serve", sock],
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        text=True,
+        env={**os.environ, "PYTHONPATH": str(ROOT), "MPLBACKEND": "Agg"},
+    )
+    assert proc.stdout is not None
+    assert proc.stdout.readline().strip() == "ready"  # waits for the event, not a clock
+    try:
+        yield sock
+    finally:
+        proc.terminate()
+        proc.wait()
+        shutil.rmtree(folder, ignore_errors=True)
+
+
 @pytest.fixture
-def workdir(tmp_path, monkeypatch):
+def workdir(tmp_path, monkeypatch, warm_cli):
     """A folder with a copy of instances/, ntp-opt and python on PATH."""
     shutil.copytree(ROOT / "instances", tmp_path / "instances")
     bin_dir = tmp_path / ".bin"
     bin_dir.mkdir()
     venv_bin = tmp_path / ".venv" / "bin"  # the docs say .venv/bin/python (make install)
     venv_bin.mkdir(parents=True)
+    warm = f'-S "{ROOT / "tests" / "warm_cli.py"}"'  # a bare client of the warm server
     for folder, name, cmd in (
-        (bin_dir, "ntp-opt", "-m ntp_opt.app.cli"),
+        (bin_dir, "ntp-opt", warm),
         (bin_dir, "python", ""),
         (bin_dir, "python3", ""),
         (venv_bin, "python", ""),
@@ -144,6 +172,7 @@ def workdir(tmp_path, monkeypatch):
         shim = folder / name
         shim.write_text(f'#!/bin/sh\nexec "{sys.executable}" {cmd} "$@"\n')
         shim.chmod(0o755)
+    monkeypatch.setenv(SOCKET_ENV, warm_cli)
     (tmp_path / "benchmarks").symlink_to(ROOT / "benchmarks")
     (tmp_path / "tests").mkdir()
     (tmp_path / "tests" / "fixtures").symlink_to(ROOT / "tests" / "fixtures")

@@ -12,6 +12,7 @@ the plan from an export is tests/test_megatron_conformance.py's job.
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 import sys
@@ -45,13 +46,27 @@ from ntp_opt.model.job import Job
 from ntp_opt.model.plan import Plan, Replica, Stage
 from ntp_opt.planners.megatron import MegatronError, megatron_compatible, megatron_order
 from ntp_opt.rules.validate import PlanError, certified, evaluate
-from ntp_opt.solve import solve
+from ntp_opt.solve import Result, solve
 
 from .bruteforce import brute_force
 from .helpers import HANG_GUARD, make_instance
 
 ROOT = Path(__file__).resolve().parent.parent
 TL = HANG_GUARD  # every exact solve here finishes; the limit only guards against a hang
+
+
+@functools.cache
+def _library(name: str) -> Instance:
+    """A bundled instance, loaded once for the file (the tests only read it)."""
+    return load_instance(ROOT / "instances" / name)
+
+
+@functools.cache
+def _solved(name: str, solver: str) -> Result:
+    """One solve of a bundled instance per planner for the whole file: the exact
+    planners are deterministic without a time limit (threads=1), so the tests that
+    need the same solve share it instead of repeating it."""
+    return solve(_library(name), solver, time_limit=TL)
 
 
 def _gpus(domain: int, ranks: list[int], tray: int = 4) -> tuple[str, ...]:
@@ -564,9 +579,9 @@ def test_optimal_megatron_against_brute_force(seed: int) -> None:
 
 @pytest.mark.parametrize("name", ["tiny.json", "default.json"])
 def test_optimal_megatron_library(name: str) -> None:
-    inst = load_instance(ROOT / "instances" / name)
-    free = solve(inst, "optimal", time_limit=TL)
-    meg = solve(inst, "optimal-megatron", time_limit=TL)
+    inst = _library(name)
+    free = _solved(name, "optimal")
+    meg = _solved(name, "optimal-megatron")
     assert meg.plan is not None and free.bound is not None and meg.objective is not None
     assert meg.objective <= free.bound * (1 + 1e-9)  # never above the unrestricted bound
     assert evaluate(inst, meg.plan).feasible
@@ -589,22 +604,22 @@ def _int_ids(instance: Instance) -> Instance:
     return Instance(instance.name + "-int", g, instance.job)
 
 
-def _cases() -> list[tuple[str, Instance, str]]:
-    tiny = load_instance(ROOT / "instances" / "tiny.json")
-    default = load_instance(ROOT / "instances" / "default.json")
-    pp2 = make_instance(failed=5, seed=3, name="pp2", tp_min=6)
-    return [
-        ("tiny", tiny, "optimal-megatron"),
-        ("default-optimal", default, "optimal"),  # reduced replicas last: reordered
-        ("pp2", pp2, "megatron-ntp-reordered"),
-        ("tiny-int", _int_ids(tiny), "optimal-megatron"),
-    ]
+def _case(case: int) -> tuple[str, Instance, Result]:
+    """Round-trip case ``case``: its label, instance and solve."""
+    if case == 0:
+        return "tiny", _library("tiny.json"), _solved("tiny.json", "optimal-megatron")
+    if case == 1:  # reduced replicas last: reordered
+        return "default-optimal", _library("default.json"), _solved("default.json", "optimal")
+    if case == 2:
+        pp2 = make_instance(failed=5, seed=3, name="pp2", tp_min=6)
+        return "pp2", pp2, solve(pp2, "megatron-ntp-reordered")
+    tiny_int = _int_ids(_library("tiny.json"))
+    return "tiny-int", tiny_int, solve(tiny_int, "optimal-megatron", time_limit=TL)
 
 
 @pytest.mark.parametrize("case", range(4))
 def test_round_trip(case: int, tmp_path: Path) -> None:
-    label, inst, solver = _cases()[case]
-    res = solve(inst, solver, time_limit=TL)
+    label, inst, res = _case(case)
     assert res.plan is not None
     plan = equal_batch(inst, megatron_order(res.plan, inst.job.tp))
     assert any(r.tp < inst.job.tp for r in plan.replicas), f"{label}: want a reduced replica"
@@ -624,8 +639,8 @@ def test_round_trip(case: int, tmp_path: Path) -> None:
 
 def _exported(tmp_path: Path) -> tuple[Instance, Path]:
     # tiny: TP4 job, replica 0 at TP3 on d0 (one failed GPU), replica 1 at TP4
-    inst = load_instance(ROOT / "instances" / "tiny.json")
-    res = solve(inst, "optimal-megatron", time_limit=TL)
+    inst = _library("tiny.json")
+    res = _solved("tiny.json", "optimal-megatron")
     assert res.plan is not None
     export_megatron(inst, equal_batch(inst, res.plan), tmp_path)
     return inst, tmp_path / RANKS_NAME

@@ -383,7 +383,8 @@ def _replace(doc: Any, path: tuple[Any, ...], value: Any) -> Any:
 
 
 @settings(
-    max_examples=int(os.environ.get("NTP_SERVICE_FUZZ", "25")),
+    # the profile's count (ci: 12, thorough: 150), or NTP_SERVICE_FUZZ
+    max_examples=int(os.environ.get("NTP_SERVICE_FUZZ", settings.default.max_examples)),
     deadline=None,
     suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
 )
