@@ -93,6 +93,7 @@ class _Search:
     report_bounds: bool = True
     best_layout: Layout | None = None  # best_plan in index space, when the search found it
     colgen: dict[tuple[int, ...], ColumnGeneration] = field(default_factory=dict)
+    theta_search: str = "descent"  # elastic: "descent" (_descend) or "bnb" (interval B&B)
 
     def note(self, line: str, *, keep: bool = True) -> None:
         """A line of the search log (also logged at INFO level)."""
@@ -395,6 +396,13 @@ def _elastic(s: _Search, cases: list[tuple[tuple[int, ...], float]]) -> float:
         push(i, lo, c_lo, hi, c_hi, True)
 
     candidates = [_candidates(s.prep, degrees) for degrees, _ in cases]
+    if s.theta_search == "descent":
+        # largest bound first: its descent raises the incumbent for the others
+        bound = 0.0
+        for _, a, ca, b, cb, _, i in sorted(heap):
+            best, case_bound = _descend(s, cases[i], candidates[i], (a, ca), (b, cb), best)
+            bound = max(bound, case_bound)
+        return max(best, bound)
     while heap:
         neg_ub, a, ca, b, cb, tight_end, i = heap[0]
         if min(-neg_ub, s.global_bound) <= max(best, s.best_value) * (1 + REL_TOL):
@@ -429,6 +437,67 @@ def _elastic(s: _Search, cases: list[tuple[tuple[int, ...], float]]) -> float:
     return max(best, remaining)
 
 
+def _descend(
+    s: _Search,
+    case: tuple[tuple[int, ...], float],
+    cands: np.ndarray | None,
+    low_end: tuple[float, int],
+    high_end: tuple[float, int],
+    best: float,
+) -> tuple[float, float]:
+    """Prove one case of ``elastic`` on ``[a, b]`` by a descent over the levels of ``C``.
+
+    ``low_end = (a, C(a))`` and ``high_end = (b, C(b))`` are known; ``best`` is
+    the best goodput found so far (``min(B, C) / (theta' factor)`` at a tight
+    point). With the incumbent ``lam`` (the larger of ``best`` and the
+    validated plan's goodput) and ``C(theta) <= c`` known for ``theta < b``,
+    every step time in ``[c / (lam factor (1 + tol)), b)`` has goodput at most
+    ``lam (1 + tol)``; the next program is solved at the left end of that
+    interval (a Dinkelbach step on the step-time axis). Its solution either
+    keeps the level ``c`` there, which improves ``lam`` by at least the
+    tolerance, or proves a lower level, from which the next step starts. So
+    one program per level of ``C`` visited, none per jump located, and no
+    interval is ever split. Without boost, each probe is moved down to the
+    largest step time of the finite candidate set at or below it (``C`` is
+    constant between candidates).
+
+    Returns
+    -------
+    (float, float)
+        ``best`` (raised by the solutions found) and the largest goodput bound
+        of the step times passed over (``0`` when nothing was passed over).
+    """
+    degrees, factor = case
+    big_b = s.prep.instance.job.global_batch
+    lo, _ = low_end
+    theta, level = high_end
+    bound = 0.0
+    while theta > lo:
+        lam = max(best, s.best_value)
+        if s.global_bound <= lam * (1 + REL_TOL):
+            # the capacity bound closes what is left: [lo, theta) is bounded by it
+            return best, max(bound, s.global_bound)
+        nxt = min(big_b, level) / (lam * factor * (1 + REL_TOL))
+        if nxt <= lo:
+            # [lo, theta) below lam (1 + tol); G(lo) itself is in `best` already
+            return best, max(bound, min(big_b, level) / (lo * factor))
+        probe = nxt
+        if cands is not None:
+            k = int(np.searchsorted(cands, nxt, side="right")) - 1  # last candidate <= nxt
+            if k < 0 or cands[k] <= lo:
+                # C is constant on [lo, nxt]: the goodput there is at most G(lo)
+                return best, max(bound, min(big_b, level) / (nxt * factor))
+            probe = float(cands[k])
+        bound = max(bound, min(big_b, level) / (nxt * factor))
+        c_p, up_p, tight = s.capacity(probe, degrees)
+        if c_p < up_p:
+            raise _Deadline
+        tight = min(max(lo, tight), probe)
+        best = max(best, min(big_b, c_p) / (tight * factor))
+        theta, level = probe, c_p
+    return best, bound
+
+
 def solve_exact(
     instance: Instance,
     backend: str = "cpsat",
@@ -440,6 +509,7 @@ def solve_exact(
     log: bool = False,
     control: Control | None = None,
     report_bounds: bool = True,
+    theta_search: str = "descent",
 ) -> Outcome:
     """Maximise goodput exactly (to :data:`REL_TOL`) with the given backend.
 
@@ -465,6 +535,11 @@ def solve_exact(
     report_bounds
         Pass the search's bounds to ``control`` (False when they bound
         another problem than the caller's).
+    theta_search
+        How ``elastic`` searches the step time: ``"descent"`` (one program per
+        level of the capacity, :func:`_descend`) or ``"bnb"`` (the earlier
+        best-first branch and bound over step-time intervals). Both prove the
+        same optimum; ``fixed`` ignores it.
 
     Returns
     -------
@@ -500,6 +575,7 @@ def solve_exact(
             log=log,
             control=control,
             report_bounds=False,  # a bound without boost is no bound with it
+            theta_search=theta_search,
         )
         if sub.plan is not None:  # always: the search returns a plan
             starts.insert(0, sub.plan)
@@ -512,6 +588,9 @@ def solve_exact(
             best_plan, best_value = p.with_metrics(**ev.as_metrics()), ev.goodput
     s = _Search(prep, backend, deadline, threads, seed, log, best_plan, best_value)
     s.control, s.report_bounds = control, report_bounds
+    if theta_search not in ("descent", "bnb"):
+        raise ValueError(f"theta_search must be 'descent' or 'bnb', not {theta_search!r}")
+    s.theta_search = theta_search
     s.global_bound = capacity_bound(instance)
     s.report()
     s.evaluations = sub_evaluations
