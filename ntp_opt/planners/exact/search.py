@@ -324,6 +324,19 @@ def _min_theta(
     return hi, lo
 
 
+def _bound_floor(s: _Search, target: int, factor: float) -> float:
+    """A step time below which ``C < target``: there the goodput would beat the capacity bound.
+
+    Any ``theta' < target / (bound * factor)`` carrying ``target`` would have
+    goodput ``target / (theta' factor)`` above the capacity bound
+    (:func:`~ntp_opt.planners.exact.bounds.capacity_bound`, valid for every
+    plan), so the bisections may start there instead of at the physical limit.
+    """
+    if not math.isfinite(s.global_bound) or s.global_bound <= 0 or target <= 0:
+        return 0.0
+    return target / (s.global_bound * factor) / (1 + EDGE_SLACK)
+
+
 def _case_fixed(s: _Search, degrees: tuple[int, ...], factor: float) -> float:
     """Search one degree set under ``fixed``; returns the case's goodput bound."""
     job = s.prep.instance.job
@@ -336,6 +349,7 @@ def _case_fixed(s: _Search, degrees: tuple[int, ...], factor: float) -> float:
         raise _Deadline
     # any plan has a replica with b >= B / dp_max
     lo = max(lo, math.ceil(big_b / max(1, job.replicas_max)) * lo) / (1 + EDGE_SLACK)
+    lo = max(lo, _bound_floor(s, big_b, factor))
     # warm start: the incumbent's step time is feasible if its plan fits this case
     inc = s.best_plan
     if inc.replicas and all(r.tp in degrees for r in inc.replicas):
@@ -377,7 +391,9 @@ def _elastic(s: _Search, cases: list[tuple[tuple[int, ...], float]]) -> float:
             continue
         if c_max < up:
             raise _Deadline
-        hi, _ = _min_theta(s, degrees, min(big_b, c_max), lo, hi)
+        hi, _ = _min_theta(
+            s, degrees, min(big_b, c_max), max(lo, _bound_floor(s, min(big_b, c_max), factor)), hi
+        )
         c_hi = s.capacity(hi, degrees)[0]  # C at the top of the search range
         best = max(best, c_hi / (hi * factor))
         # Doubling: below theta_cut every solution at theta, with its batches
