@@ -133,7 +133,7 @@ def _usable(h: int, degrees: tuple[int, ...]) -> int:
     return int(np.flatnonzero(reach).max())
 
 
-def stage_bound(instance: Instance) -> float:
+def stage_bound(instance: Instance, only: tuple[int, ...] | None = None) -> float:
     """A tighter upper bound: per-domain stage structure and the resharding overhead.
 
     Any plan either runs every replica at the nominal degree ``T`` (case A:
@@ -162,6 +162,9 @@ def stage_bound(instance: Instance) -> float:
     ----------
     instance
         The instance.
+    only
+        Bound only the plans of one case: ``(job.tp,)`` (case A) or
+        ``job.allowed`` (case B); ``None``: every plan.
 
     Returns
     -------
@@ -209,6 +212,8 @@ def stage_bound(instance: Instance) -> float:
     reduced = tuple(t for t in job.allowed if t < job.tp)
     if reduced:
         cases.append((job.allowed, 1.0 + job.reshard_overhead))
+    if only is not None:
+        cases = [case for case in cases if case[0] == only]
     best = 0.0
     s_max = float(a.speed[ok].max())
     hi_max = float(hi.max())

@@ -40,7 +40,7 @@ from ntp_opt.model.plan import Plan
 from ntp_opt.planners import heuristics as baselines
 from ntp_opt.planners.base import Limit, Outcome
 from ntp_opt.planners.exact.backends import solve_program
-from ntp_opt.planners.exact.bounds import capacity_bound
+from ntp_opt.planners.exact.bounds import capacity_bound, stage_bound
 from ntp_opt.planners.exact.colgen import ColumnGeneration, column_generation_for
 from ntp_opt.planners.exact.model import (
     MAX_CONFIGS,
@@ -94,6 +94,7 @@ class _Search:
     best_layout: Layout | None = None  # best_plan in index space, when the search found it
     colgen: dict[tuple[int, ...], ColumnGeneration] = field(default_factory=dict)
     theta_search: str = "descent"  # elastic: "descent" (_descend) or "bnb" (interval B&B)
+    case_bounds: dict[tuple[int, ...], float] = field(default_factory=dict)  # per degree set
 
     def note(self, line: str, *, keep: bool = True) -> None:
         """A line of the search log (also logged at INFO level)."""
@@ -324,17 +325,44 @@ def _min_theta(
     return hi, lo
 
 
-def _bound_floor(s: _Search, target: int, factor: float) -> float:
-    """A step time below which ``C < target``: there the goodput would beat the capacity bound.
+def _case_bound(s: _Search, degrees: tuple[int, ...]) -> float:
+    """The best goodput bound known for the plans of one case (``inf``: none)."""
+    return min(s.global_bound, s.case_bounds.get(degrees, math.inf))
+
+
+def _drop_bounded_cases(
+    s: _Search, cases: list[tuple[tuple[int, ...], float]]
+) -> tuple[list[tuple[tuple[int, ...], float]], float]:
+    """Per case, its capacity bound (:func:`~ntp_opt.planners.exact.bounds.stage_bound`
+    restricted to the case's plans); a case whose bound is within the tolerance of
+    the incumbent is not searched. Returns the cases to search and the largest bound
+    of those left out (``0.0``: none)."""
+    kept: list[tuple[tuple[int, ...], float]] = []
+    dropped = 0.0
+    for degrees, factor in cases:
+        bound = stage_bound(s.prep.instance, only=degrees)
+        s.case_bounds[degrees] = bound
+        bound = _case_bound(s, degrees)
+        if bound <= s.best_value * (1 + REL_TOL):
+            dropped = max(dropped, bound)
+            s.note(f"degrees {list(degrees)}: bound {bound:.9g} reached, not searched")
+        else:
+            kept.append((degrees, factor))
+    return kept, dropped
+
+
+def _bound_floor(s: _Search, degrees: tuple[int, ...], target: int, factor: float) -> float:
+    """A step time below which ``C < target``: there the goodput would beat the case's bound.
 
     Any ``theta' < target / (bound * factor)`` carrying ``target`` would have
-    goodput ``target / (theta' factor)`` above the capacity bound
-    (:func:`~ntp_opt.planners.exact.bounds.capacity_bound`, valid for every
-    plan), so the bisections may start there instead of at the physical limit.
+    goodput ``target / (theta' factor)`` above the capacity bound of the case's
+    plans (:func:`_case_bound`), so the bisections may start there instead of at
+    the physical limit.
     """
-    if not math.isfinite(s.global_bound) or s.global_bound <= 0 or target <= 0:
+    bound = _case_bound(s, degrees)
+    if not math.isfinite(bound) or bound <= 0 or target <= 0:
         return 0.0
-    return target / (s.global_bound * factor) / (1 + EDGE_SLACK)
+    return target / (bound * factor) / (1 + EDGE_SLACK)
 
 
 def _case_fixed(s: _Search, degrees: tuple[int, ...], factor: float) -> float:
@@ -349,7 +377,7 @@ def _case_fixed(s: _Search, degrees: tuple[int, ...], factor: float) -> float:
         raise _Deadline
     # any plan has a replica with b >= B / dp_max
     lo = max(lo, math.ceil(big_b / max(1, job.replicas_max)) * lo) / (1 + EDGE_SLACK)
-    lo = max(lo, _bound_floor(s, big_b, factor))
+    lo = max(lo, _bound_floor(s, degrees, big_b, factor))
     # warm start: the incumbent's step time is feasible if its plan fits this case
     inc = s.best_plan
     if inc.replicas and all(r.tp in degrees for r in inc.replicas):
@@ -391,9 +419,8 @@ def _elastic(s: _Search, cases: list[tuple[tuple[int, ...], float]]) -> float:
             continue
         if c_max < up:
             raise _Deadline
-        hi, _ = _min_theta(
-            s, degrees, min(big_b, c_max), max(lo, _bound_floor(s, min(big_b, c_max), factor)), hi
-        )
+        top = min(big_b, c_max)
+        hi, _ = _min_theta(s, degrees, top, max(lo, _bound_floor(s, degrees, top, factor)), hi)
         c_hi = s.capacity(hi, degrees)[0]  # C at the top of the search range
         best = max(best, c_hi / (hi * factor))
         # Doubling: below theta_cut every solution at theta, with its batches
@@ -490,9 +517,10 @@ def _descend(
     bound = 0.0
     while theta > lo:
         lam = max(best, s.best_value)
-        if s.global_bound <= lam * (1 + REL_TOL):
-            # the capacity bound closes what is left: [lo, theta) is bounded by it
-            return best, max(bound, s.global_bound)
+        case_bound = _case_bound(s, degrees)
+        if case_bound <= lam * (1 + REL_TOL):
+            # the case's capacity bound closes what is left: [lo, theta) is bounded by it
+            return best, max(bound, case_bound)
         nxt = min(big_b, level) / (lam * factor * (1 + REL_TOL))
         if nxt <= lo:
             # [lo, theta) below lam (1 + tol); G(lo) itself is in `best` already
@@ -664,6 +692,7 @@ def solve_exact(
             s.best_plan = fast_plan.with_metrics(**ev.as_metrics())
             s.best_layout = None
             s.best_value = ev.goodput
+    cases, dropped = _drop_bounded_cases(s, cases)
     bound = 0.0
     timed_out, interrupted = deadline_hit, False
     try:
@@ -684,6 +713,7 @@ def solve_exact(
         s.unproven = True
         bound = math.inf
         s.note(f"exact model too large: {err}")
+    bound = max(bound, dropped)  # the cases left out by their bounds
     if left_out:
         bound = math.inf  # the search bounds cover the cases searched only
     if prep.inexact:
