@@ -64,3 +64,19 @@ def test_descent_solves_fewer_programs_with_boost(seed: int) -> None:
 def test_unknown_theta_search_is_refused() -> None:
     with pytest.raises(ValueError, match="theta_search"):
         solve_exact(exact_instance(0), "cpsat", theta_search="golden")
+
+
+def test_a_case_whose_bound_is_reached_is_not_searched() -> None:
+    # no failed GPU, no straggler, nominal batch: the warm start reaches the
+    # capacity bound of both cases, which proves the optimum without a program
+    g = topology.nvl32(4, rack_power_factor=1.3)
+    job = Job(tp=32, pp=2, dp=2, global_batch=32, batch_policy="elastic", max_boost=0.0)
+    inst = Instance("healthy", g, job)
+    out = solve_exact(inst, "cpsat", time_limit=HANG_GUARD, log=True)
+    best, _ = brute_force(inst)
+    assert out.proven
+    assert float(out.stats["goodput"]) == pytest.approx(best, rel=1e-6)
+    assert out.bound is not None and out.bound >= best * (1 - 1e-9)
+    log = "\n".join(out.log)
+    assert "reached, not searched" in log
+    assert int(out.stats["evaluations"]) == 0
