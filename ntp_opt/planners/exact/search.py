@@ -370,15 +370,12 @@ def _case_fixed(s: _Search, degrees: tuple[int, ...], factor: float) -> float:
     job = s.prep.instance.job
     lo, hi = _theta_range(s.prep, degrees)
     big_b = job.global_batch
-    low, up, _ = s.capacity(hi, degrees)
-    if up < big_b:
-        return 0.0  # the job cannot run at all in this case
-    if low < big_b:
-        raise _Deadline
     # any plan has a replica with b >= B / dp_max
     lo = max(lo, math.ceil(big_b / max(1, job.replicas_max)) * lo) / (1 + EDGE_SLACK)
     lo = max(lo, _bound_floor(s, degrees, big_b, factor))
     # warm start: the incumbent's step time is feasible if its plan fits this case
+    # (then the program at the top of the range, the largest, is not needed)
+    carried = False
     inc = s.best_plan
     if inc.replicas and all(r.tp in degrees for r in inc.replicas):
         ev = evaluate(s.prep.instance, inc)
@@ -386,7 +383,13 @@ def _case_fixed(s: _Search, degrees: tuple[int, ...], factor: float) -> float:
         if lo < theta_inc < hi:
             low, up, tight = s.capacity(theta_inc * (1 + FLOAT_NOISE), degrees)
             if low >= big_b:
-                hi = min(hi, tight)
+                hi, carried = min(hi, tight), True
+    if not carried:
+        low, up, _ = s.capacity(hi, degrees)
+        if up < big_b:
+            return 0.0  # the job cannot run at all in this case
+        if low < big_b:
+            raise _Deadline
     hi, lo = _min_theta(s, degrees, big_b, lo, hi)
     return big_b / (lo * factor)
 
