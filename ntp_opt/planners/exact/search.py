@@ -67,6 +67,10 @@ from ntp_opt.rules.validate import evaluate
 logger = logging.getLogger(__name__)
 
 
+#: From this many healthy GPUs on, the ``fast`` planner's plan joins the warm starts.
+FAST_WARM_START_GPUS = 16_384
+
+
 class _Deadline(Exception):
     pass
 
@@ -600,6 +604,13 @@ def solve_exact(
     starts = [baselines.ntp_pw(instance), baselines.ntp(instance), baselines.dp_drop(instance)]
     if initial_plan is not None:
         starts.insert(0, initial_plan)
+    if int(instance.arrays.healthy.sum()) >= FAST_WARM_START_GPUS:
+        # large: the search may stop at its limit before it passes the baselines;
+        # the sort-and-pack planner's plan (about a second there) is a warm start
+        # too (last: on a tie the earlier starts keep their place)
+        from ntp_opt.planners.fast import plan_fast
+
+        starts.append(plan_fast(instance, validate=False)[0])
     job = instance.job
     sub_evaluations = 0
     sub_interrupted = False
