@@ -24,7 +24,27 @@ Sections (``SECTIONS``; one function each, returning Markdown lines):
   without validation (the planner's own time, as :func:`ntp_opt.solve.solve`
   runs it), of which :func:`ntp_opt.planners.exact.bounds.capacity_bound`.
 
-Further sections (the CLI end to end, re-planning) plug into ``SECTIONS``.
+* ``replan``: one event re-planned by a :class:`ntp_opt.workflows.replan.Replanner`
+  (the running plan checked once, events applied to its layout), 20 events
+  of each kind (a used GPU, a spare GPU or a tray fails, a GPU is repaired, a
+  used GPU becomes a straggler), each from the same running plan
+  (``commit=False``): median and max CPU ms per kind, in ``"auto"`` mode (the
+  bound decides) and ``"local"`` mode (no bound), next to the floor, the
+  exact batch split of the running plan's replicas alone. Instances: the
+  NVL32 clusters of ``benchmarks/large.py`` at 32k and 131k GPUs (``--quick``:
+  4k), where the running plan is within the tolerance of the bound, and the
+  32k and 128k files of ``instances/large/`` (``"local"`` mode only: their
+  ``fast`` plans are further from the bound than the tolerance, so ``"auto"``
+  falls back to a global plan after every event).
+
+* ``cli``: per instance, ``ntp-opt solve FILE --policy fast -o plan.json`` end
+  to end in a subprocess (CPU: its user + system time; peak RSS: its
+  ``ru_maxrss``; both from ``os.wait4``, the child's own ``getrusage``; run it
+  from outside the repository to measure the code on ``PYTHONPATH``), next
+  to the floor (gunzip + ``json.loads`` of the file, plus the numpy import).
+  With ``--load-file FILE`` (repeatable; e.g. a ~1M-node instance generated in
+  /tmp, not bundled), also :func:`~ntp_opt.model.files.load_instance` of that
+  file in a subprocess: the load's CPU and the child's peak RSS.
 """
 
 from __future__ import annotations
@@ -40,6 +60,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
+from tempfile import TemporaryDirectory
 from typing import Any
 
 from ntp_opt.model.files import load_instance
@@ -106,6 +127,7 @@ class Context:
     repeat: int
     numpy_floor: Timing
     parsed_gpus: dict[Path, int] = field(default_factory=dict)
+    load_files: list[Path] = field(default_factory=list)
 
 
 def read_floor(path: Path) -> tuple[Timing, Timing, Any]:
@@ -179,7 +201,241 @@ def fast_section(ctx: Context) -> list[str]:
     ]
 
 
-SECTIONS: dict[str, Callable[[Context], list[str]]] = {"fast": fast_section}
+REPLAN_EVENTS = 20
+"""Events of each kind the ``replan`` section re-plans."""
+
+
+def _replan_events(
+    instance: Instance, layout_gpus: Any, n: int, seed: int = 7
+) -> dict[str, list[Any]]:
+    """``n`` events of each kind, each valid on ``instance`` (the running plan's GPUs given)."""
+    import numpy as np
+
+    from ntp_opt.workflows.replan import ClusterEvent
+
+    a = instance.arrays
+    used = np.zeros(a.n_gpus, dtype=bool)
+    used[layout_gpus] = True
+    rng = np.random.default_rng(seed)
+    spare = np.flatnonzero(~used & a.healthy)
+    down = np.flatnonzero(~a.healthy)
+    whole = [i for i in range(len(a.tray_ids)) if a.healthy[a.gpu_tray == i].all()]
+    ids = a.gpu_ids
+    kinds: dict[str, Callable[[], Any]] = {
+        "fail a used GPU": lambda: ClusterEvent("fail", ids[rng.choice(np.flatnonzero(used))]),
+        "fail a spare GPU": lambda: ClusterEvent("fail", ids[rng.choice(spare)]),
+        "fail a tray": lambda: ClusterEvent("fail", a.tray_ids[whole[rng.integers(len(whole))]]),
+        "repair a GPU": lambda: ClusterEvent("repair", ids[rng.choice(down)]),
+        "new straggler (0.8)": lambda: ClusterEvent(
+            "speed", ids[rng.choice(np.flatnonzero(used))], 0.8
+        ),
+    }
+    possible = {
+        "fail a spare GPU": len(spare),
+        "repair a GPU": len(down),
+        "fail a tray": len(whole),
+    }
+    return {k: [make() for _ in range(n)] for k, make in kinds.items() if possible.get(k, 1)}
+
+
+def _replan_rows(name: str, instance: Instance, modes: tuple[str, ...], n: int) -> list[str]:
+    """Rows of the ``replan`` table for one instance."""
+    import statistics
+
+    from ntp_opt.rules.goodput import split_batch
+    from ntp_opt.workflows.replan import Replanner
+
+    plan, _ = plan_fast(instance)
+    rows = []
+    runners = {m: Replanner(instance, plan, mode=m) for m in modes}  # type: ignore[arg-type]
+    state = runners[modes[0]].state
+    speeds = list(state.evaluation.replica_speeds)
+    tps = state.layout.degree.tolist()
+    floor, _ = best_of(3, lambda: split_batch(instance.job, speeds, tps))
+    gpus = instance.arrays.n_gpus
+    for kind, events in _replan_events(instance, state.layout.gpus, n).items():
+        cells = []
+        local = 0
+        for mode in ("auto", "local"):
+            if mode not in modes:
+                cells.append("-")
+                continue
+            times = []
+            for ev in events:
+                cpu = time.process_time()
+                out = runners[mode].replan([ev], commit=False)
+                times.append(1000 * (time.process_time() - cpu))
+                local += mode == "auto" and out.choice == "local"
+            cells.append(f"{statistics.median(times):.1f} / {max(times):.1f}")
+        kept = f"{local}/{len(events)}" if "auto" in modes else "-"
+        row = (
+            f"| {name} | {gpus:,} | {kind} | {' | '.join(cells)} | {kept} "
+            f"| {1000 * floor.cpu:.2f} |"
+        )
+        print(row, flush=True)
+        rows.append(row)
+    return rows
+
+
+def replan_section(ctx: Context) -> list[str]:
+    """Re-planning one event with a :class:`~ntp_opt.workflows.replan.Replanner`."""
+    sys.path.insert(0, str(HERE))
+    from large import build  # the issue's NVL32 clusters
+
+    head = [
+        "| instance | GPUs | event | auto: median / max ms | local: median / max ms "
+        "| auto kept local | floor: batch split ms |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    print("\n".join(head), flush=True)
+    rows: list[str] = []
+    sizes = [4096] if ctx.quick else [32768, 131072]
+    for n in sizes:
+        inst = build("nvl32", n, "elastic", 1e-3, "generous", seed=1)
+        rows += _replan_rows(inst.name, inst, ("auto", "local"), REPLAN_EVENTS)
+    if not ctx.quick:
+        for path in ctx.files:
+            if path.parent.name != "large" or not any(k in path.name for k in ("32k", "128k")):
+                continue
+            inst = load_instance(path)
+            name = path.name.removesuffix(".json.gz")
+            rows += _replan_rows(name, inst, ("local",), REPLAN_EVENTS)
+    return [
+        "## `replan` (one event, `Replanner`)",
+        "",
+        f"CPU milliseconds per event, {REPLAN_EVENTS} events of each kind, each from the "
+        "running `fast` plan; the floor is the exact batch split of its replicas alone "
+        "(best of 3). `auto` computes the bound incrementally where it settles the choice; "
+        "`local` skips it.",
+        "",
+        *head,
+        *rows,
+        "",
+    ]
+
+
+@dataclass
+class ChildRun:
+    """CPU seconds (user + system), wall seconds and peak RSS (MB) of one child process."""
+
+    cpu: float
+    wall: float
+    rss_mb: float
+    stdout: str
+
+
+_LAUNCHER = """
+import os, subprocess, sys, time
+wall = time.perf_counter()
+proc = subprocess.Popen(sys.argv[1:])
+_, status, usage = os.wait4(proc.pid, 0)
+print(os.waitstatus_to_exitcode(status), usage.ru_utime + usage.ru_stime,
+      time.perf_counter() - wall, usage.ru_maxrss, flush=True)
+"""
+
+
+def run_child(args: list[str]) -> ChildRun:
+    """Run ``args`` and measure that child alone (``os.wait4``: its own rusage).
+
+    A small launcher process starts it: Linux keeps the peak RSS of the
+    process a child was forked from in the child's ``ru_maxrss``, so a child
+    of this (large) process would report at least this one's peak.
+    """
+    proc = subprocess.run(
+        [sys.executable, "-c", _LAUNCHER, *args], capture_output=True, text=True, check=False
+    )
+    *lines, last = proc.stdout.splitlines() or [""]
+    fields = last.split()
+    if proc.returncode or len(fields) != 4 or fields[0] != "0":
+        raise RuntimeError(f"{' '.join(args)} failed:\n{proc.stderr[-2000:]}")
+    return ChildRun(float(fields[1]), float(fields[2]), int(fields[3]) / 1024, "\n".join(lines))
+
+
+def best_child(repeat: int, args: list[str]) -> ChildRun:
+    """The fastest of ``repeat`` child runs (CPU, wall and RSS each their minimum)."""
+    runs = [run_child(args) for _ in range(max(1, repeat))]
+    return ChildRun(
+        min(r.cpu for r in runs),
+        min(r.wall for r in runs),
+        min(r.rss_mb for r in runs),
+        runs[-1].stdout,
+    )
+
+
+_LOAD_SCRIPT = """
+import sys, time
+from ntp_opt.model.files import load_instance
+cpu, wall = time.process_time(), time.perf_counter()
+inst = load_instance(sys.argv[1])
+_ = inst.arrays
+print(time.process_time() - cpu, time.perf_counter() - wall, inst.arrays.n_gpus)
+"""
+
+
+def cli_section(ctx: Context) -> list[str]:
+    """``ntp-opt solve --policy fast -o`` end to end per instance, next to the floor."""
+    rows = [
+        "| instance | GPUs | floor: gunzip + json.loads + numpy | CLI solve --policy fast -o "
+        "| CLI / floor | peak RSS MB |",
+        "|---|---|---|---|---|---|",
+    ]
+    print("\n".join(rows), flush=True)
+    with TemporaryDirectory() as tmp:
+        for path in ctx.files:
+            unzip, parse, doc = read_floor(path)
+            gpus = gpu_count(doc)
+            del doc
+            if ctx.quick and gpus > QUICK_GPUS:
+                continue
+            floor = Timing(
+                unzip.cpu + parse.cpu + ctx.numpy_floor.cpu,
+                unzip.wall + parse.wall + ctx.numpy_floor.wall,
+            )
+            args = [sys.executable, "-m", "ntp_opt.app.cli", "solve", str(path)]
+            run = best_child(ctx.repeat, [*args, "--policy", "fast", "-o", f"{tmp}/plan.json"])
+            rows.append(
+                f"| {path.name.removesuffix('.json.gz')} | {gpus:,} | {_fmt(floor)} "
+                f"| {run.cpu:.3f} / {run.wall:.3f} | {run.cpu / max(floor.cpu, 1e-9):.2f} "
+                f"| {run.rss_mb:.0f} |"
+            )
+            print(rows[-1], flush=True)
+    loads = [
+        "| file | GPUs | gunzip + json.loads | load_instance (+ arrays) | load / floor "
+        "| peak RSS MB (child, imports included) |",
+        "|---|---|---|---|---|---|",
+    ]
+    for path in ctx.load_files:
+        unzip, parse, doc = read_floor(path)
+        del doc
+        floor = Timing(unzip.cpu + parse.cpu, unzip.wall + parse.wall)
+        run = best_child(ctx.repeat, [sys.executable, "-c", _LOAD_SCRIPT, str(path)])
+        cpu, wall, gpus = run.stdout.split()
+        loads.append(
+            f"| {path.name} | {int(gpus):,} | {_fmt(floor)} | {float(cpu):.3f} / "
+            f"{float(wall):.3f} | {float(cpu) / max(floor.cpu, 1e-9):.2f} | {run.rss_mb:.0f} |"
+        )
+        print(loads[-1], flush=True)
+    return [
+        "## CLI end to end (`ntp-opt solve FILE --policy fast -o plan.json`)",
+        "",
+        f"CPU / wall seconds of the child process, best of {ctx.repeat}; the floor adds "
+        "the numpy import to reading the file.",
+        "",
+        *rows,
+        "",
+        *(
+            ["### `load_instance` of the `--load-file` instances", "", *loads, ""]
+            if ctx.load_files
+            else []
+        ),
+    ]
+
+
+SECTIONS: dict[str, Callable[[Context], list[str]]] = {
+    "fast": fast_section,
+    "replan": replan_section,
+    "cli": cli_section,
+}
 """Every section, in the order printed."""
 
 
@@ -192,10 +448,18 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--repeat", type=int, default=3, help="runs per figure (best kept)")
     parser.add_argument("-o", "--output", type=Path, help="also write the tables here")
+    parser.add_argument(
+        "--load-file",
+        action="append",
+        type=Path,
+        default=[],
+        help="cli section: also time load_instance of this file (e.g. 1M GPUs in /tmp)",
+    )
     parser.add_argument("files", nargs="*", type=Path, help="instance files (default: bundled)")
     args = parser.parse_args(argv)
     numpy_floor = numpy_import_floor(args.repeat)
     ctx = Context(args.files or bundled_files(), args.quick, args.repeat, numpy_floor)
+    ctx.load_files = args.load_file
     lines = [
         "# Speed against the floor",
         "",

@@ -47,6 +47,9 @@ class Result:
         ``objective * c / R`` (1.0 = the job with no failures).
     bound
         Proven upper bound on goodput, or ``None`` when the planner has none.
+        For a planner that maximises expected goodput (``risk-aware``), a
+        bound on :attr:`expected_objective` instead (its wait-and-see bound,
+        ``docs/risk.md``).
     runtime_s
         Wall-clock seconds.
     solver
@@ -58,6 +61,11 @@ class Result:
     reason
         Why there is no plan (status ``infeasible``) or why the plan is the
         paused job (no replicas); ``None`` otherwise.
+    expected_objective
+        The planner's objective when it is not the plan's goodput: the
+        expected goodput after recourse over the training scenarios of
+        ``risk-aware`` (sequences per second); ``None`` for the others.
+        :attr:`bound`, :attr:`gap` and status ``optimal`` then refer to it.
 
     Notes
     -----
@@ -78,15 +86,20 @@ class Result:
     log: str | None = None
     evaluation: Evaluation | None = None
     reason: str | None = None
+    expected_objective: float | None = None
 
     @property
     def gap(self) -> float | None:
-        """Relative gap ``(bound - objective) / bound``, or ``None``."""
-        if self.bound is None or self.objective is None:
+        """Relative gap ``(bound - objective) / bound``, or ``None``.
+
+        With an :attr:`expected_objective`, the gap of that objective.
+        """
+        value = self.objective if self.expected_objective is None else self.expected_objective
+        if self.bound is None or value is None:
             return None
         if self.bound <= 0:
             return 0.0
-        return max(0.0, (self.bound - self.objective) / self.bound)
+        return max(0.0, (self.bound - value) / self.bound)
 
 
 #: Planners by kind (names only; the planners are in :data:`REGISTRY`).
@@ -188,7 +201,8 @@ def solve(
     if result.status == Status.OPTIMAL and result.limit == Limit.INTERRUPTED:
         # proven before the cancel was seen: the proof stands
         result = dataclasses.replace(result, limit=Limit.NONE)
-    control.report(result.objective, result.bound, final=True)
+    value = result.objective if result.expected_objective is None else result.expected_objective
+    control.report(value, result.bound, final=True)
     logger.info("%s: %s, limit %s, %.2f s", solver, result.status, result.limit, result.runtime_s)
     return result
 
@@ -263,6 +277,7 @@ def _solve(
         log=text,
         evaluation=evaluation,
         reason=None if plan.replicas else pause_reason(instance, status == Status.OPTIMAL),
+        expected_objective=out.stats.get("expected_objective") if spec.kind == "search" else None,
     )
 
 

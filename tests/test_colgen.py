@@ -8,6 +8,9 @@ configuration as a scan of every configuration.
 
 from __future__ import annotations
 
+import dataclasses
+import itertools
+
 import numpy as np
 import pytest
 
@@ -20,9 +23,16 @@ from ntp_opt.planners.exact.colgen import (
     ceil_mw,
     column_generation_available,
     column_generation_for,
+    owner_domain,
     owners,
 )
-from ntp_opt.planners.exact.model import build_capacity, domain_configs, iter_stages, prepare
+from ntp_opt.planners.exact.model import (
+    WHOLE_UNIT,
+    build_capacity,
+    domain_configs,
+    iter_stages,
+    prepare,
+)
 
 pytestmark = pytest.mark.skipif(
     not column_generation_available() or "cpsat" not in available_backends(),
@@ -172,3 +182,79 @@ def test_refused_when_stage_kinds_are_too_many():
     prep = prepare(Instance("big-batch", g, job))
     assert column_generation_for(prep, (4,), 1e9) is None
     assert column_generation_for(prep, (4,), 1.0) is not None
+
+
+@pytest.mark.parametrize("seed", [3, 8, 13, 18])
+def test_whole_unit_configurations_and_pricing_match_products(seed):
+    # multi-domain units (NVL8-like racks) as whole units: the configurations are
+    # every combination of the domains' own configurations that fits the racks, and
+    # the pricing search finds the best of them
+    inst = small_instance(seed)
+    prep = prepare(inst)
+    assert prep.multi
+    rng = np.random.default_rng(2000 + seed)
+    degrees = inst.job.allowed
+    grouped = [ow for ow in owners(prep, group_units=True) if ow.pos == WHOLE_UNIT]
+    assert {u for ow in grouped for u in ow.units} == set(prep.multi)
+    for theta in thetas(inst, degrees, 3):
+        for ow in grouped:
+            unit = prep.units[ow.units[0]]
+            whole = owner_domain(prep, ow)
+            pr = Pricing(prep, ow, theta, degrees)
+            got = pr.enumerate()
+            # brute force: one configuration (or none) per domain, in the segment order
+            offsets, per_domain = [], []
+            start = 0
+            for d in dict.fromkeys(whole.domain_of.tolist()):
+                offsets.append(start)
+                dom = prep.domains[d]
+                per_domain.append(domain_configs(prep, dom, len(unit.racks), theta, degrees))
+                start += len(dom.gpus)
+            want = []
+            for combo in itertools.product(*per_domain):
+                stages = tuple(
+                    dataclasses.replace(st, start=st.start + off)
+                    for off, cfg in zip(offsets, combo, strict=True)
+                    for st in cfg.stages
+                )
+                extra = tuple(np.sum([c.extra_w for c in combo], axis=0).tolist())
+                if stages and pr.fits(extra):
+                    want.append((stages, extra))
+            got_by = {tuple((s.t, s.b, s.start) for s in c.stages): c.extra_w for c in got}
+            want_by = {tuple((s.t, s.b, s.start) for s in st): ex for st, ex in want}
+            assert len(got) == len(got_by)  # no configuration twice
+            assert got_by.keys() == want_by.keys()
+            for k, ex in want_by.items():
+                assert got_by[k] == pytest.approx(ex, rel=1e-12)
+            for _ in range(4):
+                worth = {k: float(rng.normal(0.5, 1.0)) for k in pr.options}
+                sigma = float(rng.choice([0.0, 1e-6, 1e-5]))
+                rho = (0.0,) * len(unit.racks)
+
+                def price(stages, extra, worth=worth, sigma=sigma):
+                    v = sum(worth[(s.t, s.b)] for s in stages)
+                    return v - sigma * ceil_mw(sum(extra))
+
+                brute = max([0.0] + [price(*w) for w in want])
+                best, found = pr.price(worth, sigma, rho, 0.0, keep=3)
+                assert best == pytest.approx(brute, abs=1e-9)
+                if brute > 0:
+                    assert found[0][0] == pytest.approx(brute, abs=1e-9)
+                    assert pr.fits(found[0][1].extra_w)
+
+
+@pytest.mark.parametrize("seed", [0, 3, 6])
+def test_threshold_question_skips_the_integer_master(seed):
+    # asked only whether C >= target: an LP bound below the target answers it (no
+    # integer master, lower 0); otherwise the answer is the full one
+    inst = small_instance(seed)
+    prep = prepare(inst)
+    degrees = inst.job.allowed
+    for theta in thetas(inst, degrees, 4):
+        want = full_capacity(inst, theta, degrees)
+        full = ColumnGeneration(prep, degrees).solve(theta, "cpsat")
+        above = ColumnGeneration(prep, degrees).solve(theta, "cpsat", target=full.upper + 1)
+        assert above.lower == 0 and above.solution.x is not None and len(above.solution.x) == 0
+        assert want <= above.upper < full.upper + 1
+        same = ColumnGeneration(prep, degrees).solve(theta, "cpsat", target=full.upper)
+        assert (same.lower, same.upper) == (full.lower, full.upper) == (want, want)

@@ -10,7 +10,9 @@ import pytest
 
 from ntp_opt import Instance, Job, evaluate, load_instance, solve
 from ntp_opt.model import topology
+from ntp_opt.planners.exact import choice
 from ntp_opt.planners.exact.backends import available_backends
+from ntp_opt.planners.exact.model import prepare
 from tests.helpers import HANG_GUARD
 
 from .bruteforce import brute_force
@@ -89,16 +91,32 @@ def test_tiny_hand_optimum():
     assert all(s.power == 1.0 for r in res.plan.replicas for s in r.stages)
 
 
-def test_out_of_scope_is_not_claimed_optimal():
-    # a domain mixing TDPs: fastest-first may miss the optimum, so no claim
+def _mixed_tdp() -> Instance:
     g = topology.build_cluster(2, 4, 2, 2)
     g.nodes["d0.t0.g1"]["tdp_w"] = 700.0
     topology.fail_gpus(g, ["d1.t0.g0"])
-    inst = Instance(
+    return Instance(
         "mixed",
         g,
         Job(tp=4, tp_min=3, pp=1, dp=2, global_batch=6, batch_policy="elastic", max_boost=1.0),
     )
+
+
+def test_mixed_tdp_is_chosen_exactly():
+    # a domain mixing TDPs: fastest-first may miss the optimum, the exact GPU choice does not
+    inst = _mixed_tdp()
+    assert prepare(inst).choice and not prepare(inst).inexact
+    best, _ = brute_force(inst)
+    res = solve(inst, "optimal", time_limit=HANG_GUARD)
+    assert res.status == "optimal"
+    assert res.objective == pytest.approx(best, rel=1e-6)
+
+
+def test_out_of_scope_is_not_claimed_optimal(monkeypatch):
+    # the exact GPU choice refused (too many split states): fastest-first, no claim
+    monkeypatch.setattr(choice, "MAX_STATES", 0)
+    inst = _mixed_tdp()
+    assert "mixes GPU TDPs" in prepare(inst).inexact
     best, _ = brute_force(inst)
     res = solve(inst, "optimal", time_limit=HANG_GUARD)
     assert res.status == "feasible"

@@ -17,6 +17,7 @@ import os
 import re
 import zlib
 from collections.abc import Hashable, Iterable
+from itertools import chain
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
@@ -36,6 +37,7 @@ from pydantic import (
 from ntp_opt.model.instance import Instance
 from ntp_opt.model.job import Job
 from ntp_opt.model.plan import Plan, Replica, Stage
+from ntp_opt.model.records import compile_records
 from ntp_opt.model.safeio import atomic_open
 from ntp_opt.model.topology import DEFAULT_TDP_W, TopologyError
 
@@ -54,6 +56,8 @@ TOKENS_EXTRA = 100_000
 #: Longest string (raw bytes between two quotes) accepted anywhere in a file.
 MAX_STRING_BYTES = 1 << 20
 _CHUNK = 1 << 22
+# The schema's own caps on the cluster lists (fixed when the models are defined).
+_SCHEMA_MAX_NODES = MAX_NODES
 
 NodeId = StrictStr | StrictInt
 Finite = Annotated[float, Field(allow_inf_nan=False)]
@@ -374,7 +378,7 @@ def parse_json(raw: bytes, source: str) -> Any:
     scan = _Scan(source)
     for i in range(0, len(raw), _CHUNK):
         scan.feed(raw[i : i + _CHUNK])
-    return _parse(raw, source)
+    return _parse_fast(raw, source)
 
 
 def _parse(raw: bytes, source: str) -> Any:
@@ -446,6 +450,11 @@ def read_json(path: Path) -> Any:
     Decompression is streamed and the caps are checked chunk by chunk, so a
     gzip bomb is refused after reading at most :data:`MAX_FILE_BYTES` bytes.
     """
+    return _parse_fast(_read_bytes(path), str(path))
+
+
+def _read_bytes(path: Path) -> bytes:
+    """The file's (decompressed) bytes, the caps of :class:`_Scan` checked chunk by chunk."""
     source = str(path)
     max_bytes = _limits()[0]
     try:
@@ -463,9 +472,75 @@ def read_json(path: Path) -> Any:
                 chunks.append(chunk)
     except (OSError, EOFError, zlib.error) as err:
         raise InputError(source, [("", f"cannot read file: {err}")]) from None
-    raw = b"".join(chunks)
-    del chunks
-    return _parse(raw, source)
+    return b"".join(chunks)
+
+
+def _plain_text(raw: bytes) -> str | None:
+    """``raw`` decoded, or ``None`` if :func:`_parse` must judge it (BOM, not UTF-8, NUL)."""
+    if raw.startswith((b"\xef\xbb\xbf", b"\xff\xfe", b"\xfe\xff")):
+        return None
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError:
+        return None
+    return None if "\x00" in text else text
+
+
+def _loads_plain(text: str) -> Any:
+    """``json.loads`` without per-value hooks; ``None`` on anything :func:`_parse` must judge.
+
+    The caller still has to prove that no key was repeated and no number
+    overflowed (see :func:`_parse_fast`).
+    """
+    constants: list[str] = []
+    try:
+        data = json.loads(text, parse_constant=constants.append)
+    except (ValueError, RecursionError):  # JSONDecodeError included
+        return None
+    return None if constants else data
+
+
+def _parse_fast(raw: bytes, source: str) -> Any:
+    """:func:`_parse` without its per-value hooks, when the parsed value proves them idle.
+
+    ``json.loads`` without hooks gives the same value unless the text has a
+    duplicate key, a ``NaN``/``Infinity`` or a number that overflows: every
+    key is followed by a ``:`` byte, so as many ``:`` bytes as keys in the
+    parsed value proves no key was repeated; ``NaN``/``Infinity`` still go
+    through ``parse_constant``; an overflow leaves an infinite float. Anything
+    else, errors included, takes :func:`_parse`.
+    """
+    text = _plain_text(raw)
+    data = None if text is None else _loads_plain(text)
+    del text
+    if data is None:
+        return _parse(raw, source)
+    keys, finite = _keys_and_finite(data)
+    if not finite or raw.count(b":") != keys:
+        return _parse(raw, source)
+    return data
+
+
+def _keys_and_finite(data: Any) -> tuple[int, bool]:
+    """Number of object keys in parsed JSON, and whether every float in it is finite.
+
+    Level by level, so that a list of a million records costs a few scans.
+    """
+    total = 0
+    finite = True
+    level: list[Any] = [data]
+    while level:
+        types = set(map(type, level))
+        if float in types:
+            floats = [v for v in level if type(v) is float]
+            finite = finite and bool(np.isfinite(np.array(floats, dtype=float)).all())
+        if dict not in types and list not in types:
+            break
+        dicts = level if types == {dict} else [v for v in level if type(v) is dict]
+        lists = [v for v in level if type(v) is list] if list in types else []
+        total += sum(map(len, dicts))
+        level = [*chain.from_iterable(map(dict.values, dicts)), *chain.from_iterable(lists)]
+    return total, finite
 
 
 def _token(x: float) -> str:
@@ -494,13 +569,118 @@ def write_json(data: Any, path: Path, inputs: Iterable[str | os.PathLike[str]] =
     ``inputs`` are the files the command read: writing onto one is refused.
     """
     path = Path(path)
-    text = json.dumps(data, indent=None if path.suffix == ".gz" else 1, allow_nan=False)
+    text = json.dumps(data, allow_nan=False) if path.suffix == ".gz" else dumps_indented(data)
     with atomic_open(path, inputs) as fh:
         if path.suffix == ".gz":
             with gzip.GzipFile(fileobj=fh, mode="wb", mtime=0) as gz:
                 gz.write(text.encode())
         else:
-            fh.write(text.encode() + b"\n")
+            fh.write(text.encode())
+            fh.write(b"\n")
+
+
+_ENCODE_STR = json.encoder.encode_basestring_ascii
+_SCALARS = frozenset({str, int, float, bool, type(None)})
+
+
+class _Unusual(Exception):
+    """A value the fast encoder leaves to :func:`json.dumps` (which decides how to fail)."""
+
+
+def _scalar(x: Any) -> str:
+    t = type(x)
+    if t is str:
+        return _ENCODE_STR(x)
+    if t is float:
+        if not math.isfinite(x):
+            raise _Unusual
+        return float.__repr__(x)
+    if t is int:
+        return int.__repr__(x)
+    if x is None:
+        return "null"
+    if t is bool:
+        return "true" if x else "false"
+    raise _Unusual
+
+
+def dumps_indented(data: Any, indent: int = 1) -> str:
+    """``json.dumps(data, indent=indent, allow_nan=False)``, byte for byte, faster.
+
+    The standard library encodes with indentation in pure Python, one
+    generator step per value; this joins lists and objects of plain values
+    (the GPU lists of a plan, the records of an instance) at C speed. Values
+    of other types (subclasses included) and non-string keys are left to
+    :func:`json.dumps`, whose output or error is returned or raised.
+
+    Parameters
+    ----------
+    data
+        JSON-able value.
+    indent
+        Spaces per level.
+
+    Returns
+    -------
+    str
+    """
+    try:
+        parts: list[str] = []
+        _encode(data, parts, 0, " " * indent)
+        return "".join(parts)
+    except (_Unusual, RecursionError):
+        return json.dumps(data, indent=indent, allow_nan=False)
+
+
+def _encode(x: Any, out: list[str], level: int, unit: str) -> None:
+    t = type(x)
+    if t is dict:
+        if not x:
+            out.append("{}")
+            return
+        pad = "\n" + unit * (level + 1)
+        keys = list(x)
+        if set(map(type, keys)) != {str}:
+            raise _Unusual
+        values = list(x.values())
+        if set(map(type, values)) <= _SCALARS:
+            out.append("{" + pad)
+            out.append(
+                ("," + pad).join(
+                    [
+                        f"{k}: {v}"
+                        for k, v in zip(map(_ENCODE_STR, keys), map(_scalar, values), strict=True)
+                    ]
+                )
+            )
+        else:
+            out.append("{")
+            first = True
+            for k, v in zip(keys, values, strict=True):
+                out.append(pad if first else "," + pad)
+                first = False
+                out.append(_ENCODE_STR(k) + ": ")
+                _encode(v, out, level + 1, unit)
+        out.append("\n" + unit * level + "}")
+    elif t is list or t is tuple:
+        if not x:
+            out.append("[]")
+            return
+        pad = "\n" + unit * (level + 1)
+        types = set(map(type, x))
+        if types <= _SCALARS:
+            encode = _ENCODE_STR if types == {str} else _scalar
+            out.append("[" + pad + ("," + pad).join(map(encode, x)))
+        else:
+            out.append("[")
+            first = True
+            for v in x:
+                out.append(pad if first else "," + pad)
+                first = False
+                _encode(v, out, level + 1, unit)
+        out.append("\n" + unit * level + "]")
+    else:
+        out.append(_scalar(x))
 
 
 # --- instances ---------------------------------------------------------------
@@ -557,6 +737,13 @@ def _strict_ready(data: dict[str, Any]) -> dict[str, Any]:
 def instance_from_dict(data: Any, source: str = "<instance>") -> Instance:
     """Build an :class:`Instance` from parsed JSON, validating everything.
 
+    The cluster's records are checked column by column and compiled straight
+    into :attr:`Instance.arrays`; the NetworkX graph (:attr:`Instance.cluster`)
+    is built from them when first read, so the instance keeps references to
+    ``data``'s node records until then (do not change them). Records
+    the column checks cannot prove valid take :func:`instance_from_dict_reference`,
+    whose errors name the node and the field.
+
     Parameters
     ----------
     data
@@ -575,6 +762,79 @@ def instance_from_dict(data: Any, source: str = "<instance>") -> Instance:
     """
     check_format(data, INSTANCE_FORMAT, source)
     _check_counts(data, source)
+    fast = _instance_from_columns(data)
+    return fast if fast is not None else _instance_from_models(data, source)
+
+
+def _instance_from_columns(data: dict[str, Any]) -> Instance | None:
+    """The instance, or ``None`` unless every check passes on the columns."""
+    cluster = data.get("cluster")
+    if not isinstance(cluster, dict):
+        return None
+    nodes, edges = cluster.get("nodes"), cluster.get("edges", [])
+    if type(nodes) is not list or type(edges) is not list:
+        return None
+    if len(nodes) > _SCHEMA_MAX_NODES or len(edges) > 4 * _SCHEMA_MAX_NODES:
+        return None
+    head = {**data, "cluster": {**cluster, "nodes": [], "edges": []}}
+    try:  # everything but the records, through the schema
+        model = InstanceFile.model_validate(_strict_ready(head), strict=True)
+    except ValidationError:
+        return None
+    site = model.cluster.graph
+    compiled = compile_records(nodes, edges, site.power_budget_w, model.job.tp)
+    if compiled is None:
+        return None
+    graph_attrs = {k: getattr(site, k) for k in cluster.get("graph", {})}
+    # The graph, if ever read, is built from the node records and the compiled
+    # edges: the instance keeps no reference to the edge records.
+    return Instance.from_arrays(
+        model.name,
+        compiled.arrays,
+        model.job,
+        _meta(model),
+        lambda: compiled.graph(graph_attrs, nodes),
+    )
+
+
+def _meta(model: InstanceFile) -> dict[str, Any]:
+    meta = dict(model.meta)
+    if model.description is not None:
+        meta["description"] = model.description
+    return meta
+
+
+def instance_from_dict_reference(data: Any, source: str = "<instance>") -> Instance:
+    """:func:`instance_from_dict` the reference way: pydantic per record, the graph first.
+
+    Every node and edge is validated by the schema's models, the graph is
+    built and checked (:func:`ntp_opt.model.topology.check_topology`), then
+    compiled. Slower by far on large clusters; it gives the error messages of
+    :func:`instance_from_dict` and is the oracle of its column checks.
+
+    Parameters
+    ----------
+    data
+        Parsed instance JSON.
+    source
+        Name used in error messages.
+
+    Returns
+    -------
+    Instance
+        With its graph built.
+
+    Raises
+    ------
+    InputError
+        On any schema or topology problem, naming ``source`` and the field.
+    """
+    check_format(data, INSTANCE_FORMAT, source)
+    _check_counts(data, source)
+    return _instance_from_models(data, source)
+
+
+def _instance_from_models(data: dict[str, Any], source: str) -> Instance:
     try:
         model = InstanceFile.model_validate(_strict_ready(data), strict=True)
     except ValidationError as err:
@@ -614,10 +874,7 @@ def instance_from_dict(data: Any, source: str = "<instance>") -> Instance:
     if dups:
         raise InputError(source, dups)
     try:
-        meta = dict(model.meta)
-        if model.description is not None:
-            meta["description"] = model.description
-        return Instance(model.name, graph, model.job, meta, copy_graph=False)
+        return Instance(model.name, graph, model.job, _meta(model), copy_graph=False)
     except TopologyError as err:
         raise InputError(source, [("cluster", p) for p in err.problems]) from None
 
@@ -636,6 +893,10 @@ def check_cluster(graph: nx.Graph, source: str = "<cluster>") -> None:
         raise InputError(source, [("cluster.nodes", f"more than {MAX_NODES} nodes")])
     data = nx.node_link_data(graph, edges="edges")
     try:
+        nodes, edges = data["nodes"], data["edges"]
+        ClusterData.model_validate({**data, "nodes": [], "edges": []}, strict=True)
+        if compile_records(nodes, edges, None) is not None:
+            return  # the records proven valid column by column (topology included)
         ClusterData.model_validate(data, strict=True)
     except ValidationError as err:
         raise InputError(
@@ -663,13 +924,54 @@ def instance_to_dict(instance: Instance) -> dict[str, Any]:
 def load_instance(path: str | os.PathLike[str]) -> Instance:
     """Load and validate an instance file (``.json`` or ``.json.gz``).
 
+    The fast way when it applies: the file parsed without per-value hooks,
+    its cluster compiled by the column checks (:func:`instance_from_dict`),
+    then the parse proven equal to the checked one (:func:`_parse_fast`'s
+    rules: no repeated key, no overflowed number). Otherwise the checked
+    parse (of the file read again) and :func:`instance_from_dict`, whose
+    errors name the field.
+
     Raises
     ------
     InputError
         Naming the file and the field path of every problem.
     """
     p = Path(path)
-    return instance_from_dict(read_json(p), str(p))
+    raw = _read_bytes(p)
+    text = _plain_text(raw)
+    if text is None:
+        return instance_from_dict(_parse(raw, str(p)), str(p))
+    del raw
+    colons = text.count(":")  # ':' never occurs inside a multi-byte UTF-8 character
+    data = _loads_plain(text)
+    del text  # peak memory: the checked path below reads the file again
+    if isinstance(data, dict) and data.get("format") == INSTANCE_FORMAT:
+        try:
+            _check_counts(data, str(p))
+        except InputError:
+            pass  # the checked path below reports it
+        else:
+            instance = _instance_from_columns(data)
+            if instance is not None and _same_as_checked(colons, data):
+                return instance
+    del data
+    return instance_from_dict(_parse(_read_bytes(p), str(p)), str(p))
+
+
+def _same_as_checked(colons: int, data: dict[str, Any]) -> bool:
+    """Whether :func:`_parse` gives ``data`` too, for records the column checks accepted.
+
+    ``colons``: the ``:`` characters of the text ``data`` was parsed from.
+
+    Their values are proven scalars and finite, so only the rest of the file
+    is walked for floats, and the keys are counted as in :func:`_parse_fast`.
+    """
+    cluster = data["cluster"]
+    nodes, edges = cluster["nodes"], cluster.get("edges", [])
+    rest = {**data, "cluster": {**cluster, "nodes": [], "edges": []}}
+    keys, finite = _keys_and_finite(rest)
+    keys += sum(map(len, nodes)) + sum(map(len, edges))
+    return finite and colons == keys
 
 
 def save_instance(

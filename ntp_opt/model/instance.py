@@ -7,10 +7,10 @@ flat numpy view that planners and the validator work on.
 
 from __future__ import annotations
 
-from collections.abc import Hashable
+from collections.abc import Callable, Hashable
 from dataclasses import InitVar, dataclass, field
 from functools import cached_property
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import networkx as nx
 import numpy as np
@@ -192,18 +192,79 @@ class Instance:
         graph = nx.freeze(self.cluster.copy() if copy_graph else self.cluster)
         object.__setattr__(self, "cluster", graph)
         check_topology(graph)
-        problems = []
         sizes = {d: s for d, s in graph.nodes(data="size") if graph.nodes[d]["kind"] == "domain"}
-        small = [d for d, s in sizes.items() if s < self.job.tp]
-        if small:
-            listed = ", ".join(map(str, small[:5])) + (" ..." if len(small) > 5 else "")
-            problems.append(
-                f"job.tp={self.job.tp} is larger than {len(small)} NVLink domain(s) "
-                f"({listed}; smallest size {min(sizes[d] for d in small)}): "
-                "a TP group never leaves its domain"
-            )
-        if problems:
-            raise TopologyError(problems)
+        _check_job_fits(self.job, sizes)
+
+    if not TYPE_CHECKING:  # mypy sees ``cluster`` as the plain field it is to callers
+
+        def __getattr__(self, name: str) -> Any:
+            # Only reached when ``cluster`` is not built yet (``from_arrays``).
+            if name == "cluster":
+                source = self.__dict__.get("_graph_source")
+                if source is not None:
+                    graph = nx.freeze(source())
+                    self.__dict__["cluster"] = graph
+                    self.__dict__.pop("_graph_source", None)
+                    return graph
+            raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
+
+    def __repr__(self) -> str:
+        # The dataclass's repr, without building a lazy graph to show it.
+        graph = self.__dict__.get("cluster")
+        shown = "<graph not built yet>" if graph is None else repr(graph)
+        return (
+            f"Instance(name={self.name!r}, cluster={shown}, job={self.job!r}, meta={self.meta!r})"
+        )
+
+    def __getstate__(self) -> dict[str, Any]:
+        """Pickled state: the graph is built first (its lazy source is a closure)."""
+        state = dict(self.__dict__)
+        if "cluster" not in state:
+            state["cluster"] = self.cluster
+        state.pop("_graph_source", None)
+        return state
+
+    @classmethod
+    def from_arrays(
+        cls,
+        name: str,
+        arrays: ClusterArrays,
+        job: Job,
+        meta: dict[str, Any],
+        graph: Callable[[], nx.Graph],
+    ) -> Instance:
+        """An instance from its compiled cluster, its graph built on first read of ``cluster``.
+
+        The fast path of :func:`ntp_opt.model.files.load_instance`: planners and
+        the validator work on :attr:`arrays` only, so the NetworkX graph is
+        built only if someone asks for it.
+
+        Parameters
+        ----------
+        name, job, meta
+            As for the constructor.
+        arrays
+            The compiled cluster, equal to ``compile_cluster(graph())``.
+        graph
+            Builds the cluster graph (called at most once); it must pass
+            :func:`ntp_opt.model.topology.check_topology` (the caller's proof).
+
+        Returns
+        -------
+        Instance
+
+        Raises
+        ------
+        TopologyError
+            If a domain is smaller than ``job.tp`` (as on construction).
+        """
+        _check_job_fits(job, _domain_sizes(arrays))
+        new = object.__new__(cls)
+        object.__setattr__(new, "name", name)
+        object.__setattr__(new, "job", job)
+        object.__setattr__(new, "meta", meta)
+        new.__dict__["_graph_source"] = graph
+        return new._sharing(arrays)
 
     @cached_property
     def arrays(self) -> ClusterArrays:
@@ -238,6 +299,10 @@ class Instance:
             A new instance (same name, graph and meta); :attr:`arrays` is
             shared, since it does not depend on the job.
         """
+        if "cluster" not in self.__dict__:  # not built yet: neither is the new one's
+            return Instance.from_arrays(
+                self.name, self.arrays, job, self.meta, lambda: self.cluster
+            )
         new = Instance(self.name, self.cluster, job, self.meta, copy_graph=False)
         return new._sharing(self.arrays)
 
@@ -260,7 +325,8 @@ class Instance:
             unchanged structure and node attributes; only the nodes of GPUs
             whose health or speed differ are copied (with only the changed
             attribute, ``state`` or ``speed``, set), and the compiled arrays
-            other than ``healthy`` and ``speed`` are shared.
+            other than ``healthy`` and ``speed`` are shared, as is
+            :attr:`max_multiplier`.
         """
         a = self.arrays
         new_healthy = np.array(a.healthy if healthy is None else healthy, dtype=bool)
@@ -268,34 +334,39 @@ class Instance:
         if new_healthy.shape != a.healthy.shape or new_speed.shape != a.speed.shape:
             raise ValueError(f"healthy and speed need one entry per GPU ({a.n_gpus})")
         changed = np.flatnonzero((new_healthy != a.healthy) | (new_speed != a.speed))
-        old = self.cluster
-        graph = nx.Graph()
-        graph._adj = old._adj  # frozen, shared: the structure does not change
-        graph._node = dict(old._node)
-        graph.graph = dict(old.graph)
-        for i in changed:
-            attrs = dict(old._node[a.gpu_ids[i]])
-            if new_healthy[i] != a.healthy[i]:
-                attrs["state"] = HEALTHY if new_healthy[i] else FAILED
-            if new_speed[i] != a.speed[i]:
-                attrs["speed"] = float(new_speed[i])
-            graph._node[a.gpu_ids[i]] = attrs
-        nx.freeze(graph)
         for arr in (new_healthy, new_speed):
             arr.setflags(write=False)
         arrays = ClusterArrays(**{**a.__dict__, "healthy": new_healthy, "speed": new_speed})
-        new = object.__new__(Instance)
-        object.__setattr__(new, "name", self.name)
-        object.__setattr__(new, "cluster", graph)
-        object.__setattr__(new, "job", self.job)
-        object.__setattr__(new, "meta", self.meta)
-        return new._sharing(arrays)
+
+        source = self.__dict__.get("_graph_source")
+        if "cluster" not in self.__dict__ and source is not None:  # lazy: so is the new one
+            lazy = _HealthGraph.after(source, a, new_healthy, new_speed)
+            new = Instance.from_arrays(self.name, arrays, self.job, self.meta, lazy)
+        else:
+            graph = _graph_with_health(
+                self.cluster,
+                a.gpu_ids,
+                changed,
+                new_healthy != a.healthy,
+                new_speed != a.speed,
+                new_healthy,
+                new_speed,
+            )
+            new = object.__new__(Instance)
+            object.__setattr__(new, "name", self.name)
+            object.__setattr__(new, "cluster", nx.freeze(graph))
+            object.__setattr__(new, "job", self.job)
+            object.__setattr__(new, "meta", self.meta)
+            new._sharing(arrays)
+        if "max_multiplier" in self.__dict__:  # boards and job unchanged: the same caps
+            new.__dict__["max_multiplier"] = self.__dict__["max_multiplier"]
+        return new
 
     def _sharing(self, arrays: ClusterArrays) -> Instance:
         """``self`` with its compiled cluster set to ``arrays`` (the fast path of the variants).
 
-        Only :meth:`with_job` and :meth:`with_health` call it, on an instance
-        they just made, with arrays that match its graph.
+        Only :meth:`from_arrays`, :meth:`with_job` and :meth:`with_health` call
+        it, on an instance they just made, with arrays that match its graph.
         """
         self.__dict__["arrays"] = arrays  # fills the cached_property
         return self
@@ -330,6 +401,101 @@ class Instance:
             "global_batch": self.job.global_batch,
             "batch_policy": self.job.batch_policy,
         }
+
+
+def _domain_sizes(arrays: ClusterArrays) -> dict[Hashable, int]:
+    """Each domain's GPU count (its ``size``, on a checked cluster)."""
+    counts = np.bincount(arrays.gpu_domain, minlength=arrays.n_domains)
+    return dict(zip(arrays.domain_ids, counts.tolist(), strict=True))
+
+
+def _check_job_fits(job: Job, sizes: dict[Hashable, int]) -> None:
+    """Raise :class:`TopologyError` if a domain is smaller than ``job.tp``."""
+    small = [d for d, s in sizes.items() if s < job.tp]
+    if small:
+        listed = ", ".join(map(str, small[:5])) + (" ..." if len(small) > 5 else "")
+        raise TopologyError(
+            [
+                f"job.tp={job.tp} is larger than {len(small)} NVLink domain(s) "
+                f"({listed}; smallest size {min(sizes[d] for d in small)}): "
+                "a TP group never leaves its domain"
+            ]
+        )
+
+
+def _graph_with_health(
+    old: nx.Graph,
+    gpu_ids: tuple[Hashable, ...],
+    changed: np.ndarray,
+    state_changed: np.ndarray,
+    speed_changed: np.ndarray,
+    healthy: np.ndarray,
+    speed: np.ndarray,
+) -> nx.Graph:
+    """``old`` sharing its structure; the ``changed`` GPUs' nodes copied with their
+    ``state`` (where ``state_changed``) and ``speed`` (where ``speed_changed``) set."""
+    graph = nx.Graph()
+    graph._adj = old._adj  # frozen or private, shared: the structure does not change
+    graph._node = dict(old._node)
+    graph.graph = dict(old.graph)
+    for i in changed.tolist():
+        attrs = dict(old._node[gpu_ids[i]])
+        if state_changed[i]:
+            attrs["state"] = HEALTHY if healthy[i] else FAILED
+        if speed_changed[i]:
+            attrs["speed"] = float(speed[i])
+        graph._node[gpu_ids[i]] = attrs
+    return graph
+
+
+@dataclass(frozen=True, eq=False)
+class _HealthGraph:
+    """The lazy graph of a :meth:`Instance.with_health` variant of a lazy instance.
+
+    It keeps the first lazy instance's graph source and, per GPU, whether any
+    variant on the way changed its health or speed, instead of a chain of
+    variants: many events (re-planning, simulation) neither grow a chain nor
+    deepen the build. The graph built is the one the variants would have
+    built one after another: the source's, with ``state`` and ``speed`` set
+    to their last values on the GPUs whose health or speed ever changed.
+    """
+
+    root: Callable[[], nx.Graph]
+    gpu_ids: tuple[Hashable, ...]
+    state_changed: np.ndarray
+    speed_changed: np.ndarray
+    healthy: np.ndarray
+    speed: np.ndarray
+
+    @classmethod
+    def after(
+        cls,
+        source: Callable[[], nx.Graph],
+        a: ClusterArrays,
+        healthy: np.ndarray,
+        speed: np.ndarray,
+    ) -> _HealthGraph:
+        """The lazy graph after setting ``healthy`` and ``speed`` on an instance (arrays ``a``)
+        whose lazy graph is ``source``."""
+        state_changed, speed_changed = healthy != a.healthy, speed != a.speed
+        root = source
+        if isinstance(source, _HealthGraph):
+            root = source.root
+            state_changed |= source.state_changed
+            speed_changed |= source.speed_changed
+        return cls(root, a.gpu_ids, state_changed, speed_changed, healthy, speed)
+
+    def __call__(self) -> nx.Graph:
+        changed = np.flatnonzero(self.state_changed | self.speed_changed)
+        return _graph_with_health(
+            self.root(),
+            self.gpu_ids,
+            changed,
+            self.state_changed,
+            self.speed_changed,
+            self.healthy,
+            self.speed,
+        )
 
 
 def _edge_set(graph: nx.Graph) -> set[tuple[frozenset[Hashable], tuple[tuple[str, Any], ...]]]:

@@ -492,6 +492,121 @@ def evaluate(instance: Instance, plan: Plan) -> Evaluation:
     )
 
 
+def layout_speeds(instance: Instance, layout: Layout) -> np.ndarray:
+    """Per replica of a strict layout, :func:`ntp_opt.rules.goodput.replica_speed`, vectorised.
+
+    Bit for bit the per-replica function: the same products ``pi ** alpha *
+    slowest`` (numpy's power is the C library's, as Python's), the exact
+    minimum per replica, then ``f(t) * slowest / c``. Every stage must have a
+    GPU and every replica a stage.
+    """
+    job = instance.job
+    if layout.n_replicas == 0:
+        return np.zeros(0)
+    slowest = np.minimum.reduceat(instance.arrays.speed[layout.gpus], layout.offsets[:-1])
+    per_stage = layout.power**job.power_exponent * slowest
+    first = np.searchsorted(layout.replica, np.arange(layout.n_replicas))
+    low = np.minimum.reduceat(per_stage, first)
+    factors = {t: job.tp_factor(t) for t in set(layout.degree.tolist())}
+    factor = np.array([factors[t] for t in layout.degree.tolist()], dtype=float)
+    out: np.ndarray = factor * low / job.seq_time_s
+    return out
+
+
+def evaluate_layout(instance: Instance, plan: Plan, layout: Layout) -> Evaluation:
+    """:func:`evaluate` of ``plan`` from its strict layout, on index arrays only.
+
+    The re-planning path: ``layout`` is ``Layout.from_plan(instance, plan)``
+    (or the layout the plan was written from), so node ids are never looked
+    up. Every rule is checked at once on the arrays (degrees, batches, stage
+    counts and sizes, power ranges and boards, failed, foreign and reused
+    GPUs, the batch sum, every rack and the site); only when one is broken
+    does the full :func:`evaluate` run, for its messages. The figures are
+    bit for bit :func:`evaluate`'s (tests compare them).
+
+    Parameters
+    ----------
+    instance
+        The instance.
+    plan
+        The plan (its ``metrics`` are checked; its stages are read only on
+        the fall-back).
+    layout
+        The plan's strict layout.
+
+    Returns
+    -------
+    Evaluation
+    """
+    job = instance.job
+    a = instance.arrays
+    lay = layout
+    n_rep = lay.n_replicas
+    if (
+        plan.instance != instance.name
+        or n_rep != len(plan.replicas)
+        or n_rep > job.replicas_max
+        or not all(type(rep.local_batch) is int for rep in plan.replicas)
+    ):
+        return evaluate(instance, plan)
+    deg, batch = lay.degree, lay.batch
+    sizes = np.diff(lay.offsets)
+    hi_power = 1.0 + job.max_boost
+    pw = lay.power
+    g = lay.gpus
+    with np.errstate(invalid="ignore"):
+        fine = (
+            bool(np.isin(deg, job.allowed).all())
+            and bool(((batch >= 1) & (batch <= job.local_batch_max)).all())
+            and bool((np.bincount(lay.replica, minlength=n_rep) == job.pp).all())
+            and bool((sizes == deg[lay.replica]).all())
+            and bool(
+                (
+                    np.isfinite(pw) & (pw >= 1.0 - POWER_TOL) & (pw <= hi_power * (1 + POWER_TOL))
+                ).all()
+            )
+            and bool(((g >= 0) & (g < a.n_gpus)).all())
+        )
+    if fine and g.size:
+        fine = (
+            bool(a.healthy[g].all())
+            and bool((a.gpu_domain[g] == np.repeat(lay.domain, sizes)).all())
+            and int(np.bincount(g, minlength=a.n_gpus).max()) <= 1
+        )
+    if not fine or _check_batch_sum(instance, plan):
+        return evaluate(instance, plan)
+    power_of = np.zeros(a.n_gpus, dtype=float)
+    power_of[g] = np.repeat(pw, sizes)
+    rack_w, site_w = rack_and_site_draw(instance, power_of)
+    racks_over, site_over = over_budget(instance, rack_w, site_w)
+    if racks_over.any() or site_over or board_over(instance, power_of).any():
+        return evaluate(instance, plan)
+    speeds = layout_speeds(instance, lay).tolist()
+    tps = deg.tolist()
+    batches = batch.tolist()
+    theta = gp.step_time(job, tps, batches, speeds)
+    value = gp.goodput(job, tps, batches, speeds)
+    claimed = plan.metrics.get("goodput")
+    if isinstance(claimed, int | float) and not math.isclose(
+        float(claimed), value, rel_tol=METRIC_TOL, abs_tol=METRIC_ABS_TOL
+    ):
+        return evaluate(instance, plan)
+    return Evaluation(
+        feasible=True,
+        violations=(),
+        goodput=value,
+        relative_goodput=gp.relative_goodput(job, value),
+        step_time=theta,
+        total_batch=sum(batches),
+        replica_speeds=tuple(speeds),
+        n_replicas=n_rep,
+        n_reduced=sum(1 for t in tps if t < job.tp),
+        gpus_used=int((power_of > 0).sum()),
+        site_power_w=site_w,
+        rack_power_w=tuple(rack_w.tolist()),
+    )
+
+
 def validate(instance: Instance, plan: Plan) -> list[Violation]:
     """Every rule of docs/model.md, spec section 3 that ``plan`` breaks (empty if feasible).
 

@@ -30,11 +30,20 @@ the new one; GPUs that failed are not counted.
 The new instance shares the old one's (frozen) graph structure and only
 copies the attributes of the GPUs that changed, so re-planning a 32k-GPU
 cluster does not copy its graph.
+
+The local plan is made and checked in index space, on the running plan's
+:class:`~ntp_opt.model.layout.Layout`
+(:mod:`ntp_opt.workflows.incremental`,
+:func:`ntp_opt.rules.validate.evaluate_layout`). :func:`replan` checks the
+plan it is given in full; a :class:`Replanner` keeps that check, the layout
+and the bound's multipliers (:class:`PlanState`) from one event to the next
+and updates the bound instead of searching it (``Replanned.bound_kind``).
 """
 
 from __future__ import annotations
 
 import logging
+import math
 import time
 from collections.abc import Hashable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -44,12 +53,19 @@ import numpy as np
 
 from ntp_opt.model.instance import Instance
 from ntp_opt.model.layout import SLOT, Layout
-from ntp_opt.model.plan import Plan, Replica, Stage
-from ntp_opt.planners.exact.bounds import stage_bound
+from ntp_opt.model.plan import Plan, Replica
+from ntp_opt.planners.exact.bounds import (
+    DomainRows,
+    DualPoints,
+    domain_rows,
+    domain_rows_after,
+    stage_bound_at,
+    stage_bound_point,
+)
 from ntp_opt.planners.swaps import improve
-from ntp_opt.rules.recourse import adapt_indices
-from ntp_opt.rules.tolerances import BOUND_TOL, FLOAT_NOISE
-from ntp_opt.rules.validate import check, evaluate
+from ntp_opt.rules.tolerances import BOUND_TOL
+from ntp_opt.rules.validate import Evaluation, PlanError, check, evaluate, evaluate_layout
+from ntp_opt.workflows.incremental import reboost_layout, recourse_layout
 
 logger = logging.getLogger(__name__)
 
@@ -261,65 +277,70 @@ def align(instance: Instance, old: Plan, new: Plan) -> Plan:
 def reboost(instance: Instance, plan: Plan, *, validate: bool = True) -> Plan:
     """The same replicas and GPUs with the best power boost and batch split.
 
-    Tries the plan's own multipliers, :func:`ntp_opt.baselines.boost_slowest` and
-    :func:`ntp_opt.fast.boost_floor`; keeps the best (checked by the validator
-    unless ``validate=False``, for a caller that checks it). No GPU moves.
-    Used after recourse, whose power rule (every boost of an over-budget rack
-    or site back to 1) is blunt: a repaired GPU's idle draw alone can trigger
-    it.
+    Tries the plan's own multipliers, the boost of the replicas slower than
+    nominal (:func:`ntp_opt.rules.power.boost_stages`, as
+    :func:`ntp_opt.planners.heuristics.boost_slowest`) and the common-speed
+    boost (:func:`ntp_opt.rules.power.boost_floor_stages`, as
+    :func:`ntp_opt.planners.fast.boost_floor`), on the plan's
+    :class:`~ntp_opt.rules.power.Stages`; keeps the best (checked by the
+    validator unless ``validate=False``, for a caller that checks it). No GPU
+    moves. Used after recourse, whose power rule (every boost of an
+    over-budget rack or site back to 1) is blunt: a repaired GPU's idle draw
+    alone can trigger it.
     """
-    from ntp_opt.planners.fast import boost_floor
-    from ntp_opt.planners.heuristics import Slot, boost_slowest, split_groups
-    from ntp_opt.rules.power import can_boost
-
-    a = instance.arrays
-    if not plan.replicas or not can_boost(instance):
+    if not plan.replicas:
         return plan
-    index = a.gpu_index
-    groups = [
-        (
-            rep.tp,
-            [
-                Slot(a.domain_index[st.domain], np.array([index[g] for g in st.gpus]), rep.tp)
-                for st in rep.stages
-            ],
-        )
-        for rep in plan.replicas
-    ]
-
-    def split_for(powers: list[list[float]]) -> tuple[float, tuple[int, ...]] | None:
-        split = split_groups(instance, groups, powers)
-        return None if split is None else (split.goodput, split.batches)
-
-    keep = split_for([[st.power for st in rep.stages] for rep in plan.replicas])
-    value = -1.0 if keep is None else keep[0]
-    best: tuple[float, list[list[float]], tuple[int, ...]] | None = None
-    for powers in (boost_slowest(instance, groups), boost_floor(instance, groups)):
-        got = split_for(powers)
-        if (
-            got is not None
-            and got[0] > value * (1 + FLOAT_NOISE)
-            and (best is None or got[0] > best[0])
-        ):
-            best = (got[0], powers, got[1])
-    if best is None:
+    got = reboost_layout(instance, plan, Layout.from_plan(instance, plan))
+    if got is None:
         return plan
-    _, powers, batches = best
-    reps = tuple(
-        Replica(
-            tp=rep.tp,
-            local_batch=b,
-            stages=tuple(
-                Stage(st.domain, st.gpus, float(pw)) for st, pw in zip(rep.stages, p, strict=True)
-            ),
-        )
-        for rep, p, b in zip(plan.replicas, powers, batches, strict=True)
-        if b > 0
-    )
-    cand = Plan(plan.instance, reps, {"policy": "reboost"})
     if not validate:
-        return cand  # the caller checks it
-    return cand if evaluate(instance, cand).feasible else plan  # one check, of the winner
+        return got.plan  # the caller checks it
+    return got.plan if evaluate(instance, got.plan).feasible else plan  # one check, of the winner
+
+
+@dataclass(frozen=True, eq=False)
+class PlanState:
+    """A running plan and what was checked about it: what re-planning starts from.
+
+    Attributes
+    ----------
+    instance
+        The instance the plan runs on.
+    plan
+        The plan (feasible for ``instance``).
+    layout
+        The plan's layout (index space): recourse, re-boosting and the
+        re-check of the next event work on it, never on node ids.
+    evaluation
+        The validator's figures of ``plan`` (feasible).
+    points
+        The multipliers of the last bound computed in full
+        (:func:`ntp_opt.planners.exact.bounds.stage_bound_point`), from which
+        the next events' bounds are updated; ``None`` before the first.
+    rows
+        ``domain_rows(instance)`` (:mod:`ntp_opt.planners.exact.bounds`),
+        kept with ``points``: an event recomputes the rows of the domains it
+        touches only.
+    """
+
+    instance: Instance
+    plan: Plan
+    layout: Layout
+    evaluation: Evaluation
+    points: DualPoints | None = None
+    rows: DomainRows | None = None
+
+    @classmethod
+    def checked(cls, instance: Instance, plan: Plan) -> PlanState:
+        """The state of a plan from outside: checked in full by the validator.
+
+        Raises
+        ------
+        PlanError
+            The plan breaks a rule of ``instance``.
+        """
+        ev = check(instance, plan)
+        return cls(instance, plan, Layout.from_plan(instance, plan), ev)
 
 
 @dataclass(frozen=True)
@@ -339,7 +360,17 @@ class Replanned:
     goodput, relative_goodput
         Of ``plan``, recomputed by the validator.
     bound
-        Proven upper bound on the goodput of any plan for ``instance``.
+        Proven upper bound on the goodput of any plan for ``instance``:
+        :func:`ntp_opt.planners.exact.bounds.stage_bound` (``bound_kind``
+        is ``"computed"``), or, re-planning from a :class:`PlanState` that
+        carries the multipliers of an earlier full bound, the dual at them
+        (:func:`~ntp_opt.planners.exact.bounds.stage_bound_at`:
+        ``"incremental"``; valid, used only when it settles the choice,
+        which makes it at most ``1 / (1 - tolerance)`` times the full bound,
+        and the choice the full bound's up to the bisection's resolution);
+        ``inf`` (the
+        trivial bound, ``"skipped"``) when it was not computed
+        (``bound=False``, or a :class:`Replanner` in ``"local"`` mode).
     local_goodput, global_goodput
         The two candidates (``global_goodput`` is ``None`` when it was not
         needed).
@@ -349,6 +380,11 @@ class Replanned:
         Wall-clock seconds, events applied included.
     details
         Goodput and migration of every plan tried, by name.
+    bound_kind
+        ``"computed"``, ``"incremental"`` or ``"skipped"`` (see ``bound``).
+    state
+        The new plan's :class:`PlanState` (to re-plan the next event
+        without re-checking it: :class:`Replanner`).
     """
 
     instance: Instance
@@ -363,73 +399,101 @@ class Replanned:
     global_moved: int | None
     runtime_s: float
     details: dict[str, Any] = field(default_factory=dict)
+    bound_kind: str = "computed"
+    state: PlanState | None = field(default=None, compare=False, repr=False)
 
     @property
     def gap(self) -> float:
-        """``(bound - goodput) / bound`` (0 when the bound is 0)."""
-        return 0.0 if self.bound <= 0 else max(0.0, (self.bound - self.goodput) / self.bound)
+        """``(bound - goodput) / bound`` (0 when the bound is 0 or was not computed)."""
+        if self.bound <= 0 or not math.isfinite(self.bound):
+            return 0.0
+        return max(0.0, (self.bound - self.goodput) / self.bound)
 
 
-def replan(
-    instance: Instance,
-    plan: Plan,
-    events: Iterable[Any] = (),
-    *,
-    tolerance: float = 1e-3,
-    mode: Literal["auto", "local", "global"] = "auto",
-) -> Replanned:
-    """Re-plan after ``events``, moving as few GPUs as the goodput allows.
+Check = Literal["incremental", "full"]
+Mode = Literal["auto", "local", "global"]
 
-    Parameters
-    ----------
-    instance
-        The instance ``plan`` was made for.
-    plan
-        The running plan (feasible for ``instance``).
-    events
-        What happened since (see :func:`apply_events`).
-    tolerance
-        Relative goodput that may be given up to avoid migration (module
-        docstring).
-    mode
-        ``"auto"`` (module docstring), ``"local"`` (recourse only) or
-        ``"global"`` (always the aligned global plan).
 
-    Returns
-    -------
-    Replanned
-    """
+def _settings(tolerance: float, mode: str, check_mode: str) -> None:
     if not tolerance >= 0:
         raise ValueError(f"tolerance must be >= 0, got {tolerance!r}")
     if mode not in ("auto", "local", "global"):
         raise ValueError(f"mode must be auto, local or global, got {mode!r}")
-    start = time.perf_counter()
-    check(instance, plan)
-    evs = _as_events(events)
-    new_inst = apply_events(instance, evs)
+    if check_mode not in ("incremental", "full"):
+        raise ValueError(f"check must be incremental or full, got {check_mode!r}")
+
+
+def _evaluate(instance: Instance, plan: Plan, layout: Layout, check_mode: str) -> Evaluation:
+    """The validator's figures of a plan made in index space.
+
+    ``"incremental"``: :func:`ntp_opt.rules.validate.evaluate_layout` (every
+    rule on the layout's arrays, no node id read). ``"full"``: also the full
+    :func:`ntp_opt.rules.validate.evaluate`, which must agree figure for
+    figure (else ``RuntimeError``: a bug, never hidden).
+    """
+    ev = evaluate_layout(instance, plan, layout)
+    if check_mode == "full":
+        full = evaluate(instance, plan)
+        if full != ev:
+            raise RuntimeError(f"the index-space check differs from the validator: {ev} != {full}")
+    return ev
+
+
+def _apply(instance: Instance, evs: list[ClusterEvent]) -> Instance:
+    """:func:`apply_events` for a state: the same checks, the same instance."""
+    return apply_events(instance, evs)
+
+
+def _step(
+    state: PlanState,
+    evs: list[ClusterEvent],
+    *,
+    tolerance: float,
+    mode: str,
+    check_mode: str,
+    want_bound: bool,
+    start: float,
+) -> Replanned:
+    """Re-plan ``state`` after ``evs`` (module docstring); the new state rides along."""
+    instance, plan = state.instance, state.plan
+    new_inst = _apply(instance, evs)
     a = instance.arrays
     failed_now = a.healthy & ~new_inst.arrays.healthy
-    layout = Layout.from_plan(instance, plan)
-    local = adapt_indices(new_inst, plan, failed_now, layout)
+    changed = (a.healthy != new_inst.arrays.healthy) | (a.speed != new_inst.arrays.speed)
+    local, local_lay = recourse_layout(new_inst, plan, state.layout, failed_now)
     local_ev = None
     if local.metrics.get("reduced_power") or any(e.kind == "speed" for e in evs):
         # recourse reset boosts, or speeds changed: redo the boosts
-        boosted = reboost(new_inst, local, validate=False)
-        if boosted is not local:
-            ev = evaluate(new_inst, boosted)
+        boosted = reboost_layout(new_inst, local, local_lay)
+        if boosted is not None:
+            ev = _evaluate(new_inst, boosted.plan, boosted.layout, check_mode)
             if ev.feasible:
-                local, local_ev = boosted, ev
+                (local, local_lay), local_ev = boosted, ev
     if local_ev is None:
-        local_ev = check(new_inst, local)
-    bound = stage_bound(new_inst)
-    before = layout.assignment(a.n_gpus)
+        local_ev = _evaluate(new_inst, local, local_lay, check_mode)
+        if not local_ev.feasible:
+            raise PlanError(list(local_ev.violations))
+    bound, points, rows, bound_kind = math.inf, state.points, None, "skipped"
+    if want_bound and points is not None and state.rows is not None:
+        # the incremental bound: the dual at the last full bound's multipliers
+        # (valid for any multipliers); enough whenever it settles the choice
+        touched_d = sorted({int(a.gpu_domain[i]) for i in np.flatnonzero(changed)})
+        rows = domain_rows_after(new_inst, state.rows, touched_d)
+        bound, bound_kind = stage_bound_at(new_inst, points, rows), "incremental"
+        if mode == "auto" and local_ev.goodput < bound * (1 - tolerance):
+            bound_kind = "skipped"  # undecided: the full bound decides, as without a state
+    if want_bound and bound_kind == "skipped":
+        rows = domain_rows(new_inst) if rows is None else rows
+        (bound, points), bound_kind = stage_bound_point(new_inst, rows), "computed"
+    before = state.layout.assignment(a.n_gpus)
     healthy = new_inst.arrays.healthy
 
-    def moved_by(p: Plan) -> int:
-        return int(((assignment(new_inst, p) != before) & healthy).sum())
+    def moved_by(p: Plan, lay: Layout | None = None) -> int:
+        lay = Layout.from_plan(new_inst, p) if lay is None else lay
+        return int(((lay.assignment(a.n_gpus) != before) & healthy).sum())
 
     options: dict[str, tuple[Plan, float, int]] = {
-        "local": (local, local_ev.goodput, moved_by(local))
+        "local": (local, local_ev.goodput, moved_by(local, local_lay))
     }
     evals = {"local": local_ev}
 
@@ -481,9 +545,12 @@ def replan(
     if value > bound * (1 + BOUND_TOL):  # a bug, never hidden
         raise RuntimeError(f"re-planned goodput {value} above the bound {bound}")
     ev = evals[choice]  # the chosen plan was checked above; only its metrics change
-    chosen = chosen.with_metrics(
-        **ev.as_metrics(), policy=f"replan-{choice}", moved=moved, bound=bound
-    )
+    extra: dict[str, Any] = {"bound": bound} if want_bound else {}
+    chosen = chosen.with_metrics(**ev.as_metrics(), policy=f"replan-{choice}", moved=moved, **extra)
+    if choice == "local":
+        lay = Layout(**{**local_lay.__dict__, "metrics": dict(chosen.metrics)})
+    else:
+        lay = Layout.from_plan(new_inst, chosen)
     logger.info(
         "replan: kept the %s plan, %d GPUs move, goodput %.9g (bound %.9g)",
         choice,
@@ -493,6 +560,9 @@ def replan(
     )
     global_value = options["global"][1] if "global" in options else None
     global_moved = options["global"][2] if "global" in options else None
+    details: dict[str, Any] = {
+        name: {"goodput": v, "moved": m} for name, (_, v, m) in options.items()
+    }
     return Replanned(
         instance=new_inst,
         plan=chosen,
@@ -505,5 +575,152 @@ def replan(
         global_goodput=global_value,
         global_moved=global_moved,
         runtime_s=time.perf_counter() - start,
-        details={name: {"goodput": v, "moved": m} for name, (_, v, m) in options.items()},
+        details=details,
+        bound_kind=bound_kind,
+        state=PlanState(new_inst, chosen, lay, ev, points, rows),
     )
+
+
+def replan(
+    instance: Instance,
+    plan: Plan,
+    events: Iterable[Any] = (),
+    *,
+    tolerance: float = 1e-3,
+    mode: Mode = "auto",
+    check: Check = "incremental",
+    bound: bool = True,
+) -> Replanned:
+    """Re-plan after ``events``, moving as few GPUs as the goodput allows.
+
+    Parameters
+    ----------
+    instance
+        The instance ``plan`` was made for.
+    plan
+        The running plan (feasible for ``instance``; checked in full here:
+        :class:`Replanner` keeps that check from one event to the next).
+    events
+        What happened since (see :func:`apply_events`).
+    tolerance
+        Relative goodput that may be given up to avoid migration (module
+        docstring).
+    mode
+        ``"auto"`` (module docstring), ``"local"`` (recourse only) or
+        ``"global"`` (always the aligned global plan).
+    check
+        How the local plan is checked: ``"incremental"`` (default: every rule
+        on the layout's arrays, :func:`ntp_opt.rules.validate.evaluate_layout`)
+        or ``"full"`` (also the full validator, which must agree figure for
+        figure). The swap and global plans always go through the full one.
+    bound
+        Compute the bound (default). ``False`` skips it where no decision
+        needs it (``mode="local"`` or ``"global"``): ``Replanned.bound`` is
+        then ``inf``.
+
+    Returns
+    -------
+    Replanned
+    """
+    _settings(tolerance, mode, check)
+    if not bound and mode == "auto":
+        raise ValueError("mode='auto' decides by the bound: it cannot be skipped")
+    start = time.perf_counter()
+    state = PlanState.checked(instance, plan)
+    return _step(
+        state,
+        _as_events(events),
+        tolerance=tolerance,
+        mode=mode,
+        check_mode=check,
+        want_bound=bound,
+        start=start,
+    )
+
+
+class Replanner:
+    """Re-plans a running plan event after event (a scheduler replaying a trace).
+
+    Holds the instance, the plan and its :class:`PlanState` (layout and the
+    validator's figures): the plan is checked in full once, on construction;
+    each :meth:`replan` then starts from the kept state instead of
+    re-validating its input, applies the events to the arrays
+    (copy-on-write), runs recourse on the touched replicas only and
+    re-checks the result in index space (``check="full"`` adds the full
+    validator). Each call returns what :func:`replan` returns for the same
+    plan and events (tests check it) and makes its plan the running one.
+
+    Parameters
+    ----------
+    instance, plan
+        The running plan and its instance.
+    tolerance, mode, check
+        As for :func:`replan`.
+    bound
+        ``None`` (default): compute the bound only where a decision needs it
+        (``mode="auto"``); ``True``: always; ``False``: never (not with
+        ``"auto"``). Skipped, ``Replanned.bound`` is ``inf``.
+    """
+
+    def __init__(
+        self,
+        instance: Instance,
+        plan: Plan,
+        *,
+        tolerance: float = 1e-3,
+        mode: Mode = "auto",
+        check: Check = "incremental",
+        bound: bool | None = None,
+    ) -> None:
+        _settings(tolerance, mode, check)
+        if bound is False and mode == "auto":
+            raise ValueError("mode='auto' decides by the bound: it cannot be skipped")
+        self.tolerance = tolerance
+        self.mode = mode
+        self.check = check
+        self.bound = (mode == "auto") if bound is None else bound
+        state = PlanState.checked(instance, plan)
+        if self.bound:  # the multipliers and rows the events' bounds start from
+            rows = domain_rows(instance)
+            points = stage_bound_point(instance, rows)[1]
+            state = PlanState(instance, plan, state.layout, state.evaluation, points, rows)
+        self.state = state
+
+    @property
+    def instance(self) -> Instance:
+        """The instance after every event so far."""
+        return self.state.instance
+
+    @property
+    def plan(self) -> Plan:
+        """The running plan."""
+        return self.state.plan
+
+    def replan(self, events: Iterable[Any], *, commit: bool = True) -> Replanned:
+        """Re-plan after ``events`` (as :func:`replan`); the new plan becomes the running one.
+
+        Parameters
+        ----------
+        events
+            What happened since the last call.
+        commit
+            ``False``: a what-if; the running plan and instance stay as they were.
+
+        Returns
+        -------
+        Replanned
+        """
+        start = time.perf_counter()
+        out = _step(
+            self.state,
+            _as_events(events),
+            tolerance=self.tolerance,
+            mode=self.mode,
+            check_mode=self.check,
+            want_bound=self.bound,
+            start=start,
+        )
+        if commit:
+            assert out.state is not None
+            self.state = out.state
+        return out

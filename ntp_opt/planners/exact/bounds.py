@@ -23,6 +23,7 @@ smaller of the two.
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -171,6 +172,144 @@ def stage_bound(instance: Instance, only: tuple[int, ...] | None = None) -> floa
     float
         Upper bound on goodput (sequences per second).
     """
+    return _stage_bound(instance, only=only)
+
+
+DualPoints = dict[tuple[int, ...], tuple[float, float]]
+"""Per case of :func:`stage_bound` (its degrees), multipliers ``(lambda, mu)``."""
+
+
+def stage_bound_point(
+    instance: Instance, rows: DomainRows | None = None
+) -> tuple[float, DualPoints]:
+    """:func:`stage_bound`, and per case the multipliers whose dual gave its value.
+
+    ``rows``: ``domain_rows(instance)``, when known.
+
+    Returns
+    -------
+    tuple of (float, DualPoints)
+        The bound (the same number as :func:`stage_bound`) and the points
+        :func:`stage_bound_at` takes.
+    """
+    points: DualPoints = {}
+    return _stage_bound(instance, record=points, rows_in=rows), points
+
+
+def stage_bound_at(instance: Instance, points: DualPoints, rows: DomainRows | None = None) -> float:
+    """A valid upper bound from given multipliers: no search (re-planning's incremental bound).
+
+    Every ``(lambda, mu) >= 0`` gives a bound (:func:`stage_bound`), so the
+    dual of ``instance`` at the multipliers another instance's
+    :func:`stage_bound_point` found (an instance a few events ago) bounds
+    every plan of ``instance``. It is close to ``stage_bound(instance)``
+    when the instances differ little (above it as a rule; below only by the
+    search's resolution, where the given point beats the searched one; the
+    ``fixed`` refinement is left out); a case with no point is searched as
+    usual.
+
+    Parameters
+    ----------
+    instance
+        The instance.
+    points
+        Multipliers per case (:func:`stage_bound_point`).
+    rows
+        ``domain_rows(instance)``, when known (re-planning keeps them up to
+        date with :func:`domain_rows_after`).
+
+    Returns
+    -------
+    float
+    """
+    return _stage_bound(instance, at=points, rows_in=rows)
+
+
+@dataclass(frozen=True, eq=False)
+class DomainRows:
+    """Per domain, what :func:`stage_bound` classifies it by (its *row*).
+
+    ``key[d]``: the healthy GPU count, the healthy speeds descending and TDPs
+    ascending (zero-padded to ``width`` columns each), and the largest
+    multiplier cap (with the validator's tolerance). Domains with equal rows
+    form one class. Kept by re-planning, which recomputes only the rows of
+    the domains an event touches (:func:`domain_rows_after`).
+    """
+
+    key: np.ndarray
+    width: int
+
+
+def domain_rows(instance: Instance) -> DomainRows:
+    """Every domain's row (:class:`DomainRows`)."""
+    job = instance.job
+    a = instance.arrays
+    ok = a.healthy
+    # per domain: the largest cap of its healthy GPUs bounds every stage's multiplier
+    dom_cap = np.ones(a.n_domains)
+    if job.power_exponent > 0:
+        np.maximum.at(dom_cap, a.gpu_domain[ok], instance.max_multiplier[ok])
+    dom_hi = dom_cap * (1 + POWER_TOL)
+    # per domain: healthy speeds descending and TDPs ascending, zero-padded
+    dom = a.gpu_domain[ok]
+    spd = a.speed[ok]
+    tdp = a.tdp[ok]
+    h = np.bincount(dom, minlength=a.n_domains)
+    width = max(int(h.max(initial=0)), job.tp)  # every degree indexes a column
+    starts = np.concatenate(([0], np.cumsum(h)[:-1]))
+    by_speed = np.lexsort((-spd, dom))
+    pos = np.arange(len(dom)) - starts[dom[by_speed]]
+    speeds = np.zeros((a.n_domains, width))
+    speeds[dom[by_speed], pos] = spd[by_speed]
+    by_tdp = np.lexsort((tdp, dom))
+    tdps = np.zeros((a.n_domains, width))
+    tdps[dom[by_tdp], np.arange(len(dom)) - starts[dom[by_tdp]]] = tdp[by_tdp]
+    key = np.hstack([h[:, None].astype(float), speeds, tdps, dom_hi[:, None]])
+    return DomainRows(key, width)
+
+
+def domain_rows_after(instance: Instance, rows: DomainRows, domains: list[int]) -> DomainRows:
+    """``rows`` with the rows of ``domains`` recomputed from ``instance`` (copy-on-write).
+
+    Equal to ``domain_rows(instance)`` when only those domains changed
+    (their health, speeds, caps or TDPs); recomputed in full when a domain
+    outgrows the width.
+    """
+    job = instance.job
+    a = instance.arrays
+    width = rows.width
+    key = rows.key.copy()
+    for d in domains:
+        members = a.domain_gpus[d]
+        live = members[a.healthy[members]]
+        n = len(live)
+        if n > width:
+            return domain_rows(instance)
+        cap = 1.0
+        if job.power_exponent > 0 and n:
+            cap = max(1.0, float(instance.max_multiplier[live].max()))
+        row = np.zeros(2 * width + 2)
+        row[0] = n
+        row[1 : 1 + n] = np.sort(a.speed[live])[::-1]
+        row[1 + width : 1 + width + n] = np.sort(a.tdp[live])
+        row[-1] = cap * (1 + POWER_TOL)
+        key[d] = row
+    if width > job.tp and not (key[:, 0] == width).any():
+        return domain_rows(instance)  # the widest domain shrank: the width with it
+    return DomainRows(key, width)
+
+
+def _stage_bound(
+    instance: Instance,
+    *,
+    record: DualPoints | None = None,
+    at: DualPoints | None = None,
+    rows_in: DomainRows | None = None,
+    only: tuple[int, ...] | None = None,
+) -> float:
+    """:func:`stage_bound`; ``record`` receives each case's multipliers, ``at`` gives
+    them; ``rows_in``: the instance's :func:`domain_rows`, when known; ``only``: one
+    case's degrees."""
     job = instance.job
     a = instance.arrays
     alpha = job.power_exponent
@@ -182,27 +321,10 @@ def stage_bound(instance: Instance, only: tuple[int, ...] | None = None) -> floa
     room = a.site_budget - float((a.tdp[ok] * idle).sum()) + _slack(a.site_budget)
     if room < 0:
         return 0.0
-    # per domain: the largest cap of its healthy GPUs bounds every stage's multiplier
-    dom_cap = np.ones(a.n_domains)
-    if alpha > 0:
-        np.maximum.at(dom_cap, a.gpu_domain[ok], instance.max_multiplier[ok])
-    dom_hi = dom_cap * (1 + POWER_TOL)
-    # per domain: healthy speeds descending and TDPs ascending, zero-padded
-    dom = a.gpu_domain[ok]
-    spd = a.speed[ok]
-    tdp = a.tdp[ok]
-    h = np.bincount(dom, minlength=a.n_domains)
-    width = max(int(h.max()), job.tp)  # every degree indexes a column
-    starts = np.concatenate(([0], np.cumsum(h)[:-1]))
-    by_speed = np.lexsort((-spd, dom))
-    pos = np.arange(len(dom)) - starts[dom[by_speed]]
-    speeds = np.zeros((a.n_domains, width))
-    speeds[dom[by_speed], pos] = spd[by_speed]
-    by_tdp = np.lexsort((tdp, dom))
-    tdps = np.zeros((a.n_domains, width))
-    tdps[dom[by_tdp], np.arange(len(dom)) - starts[dom[by_tdp]]] = tdp[by_tdp]
-    key = np.hstack([h[:, None].astype(float), speeds, tdps, dom_hi[:, None]])
-    rows, counts = _unique_rows(key)
+    if rows_in is None:
+        rows_in = domain_rows(instance)
+    width = rows_in.width
+    rows, counts = _unique_rows(rows_in.key)
     h_cls = rows[:, 0].astype(np.int64)
     s_cls = rows[:, 1 : 1 + width]
     w_cls = rows[:, 1 + width : 1 + 2 * width]
@@ -218,21 +340,33 @@ def stage_bound(instance: Instance, only: tuple[int, ...] | None = None) -> floa
     s_max = float(a.speed[ok].max())
     hi_max = float(hi.max())
     for degrees, factor in reversed(cases):  # case B first: it usually decides
-        # a quick valid bound for the case first; refine only if it could matter
-        quick = _case_bound(
-            job, degrees, h_cls, s_cls, w_cls, cum_w, counts, room, hi, idle, refine=False
-        )
-        if quick / factor <= best:
-            continue
-        value = _case_bound(job, degrees, h_cls, s_cls, w_cls, cum_w, counts, room, hi, idle)
+        if at is not None and degrees in at:
+            value = _case_bound(
+                job, degrees, h_cls, s_cls, w_cls, cum_w, counts, room, hi, idle, at=at[degrees]
+            )
+        else:
+            # a quick valid bound for the case first; refine only if it could matter
+            found: list[tuple[float, float]] = []
+            quick = _case_bound(
+                job, degrees, h_cls, s_cls, w_cls, cum_w, counts, room, hi, idle, False, found=found
+            )
+            if record is not None and found:
+                record[degrees] = (float(found[-1][0]), float(found[-1][1]))
+            if quick / factor <= best:
+                continue
+            value = _case_bound(
+                job, degrees, h_cls, s_cls, w_cls, cum_w, counts, room, hi, idle, found=found
+            )
+            if record is not None and found:
+                record[degrees] = (float(found[-1][0]), float(found[-1][1]))
         if degrees == (job.tp,):
-            slots = int((h // job.tp).sum())
+            slots = int((rows_in.key[:, 0].astype(np.int64) // job.tp).sum())
             replicas = min(job.replicas_max, slots // job.pp)
         else:
             replicas = job.replicas_max
         v_top = max(job.tp_factor(t) for t in degrees) * s_max * hi_max**alpha / c
         case = min(value, replicas * v_top) / factor
-        if job.batch_policy == "fixed" and case > best:
+        if job.batch_policy == "fixed" and case > best and at is None:
             case = min(
                 case,
                 _fixed_case_bound(
@@ -469,11 +603,16 @@ def _case_bound(
     hi: np.ndarray,
     idle: float,
     refine: bool = True,
+    at: tuple[float, float] | None = None,
+    found: list[tuple[float, float]] | None = None,
 ) -> float:
     """Lagrangian bound on the sum of replica speeds using only ``degrees``.
 
     ``refine=False`` skips the search over the GPU-count multiplier (a valid,
     possibly weaker bound). ``hi`` caps the multiplier, per domain class.
+    ``at``: no search, the dual at these multipliers ``(lambda, mu)`` (valid
+    for any; :func:`stage_bound_at`). ``found``: receives the multipliers of
+    the value returned.
     """
     alpha = job.power_exponent
     scale = 1.0 / (job.pp * job.seq_time_s)
@@ -594,7 +733,10 @@ def _case_bound(
     while ups[-1] <= 1e12:
         ups.append(ups[-1] * 4.0)
 
-    def inner_many(mus: list[float]) -> tuple[list[float], list[float]]:
+    if at is not None:
+        return dual(*at)[0]
+
+    def inner_many(mus: list[float]) -> tuple[list[float], list[float], list[float]]:
         """min over lambda of the dual at each ``mu``; and the GPUs used there.
 
         The same steps as a search per ``mu`` (the dual at ``lambda = 0``;
@@ -612,11 +754,13 @@ def _case_bound(
             for x in duals(np.tile(cand, n_mu), np.repeat(mu_arr, len(cand)))
         )
         values, used = v[:, 0].tolist(), g[:, 0].tolist()
+        lams = [0.0] * n_mu
         active: list[int] = []
         los: list[float] = []
         hs: list[float] = []
         best_v: list[float] = []
         best_g: list[float] = []
+        best_l: list[float] = []
         for i in range(n_mu):
             if float(w[i, 0]) <= room:
                 continue
@@ -628,6 +772,7 @@ def _case_bound(
             hs.append(float(cand[j]))
             best_v.append(float(v[i, j]))
             best_g.append(float(g[i, j]))
+            best_l.append(float(cand[j]))
         steps = 40
         while active and steps:
             depth = min(_depth(per_point, len(active)), steps)
@@ -643,6 +788,7 @@ def _case_bound(
                     mid_v = float(mids[a, node])
                     if float(v[a, node]) < best_v[a]:
                         best_v[a], best_g[a] = float(v[a, node]), float(g[a, node])
+                        best_l[a] = mid_v
                     if float(w[a, node]) > room:
                         los[a] = mid_v
                         node = 2 * node + 2
@@ -651,16 +797,15 @@ def _case_bound(
                         node = 2 * node + 1
             steps -= depth
         for a, i in enumerate(active):
-            values[i], used[i] = best_v[a], best_g[a]
-        return values, used
+            values[i], used[i], lams[i] = best_v[a], best_g[a], best_l[a]
+        return values, used, lams
 
-    def inner(mu: float) -> tuple[float, float]:
-        """min over lambda of the dual at ``mu``; and the GPUs used there."""
-        values, used = inner_many([mu])
-        return values[0], used[0]
-
-    value, _ = inner(0.0)
+    values0, _, lams0 = inner_many([0.0])
+    value = values0[0]
+    point = (lams0[0], 0.0)
     if not refine or dual(0.0, 0.0)[2] <= cap_gpus:
+        if found is not None:
+            found.append(point)
         return value  # (the second: the GPU count can never bind, mu = 0 is optimal)
     # D(mu) = min over lambda is convex in mu: ternary search on its values
     # (not on a subgradient, which ties between domain classes make unreliable).
@@ -682,12 +827,14 @@ def _case_bound(
                 points += [m1, m2]
                 nxt += [(a, m2), (m1, b)]
             nodes = nxt
-        vals, _ = inner_many(points)
+        vals, _, lams = inner_many(points)
         node = 0
         for _ in range(depth):
             m1, m2 = points[2 * node], points[2 * node + 1]
             v1, v2 = vals[2 * node], vals[2 * node + 1]
-            best = min(best, v1, v2)
+            for v_i, pt in ((v1, (lams[2 * node], m1)), (v2, (lams[2 * node + 1], m2))):
+                if v_i < best:  # min(best, v1, v2), and where it is
+                    best, point = v_i, pt
             if v1 <= v2:
                 up = m2
                 node = 2 * node + 1
@@ -695,4 +842,6 @@ def _case_bound(
                 lo = m1
                 node = 2 * node + 2
         steps -= depth
+    if found is not None:
+        found.append(point)
     return best

@@ -51,9 +51,11 @@ import numpy as np
 
 from ntp_opt.planners.exact.backends import BackendUnavailable, solve_program
 from ntp_opt.planners.exact.backends.highs import new_highs
+from ntp_opt.planners.exact.choice_pricing import ListedPricing
 from ntp_opt.planners.exact.model import (
     MAX_CONFIGS,
     MW,
+    WHOLE_UNIT,
     Capacity,
     CapacityBuilder,
     Config,
@@ -66,6 +68,8 @@ from ntp_opt.planners.exact.model import (
     ceil_mw,
     max_level,
     stage_power,
+    unit_domain,
+    unit_key,
 )
 from ntp_opt.planners.exact.program import IntProgram, IntSolution, Row
 
@@ -77,6 +81,7 @@ __all__ = [
     "ceil_mw",
     "column_generation_available",
     "column_generation_for",
+    "owner_domain",
     "owners",
     "stage_options",
 ]
@@ -114,7 +119,9 @@ class Owner:
         Unit indices sharing the column (the class members; one unit for a
         multi-domain unit).
     pos
-        Position of the domain in its unit.
+        Position of the domain in its unit, or
+        :data:`~ntp_opt.planners.exact.model.WHOLE_UNIT` when a column holds a whole
+        multi-domain unit (:func:`~ntp_opt.planners.exact.model.unit_domain`).
     size
         Upper bound of a column (units of the class; 1 for a multi-domain unit).
     multi
@@ -128,22 +135,55 @@ class Owner:
     multi: int | None
 
 
-def owners(prep: Prepared) -> list[Owner]:
+def owners(prep: Prepared, *, group_units: bool = False) -> list[Owner]:
     """The column owners of the capacity program, in the order of ``build_capacity``.
 
     Parameters
     ----------
     prep
         From :func:`~ntp_opt.planners.exact.model.prepare`.
+    group_units
+        Multi-domain units (NVL8 racks) as whole units: a column then holds the
+        configurations of all the unit's domains, fits its racks by itself, and
+        interchangeable units (:func:`~ntp_opt.planners.exact.model.unit_key`) share
+        one owner of their number. Without it, one owner per domain of such a unit,
+        with its racks as rows (as ``build_capacity``).
 
     Returns
     -------
     list of Owner
     """
     out = [Owner(tuple(members), 0, len(members), None) for members in prep.classes]
+    if group_units:
+        grouped: dict[tuple[object, ...], list[int]] = {}
+        for u in prep.multi:
+            grouped.setdefault(unit_key(prep, u), []).append(u)
+        out.extend(Owner(tuple(us), WHOLE_UNIT, len(us), None) for us in grouped.values())
+        return out
     for u in prep.multi:
         for pos in range(len(prep.units[u].domains)):
             out.append(Owner((u,), pos, 1, u))
+    return out
+
+
+def owner_domain(prep: Prepared, owner: Owner) -> Domain:
+    """The domain an owner's columns configure (a segmented one for a whole unit)."""
+    if owner.pos == WHOLE_UNIT:
+        return unit_domain(prep, owner.units[0])
+    return prep.domains[prep.units[owner.units[0]].domains[owner.pos]]
+
+
+def _segments(dom: Domain) -> list[tuple[int, int]]:
+    """``(start, end)`` of each segment of a domain (one for a real domain)."""
+    h = len(dom.gpus)
+    if dom.seg_end is None:
+        return [(0, h)]
+    out = []
+    start = 0
+    while start < h:
+        end = int(dom.seg_end[start])
+        out.append((start, end))
+        start = end
     return out
 
 
@@ -160,12 +200,13 @@ def stage_options(
         More than :data:`MAX_KINDS` kinds.
     """
     job = prep.instance.job
-    h = len(dom.gpus)
+    segments = _segments(dom)
     options: list[tuple[float, int, int]] = []
     for t in degrees:
-        if t > h or h == 0:
+        firsts = [float(dom.speed[a + t - 1]) for a, e in segments if a + t <= e]
+        if not firsts:
             continue
-        top = max_level(prep, t, float(dom.speed[t - 1]), theta)
+        top = max_level(prep, t, max(firsts), theta)
         if len(options) + top > MAX_KINDS:
             raise ModelTooLarge(
                 f"domain {prep.instance.arrays.domain_ids[dom.index]!r} has more than "
@@ -210,9 +251,14 @@ class Pricing:
         self.owner = owner
         self.theta = theta
         self.unit: Unit = prep.units[owner.units[0]]
-        self.dom: Domain = prep.domains[self.unit.domains[owner.pos]]
+        self.dom: Domain = owner_domain(prep, owner)
         self.n_racks = len(self.unit.racks)
         self.h = len(self.dom.gpus)
+        self.segmented = self.dom.seg_end is not None
+        # per GPU position: where its segment ends (the domain's end for a real one)
+        self.seg_end: list[int] = (
+            [self.h] * self.h if self.dom.seg_end is None else self.dom.seg_end.tolist()
+        )
         self.options = stage_options(prep, self.dom, theta, degrees)
         self.index = {kind: j for j, kind in enumerate(self.options)}
         self.skip_useless = _skips_useless(self.dom)
@@ -232,7 +278,7 @@ class Pricing:
             return self._place[key]
         t, b = self.options[j]
         out: tuple[float, tuple[float, ...]] | None = None
-        if start + t <= self.h:
+        if start < self.h and start + t <= self.seg_end[start]:
             dom = self.dom
             block = slice(start, start + t)
             hi = float(dom.cap[block].min())
@@ -243,6 +289,20 @@ class Pricing:
                 out = (pi, tuple(add.tolist()))
         self._place[key] = out
         return out
+
+    def after(self, end: int, j: int) -> tuple[int, int]:
+        """Where the next stage starts and its first kind, after a stage of kind ``j``
+        that ends at GPU ``end``: a full segment starts the next with every kind."""
+        if self.segmented and end < self.h and end == self.seg_end[end - 1]:
+            return end, 0
+        return end, j
+
+    def skip(self, start: int) -> int | None:
+        """Start of the segment after the one holding GPU ``start`` (``None``: none, or a
+        real domain): its GPUs from ``start`` on stay unused."""
+        if not self.segmented or start >= self.h or self.seg_end[start] >= self.h:
+            return None
+        return self.seg_end[start]
 
     def fits(self, extra: tuple[float, ...]) -> bool:
         """Whether a configuration with this extra draw per rack fits the unit's racks."""
@@ -255,14 +315,24 @@ class Pricing:
     def build(self, kinds: tuple[tuple[int, int], ...]) -> Config | None:
         """The configuration holding these stage kinds (in option order) from GPU 0,
         with the draws :func:`~ntp_opt.planners.exact.model.domain_configs` computes;
-        ``None`` when a kind is unknown here, a block cannot carry it, or it does not fit."""
+        ``None`` when a kind is unknown here, a block cannot carry it, or it does not fit.
+
+        In a segmented domain (a whole unit) a kind that does not follow the order or
+        does not fit in the rest of its segment starts the next segment."""
         stages: list[StageChoice] = []
         extra = np.zeros(self.n_racks)
         start = 0
         last = -1
         for kind in kinds:
             j = self.index.get(kind)
-            if j is None or j < last:
+            if j is None:
+                return None
+            if self.segmented:
+                while start < self.h and (j < last or start + kind[0] > self.seg_end[start]):
+                    start, last = self.seg_end[start], -1
+                if start >= self.h:
+                    return None
+            elif j < last:
                 return None
             placed = self.place(j, start)
             if placed is None:
@@ -270,8 +340,7 @@ class Pricing:
             pi, add = placed
             stages.append(StageChoice(kind[0], kind[1], start, pi))
             extra = extra + np.array(add)
-            start += kind[0]
-            last = j
+            start, last = self.after(start + kind[0], j)
         cfg = Config(tuple(stages), tuple(extra.tolist()))
         return cfg if stages and self.fits(cfg.extra_w) else None
 
@@ -305,7 +374,10 @@ class Pricing:
             out.append(Config(tuple(new_stages), new_extra))
             if len(out) > limit:
                 raise ModelTooLarge("too many configurations to enumerate")
-            self._extend_all(out, limit, start + t, j, new_stages, new_extra)
+            self._extend_all(out, limit, *self.after(start + t, j), new_stages, new_extra)
+        nxt = self.skip(start)
+        if nxt is not None:  # the rest of this segment unused
+            self._extend_all(out, limit, nxt, 0, stages, extra)
 
     def cost(self, extra: tuple[float, ...], sigma_mw: float, rho_mw: tuple[float, ...]) -> float:
         """Dual cost of a configuration's draw: site and (multi-domain units) racks."""
@@ -442,6 +514,17 @@ class _PriceSearch:
         self.seen: dict[tuple[int, int], list[tuple[float, tuple[float, ...]]]] = {}
         self.fronts: dict[tuple[int, int], tuple[list[float], list[float]]] = {}
         self.sig = sigma_mw * MW
+        # per GPU position: GPUs left in its segment, and an optimistic value of the
+        # segments after it (every kind, each segment on its own)
+        h = pricing.h
+        self.seg_end = pricing.seg_end
+        self.later = [0.0] * (h + 1)
+        if pricing.segmented:
+            fill0 = self.fill[0]
+            for start in range(h - 1, -1, -1):
+                end = self.seg_end[start]
+                if end < h:
+                    self.later[start] = self.later[end] + fill0[self.seg_end[end] - end]
 
     def bar(self) -> float:
         """The price a configuration must beat to matter: to be listed, to be among the
@@ -470,7 +553,11 @@ class _PriceSearch:
         fill = self.fill
         sig = self.sig
         bar = self.bar()
-        left = self.pricing.h - start
+        pricing = self.pricing
+        if start >= pricing.h:
+            return
+        left = self.seg_end[start] - start
+        later = self.later[start]
         for j in self.usable[bisect.bisect_left(self.usable, j0) :]:
             placed = table[j][start]
             if placed is None:
@@ -479,7 +566,7 @@ class _PriceSearch:
             t = options[j][0]
             nv = value + lam[j]
             # the configuration and all its extensions score at most this
-            optimistic = nv + fill[j][left - t] - sig * (sum(extra) + sum(add))
+            optimistic = nv + fill[j][left - t] + later - sig * (sum(extra) + sum(add))
             if optimistic <= bar + 1e-12:
                 continue
             new_extra = self.extend(extra, add)
@@ -493,9 +580,19 @@ class _PriceSearch:
             bar = self.bar()
             if optimistic <= bar + 1e-12:
                 continue
-            if not self.everything and self.dominated((start + t, j), nv, new_extra):
+            nxt = pricing.after(start + t, j)
+            if not self.everything and self.dominated(nxt, nv, new_extra):
                 continue
-            self.rec(start + t, j, nv, new_extra, [*stages, StageChoice(t, b, start, pi)])
+            self.rec(*nxt, nv, new_extra, [*stages, StageChoice(t, b, start, pi)])
+        skip = pricing.skip(start)
+        if skip is None:
+            return
+        # the rest of this segment unused: the next one from its first GPU
+        if value + later - sig * sum(extra) <= self.bar() + 1e-12:
+            return
+        if not self.everything and self.dominated((skip, 0), value, extra):
+            return
+        self.rec(skip, 0, value, extra, stages)
 
     def extend(self, extra: tuple[float, ...], add: tuple[float, ...]) -> tuple[float, ...] | None:
         """The draw per rack with ``add`` on top of ``extra``; ``None`` when it does not fit."""
@@ -631,9 +728,8 @@ def column_generation_for(
     if not column_generation_available():
         return None
     try:
-        for ow in owners(prep):
-            unit = prep.units[ow.units[0]]
-            stage_options(prep, prep.domains[unit.domains[ow.pos]], theta_max, degrees)
+        for ow in owners(prep, group_units=True):
+            stage_options(prep, owner_domain(prep, ow), theta_max, degrees)
     except ModelTooLarge:
         return None
     return ColumnGeneration(prep, degrees)
@@ -676,7 +772,7 @@ class ColumnGeneration:
     pool: dict[int, dict[tuple[tuple[int, int], ...], None]] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
-        self.owners = owners(self.prep)
+        self.owners = owners(self.prep, group_units=True)
 
     # -- the master LP ---------------------------------------------------------
 
@@ -689,6 +785,7 @@ class ColumnGeneration:
         threads: int = 1,
         seed: int = 0,
         cancel: threading.Event | None = None,
+        target: int | None = None,
     ) -> MasterResult:
         """Bounds on ``C(theta')``: the LP bound and an integer solution over the columns.
 
@@ -703,6 +800,10 @@ class ColumnGeneration:
             during column generation; the integer master gets the time left.
         threads, seed, cancel
             Passed to the backend.
+        target
+            The caller only asks whether ``C(theta') >= target``: when the LP bound
+            is already below it, no integer master is solved (the result has no
+            solution, ``lower`` 0 and the LP bound as ``upper``).
 
         Returns
         -------
@@ -726,11 +827,21 @@ class ColumnGeneration:
             highspy,
             _IntOptions(backend, deadline, threads, seed, cancel),
         )
+        if not master.kinds:  # no stage fits anywhere at this step time: C = 0
+            empty = CapacityBuilder(self.prep).finish(theta, self.degrees)
+            sol = IntSolution("optimal", np.zeros(0, dtype=np.int64), 0, 0.0, False, 0.0)
+            return MasterResult(empty, sol, 0, 0.0, 0, 0)
         master.seed(self.pool)
         _check(deadline)
         root = master.generate({})
         lp_value = root.lp_value
         self._remember(root.used)
+        if target is not None and root.upper < target:
+            empty = CapacityBuilder(self.prep).finish(theta, self.degrees)
+            sol = IntSolution("optimal", np.zeros(0, dtype=np.int64), 0, 0.0, False, 0.0)
+            return MasterResult(
+                empty, sol, max(0, root.upper), lp_value, master.rounds, len(master.columns)
+            )
         master.start_integer(root)
         master.close_gap(root)
         return MasterResult(
@@ -786,7 +897,13 @@ class _Master:
         self.highspy = highspy
         self.opts = opts
         self.inf = float(highspy.kHighsInf)
-        self.pricers = [Pricing(prep, ow, theta, degrees) for ow in owners]
+        # a domain whose GPUs are chosen exactly is priced over its exact listing
+        self.pricers: list[Pricing | ListedPricing] = [
+            ListedPricing(prep, ow, theta, degrees, opts.deadline)
+            if prep.units[ow.units[0]].domains[ow.pos] in prep.choice
+            else Pricing(prep, ow, theta, degrees)
+            for ow in owners
+        ]
         self.kinds = sorted(
             {k for p in self.pricers for k in p.options}, key=lambda k: (-k[0], -k[1])
         )
@@ -806,7 +923,7 @@ class _Master:
         self.h = self._build_lp()
         self.n_cols_n = 2 * len(self.kinds)  # columns before the configurations
         self.columns: list[tuple[int, Config]] = []  # (owner index, config)
-        self.seen: set[tuple[int, tuple[tuple[int, int, int], ...]]] = set()
+        self.seen: set[tuple[int, tuple[tuple[int, int, int, tuple[int, ...]], ...]]] = set()
         self.rounds = 0
         # the integer master: its program, solution, and the bounds on C
         self.cap: Capacity
@@ -825,7 +942,9 @@ class _Master:
         prep, job, inf = self.prep, self.job, self.inf
         for ow in self.owners:
             self.conv_row.append(self._row(-inf, float(ow.size)))
-        for u in prep.multi:
+        # racks as rows for the multi-domain units owned domain by domain (whole
+        # units fit their racks column by column)
+        for u in dict.fromkeys(ow.multi for ow in self.owners if ow.multi is not None):
             unit = prep.units[u]
             for r in range(len(unit.racks)):
                 room = unit.budget_mw[r] - ceil_mw(unit.idle_w[r])
@@ -874,7 +993,7 @@ class _Master:
 
     def add(self, oi: int, cfg: Config) -> bool:
         """Add configuration ``cfg`` of owner ``oi`` as a column (``False``: already there)."""
-        key = (oi, tuple((st.t, st.b, st.start) for st in cfg.stages))
+        key = (oi, tuple((st.t, st.b, st.start, st.pos) for st in cfg.stages))
         if key in self.seen:
             return False
         self.seen.add(key)

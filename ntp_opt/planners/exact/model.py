@@ -35,9 +35,12 @@ GPU has a lower cap than a slower one, this choice is optimal (an earlier GPU
 is never worse in speed nor in cap, and every GPU left out draws the same idle
 power). Otherwise (mixed TDPs, a domain spanning racks such as NVL36x2, or
 caps that disagree with speeds) a slower or lower-power GPU, or another rack
-split, can be better: the search then still returns a validated plan, but reports
-it as feasible with the capacity bound, not as optimal
-(:attr:`Prepared.inexact` says why).
+split, can be better: such a domain's configurations are listed with an exact
+GPU choice (:mod:`ntp_opt.planners.exact.choice`: every split of a stage over
+the groups of interchangeable GPUs) where that stays small
+(:attr:`Prepared.choice`). Where it does not, the domain keeps fastest-first
+and the search still returns a validated plan, but reports it as feasible with
+the capacity bound, not as optimal (:attr:`Prepared.inexact` says why).
 """
 
 from __future__ import annotations
@@ -45,12 +48,18 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import NamedTuple
 
 import numpy as np
 
 from ntp_opt.model.instance import Instance
+from ntp_opt.planners.exact.choice import (
+    ChoiceDomain,
+    ChoiceTooLarge,
+    choice_configs,
+    choice_groups,
+)
 from ntp_opt.planners.exact.program import IntProgram, Row
 from ntp_opt.rules.tolerances import (
     BISECT_TOL,
@@ -124,6 +133,11 @@ class Domain:
     tdp: np.ndarray
     rack_pos: np.ndarray  # position of each GPU's rack in its unit's rack list
     cap: np.ndarray  # largest power multiplier of each GPU (job and board)
+    # A whole multi-domain unit seen as one domain (:func:`unit_domain`): per
+    # position, the end of its segment (one real domain) and that domain's index.
+    # ``None`` for a real domain (one segment).
+    seg_end: np.ndarray | None = None
+    domain_of: np.ndarray | None = None
 
 
 @dataclass(frozen=True)
@@ -149,6 +163,8 @@ class Prepared:
     site_idle_w: float
     speeds: tuple[float, ...]  # distinct healthy GPU speeds
     inexact: str = ""  # why "fastest GPUs first" may miss the optimum ("" = it cannot)
+    # domains where fastest-first may miss the optimum, listed exactly by choice.py
+    choice: dict[int, ChoiceDomain] = field(default_factory=dict)
 
 
 def prepare(instance: Instance) -> Prepared:
@@ -201,10 +217,24 @@ def prepare(instance: Instance) -> Prepared:
         idx = a.domain_gpus[d]
         idx = idx[a.healthy[idx]]
         racks = unit_racks[unit_of_domain[d]]
-        pos_of = {r: i for i, r in enumerate(racks)}
-        rpos = np.array([pos_of[r] for r in a.gpu_rack[idx].tolist()], dtype=np.int64)
+        if len(racks) == 1:
+            rpos = np.zeros(len(idx), dtype=np.int64)
+        else:
+            pos_of = {r: i for i, r in enumerate(racks)}
+            rpos = np.array([pos_of[r] for r in a.gpu_rack[idx].tolist()], dtype=np.int64)
         # fastest first; among equal speeds the highest cap first, then alternate
         # racks (round robin)
+        if len(idx) == 0 or bool((rpos == rpos[0]).all()):
+            # one rack: the round-robin rank grows with the index within each
+            # (speed, cap) group, so the index alone breaks the ties (same order)
+            order = np.lexsort((np.arange(len(idx)), -caps[idx], -a.speed[idx]))
+            idx = idx[order]
+            domains.append(
+                Domain(
+                    d, idx, a.speed[idx].copy(), a.tdp[idx].copy(), rpos[order], caps[idx].copy()
+                )
+            )
+            continue
         rank = np.zeros(len(idx), dtype=np.int64)
         seen: dict[tuple[float, float, int], int] = {}
         for j, (s, cp, rp) in enumerate(
@@ -252,20 +282,35 @@ def prepare(instance: Instance) -> Prepared:
     healthy_speeds = sorted({float(s) for s in a.speed[a.healthy].tolist()}, reverse=True)
     # Fastest-first is optimal when a domain's healthy GPUs share one TDP and
     # one rack: then a faster GPU never costs more power anywhere.
+    # Otherwise the domain's GPUs are chosen exactly (choice.py) where that stays small.
     inexact = ""
+    choice: dict[int, ChoiceDomain] = {}
+    single_domain = {unit.domains[0] for unit in units if len(unit.domains) == 1}
     for dom in domains:
+        why = ""
         if len(set(dom.tdp.tolist())) > 1:
-            inexact = f"domain {a.domain_ids[dom.index]!r} mixes GPU TDPs"
-            break
-        if len(set(dom.rack_pos.tolist())) > 1:
-            inexact = f"domain {a.domain_ids[dom.index]!r} spans racks"
-            break
-        if len(dom.cap) > 1 and np.any(np.diff(dom.cap) > 0):
-            inexact = (
+            why = f"domain {a.domain_ids[dom.index]!r} mixes GPU TDPs"
+        elif len(set(dom.rack_pos.tolist())) > 1:
+            why = f"domain {a.domain_ids[dom.index]!r} spans racks"
+        elif len(dom.cap) > 1 and np.any(np.diff(dom.cap) > 0):
+            why = (
                 f"domain {a.domain_ids[dom.index]!r} has a faster GPU whose board accepts "
                 "less power than a slower one's"
             )
-            break
+        if not why:
+            continue
+        grouped, too_many = choice_groups(
+            dom.rack_pos,
+            dom.tdp,
+            dom.cap,
+            dom.speed,
+            instance.job.allowed,
+            dom.index in single_domain,
+        )
+        if grouped is not None:
+            choice[dom.index] = grouped
+        elif not inexact:
+            inexact = f"{why}; no exact GPU choice: {too_many}"
     site_idle = float((a.tdp * a.healthy).sum() * idle_frac)
     return Prepared(
         instance=instance,
@@ -277,17 +322,20 @@ def prepare(instance: Instance) -> Prepared:
         site_idle_w=site_idle,
         speeds=tuple(healthy_speeds),
         inexact=inexact,
+        choice=choice,
     )
 
 
 @dataclass(frozen=True)
 class StageChoice:
-    """One stage of a configuration: GPUs ``[start, start + t)`` of the domain's order."""
+    """One stage of a configuration: GPUs ``[start, start + t)`` of the domain's order,
+    or the positions ``pos`` in that order when set (an exact GPU choice, choice.py)."""
 
     t: int
     b: int
     start: int
     power: float
+    pos: tuple[int, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -296,6 +344,69 @@ class Config:
 
     stages: tuple[StageChoice, ...]
     extra_w: tuple[float, ...]  # per rack of the unit: draw above idle
+
+
+#: ``pos`` of a column that holds a whole multi-domain unit (:func:`unit_domain`).
+WHOLE_UNIT = -1
+
+
+def profile_key(dom: Domain) -> tuple[object, ...]:
+    """What makes two domains interchangeable inside a unit: healthy speeds, TDPs,
+    rack positions and caps, in stage order."""
+    return (
+        tuple(dom.speed.tolist()),
+        tuple(dom.tdp.tolist()),
+        tuple(dom.rack_pos.tolist()),
+        tuple(dom.cap.tolist()),
+    )
+
+
+def unit_domain(prep: Prepared, u: int) -> Domain:
+    """A multi-domain unit as one segmented domain: its domains' GPUs (each in stage
+    order) one after the other, in a canonical domain order.
+
+    The domains are ordered by :func:`profile_key` (then index), so units whose
+    domains have the same profiles give segments of the same profiles in the same
+    order: such units are interchangeable (one class of the column generation).
+    A stage never spans two segments; within a segment stages follow the same
+    rules as in a real domain.
+
+    Parameters
+    ----------
+    prep
+        From :func:`prepare`.
+    u
+        Index of the unit in :attr:`Prepared.units`.
+
+    Returns
+    -------
+    Domain
+        ``seg_end`` and ``domain_of`` set; ``index`` is its first domain's.
+    """
+    doms = sorted(
+        (prep.domains[d] for d in prep.units[u].domains),
+        key=lambda dm: (profile_key(dm), dm.index),
+    )
+    ends = np.cumsum([len(dm.gpus) for dm in doms])
+    return Domain(
+        doms[0].index,
+        np.concatenate([dm.gpus for dm in doms]),
+        np.concatenate([dm.speed for dm in doms]),
+        np.concatenate([dm.tdp for dm in doms]),
+        np.concatenate([dm.rack_pos for dm in doms]),
+        np.concatenate([dm.cap for dm in doms]),
+        seg_end=np.repeat(ends, [len(dm.gpus) for dm in doms]).astype(np.int64),
+        domain_of=np.repeat([dm.index for dm in doms], [len(dm.gpus) for dm in doms]).astype(
+            np.int64
+        ),
+    )
+
+
+def unit_key(prep: Prepared, u: int) -> tuple[object, ...]:
+    """Units with equal keys are interchangeable as whole units (:func:`unit_domain`)."""
+    unit = prep.units[u]
+    profiles = sorted(profile_key(prep.domains[d]) for d in unit.domains)
+    return (tuple(profiles), unit.budget_mw, unit.idle_w)
 
 
 def stage_power(
@@ -380,6 +491,28 @@ def domain_configs(
         for b in range(1, top + 1):
             options.append((b / job.tp_factor(t), t, b))
     options.sort(key=lambda o: (-o[0], -o[1], -o[2]))
+    grouped = prep.choice.get(dom.index)
+    if grouped is not None:  # fastest-first may miss the optimum: exact GPU choice
+        unit = next(u for u in prep.units if dom.index in u.domains)
+        try:
+            listed = choice_configs(
+                job,
+                grouped,
+                unit.idle_w,
+                unit.budget_mw,
+                theta,
+                degrees,
+                [(t, b) for _, t, b in options],
+                lambda: _check_deadline(deadline),
+                str(prep.instance.arrays.domain_ids[dom.index]),
+                MAX_CONFIGS,
+            )
+        except ChoiceTooLarge as err:
+            raise ModelTooLarge(str(err)) from None
+        return [
+            Config(tuple(StageChoice(t, b, min(pos), pi, pos) for t, b, pi, pos in stages), extra)
+            for stages, extra in listed
+        ]
     configs: list[Config] = [Config((), (0.0,) * n_racks)]
     tdp_cum = dom.tdp
     min_t = min((t for t in degrees), default=h + 1)
@@ -593,9 +726,18 @@ def iter_stages(prep: Prepared, cap: Capacity, x: np.ndarray) -> Iterator[StageP
             k = used_units.get((units[0], pos), 0)
             used_units[(units[0], pos)] = k + 1
             unit = prep.units[units[k]]
+            if pos == WHOLE_UNIT:
+                whole = unit_domain(prep, units[k])
+                assert whole.domain_of is not None
+                for st in cfg.stages:
+                    gpus = tuple(int(g) for g in whole.gpus[st.start : st.start + st.t])
+                    d = int(whole.domain_of[st.start])
+                    out.append(StagePick(st.t, st.b, d, gpus, st.power))
+                continue
             dom = prep.domains[unit.domains[pos]]
             for st in cfg.stages:
-                gpus = tuple(int(g) for g in dom.gpus[st.start : st.start + st.t])
+                block = list(st.pos) if st.pos else slice(st.start, st.start + st.t)
+                gpus = tuple(int(g) for g in dom.gpus[block])
                 out.append(StagePick(st.t, st.b, dom.index, gpus, st.power))
     out.sort(key=lambda s: (s.domain, s.gpus))
     yield from out

@@ -40,6 +40,10 @@ from ntp_opt.model.plan import Plan
 from ntp_opt.planners import heuristics as baselines
 from ntp_opt.planners.base import Limit, Outcome
 from ntp_opt.planners.exact.backends import solve_program
+from ntp_opt.planners.exact.backends.common import BackendUnavailable
+from ntp_opt.planners.exact.backends.common import prepare as normalise_program
+from ntp_opt.planners.exact.backends.highs import highs_lp, new_highs
+from ntp_opt.planners.exact.backends.highs import load as load_highs
 from ntp_opt.planners.exact.bounds import capacity_bound, stage_bound
 from ntp_opt.planners.exact.colgen import ColumnGeneration, column_generation_for
 from ntp_opt.planners.exact.model import (
@@ -53,6 +57,7 @@ from ntp_opt.planners.exact.model import (
     prepare,
     tighten,
 )
+from ntp_opt.planners.exact.program import IntProgram
 from ntp_opt.rules.goodput import replica_speed, split_batch
 from ntp_opt.rules.power import can_boost, largest_cap
 from ntp_opt.rules.tolerances import (
@@ -67,16 +72,52 @@ from ntp_opt.rules.validate import evaluate
 logger = logging.getLogger(__name__)
 
 
-#: From this many healthy GPUs on, the ``fast`` planner's plan joins the warm starts.
-FAST_WARM_START_GPUS = 16_384
-
-
 class _Deadline(Exception):
     pass
 
 
 class _Interrupted(Exception):
     pass
+
+
+#: Absolute margin by which the LP relaxation must be below a target (``C`` and the
+#: target are integers; the LP value is a float with solver tolerances).
+LP_MARGIN = 0.5
+
+
+def lp_relaxation(program: IntProgram, threads: int = 1) -> float | None:
+    """The LP relaxation's optimum of a capacity program (HiGHS), or ``None`` when
+    ``highspy`` is missing or the LP is not solved to optimality.
+
+    Parameters
+    ----------
+    program
+        A maximisation with integer variables.
+    threads
+        HiGHS threads.
+
+    Returns
+    -------
+    float or None
+        An upper bound on the program's integer optimum, up to solver tolerances.
+    """
+    try:
+        highspy = load_highs()
+    except BackendUnavailable:
+        return None
+    data, broken = normalise_program(program)
+    if broken:
+        return None
+    lp = highs_lp(highspy, data)
+    lp.integrality_ = [highspy.HighsVarType.kContinuous] * len(data.lb)
+    h = new_highs(highspy)
+    h.setOptionValue("output_flag", False)
+    h.setOptionValue("threads", threads)
+    h.passModel(lp)
+    h.run()
+    if h.getModelStatus() != highspy.HighsModelStatus.kOptimal:
+        return None
+    return float(h.getInfo().objective_function_value)
 
 
 @dataclass
@@ -114,9 +155,15 @@ class _Search:
 
     # -- capacity oracle ---------------------------------------------------
 
-    def capacity(self, theta: float, degrees: tuple[int, ...]) -> tuple[int, int, float]:
+    def capacity(
+        self, theta: float, degrees: tuple[int, ...], target: int | None = None
+    ) -> tuple[int, int, float]:
         """Bounds ``(lower, upper)`` on ``C(theta)`` (equal when proven), and a step
-        time ``<= theta`` at which the solution found still carries ``lower``."""
+        time ``<= theta`` at which the solution found still carries ``lower``.
+
+        With ``target``, only ``C(theta) >= target`` is asked: where configurations
+        are generated on demand and their LP bound is below ``target``, the
+        answer is ``(0, that bound)`` without an integer program."""
         remaining = None
         if self.control is not None and self.control.cancelled:
             raise _Interrupted
@@ -132,14 +179,24 @@ class _Search:
             else:
                 master = generated.solve(
                     theta, self.backend, deadline=self.deadline, threads=self.threads,
-                    seed=self.seed, cancel=cancel,
+                    seed=self.seed, cancel=cancel, target=target,
                 )  # fmt: skip
                 cap = master.capacity
         except DeadlineReached:
             raise _Deadline from None
         self.evaluations += 1
         if not cap.classes:
-            return 0, 0, theta
+            return 0, (0 if generated is None else master.upper), theta
+        if generated is None and target is not None:
+            relaxed = lp_relaxation(cap.program, self.threads)
+            if relaxed is not None and relaxed < target - LP_MARGIN:
+                # C is an integer at most the LP value: below the target
+                self.evaluations += 1
+                if self.keep_log:
+                    self.log.append(
+                        f"theta'={theta:.9g} degrees={list(degrees)} LP={relaxed:.6f} < {target}"
+                    )
+                return 0, max(0, math.floor(relaxed + LP_MARGIN)), theta
         if generated is None:
             sol = solve_program(
                 cap.program,
@@ -286,11 +343,20 @@ def _theta_range(prep: Prepared, degrees: tuple[int, ...]) -> tuple[float, float
 
 
 def _min_theta(
-    s: _Search, degrees: tuple[int, ...], target: int, lo: float, hi: float
+    s: _Search,
+    degrees: tuple[int, ...],
+    target: int,
+    lo: float,
+    hi: float,
+    *,
+    alternate: bool = False,
 ) -> tuple[float, float]:
     """Smallest ``theta'`` with ``C >= target`` in ``(lo, hi]``: ``(feasible hi, proven lo)``.
 
     ``C(hi) >= target`` must hold; every ``theta' <= lo`` has ``C < target``.
+    On the continuous axis, a probe right below the feasible end follows every
+    solution found; with ``alternate`` probes and geometric midpoints alternate
+    strictly (a solution that tightens only a little then still halves the bracket).
     """
     cands = _candidates(s.prep, degrees)
     if cands is not None:
@@ -302,7 +368,7 @@ def _min_theta(
         best = i_hi
         while i_lo < best:
             m = (i_lo + best) // 2
-            low, up, tight = s.capacity(float(cands[m]), degrees)
+            low, up, tight = s.capacity(float(cands[m]), degrees, target)
             if low >= target:
                 # the solution still fits at `tight`: C is constant on [tight, cands[m]]
                 first = int(np.searchsorted(cands, tight * (1 - FLOAT_NOISE), side="left"))
@@ -317,11 +383,11 @@ def _min_theta(
     probe = True  # hi is where a known solution stops fitting: C often drops right below
     while hi / lo - 1 > REL_TOL:
         mid = max(hi * (1 - REL_TOL / 2), lo * (1 + PROBE_STEP)) if probe else math.sqrt(lo * hi)
-        low, up, tight_at = s.capacity(mid, degrees)
+        low, up, tight_at = s.capacity(mid, degrees, target)
         probe = not probe
         if low >= target:
             hi = max(tight_at, lo)
-            probe = True
+            probe = probe or not alternate
         elif up < target:
             lo = mid
         else:
@@ -369,6 +435,29 @@ def _bound_floor(s: _Search, degrees: tuple[int, ...], target: int, factor: floa
     return target / (bound * factor) / (1 + EDGE_SLACK)
 
 
+#: GPUs from which ``fast``'s plan is always a warm start (below: only where a case
+#: needs generated configurations or none can be searched).
+FAST_WARM_GPUS = 4096
+
+
+def _fast_plan(instance: Instance) -> Plan:
+    """``fast``'s plan (not validated: the caller evaluates it)."""
+    from ntp_opt.planners.fast import plan_fast
+
+    return plan_fast(instance, validate=False)[0]
+
+
+#: Domains in multi-domain units (racks shared by several domains, NVL8) above which
+#: the search generates configurations per whole unit (``colgen``: identical racks
+#: form one class) instead of one binary per domain and configuration.
+MULTI_DOMAINS_COLGEN = 64
+
+
+def _many_rack_domains(prep: Prepared) -> bool:
+    """Whether the full program would hold too many domains that share racks."""
+    return sum(len(prep.units[u].domains) for u in prep.multi) > MULTI_DOMAINS_COLGEN
+
+
 def _case_fixed(s: _Search, degrees: tuple[int, ...], factor: float) -> float:
     """Search one degree set under ``fixed``; returns the case's goodput bound."""
     job = s.prep.instance.job
@@ -376,26 +465,75 @@ def _case_fixed(s: _Search, degrees: tuple[int, ...], factor: float) -> float:
     big_b = job.global_batch
     # any plan has a replica with b >= B / dp_max
     lo = max(lo, math.ceil(big_b / max(1, job.replicas_max)) * lo) / (1 + EDGE_SLACK)
-    lo = max(lo, _bound_floor(s, degrees, big_b, factor))
-    # warm start: the incumbent's step time is feasible if its plan fits this case
-    # (then the program at the top of the range, the largest, is not needed)
-    carried = False
-    inc = s.best_plan
-    if inc.replicas and all(r.tp in degrees for r in inc.replicas):
-        ev = evaluate(s.prep.instance, inc)
-        theta_inc = ev.step_time / (factor if any(r.tp < job.tp for r in inc.replicas) else 1.0)
-        if lo < theta_inc < hi:
-            low, up, tight = s.capacity(theta_inc * (1 + FLOAT_NOISE), degrees)
-            if low >= big_b:
-                hi, carried = min(hi, tight), True
-    if not carried:
-        low, up, _ = s.capacity(hi, degrees)
+    # no plan beats the capacity bound: below B / (bound * factor) C stays under B
+    if math.isfinite(s.global_bound) and s.global_bound > 0:
+        lo = max(lo, big_b / (s.global_bound * factor) * (1 - EDGE_SLACK))
+    lo = max(lo, _bound_floor(s, degrees, big_b, factor))  # per-case bound
+    # first the one program that may settle the case against the incumbent
+    prune = _fixed_prune(s, degrees, factor, lo, hi)
+    if prune is not None and prune[0]:
+        return prune[1]
+    if prune is not None:
+        hi = prune[1]  # a solution carries B there: C(hi) >= B
+    else:
+        low, up, _ = s.capacity(hi, degrees, big_b)
         if up < big_b:
             return 0.0  # the job cannot run at all in this case
         if low < big_b:
             raise _Deadline
-    hi, lo = _min_theta(s, degrees, big_b, lo, hi)
+        # warm start: the incumbent's step time is feasible if its plan fits this case
+        inc = s.best_plan
+        if inc.replicas and all(r.tp in degrees for r in inc.replicas):
+            ev = evaluate(s.prep.instance, inc)
+            theta_inc = ev.step_time / (factor if any(r.tp < job.tp for r in inc.replicas) else 1.0)
+            if lo < theta_inc < hi:
+                low, up, tight = s.capacity(theta_inc * (1 + FLOAT_NOISE), degrees, big_b)
+                if low >= big_b:
+                    hi = min(hi, tight)
+    hi, lo = _min_theta(s, degrees, big_b, lo, hi, alternate=True)
     return big_b / (lo * factor)
+
+
+#: Share of the time left that the probe against the incumbent may take (fixed batch).
+PRUNE_SHARE = 0.2
+
+
+def _fixed_prune(
+    s: _Search, degrees: tuple[int, ...], factor: float, lo: float, hi: float
+) -> tuple[bool, float] | None:
+    """One program at the step time a plan of this case would need to beat the
+    incumbent by more than :data:`REL_TOL`: where ``C`` stays below ``B`` there,
+    no step time at or below it carries ``B`` (``C`` is non-decreasing) and the
+    case is settled, ``(True, its bound)``; where it reaches ``B`` the search goes
+    on below the solution's tight point, ``(False, new hi)``. ``None``: no probe."""
+    big_b = s.prep.instance.job.global_batch
+    if s.best_value <= 0:
+        return None
+    theta_p = big_b / (s.best_value * factor * (1 + REL_TOL))
+    if not lo < theta_p < hi:
+        return None
+    # the program right at the threshold can be hard to prove: with a time limit it
+    # gets a share of the time left, and the search goes on without it if that ends
+    deadline, unproven = s.deadline, s.unproven
+    if deadline is not None:
+        now = time.perf_counter()
+        s.deadline = now + PRUNE_SHARE * max(0.0, deadline - now)
+    try:
+        low, up, tight = s.capacity(theta_p, degrees, big_b)
+    except _Deadline:
+        if deadline is not None and time.perf_counter() >= deadline:
+            raise
+        s.unproven = unproven
+        s.note(f"degrees {list(degrees)}: the program at {theta_p:.9g} took too long")
+        return None
+    finally:
+        s.deadline = deadline
+    if up < big_b:
+        s.note(f"degrees {list(degrees)}: cannot beat the incumbent (C < B at {theta_p:.9g})")
+        return True, big_b / (theta_p * factor)
+    if low >= big_b:
+        return False, max(lo, min(hi, tight))
+    return None
 
 
 def _elastic(s: _Search, cases: list[tuple[tuple[int, ...], float]]) -> float:
@@ -604,26 +742,18 @@ def solve_exact(
     starts = [baselines.ntp_pw(instance), baselines.ntp(instance), baselines.dp_drop(instance)]
     if initial_plan is not None:
         starts.insert(0, initial_plan)
-    if int(instance.arrays.healthy.sum()) >= FAST_WARM_START_GPUS:
-        # large: the search may stop at its limit before it passes the baselines;
-        # the sort-and-pack planner's plan (about a second there) is a warm start
-        # too (last: on a tie the earlier starts keep their place)
-        from ntp_opt.planners.fast import plan_fast
-
-        starts.append(plan_fast(instance, validate=False)[0])
+    if len(instance.arrays.speed) >= FAST_WARM_GPUS:
+        # the sort-and-pack planner is scale-free (under a second at 131k GPUs)
+        # and usually far better than the baselines on large clusters, where the
+        # search may not finish: a warm start too
+        starts.append(_fast_plan(instance))
     job = instance.job
     sub_evaluations = 0
     sub_interrupted = False
     if can_boost(instance):
         # warm start: the same search without boost has finitely many step
         # times to try and finds a good plan fast; it is valid here too
-        plain = Instance(
-            instance.name,
-            instance.cluster,
-            job.model_copy(update={"max_boost": 0.0}),
-            instance.meta,
-            copy_graph=False,
-        )
+        plain = instance.with_job(job.model_copy(update={"max_boost": 0.0}))  # same arrays
         sub = solve_exact(
             plain,
             backend,
@@ -677,6 +807,10 @@ def solve_exact(
     deadline_hit = False
     for degrees, factor in cases:
         try:
+            if _many_rack_domains(prep):
+                raise ModelTooLarge(
+                    f"{sum(len(prep.units[u].domains) for u in prep.multi)} domains share racks"
+                )
             build_capacity(prep, _theta_range(prep, degrees)[1], degrees, deadline)
             kept.append((degrees, factor))
         except ModelTooLarge as err:
@@ -693,19 +827,17 @@ def solve_exact(
             s.note(f"left out degrees {list(degrees)}: time limit reached")
     cases = kept
     too_large = (left_out and not cases) or bool(s.colgen)
-    if too_large and (deadline is None or time.perf_counter() < deadline):
-        # no case can be searched (huge batch levels, many stages per domain),
-        # or some only with generated configurations (slower): the
-        # sort-and-pack planner, scale-free, is a better warm start there than
-        # the baselines
-        from ntp_opt.planners.fast import plan_fast
-
-        fast_plan, _ = plan_fast(instance, validate=False)
-        ev = evaluate(instance, fast_plan)
-        if ev.feasible and ev.goodput > s.best_value:
-            s.best_plan = fast_plan.with_metrics(**ev.as_metrics())
-            s.best_layout = None
-            s.best_value = ev.goodput
+    if too_large and len(instance.arrays.speed) < FAST_WARM_GPUS:
+        if deadline is None or time.perf_counter() < deadline:
+            # no case can be searched (huge batch levels, many stages per domain),
+            # or some only with generated configurations (slower): fast's plan
+            # is a better warm start there than the baselines
+            fast_plan = _fast_plan(instance)
+            ev = evaluate(instance, fast_plan)
+            if ev.feasible and ev.goodput > s.best_value:
+                s.best_plan = fast_plan.with_metrics(**ev.as_metrics())
+                s.best_layout = None
+                s.best_value = ev.goodput
     cases, dropped = _drop_bounded_cases(s, cases)
     bound = 0.0
     timed_out, interrupted = deadline_hit, False

@@ -42,8 +42,10 @@ objective (``saa_expected_goodput``, ``saa_method``) and an estimate on
 Modules: :mod:`~ntp_opt.planners.riskaware.scenarios` (scenarios, objective,
 GPU risk), :mod:`~ntp_opt.planners.riskaware.scorer` (the exact fast scorer),
 :mod:`~ntp_opt.planners.riskaware.search` (moves and local search on a
-:class:`~ntp_opt.model.layout.Layout`), :mod:`~ntp_opt.planners.riskaware.planner`
-(:func:`plan_risk_aware`); the built instances live in
+:class:`~ntp_opt.model.layout.Layout`), :mod:`~ntp_opt.planners.riskaware.waitandsee`
+(the wait-and-see bound on the expected goodput of every plan),
+:mod:`~ntp_opt.planners.riskaware.planner` (:func:`plan_risk_aware`); the built
+instances live in
 :mod:`ntp_opt.model.risk_instances` and are re-exported here.
 """
 
@@ -51,6 +53,8 @@ from ntp_opt.model.risk_instances import RISK_INSTANCES, risk_instance
 from ntp_opt.planners.riskaware.planner import (
     BLIND_SHARE,
     EVAL_SHARE,
+    WS_AUTO_GPUS,
+    WS_AUTO_SCENARIOS,
     RiskAwareOutcome,
     plan_risk_aware,
 )
@@ -63,19 +67,31 @@ from ntp_opt.planners.riskaware.scenarios import (
     training_scenarios,
 )
 from ntp_opt.planners.riskaware.search import FAMILIES
+from ntp_opt.planners.riskaware.waitandsee import (
+    WS_MAX_GPUS,
+    WaitAndSee,
+    relaxed_instance,
+    wait_and_see_bound,
+)
 
 __all__ = [
     "BLIND_SHARE",
     "EVAL_SHARE",
     "FAMILIES",
     "RISK_INSTANCES",
+    "WS_AUTO_GPUS",
+    "WS_AUTO_SCENARIOS",
+    "WS_MAX_GPUS",
     "RiskAwareOutcome",
     "Scenarios",
+    "WaitAndSee",
     "fresh_scenarios",
     "gpu_risk",
     "objective",
     "plan_risk_aware",
+    "relaxed_instance",
     "risk_instance",
     "scenario_goodputs",
     "training_scenarios",
+    "wait_and_see_bound",
 ]

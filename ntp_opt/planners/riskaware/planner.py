@@ -25,11 +25,19 @@ from ntp_opt.planners.riskaware.scenarios import (
     training_scenarios,
 )
 from ntp_opt.planners.riskaware.search import Search, local_search
+from ntp_opt.planners.riskaware.waitandsee import wait_and_see_bound
 from ntp_opt.rules.expected import Z95
-from ntp_opt.rules.tolerances import FLOAT_NOISE
+from ntp_opt.rules.tolerances import FLOAT_NOISE, REL_TOL
 from ntp_opt.rules.validate import certified, evaluate, infeasibility
 
-__all__ = ["BLIND_SHARE", "EVAL_SHARE", "RiskAwareOutcome", "plan_risk_aware"]
+__all__ = [
+    "BLIND_SHARE",
+    "EVAL_SHARE",
+    "WS_AUTO_GPUS",
+    "WS_AUTO_SCENARIOS",
+    "RiskAwareOutcome",
+    "plan_risk_aware",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -37,6 +45,11 @@ logger = logging.getLogger(__name__)
 BLIND_SHARE = 0.4
 #: Share of the time limit reserved for the fresh-scenario estimate at the end.
 EVAL_SHARE = 0.15
+#: The wait-and-see bound is on by default only for at most this many
+#: distinct training scenarios (each may need an exact solve) ...
+WS_AUTO_SCENARIOS = 64
+#: ... on instances of at most this many GPUs.
+WS_AUTO_GPUS = 1024
 
 
 @dataclass(frozen=True)
@@ -49,14 +62,23 @@ class RiskAwareOutcome(Outcome):
         The risk-aware plan (never ``None``; validated unless
         ``validate=False``; metrics in ``docs/risk.md``).
     bound
-        The risk-blind optimum's bound on nominal goodput (or ``None``).
+        The wait-and-see bound on the training objective (expected goodput
+        after recourse over the training scenarios) of every plan, or
+        ``None`` when it was not computed (``ws_bound``); the risk-blind
+        optimum's bound on *nominal* goodput is the plan's ``bound`` metric.
+    proven
+        The plan's training objective meets :attr:`bound` (within twice
+        :data:`~ntp_opt.rules.tolerances.REL_TOL`): no plan has a higher
+        expected goodput over these scenarios.
     limit
-        :attr:`Limit.TIME` when the search or the final estimate stopped at
-        the time limit, :attr:`Limit.INTERRUPTED` when ``cancel`` stopped the
-        search (the plan is the best so far); so ``time_limit_hit`` and
-        ``interrupted`` read as before.
+        :attr:`Limit.TIME` when the search, the wait-and-see bound or the
+        final estimate stopped at the time limit, :attr:`Limit.INTERRUPTED`
+        when ``cancel`` stopped the search (the plan is the best so far); so
+        ``time_limit_hit`` and ``interrupted`` read as before.
     stats
-        ``evaluations``: candidate plans scored (also :attr:`evaluations`).
+        ``evaluations``: candidate plans scored (also :attr:`evaluations`);
+        ``expected_objective``: the plan's training objective (the
+        ``saa_expected_goodput`` metric), which :attr:`bound` bounds.
     blind
         The risk-blind plan it started from.
     """
@@ -85,6 +107,7 @@ def plan_risk_aware(
     blind: Plan | None = None,
     cancel: threading.Event | None = None,
     validate: bool = True,
+    ws_bound: bool | None = None,
 ) -> RiskAwareOutcome:
     """Maximise expected goodput after recourse, starting from the risk-blind optimum.
 
@@ -122,6 +145,17 @@ def plan_risk_aware(
         Check the plan with the validator and attach its figures to the
         metrics (default). :func:`ntp_opt.solve.solve` passes ``False``: it
         checks every plan once itself.
+
+    ws_bound
+        Compute the wait-and-see bound on the training objective
+        (:func:`~ntp_opt.planners.riskaware.waitandsee.wait_and_see_bound`:
+        the training scenarios solved by the exact planner, heaviest first)
+        in the time the search leaves before the fresh estimate's share
+        (all of them, without a time limit). ``None`` (default): on for
+        small problems, at most :data:`WS_AUTO_SCENARIOS` distinct training
+        scenarios and :data:`WS_AUTO_GPUS` GPUs (e.g. every scenario
+        enumerated on a few failure units), off otherwise (an SAA over 300
+        samples of a 720-GPU instance needs about 200 exact solves).
 
     Returns
     -------
@@ -187,6 +221,37 @@ def plan_risk_aware(
         "blind_goodput": nominal.goodput,
     }
     hit = s.timed_out
+    use_ws = ws_bound
+    if use_ws is None:
+        use_ws = len(scenarios.gpus) <= WS_AUTO_SCENARIOS and instance.arrays.n_gpus <= WS_AUTO_GPUS
+    ws_value: float | None = None
+    proven = False
+    if use_ws and not (cancel is not None and cancel.is_set()):
+        ws = wait_and_see_bound(
+            instance,
+            scenarios,
+            deadline=search_end,
+            seed=seed,
+            threads=threads,
+            known=[(blind, nominal.goodput), (plan, evaluate(instance, plan).goodput)],
+            cancel=cancel,
+        )
+        # every U_s is a proven bound (to the exact planner's tolerance): a
+        # bound below the objective is a bug, never hidden
+        if ws.bound < value * (1 - REL_TOL):
+            raise RuntimeError(f"wait-and-see bound {ws.bound} below the objective {value}")
+        ws_value = max(ws.bound, value)
+        proven = ws_value <= value * (1 + 2 * REL_TOL)
+        hit = hit or ws.limit_hit
+        metrics.update(
+            ws_bound=ws_value,
+            ws_gap=(ws_value - value) / ws_value if ws_value > 0 else 0.0,
+            ws_cap=ws.cap,
+            ws_solved=ws.solved,
+            ws_proven=ws.proven,
+            ws_capped=ws.capped,
+            ws_limit=ws.limit_hit,
+        )
     if scenarios.method == "exact":
         metrics.update(
             expected_goodput=value, expected_method="exact", expected_samples=scenarios.samples
@@ -217,5 +282,10 @@ def plan_risk_aware(
     )
     limit = Limit.INTERRUPTED if stopped else Limit.TIME if hit else Limit.NONE
     return RiskAwareOutcome(
-        plan=out, bound=bound, limit=limit, stats={"evaluations": s.evaluations}, blind=blind
+        plan=out,
+        bound=ws_value,
+        proven=proven,
+        limit=limit,
+        stats={"evaluations": s.evaluations, "expected_objective": value},
+        blind=blind,
     )

@@ -1,0 +1,512 @@
+"""Exact GPU choice for domains where "fastest GPUs first" is not optimal.
+
+:func:`~ntp_opt.planners.exact.model.domain_configs` places a domain's stages
+on consecutive blocks of its healthy GPUs in fastest-first order. That is
+optimal when the domain's healthy GPUs share one TDP, one rack and board caps
+that agree with speeds; otherwise (a domain across two racks as in NVL36x2,
+mixed TDPs, caps that disagree with speeds) a slower or cheaper GPU, or
+another rack split, can be better.
+
+This module lists the configurations of such a domain exactly. Its healthy
+GPUs fall into *groups* of interchangeable GPUs: same rack, TDP, board cap
+and speed. Two GPUs of one group are exchanged by an automorphism of
+everything the capacity model reads (a stage's slowest speed, its lowest
+cap, its TDP per rack), so a stage is described completely by its kind
+``(t, b)`` and its *split* ``k``: how many GPUs it takes from each group
+(``sum k = t``, ``k[g] <= |group g|``). Its power multiplier follows from the
+slowest speed and the lowest cap among the groups it uses
+(:func:`~ntp_opt.planners.exact.model.stage_power`), and its extra draw per
+rack is ``sum_(g in rack) k[g] tdp[g] (pi - idle)``.
+
+A configuration is a multiset of stage kinds (listed once each, in the order
+of ``domain_configs``: non-increasing speed requirement) with a split per
+stage such that the GPUs taken from every group fit in it and every rack of
+the unit stays within budget. For each multiset every combination of splits
+is searched (vectorised: the *states* after a prefix of the stages are the
+distinct pairs (GPUs used per group, extra draw per rack)); a multiset with
+no feasible split is dropped with all its extensions (an extension's splits,
+restricted to the prefix, would be feasible). What the capacity program sees
+of a configuration is its kinds and its draw: the site row only (a domain
+alone in its power unit: one configuration per multiset, the feasible split
+with the least site draw), or every rack as well (a domain sharing racks:
+the splits whose draws per rack are Pareto-minimal). So the listing is exact
+for these domains: no plan is lost.
+
+The number of splits grows with the number of groups, and the states with
+the number of stages per domain; :func:`choice_groups` takes a domain only
+when both stay small (:data:`MAX_SPLITS`, :data:`MAX_STATES`), otherwise it
+keeps fastest-first and the result is not claimed optimal.
+"""
+
+from __future__ import annotations
+
+import functools
+import itertools
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from ntp_opt.model.job import Job
+from ntp_opt.rules.tolerances import BUDGET_SLACK, FLOAT_NOISE, MW_ROUND_SLACK
+
+__all__ = [
+    "MAX_SPLITS",
+    "MAX_STATES",
+    "ChoiceDomain",
+    "ChoiceTooLarge",
+    "Listed",
+    "choice_configs",
+    "choice_groups",
+]
+
+#: Largest number of splits of one stage degree over a domain's groups.
+MAX_SPLITS = 2_000
+#: Largest number of split states per multiset of stage kinds (estimated: splits^stages).
+MAX_STATES = 20_000
+#: Milliwatts per watt (as in :mod:`ntp_opt.planners.exact.model`).
+_MW = 1000.0
+
+#: A listed configuration: its stages ``(t, b, power, GPU positions)`` and extra draw per rack.
+Listed = tuple[tuple[tuple[int, int, float, tuple[int, ...]], ...], tuple[float, ...]]
+
+
+class ChoiceTooLarge(RuntimeError):
+    """More configurations or split states than allowed."""
+
+
+@dataclass(frozen=True)
+class ChoiceDomain:
+    """A domain's healthy GPUs as groups of interchangeable GPUs.
+
+    Attributes
+    ----------
+    members
+        Per group: positions in the domain's stage order (fastest first).
+    speed, tdp, cap
+        Per group: speed, TDP (W) and largest power multiplier of its GPUs.
+    rack
+        Per group: position of its rack in the unit's rack list.
+    single
+        Whether the domain is alone in its power unit (its racks are not
+        rows of the capacity program).
+    """
+
+    members: tuple[tuple[int, ...], ...]
+    speed: np.ndarray
+    tdp: np.ndarray
+    cap: np.ndarray
+    rack: np.ndarray
+    single: bool
+    _splits: dict[int, np.ndarray] = field(default_factory=dict, compare=False, repr=False)
+    # the last listings (the search asks for the same step time more than once)
+    _listed: dict[tuple[object, ...], list[Listed]] = field(
+        default_factory=dict, compare=False, repr=False
+    )
+
+    @property
+    def size(self) -> np.ndarray:
+        """GPUs per group."""
+        return np.array([len(m) for m in self.members], dtype=np.int64)
+
+    def splits(self, t: int) -> np.ndarray:
+        """Every split of a degree-``t`` stage: rows ``k`` with ``sum k = t`` and
+        ``0 <= k[g] <= |group g|`` (shape ``(n, groups)``; cached)."""
+        if t not in self._splits:
+            sizes = [len(m) for m in self.members]
+            rows = [
+                k
+                for k in itertools.product(*(range(min(n, t) + 1) for n in sizes[:-1]))
+                if 0 <= t - sum(k) <= sizes[-1]
+            ]
+            arr = np.array([(*k, t - sum(k)) for k in rows], dtype=np.int64).reshape(-1, len(sizes))
+            self._splits[t] = arr
+        return self._splits[t]
+
+
+@functools.lru_cache(maxsize=4096)
+def _count_splits(sizes: tuple[int, ...], t: int) -> int:
+    """Number of ``k`` with ``sum k = t`` and ``0 <= k[g] <= sizes[g]`` (a small DP)."""
+    ways = [1] + [0] * t
+    for n in sizes:
+        new = [0] * (t + 1)
+        for total in range(t + 1):
+            if ways[total]:
+                for k in range(min(n, t - total) + 1):
+                    new[total + k] += ways[total]
+        ways = new
+    return ways[t]
+
+
+def choice_groups(
+    rack_pos: np.ndarray,
+    tdp: np.ndarray,
+    cap: np.ndarray,
+    speed: np.ndarray,
+    degrees: tuple[int, ...],
+    single: bool,
+) -> tuple[ChoiceDomain | None, str]:
+    """Group a domain's GPUs for the exact choice, if the listing stays small.
+
+    Parameters
+    ----------
+    rack_pos, tdp, cap, speed
+        Per healthy GPU of the domain, in stage order: its rack's position in
+        the unit, TDP, largest power multiplier and speed.
+    degrees
+        Every TP degree the job allows.
+    single
+        Whether the domain is alone in its power unit.
+
+    Returns
+    -------
+    (ChoiceDomain or None, str)
+        The groups, or ``None`` and why the domain is left to fastest-first.
+    """
+    keys: dict[tuple[int, float, float, float], list[int]] = {}
+    for p, key in enumerate(
+        zip(
+            rack_pos.tolist(),
+            tdp.tolist(),
+            cap.tolist(),
+            speed.tolist(),
+            strict=True,
+        )
+    ):
+        keys.setdefault(key, []).append(p)
+    sizes = [len(v) for v in keys.values()]
+    h = sum(sizes)
+    usable = [t for t in degrees if t <= h]
+    if not usable:
+        return None, "no stage fits"
+    worst = max(_count_splits(tuple(sorted(sizes)), t) for t in usable)
+    stages = h // min(usable)
+    if worst > MAX_SPLITS or worst**stages > MAX_STATES:
+        return None, (
+            f"{len(sizes)} groups of interchangeable GPUs and up to {stages} stages "
+            f"({worst} splits per stage)"
+        )
+    ks = list(keys)
+    return (
+        ChoiceDomain(
+            members=tuple(tuple(keys[k]) for k in ks),
+            speed=np.array([k[3] for k in ks]),
+            tdp=np.array([k[1] for k in ks]),
+            cap=np.array([k[2] for k in ks]),
+            rack=np.array([k[0] for k in ks], dtype=np.int64),
+            single=single,
+        ),
+        "",
+    )
+
+
+@dataclass
+class _Table:
+    """The feasible splits of every stage kind at one step time.
+
+    Kinds whose splits, powers and draws coincide (same degree, same power
+    multiplier on every split: e.g. every level that needs no boost) share
+    their rows: kind ``j`` reads rows ``lo[j]:hi[j]``.
+    """
+
+    k: np.ndarray  # (rows, groups)
+    add: np.ndarray  # (rows, racks): extra draw in W
+    power: np.ndarray
+    lo: list[int]
+    hi: list[int]
+    rep: list[int]  # per kind: the kind whose rows it reads
+
+
+def _table(
+    job: Job,
+    cd: ChoiceDomain,
+    options: list[tuple[int, int]],
+    n_racks: int,
+    theta: float,
+    idle_r: np.ndarray,
+    budget_r: np.ndarray,
+) -> _Table:
+    idle = job.idle_power_fraction
+    alpha = job.power_exponent
+    boost = alpha > 0 and job.max_boost > 0
+    onehot = np.zeros((len(cd.members), n_racks))
+    onehot[np.arange(len(cd.members)), cd.rack] = 1.0
+    ks, adds, pows = [], [], []
+    lo: list[int] = []
+    hi_: list[int] = []
+    rep: list[int] = []
+    seen: dict[tuple[int, bytes], int] = {}
+    rows = 0
+    for j, (t, b) in enumerate(options):
+        k = cd.splits(t)
+        used = k > 0
+        slowest = np.where(used, cd.speed[None, :], np.inf).min(axis=1)
+        hi = np.where(used, cd.cap[None, :], np.inf).min(axis=1)
+        hi = np.minimum(hi, 1.0 + job.max_boost)
+        # as stage_power: the speed-up needed, then the multiplier (None: > cap)
+        need = b * job.seq_time_s / (theta * job.tp_factor(t) * slowest)
+        plain = need <= 1.0 * (1 + FLOAT_NOISE)
+        if boost:
+            with np.errstate(divide="ignore", invalid="ignore"):
+                pi = np.where(plain, 1.0, need ** (1.0 / alpha))
+            ok = plain | ((hi > 1.0) & (pi <= hi * (1 + BUDGET_SLACK)))
+            pi = np.where(plain, 1.0, np.minimum(pi, hi))
+        else:
+            ok = plain
+            pi = np.ones(len(k))
+        pi = np.where(ok, pi, np.nan)
+        key = (t, pi.tobytes())
+        if key in seen:  # the same rows as an earlier kind
+            r = seen[key]
+            lo.append(lo[r])
+            hi_.append(hi_[r])
+            rep.append(r)
+            continue
+        seen[key] = j
+        k, pi = k[ok], pi[ok]
+        add = ((k * cd.tdp[None, :]) @ onehot) * (pi - idle)[:, None]
+        # a split whose draw alone breaks a rack never fits (draws only add up)
+        alone = np.all(np.ceil((idle_r + add) * _MW - MW_ROUND_SLACK) <= budget_r, axis=1)
+        k, pi, add = k[alone], pi[alone], add[alone]
+        ks.append(k)
+        adds.append(add)
+        pows.append(pi)
+        lo.append(rows)
+        rows += len(k)
+        hi_.append(rows)
+        rep.append(j)
+    g = len(cd.members)
+    return _Table(
+        k=np.concatenate(ks) if ks else np.zeros((0, g), dtype=np.int64),
+        add=np.concatenate(adds) if adds else np.zeros((0, n_racks)),
+        power=np.concatenate(pows) if pows else np.zeros(0),
+        lo=lo,
+        hi=hi_,
+        rep=rep,
+    )
+
+
+def _pareto(draws: np.ndarray) -> list[int]:
+    """Rows of ``draws`` not dominated (componentwise ``<=``, one strictly) by another."""
+    keep: list[int] = []
+    order = np.lexsort(draws.T[::-1])
+    for i in order.tolist():
+        if not any(bool(np.all(draws[j] <= draws[i])) for j in keep):
+            keep.append(i)
+    return keep
+
+
+def choice_configs(
+    job: Job,
+    cd: ChoiceDomain,
+    unit_idle_w: tuple[float, ...],
+    unit_budget_mw: tuple[int, ...],
+    theta: float,
+    degrees: tuple[int, ...],
+    options: list[tuple[int, int]],
+    check: Callable[[], None],
+    name: str = "",
+    limit: int | None = None,
+) -> list[Listed]:
+    """Every configuration of a grouped domain that the capacity program needs (the empty
+    one first).
+
+    Parameters
+    ----------
+    job
+        The job.
+    cd
+        The domain's groups (:func:`choice_groups`).
+    unit_idle_w, unit_budget_mw
+        Per rack of the domain's unit: idle draw (W) and budget (mW).
+    theta
+        Step time before the resharding factor.
+    degrees
+        TP degrees replicas may use.
+    options
+        Stage kinds ``(t, b)`` in listing order (as ``domain_configs`` sorts them).
+    check
+        Called now and then; raises to stop (a deadline).
+    name
+        The domain's id, for messages.
+    limit
+        Largest number of configurations (:class:`ChoiceTooLarge` beyond).
+
+    Returns
+    -------
+    list of Listed
+        Each configuration's stages (degree, batch level, power multiplier, GPU
+        positions in the domain's stage order) and extra draw per rack.
+    """
+    key = (theta, degrees, tuple(options), unit_idle_w, unit_budget_mw, limit)
+    if key in cd._listed:
+        return cd._listed[key]
+    configs = _listing(
+        job, cd, unit_idle_w, unit_budget_mw, theta, degrees, options, check, name, limit
+    )
+    if len(cd._listed) >= 4:
+        del cd._listed[next(iter(cd._listed))]
+    cd._listed[key] = configs
+    return configs
+
+
+def _listing(
+    job: Job,
+    cd: ChoiceDomain,
+    unit_idle_w: tuple[float, ...],
+    unit_budget_mw: tuple[int, ...],
+    theta: float,
+    degrees: tuple[int, ...],
+    options: list[tuple[int, int]],
+    check: Callable[[], None],
+    name: str,
+    limit: int | None,
+) -> list[Listed]:
+    n_racks = len(unit_idle_w)
+    idle_r = np.array(unit_idle_w)
+    budget_r = np.array(unit_budget_mw, dtype=float)
+    table = _table(job, cd, options, n_racks, theta, idle_r, budget_r)
+    sizes = cd.size
+    h = int(sizes.sum())
+    min_t = min((t for t in degrees if t <= h), default=h + 1)
+    configs: list[Listed] = [((), (0.0,) * n_racks)]
+
+    k_rows = table.k.tolist()
+    power_rows = table.power.tolist()
+    placed: dict[tuple[int, tuple[int, ...]], tuple[tuple[int, ...], tuple[int, ...]]] = {}
+
+    def place(row: int, ptr: tuple[int, ...]) -> tuple[tuple[int, ...], tuple[int, ...]]:
+        """GPU positions of split ``row`` taken after ``ptr`` GPUs of each group, and the
+        new ``ptr``."""
+        key = (row, ptr)
+        if key not in placed:
+            pos: list[int] = []
+            nxt = list(ptr)
+            for g, n in enumerate(k_rows[row]):
+                if n:
+                    pos.extend(cd.members[g][ptr[g] : ptr[g] + n])
+                    nxt[g] += n
+            placed[key] = (tuple(sorted(pos)), tuple(nxt))
+        return placed[key]
+
+    def _headroom(draw: np.ndarray) -> np.ndarray:
+        """The least budget left in any rack (mW), per state (last axis: racks)."""
+        used = np.ceil((idle_r + draw) * _MW - MW_ROUND_SLACK)
+        left: np.ndarray = (budget_r - used).min(axis=-1)
+        return left
+
+    def _best(site: np.ndarray, room: np.ndarray) -> np.ndarray:
+        """Per row: the column of least ``site``, ties to the largest ``room``."""
+        low = site == site.min(axis=1, keepdims=True)
+        pick: np.ndarray = np.where(low, room, -np.inf).argmax(axis=1)
+        return pick
+
+    def make(path: list[int], hist: np.ndarray, draw: np.ndarray) -> Listed:
+        ptr = (0,) * len(cd.members)
+        stages = []
+        for j, row in zip(path, hist.tolist(), strict=True):
+            pos, ptr = place(row, ptr)
+            t, b = options[j]
+            stages.append((t, b, power_rows[row], pos))
+        return tuple(stages), tuple(draw.tolist())
+
+    def rec(
+        j0: int, path: list[int], used: np.ndarray, draw: np.ndarray, hist: np.ndarray, total: int
+    ) -> None:
+        check()
+        if total + min_t > h:
+            return
+        kinds = [
+            j
+            for j in range(j0, len(options))
+            if table.hi[j] > table.lo[j] and options[j][0] + total <= h
+        ]
+        if not kinds:
+            return
+        reps = sorted({table.rep[j] for j in kinds})
+        sizes_r = [table.hi[r] - table.lo[r] for r in reps]
+        cand = np.concatenate([np.arange(table.lo[r], table.hi[r]) for r in reps])
+        seg_of = dict(
+            zip(reps, np.split(np.arange(len(cand)), np.cumsum(sizes_r)[:-1]), strict=True)
+        )
+        # every candidate split on every state
+        new_used = table.k[cand][:, None, :] + used[None, :, :]
+        new_draw = table.add[cand][:, None, :] + draw[None, :, :]
+        ok = np.all(new_used <= sizes, axis=2)
+        ok &= np.all(np.ceil((idle_r + new_draw) * _MW - MW_ROUND_SLACK) <= budget_r, axis=2)
+        if not ok.any():
+            return
+        if cd.single:
+            # the least site draw; among equal ones the most headroom in the tightest rack
+            # (any is exact; this one keeps fitting longest as the step time shrinks)
+            site = np.where(ok, np.ceil(new_draw.sum(axis=2) * _MW - MW_ROUND_SLACK), np.inf)
+            room = np.where(ok, _headroom(new_draw), -np.inf)
+            best_s = _best(site, room)
+            best_v = site[np.arange(len(cand)), best_s]
+            best_room = room[np.arange(len(cand)), best_s]
+        results: dict[int, tuple[list[int], np.ndarray, np.ndarray, np.ndarray] | None] = {}
+
+        def states(
+            r: int, deeper: bool
+        ) -> tuple[list[int], np.ndarray, np.ndarray, np.ndarray] | None:
+            """For the rows of kind ``r``: the configurations to list (state indices) and,
+            when ``deeper``, the distinct states to extend."""
+            if r in results:
+                return results[r]
+            seg = seg_of[r]
+            seg_ok = ok[seg]
+            out: tuple[list[int], np.ndarray, np.ndarray, np.ndarray] | None = None
+            if seg_ok.any():
+                ci, si = np.nonzero(seg_ok)
+                ci = seg[ci]
+                if cd.single and not deeper:
+                    c = int(seg[int(_best(best_v[seg][None, :], best_room[seg][None, :])[0])])
+                    ci, si = np.array([c]), np.array([int(best_s[c])])
+                u2 = new_used[ci, si]
+                d2 = new_draw[ci, si]
+                h2 = np.concatenate((hist[si], cand[ci][:, None]), axis=1)
+                if deeper:  # distinct states only (same GPUs per group and draws)
+                    _, first = np.unique(
+                        np.concatenate((u2, d2), axis=1), axis=0, return_index=True
+                    )
+                    first = np.sort(first)
+                    u2, d2, h2 = u2[first], d2[first], h2[first]
+                    if len(u2) > MAX_STATES:
+                        raise ChoiceTooLarge(
+                            f"domain {name!r}: more than {MAX_STATES} split states"
+                        )
+                if cd.single:
+                    site_u = np.ceil(d2.sum(axis=1) * _MW - MW_ROUND_SLACK)
+                    picks = [int(_best(site_u[None, :], _headroom(d2)[None, :])[0])]
+                else:  # the racks are rows: every Pareto-minimal draw
+                    picks = _pareto(d2)
+                out = (picks, u2, d2, h2)
+            results[r] = out
+            return out
+
+        for j in kinds:
+            t = options[j][0]
+            deeper = total + t + min_t <= h
+            res = states(table.rep[j], deeper or not cd.single)
+            if res is None:
+                continue
+            picks, u2, d2, h2 = res
+            for p in picks:
+                configs.append(make([*path, j], h2[p], d2[p]))
+            if limit is not None and len(configs) > limit:
+                raise ChoiceTooLarge(
+                    f"domain {name!r} has more than {limit} stage configurations at this step time"
+                )
+            if deeper:
+                rec(j, [*path, j], u2, d2, h2, total + t)
+
+    g = len(cd.members)
+    rec(
+        0,
+        [],
+        np.zeros((1, g), dtype=np.int64),
+        np.zeros((1, n_racks)),
+        np.zeros((1, 0), dtype=np.int64),
+        0,
+    )
+    return configs

@@ -1,0 +1,299 @@
+"""The wait-and-see bound on expected goodput after recourse (``docs/risk.md``).
+
+For the risk-aware planner's training scenarios ``s`` (weights ``w_s``), the
+recourse of any plan ``P`` to ``s`` is a feasible plan of the scenario's
+instance (:func:`ntp_opt.model.failures.failed_instance`;
+:mod:`ntp_opt.rules.recourse` guarantees it), so its goodput ``G(P, s)`` is at
+most that instance's optimum, which is at most any proven upper bound
+``U_s`` on it. Hence, for every plan,
+
+    sum_s w_s G(P, s)  <=  sum_s w_s U_s,
+
+the *wait-and-see* bound: the planner's objective (the exact expectation
+when the scenarios are enumerated, the sample average otherwise) can never
+beat the weighted mean of the scenarios' own optima.
+
+:func:`wait_and_see_bound` computes ``U_s`` with the exact planner
+(:func:`ntp_opt.planners.exact.search.solve_exact`, its proven bound, never
+its objective), heaviest scenarios first, within a time budget. Every
+scenario not solved (time, cancel, an instance above :data:`WS_MAX_GPUS`
+GPUs, or a solve that would not tighten it) gets the *cap*: a bound valid
+for a whole group of scenarios (those whose failures free at most so many
+idle watts, :data:`WS_TIERS` groups), the exact planner's bound (or
+:func:`~ntp_opt.planners.exact.bounds.capacity_bound`) of the
+:func:`relaxed_instance`: the instance without the new failures, each rack
+and the site budget raised by the largest idle draw that one scenario's
+failed GPUs had there. Any plan feasible in a scenario is feasible there:
+its GPUs are healthy, and the idle watts its failed GPUs no longer draw are
+at most what the budgets gained. When ``idle_power_fraction`` is 0 the
+relaxed instance is the instance itself, and the cap is the no-failure
+bound (so is the lowest tier's when a scenario fails no healthy GPU).
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from ntp_opt.model.control import Control
+from ntp_opt.model.failures import failed_instance
+from ntp_opt.model.instance import Instance
+from ntp_opt.model.plan import Plan
+from ntp_opt.planners.base import Limit
+from ntp_opt.planners.exact.bounds import capacity_bound
+from ntp_opt.planners.exact.search import solve_exact
+from ntp_opt.planners.riskaware.scenarios import Scenarios
+from ntp_opt.rules.tolerances import REL_TOL
+
+__all__ = ["WS_MAX_GPUS", "WS_TIERS", "WaitAndSee", "relaxed_instance", "wait_and_see_bound"]
+
+#: Largest instance (GPUs) whose scenarios are solved by the exact planner;
+#: above it every scenario gets the cap from :func:`capacity_bound`.
+WS_MAX_GPUS = 4096
+#: Share of the remaining budget the cap's exact solve may use.
+CAP_SHARE = 0.5
+#: A scenario solve may use the remaining budget divided by the scenarios
+#: left, but never less than this share of it (so that solves that need more
+#: than an even split still finish while few are left).
+SOLVE_SHARE = 0.25
+#: Tiers of caps: scenarios are grouped by the idle watts their failures
+#: free (at evenly spaced quantiles of their weight), and each group gets
+#: the cap of its own relaxed instance.
+WS_TIERS = 4
+
+
+@dataclass(frozen=True)
+class WaitAndSee:
+    """The wait-and-see bound and how it was obtained.
+
+    Attributes
+    ----------
+    bound
+        ``sum_s w_s U_s``: an upper bound on the weighted mean goodput after
+        recourse of every plan over the scenarios (sequences per second).
+    scenario_bounds
+        ``U_s`` per scenario, in the order of :attr:`Scenarios.gpus`.
+    cap
+        The bound valid for every scenario (module docstring); scenarios
+        whose failures free fewer idle watts get the smaller cap of their
+        tier (:data:`WS_TIERS`).
+    solved
+        Scenarios whose ``U_s`` comes from their own exact solve.
+    proven
+        Of those, the ones solved to optimality (``U_s`` within the exact
+        planner's tolerance of the scenario's optimum).
+    capped
+        Scenarios given the cap without a solve because a known plan already
+        reaches it in that scenario (their ``U_s`` is tight).
+    limit_hit
+        The time budget (or a cancel) left some scenario with the cap that a
+        solve might have tightened, or stopped a solve.
+    """
+
+    bound: float
+    scenario_bounds: np.ndarray
+    cap: float
+    solved: int
+    proven: int
+    capped: int
+    limit_hit: bool
+
+
+def relaxed_instance(instance: Instance, scenarios: Sequence[np.ndarray]) -> Instance:
+    """The instance with rack and site budgets raised by the idle draw scenarios free.
+
+    Parameters
+    ----------
+    instance
+        The instance.
+    scenarios
+        Failed GPU indices (``instance.arrays`` order) of each scenario.
+
+    Returns
+    -------
+    Instance
+        Each rack's budget raised by the largest idle draw the failed GPUs of
+        one scenario had in that rack, and the site's by the largest over the
+        site; ``instance`` itself when nothing is raised (no healthy GPU
+        fails, or ``idle_power_fraction`` is 0). Every plan feasible for
+        ``failed_instance(instance, mask)``, ``mask`` one of ``scenarios``, is
+        feasible for it: its GPUs are healthy here, and the watts the
+        scenario's failed GPUs no longer draw are at most what the budgets
+        gained.
+    """
+    a = instance.arrays
+    idle = instance.job.idle_power_fraction
+    rack = np.zeros(len(a.rack_ids))
+    site = 0.0
+    if idle > 0:
+        for g in scenarios:
+            gpus = np.unique(np.asarray(g, dtype=np.int64))
+            gpus = gpus[a.healthy[gpus]]
+            if len(gpus) == 0:
+                continue
+            watts = idle * a.tdp[gpus]
+            per_rack = np.bincount(a.gpu_rack[gpus], weights=watts, minlength=len(a.rack_ids))
+            rack = np.maximum(rack, per_rack)
+            site = max(site, float(watts.sum()))
+    if site <= 0:
+        return instance
+    g = instance.cluster.copy()
+    for i, rid in enumerate(a.rack_ids):
+        g.nodes[rid]["power_budget_w"] = float(a.rack_budget[i] + rack[i])
+    g.graph["power_budget_w"] = float(a.site_budget + site)
+    return Instance(instance.name, g, instance.job, instance.meta)
+
+
+def _avoids(plan_gpus: np.ndarray, failed: np.ndarray) -> bool:
+    return not bool(np.isin(failed, plan_gpus, assume_unique=False).any())
+
+
+def wait_and_see_bound(
+    instance: Instance,
+    scenarios: Scenarios,
+    *,
+    deadline: float | None = None,
+    seed: int = 0,
+    threads: int = 1,
+    known: Sequence[tuple[Plan, float]] = (),
+    cancel: threading.Event | None = None,
+    max_gpus: int = WS_MAX_GPUS,
+) -> WaitAndSee:
+    """Upper bound on ``sum_s w_s G(P, s)`` over every plan ``P`` (module docstring).
+
+    Parameters
+    ----------
+    instance
+        The instance.
+    scenarios
+        The scenarios and weights (e.g. :func:`training_scenarios`' ones:
+        the same seed gives the same scenarios, hence the same bound).
+    deadline
+        ``time.perf_counter()`` value by which to stop solving (``None``:
+        solve every scenario that could tighten the bound, without a limit;
+        deterministic with ``threads=1``).
+    seed, threads
+        Passed to the exact planner.
+    known
+        Plans feasible for ``instance`` with their goodput. A plan that uses
+        no GPU failing in a scenario stays feasible there, so that
+        scenario's optimum is at least its goodput; a scenario where this
+        already meets the cap is not solved.
+    cancel
+        Once set, no further scenario is solved (the running solve stops);
+        the unsolved ones keep the cap, so the bound stays valid.
+    max_gpus
+        Above this many GPUs no exact solve runs: the cap is
+        :func:`capacity_bound` of the relaxed instance.
+
+    Returns
+    -------
+    WaitAndSee
+    """
+    n = len(scenarios.gpus)
+    weights = np.asarray(scenarios.weights, dtype=float)
+    control = Control("risk-aware", None, cancel)
+    exact = instance.arrays.n_gpus <= max_gpus
+    limit_hit = False
+
+    def remaining() -> float | None:
+        return None if deadline is None else deadline - time.perf_counter()
+
+    def stopped() -> bool:
+        left = remaining()
+        return control.cancelled or (left is not None and left <= 0)
+
+    # the caps: one relaxed instance per tier of freed idle watts
+    a = instance.arrays
+    idle = instance.job.idle_power_fraction * a.tdp * a.healthy
+    relief = np.array([float(idle[np.unique(g)].sum()) for g in scenarios.gpus])
+    # tier levels: the freed watts at evenly spaced quantiles of the weight
+    # (the smallest and the largest included)
+    by_relief = np.argsort(relief, kind="stable")
+    cum = np.cumsum(weights[by_relief])
+    at = np.searchsorted(cum, np.linspace(0.0, 1.0, WS_TIERS) * cum[-1], side="left")
+    tiers = np.unique(np.append(relief[by_relief[np.minimum(at, n - 1)]], relief.max()))
+    tier_caps = []
+    for j, level in enumerate(tiers):
+        members = [g for g, r in zip(scenarios.gpus, relief, strict=True) if r <= level]
+        relaxed = relaxed_instance(instance, members)
+        cap_j = capacity_bound(relaxed)
+        if exact and not stopped():
+            left = remaining()
+            out = solve_exact(
+                relaxed,
+                "cpsat",
+                time_limit=None if left is None else CAP_SHARE * left / (len(tiers) - j),
+                seed=seed,
+                threads=threads,
+                control=control,
+                report_bounds=False,
+            )
+            limit_hit = limit_hit or out.limit != Limit.NONE
+            if out.bound is not None:
+                cap_j = min(cap_j, out.bound)
+        elif exact:
+            limit_hit = True
+        tier_caps.append(cap_j)
+    for j in range(len(tier_caps) - 2, -1, -1):  # a higher tier's relaxation covers the lower
+        tier_caps[j] = min(tier_caps[j], tier_caps[j + 1])
+    caps = np.array(tier_caps)[np.searchsorted(tiers, relief)]
+    bounds = caps.copy()
+    # a lower bound per scenario from the known plans (0 where none avoids it)
+    lower = np.zeros(n)
+    for plan, value in known:
+        index = instance.arrays.gpu_index
+        ids = [index[g] for rep in plan.replicas for st in rep.stages for g in st.gpus]
+        used = np.array(ids, dtype=np.int64)
+        for i, g in enumerate(scenarios.gpus):
+            if value > lower[i] and _avoids(used, g):
+                lower[i] = value
+    tight = caps <= lower * (1 + 2 * REL_TOL)
+    capped = int(tight.sum())
+    order = sorted(
+        (i for i in range(n) if not tight[i]),
+        key=lambda i: (-weights[i] * (caps[i] - lower[i]), i),
+    )
+    solved = proven = 0
+    cache: dict[bytes, float] = {}
+    if exact:
+        for k, i in enumerate(order):
+            if stopped():
+                limit_hit = True
+                break
+            key = np.sort(scenarios.gpus[i]).astype(np.int64).tobytes()
+            if key in cache:  # the same failed GPUs: the same instance
+                bounds[i] = cache[key]
+                continue
+            mask = np.zeros(instance.arrays.n_gpus, dtype=bool)
+            mask[scenarios.gpus[i]] = True
+            scenario = failed_instance(instance, mask)
+            left = remaining()
+            share = None if left is None else left * max(1 / (len(order) - k), SOLVE_SHARE)
+            out = solve_exact(
+                scenario,
+                "cpsat",
+                time_limit=share,
+                seed=seed,
+                threads=threads,
+                control=control,
+                report_bounds=False,
+            )
+            limit_hit = limit_hit or out.limit != Limit.NONE
+            u = out.bound if out.bound is not None else capacity_bound(scenario)
+            bounds[i] = cache[key] = min(caps[i], u)
+            solved += 1
+            proven += int(out.proven)
+    return WaitAndSee(
+        bound=float(np.dot(weights, bounds)),
+        scenario_bounds=bounds,
+        cap=float(max(tier_caps)),
+        solved=solved,
+        proven=proven,
+        capped=capped,
+        limit_hit=limit_hit,
+    )

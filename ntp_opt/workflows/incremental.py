@@ -1,0 +1,416 @@
+"""Re-planning in index space: recourse and re-boosting on a plan's :class:`Layout`.
+
+:func:`recourse_layout` is :func:`ntp_opt.rules.recourse.adapt_indices`
+(without its optional boost) computed only where the events land: a replica
+none of whose GPUs failed keeps its stages as they are, so only the touched
+replicas go through the degree and refill steps; the power rule and the
+batch split run on the arrays of the whole layout. :func:`reboost_layout` is
+:func:`ntp_opt.workflows.replan.reboost` on the layout's
+:class:`~ntp_opt.rules.power.Stages`. Both return the plan *and* its layout,
+so the caller never reads node ids back; tests compare them with the
+reference functions plan for plan.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import numpy as np
+
+from ntp_opt.model.instance import Instance
+from ntp_opt.model.layout import Layout
+from ntp_opt.model.plan import Plan, Replica, Stage
+from ntp_opt.rules import goodput as gp
+from ntp_opt.rules.power import (
+    Stages,
+    boost_floor_stages,
+    boost_stages,
+    can_boost,
+    headroom,
+    over_budget,
+    rack_and_site_draw,
+    stage_cap,
+)
+from ntp_opt.rules.recourse import replica_degree, stage_after
+from ntp_opt.rules.tolerances import FLOAT_NOISE, POWER_TOL
+from ntp_opt.rules.validate import layout_speeds
+
+__all__ = ["Local", "reboost_layout", "recourse_layout", "stages_of"]
+
+
+class Local(NamedTuple):
+    """The running plan after recourse, in both forms.
+
+    Attributes
+    ----------
+    plan
+        As :func:`ntp_opt.rules.recourse.adapt_indices` returns it.
+    layout
+        Its layout (batches and metrics included).
+    """
+
+    plan: Plan
+    layout: Layout
+
+
+def stages_of(layout: Layout) -> Stages:
+    """The layout's stages as the boosts take them (the same arrays, no copy)."""
+    return Stages(replica=layout.replica, gpus=layout.gpus, start=layout.offsets)
+
+
+def _draw(instance: Instance, lay: Layout, alive: np.ndarray) -> tuple[np.ndarray, bool]:
+    """Racks over budget and the site flag with the layout's stages at their powers."""
+    power_of = np.zeros(instance.arrays.n_gpus)
+    power_of[lay.gpus] = np.repeat(lay.power, np.diff(lay.offsets))
+    return over_budget(instance, *rack_and_site_draw(instance, power_of, alive))
+
+
+def _layout(
+    degree: list[int], gpus: list[np.ndarray], stage_dom: list[int], powers: list[float]
+) -> Layout:
+    """A layout (batches 0) from per-replica degrees and per-stage arrays, replica order."""
+    pp = len(gpus) // len(degree) if degree else 0
+    sizes = np.array([len(g) for g in gpus], dtype=np.int64)
+    offsets = np.zeros(len(gpus) + 1, dtype=np.int64)
+    np.cumsum(sizes, out=offsets[1:])
+    n_rep = len(degree)
+    return Layout(
+        replica=np.repeat(np.arange(n_rep, dtype=np.int64), pp),
+        stage=np.tile(np.arange(pp, dtype=np.int64), n_rep),
+        domain=np.array(stage_dom, dtype=np.int64),
+        offsets=offsets,
+        gpus=np.concatenate(gpus) if gpus else np.empty(0, dtype=np.int64),
+        power=np.array(powers, dtype=float),
+        degree=np.array(degree, dtype=np.int64),
+        batch=np.zeros(n_rep, dtype=np.int64),
+    )
+
+
+def recourse_layout(instance: Instance, plan: Plan, layout: Layout, mask: np.ndarray) -> Local:
+    """:func:`ntp_opt.rules.recourse.adapt_indices` (``boost=False``), touched replicas only.
+
+    Parameters
+    ----------
+    instance
+        The instance after the events (its healthy GPUs are alive; speeds
+        are read from it).
+    plan
+        The running plan, every replica with ``job.pp`` stages.
+    layout
+        The running plan's strict layout.
+    mask
+        Boolean per GPU: the GPUs that fail (recourse treats them as dead).
+
+    Returns
+    -------
+    Local
+        Equal to ``adapt_indices(instance, plan, mask, layout)`` and its layout.
+    """
+    a = instance.arrays
+    job = instance.job
+    alive = a.healthy & ~mask
+    speed = a.speed
+    lay = layout
+    offsets = lay.offsets
+    n_rep = lay.n_replicas
+    pp = job.pp
+    dead = ~alive[lay.gpus]
+    if lay.n_stages:
+        hit = np.logical_or.reduceat(dead, offsets[:-1]) & (np.diff(offsets) > 0)
+    else:
+        hit = np.zeros(0, dtype=bool)
+    touched = sorted(set(lay.replica[hit].tolist()))
+    used = np.zeros(a.n_gpus, dtype=bool)
+    used[lay.gpus] = True
+    pools: dict[int, list[int]] = {}
+
+    def sort_pool(items: list[int]) -> list[int]:
+        return sorted(items, key=lambda i: (-float(speed[i]), i))
+
+    def pool(d: int) -> list[int]:
+        if d not in pools:
+            members = a.domain_gpus[d]
+            free = members[alive[members] & ~used[members]]
+            pools[d] = sort_pool([int(i) for i in free])
+        return pools[d]
+
+    changed: dict[int, tuple[int, list[np.ndarray], list[float]] | None] = {}
+    for r in touched:
+        lo = r * pp
+        doms = lay.domain[lo : lo + pp].tolist()
+        pws = lay.power[lo : lo + pp].tolist()
+        old_gpus = [lay.gpus[offsets[s] : offsets[s + 1]] for s in range(lo, lo + pp)]
+        survivors = [g[alive[g]] for g in old_gpus]
+        t_r = int(lay.degree[r])
+        if all(len(s) == t_r for s in survivors):
+            continue
+        t_new = replica_degree(job.allowed, t_r, doms, survivors, lambda d: len(pool(d)))
+        if t_new is None:
+            changed[r] = None
+            for d, s in zip(doms, survivors, strict=True):
+                pools[d] = sort_pool(pool(d) + [int(i) for i in s])
+            continue
+        out = []
+        for k, (d, s) in enumerate(zip(doms, survivors, strict=True)):
+            stage, back, take = stage_after(speed, s, t_new, pool(d))
+            out.append(stage)
+            if len(back):
+                pools[d] = sort_pool(pool(d) + [int(i) for i in back])
+            if take:
+                pools[d] = pool(d)[take:]
+                cap = stage_cap(instance, stage)
+                if pws[k] > cap * (1 + POWER_TOL):
+                    pws[k] = cap
+        changed[r] = (t_new, out, pws)
+    # the kept replicas' layout: runs of untouched replicas are copied as blocks
+    sizes_all = np.diff(offsets)
+    deg_parts: list[np.ndarray] = []
+    size_parts: list[np.ndarray] = []
+    gpu_parts: list[np.ndarray] = []
+    dom_parts: list[np.ndarray] = []
+    pw_parts: list[np.ndarray] = []
+    src_parts: list[np.ndarray] = []
+    prev = 0
+    for r in [*sorted(changed), n_rep]:
+        if r > prev:  # replicas prev .. r - 1 as they are
+            deg_parts.append(lay.degree[prev:r])
+            size_parts.append(sizes_all[prev * pp : r * pp])
+            gpu_parts.append(lay.gpus[offsets[prev * pp] : offsets[r * pp]])
+            dom_parts.append(lay.domain[prev * pp : r * pp])
+            pw_parts.append(lay.power[prev * pp : r * pp])
+            src_parts.append(np.arange(prev, r, dtype=np.int64))
+        prev = r + 1
+        got = changed.get(r)
+        if got is None:
+            continue
+        t, gs, pws = got
+        deg_parts.append(np.array([t], dtype=np.int64))
+        size_parts.append(np.full(pp, t, dtype=np.int64))
+        gpu_parts.extend(gs)
+        dom_parts.append(lay.domain[r * pp : r * pp + pp])
+        pw_parts.append(np.array(pws, dtype=float))
+        src_parts.append(np.array([r], dtype=np.int64))
+    degree = np.concatenate(deg_parts).tolist() if deg_parts else []
+    source = np.concatenate(src_parts).tolist() if src_parts else []
+    k_rep = len(degree)
+    new_offsets = np.zeros(k_rep * pp + 1, dtype=np.int64)
+    if size_parts:
+        np.cumsum(np.concatenate(size_parts), out=new_offsets[1:])
+    new = Layout(
+        replica=np.repeat(np.arange(k_rep, dtype=np.int64), pp),
+        stage=np.tile(np.arange(pp, dtype=np.int64), k_rep),
+        domain=np.concatenate(dom_parts) if dom_parts else np.empty(0, dtype=np.int64),
+        offsets=new_offsets,
+        gpus=np.concatenate(gpu_parts) if gpu_parts else np.empty(0, dtype=np.int64),
+        power=np.concatenate(pw_parts) if pw_parts else np.empty(0),
+        degree=np.array(degree, dtype=np.int64),
+        batch=np.zeros(k_rep, dtype=np.int64),
+    )
+    old_power = lay.power.copy()  # to spot the stages whose power step 4 resets
+    dropped = n_rep - len(source)
+    # power (step 4 of adapt)
+    reduced_power = False
+    racks_over, site_over = _draw(instance, new, alive)
+    if racks_over.any():
+        reduced_power = True
+        sizes = np.diff(new.offsets)
+        if new.n_stages:
+            in_over = np.logical_or.reduceat(racks_over[a.gpu_rack[new.gpus]], new.offsets[:-1])
+            new.power[in_over & (sizes > 0)] = 1.0
+        racks_over, site_over = _draw(instance, new, alive)
+    if site_over:
+        reduced_power = True
+        new.power[:] = 1.0
+        racks_over, site_over = _draw(instance, new, alive)
+    while degree and (racks_over.any() or site_over):
+        reduced_power = True
+        degree.pop()
+        source.pop()
+        dropped += 1
+        k = len(degree)
+        end = int(new.offsets[k * pp])
+        new = Layout(
+            replica=new.replica[: k * pp],
+            stage=new.stage[: k * pp],
+            domain=new.domain[: k * pp],
+            offsets=new.offsets[: k * pp + 1],
+            gpus=new.gpus[:end],
+            power=new.power[: k * pp],
+            degree=new.degree[:k],
+            batch=new.batch[:k],
+        )
+        racks_over, site_over = _draw(instance, new, alive)
+    # batches (step 6)
+    tps = degree
+    speeds = layout_speeds(instance, new).tolist() if degree else []
+    split = gp.split_batch(job, speeds, tps)
+    replicas: tuple[Replica, ...] = ()
+    value = 0.0
+    if split is not None and degree:
+        pw_new = new.power.tolist()
+        # per kept replica: did step 4 change one of its stages' powers?
+        src_stage = (np.repeat(np.array(source, dtype=np.int64), pp) * pp) + np.tile(
+            np.arange(pp, dtype=np.int64), len(source)
+        )
+        moved_pw = new.power != old_power[src_stage]
+        pw_hit = np.logical_or.reduceat(moved_pw, np.arange(0, len(moved_pw), pp)).tolist()
+        reps = []
+        for i, (t, r, b) in enumerate(zip(tps, source, split.batches, strict=True)):
+            old = plan.replicas[r]
+            pws_i = pw_new[i * pp : i * pp + pp]
+            got = changed.get(r)
+            stages: tuple[Stage, ...]
+            if got is not None:
+                stages = tuple(
+                    Stage(domain=st.domain, gpus=tuple(a.gpu_ids[j] for j in g), power=pw)
+                    for st, g, pw in zip(old.stages, got[1], pws_i, strict=True)
+                )
+            elif pw_hit[i]:
+                stages = tuple(
+                    st if pw == st.power else Stage(domain=st.domain, gpus=st.gpus, power=pw)
+                    for st, pw in zip(old.stages, pws_i, strict=True)
+                )
+            elif int(b) == old.local_batch:
+                reps.append(old)
+                continue
+            else:
+                stages = old.stages
+            reps.append(Replica(tp=t, local_batch=int(b), stages=stages))
+        replicas = tuple(reps)
+        value = gp.goodput(job, tps, list(split.batches), speeds)
+        batch = np.array(split.batches, dtype=np.int64)
+    else:
+        batch = np.zeros(0, dtype=np.int64)
+        new = _layout([], [], [], [])
+    metrics = {
+        "policy": "recourse",
+        "paused": not replicas,
+        "goodput": value,
+        "relative_goodput": gp.relative_goodput(job, value),
+        "dropped": dropped,
+        "reduced_power": reduced_power,
+    }
+    out_plan = Plan(plan.instance, replicas, metrics)
+    out_lay = Layout(
+        replica=new.replica,
+        stage=new.stage,
+        domain=new.domain,
+        offsets=new.offsets,
+        gpus=new.gpus,
+        power=new.power,
+        degree=new.degree,
+        batch=batch,
+        metrics=metrics,
+        instance=plan.instance,
+    )
+    return Local(out_plan, out_lay)
+
+
+def _split(
+    instance: Instance, layout: Layout, powers: np.ndarray
+) -> tuple[float, tuple[int, ...]] | None:
+    """Goodput and batches of the exact split of the layout's replicas at ``powers``."""
+    lay = Layout(**{**layout.__dict__, "power": powers})
+    split = gp.split_batch(instance.job, layout_speeds(instance, lay).tolist(), lay.degree.tolist())
+    return None if split is None else (split.goodput, split.batches)
+
+
+def reboost_layout(instance: Instance, plan: Plan, layout: Layout) -> Local | None:
+    """:func:`ntp_opt.workflows.replan.reboost` (unvalidated) on the layout's stages.
+
+    Tries the plan's own multipliers, the boost of the replicas slower than
+    nominal (:func:`ntp_opt.rules.power.boost_stages`, 50 steps, from power 1)
+    and the common-speed boost (:func:`ntp_opt.rules.power.boost_floor_stages`),
+    each with its exact batch split; keeps the best.
+
+    Returns
+    -------
+    Local or None
+        The re-boosted plan (``metrics = {"policy": "reboost"}``) and its
+        layout; ``None`` when the plan's own multipliers are best (or nothing
+        can boost).
+    """
+    job = instance.job
+    if not plan.replicas or not can_boost(instance):
+        return None
+    stages = stages_of(layout)
+    tp = layout.degree
+    keep = _split(instance, layout, layout.power)
+    value = -1.0 if keep is None else keep[0]
+    used = np.zeros(instance.arrays.n_gpus, dtype=bool)
+    used[layout.gpus] = True
+    rack_room, site_room = headroom(instance, used.astype(float))
+    ones = np.ones(layout.n_stages)
+    target = 1.0 / job.seq_time_s
+    at_one = layout_speeds(instance, Layout(**{**layout.__dict__, "power": ones}))
+    slow = np.flatnonzero(at_one < target * (1 - FLOAT_NOISE)).tolist()
+    slowest, _ = boost_stages(instance, stages, tp, ones, slow, rack_room, site_room, steps=50)
+    floor = boost_floor_stages(instance, stages, tp, rack_room, site_room)
+    best: tuple[float, np.ndarray, tuple[int, ...]] | None = None
+    for powers in (slowest, floor):
+        got = _split(instance, layout, powers)
+        if (
+            got is not None
+            and got[0] > value * (1 + FLOAT_NOISE)
+            and (best is None or got[0] > best[0])
+        ):
+            best = (got[0], powers, got[1])
+    if best is None:
+        return None
+    _, powers, batches = best
+    pp = job.pp
+    pw_l = powers.tolist()
+    reps = []
+    keep_r = []
+    new_pw = np.asarray(powers, dtype=float)
+    if layout.n_stages:  # per replica: does a stage's power change?
+        moved = np.logical_or.reduceat(new_pw != layout.power, np.arange(0, len(new_pw), pp))
+    else:
+        moved = np.zeros(0, dtype=bool)
+    moved_l = moved.tolist()
+    for r, (rep, b) in enumerate(zip(plan.replicas, batches, strict=True)):
+        if b <= 0:
+            continue
+        keep_r.append(r)
+        if not moved_l[r]:  # equal stages: the same objects
+            reps.append(rep if b == rep.local_batch else Replica(rep.tp, b, rep.stages))
+            continue
+        reps.append(
+            Replica(
+                tp=rep.tp,
+                local_batch=b,
+                stages=tuple(
+                    st if pw == st.power else Stage(st.domain, st.gpus, pw)
+                    for st, pw in zip(rep.stages, pw_l[r * pp : r * pp + pp], strict=True)
+                ),
+            )
+        )
+    metrics = {"policy": "reboost"}
+    cand = Plan(plan.instance, tuple(reps), metrics)
+    kept = np.array(keep_r, dtype=np.int64)
+    if len(kept) == layout.n_replicas:
+        lay = Layout(
+            **{
+                **layout.__dict__,
+                "power": np.asarray(powers, dtype=float),
+                "batch": np.array(batches, dtype=np.int64),
+                "metrics": metrics,
+            }
+        )
+    else:  # a replica got no sequence: it leaves
+        per = layout.per_replica()
+        lay = _layout(
+            [int(layout.degree[r]) for r in keep_r],
+            [g for r in keep_r for g in per[r]],
+            [int(d) for r in keep_r for d in layout.domain[r * pp : r * pp + pp]],
+            [pw for r in keep_r for pw in pw_l[r * pp : r * pp + pp]],
+        )
+        lay = Layout(
+            **{
+                **lay.__dict__,
+                "batch": np.array([batches[r] for r in keep_r], dtype=np.int64),
+                "metrics": metrics,
+                "instance": plan.instance,
+            }
+        )
+    return Local(cand, lay)

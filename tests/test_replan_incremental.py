@@ -1,0 +1,236 @@
+"""Incremental re-planning (issue 15): the index-space path equals the reference one.
+
+* :func:`ntp_opt.workflows.incremental.recourse_layout` equals
+  :func:`ntp_opt.rules.recourse.adapt_indices` plan for plan;
+* :func:`ntp_opt.workflows.incremental.reboost_layout` equals the list-form
+  re-boost it replaced (kept below as the reference);
+* :func:`ntp_opt.rules.validate.evaluate_layout` equals
+  :func:`ntp_opt.rules.validate.evaluate`, figure for figure, violations
+  included;
+* a :class:`Replanner` replaying an event sequence returns what the one-shot
+  :func:`replan` returns from the same plan, and every plan it returns passes
+  the full validator.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from ntp_opt import Instance, Plan, Replica, Stage, check, solve
+from ntp_opt.model.layout import Layout
+from ntp_opt.planners.fast import boost_floor
+from ntp_opt.planners.heuristics import Slot, boost_slowest, split_groups
+from ntp_opt.rules.power import can_boost
+from ntp_opt.rules.recourse import adapt_indices
+from ntp_opt.rules.tolerances import FLOAT_NOISE
+from ntp_opt.rules.validate import evaluate, evaluate_layout
+from ntp_opt.workflows.incremental import reboost_layout, recourse_layout
+from ntp_opt.workflows.replan import ClusterEvent, Replanner, apply_events, replan
+
+from .strategies import instances, valid_plans
+
+
+def ref_reboost(instance: Instance, plan: Plan) -> Plan | None:
+    """The list-form re-boost of ``replan.reboost`` before issue 15 (unvalidated)."""
+    a = instance.arrays
+    if not plan.replicas or not can_boost(instance):
+        return None
+    index = a.gpu_index
+    groups = [
+        (
+            rep.tp,
+            [
+                Slot(a.domain_index[st.domain], np.array([index[g] for g in st.gpus]), rep.tp)
+                for st in rep.stages
+            ],
+        )
+        for rep in plan.replicas
+    ]
+
+    def split_for(powers):
+        split = split_groups(instance, groups, powers)
+        return None if split is None else (split.goodput, split.batches)
+
+    keep = split_for([[st.power for st in rep.stages] for rep in plan.replicas])
+    value = -1.0 if keep is None else keep[0]
+    best = None
+    for powers in (boost_slowest(instance, groups), boost_floor(instance, groups)):
+        got = split_for(powers)
+        if (
+            got is not None
+            and got[0] > value * (1 + FLOAT_NOISE)
+            and (best is None or got[0] > best[0])
+        ):
+            best = (got[0], powers, got[1])
+    if best is None:
+        return None
+    _, powers, batches = best
+    reps = tuple(
+        Replica(
+            tp=rep.tp,
+            local_batch=b,
+            stages=tuple(
+                Stage(st.domain, st.gpus, float(pw)) for st, pw in zip(rep.stages, p, strict=True)
+            ),
+        )
+        for rep, p, b in zip(plan.replicas, powers, batches, strict=True)
+        if b > 0
+    )
+    return Plan(plan.instance, reps, {"policy": "reboost"})
+
+
+def _events(data: st.DataObject, inst: Instance, n: int) -> list[ClusterEvent]:
+    """``n`` events valid one after the other (fail, repair, speed, tray failure)."""
+    out = []
+    cur = inst
+    for _ in range(n):
+        a = cur.arrays
+        up = [g for g, ok in zip(a.gpu_ids, a.healthy, strict=True) if ok]
+        down = [g for g, ok in zip(a.gpu_ids, a.healthy, strict=True) if not ok]
+        kinds = ["fail", "speed"] + (["repair"] if down else [])
+        trays = [
+            t
+            for i, t in enumerate(a.tray_ids)
+            if a.healthy[a.gpu_tray == i].all() and (a.gpu_tray == i).any()
+        ]
+        kinds += ["tray"] if trays and len(up) > 4 else []
+        kind = data.draw(st.sampled_from(kinds))
+        if kind == "tray":
+            ev = ClusterEvent("fail", (data.draw(st.sampled_from(trays)),))
+        elif kind == "repair":
+            ev = ClusterEvent("repair", (data.draw(st.sampled_from(down)),))
+        elif kind == "fail":
+            if not up:
+                break
+            ev = ClusterEvent("fail", (data.draw(st.sampled_from(up)),))
+        else:
+            speed = data.draw(st.sampled_from([0.5, 0.8, 1.0]))
+            ev = ClusterEvent("speed", (data.draw(st.sampled_from(up or list(a.gpu_ids))),), speed)
+        out.append(ev)
+        cur = apply_events(cur, [ev])
+    return out
+
+
+@given(instances(), st.data())
+def test_recourse_and_reboost_on_the_layout_equal_the_reference(inst, data):
+    plan = data.draw(valid_plans(inst))
+    layout = Layout.from_plan(inst, plan)
+    (ev,) = _events(data, inst, 1) or [None]
+    if ev is None:
+        return
+    new = apply_events(inst, [ev])
+    mask = inst.arrays.healthy & ~new.arrays.healthy
+    local, lay = recourse_layout(new, plan, layout, mask)
+    assert local == adapt_indices(new, plan, mask, layout)
+    assert lay.to_plan(new).replicas == local.replicas
+    got = reboost_layout(new, local, lay)
+    ref = ref_reboost(new, local)
+    assert (got is None) == (ref is None)
+    if got is not None:
+        assert got.plan == ref
+        assert got.layout.to_plan(new).replicas == ref.replicas
+
+
+@given(instances(), st.data())
+def test_the_index_space_check_equals_the_validator(inst, data):
+    plan = data.draw(valid_plans(inst))
+    layout = Layout.from_plan(inst, plan)
+    assert evaluate_layout(inst, plan, layout) == evaluate(inst, plan)
+    # after events the same plan may break rules: the same violations, named
+    events = _events(data, inst, 2)
+    new = apply_events(inst, events)
+    assert evaluate_layout(new, plan, layout) == evaluate(new, plan)
+
+
+@given(instances(), st.data())
+def test_a_replanner_replays_events_as_one_shot_replans(inst, data):
+    plan = solve(inst, "fast").plan
+    assert plan is not None
+    mode = data.draw(st.sampled_from(["auto", "local"]))
+    events = _events(data, inst, data.draw(st.integers(1, 4)))
+    runner = Replanner(inst, plan, mode=mode, check="full")
+    cur_inst, cur_plan = inst, plan
+    for ev in events:
+        out = runner.replan([ev])
+        ref = replan(cur_inst, cur_plan, [ev], mode=mode, bound=mode == "auto")
+        assert out.plan.replicas == ref.plan.replicas
+        assert {k: v for k, v in out.plan.metrics.items() if k != "bound"} == {
+            k: v for k, v in ref.plan.metrics.items() if k != "bound"
+        }
+        assert (out.choice, out.moved, out.goodput) == (ref.choice, ref.moved, ref.goodput)
+        if out.bound_kind == "incremental":  # valid; settled, so within tolerance
+            assert out.goodput <= out.bound * (1 + 1e-9)
+            assert out.bound * (1 - 1e-3) <= ref.bound * (1 + 1e-9)
+        else:
+            assert out.bound == ref.bound
+        assert out.instance == ref.instance
+        assert check(out.instance, out.plan).goodput == out.goodput  # the full validator
+        assert runner.plan is out.plan and runner.instance is out.instance
+        if mode == "local":
+            assert out.bound == math.inf and out.bound_kind == "skipped"
+        cur_inst, cur_plan = out.instance, out.plan
+
+
+def test_a_what_if_leaves_the_replanner_alone():
+    inst = solve_default_instance()
+    plan = solve(inst, "fast").plan
+    runner = Replanner(inst, plan, mode="local")
+    g = next(iter(plan.used_gpus()))
+    out = runner.replan([ClusterEvent("fail", g)], commit=False)
+    assert runner.plan is plan and runner.instance is inst
+    assert g not in set(out.plan.used_gpus())
+
+
+def solve_default_instance() -> Instance:
+    from ntp_opt.model import topology
+    from ntp_opt.model.job import Job
+
+    g = topology.build_cluster(4, 4, 2, 2)
+    job = Job(tp=4, tp_min=2, pp=2, dp=2, global_batch=8, batch_policy="elastic")
+    return Instance("four", g, job)
+
+
+def test_bad_settings_are_refused():
+    inst = solve_default_instance()
+    plan = solve(inst, "fast").plan
+    with pytest.raises(ValueError, match="check"):
+        Replanner(inst, plan, check="some")  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="bound"):
+        Replanner(inst, plan, mode="auto", bound=False)
+    with pytest.raises(ValueError, match="bound"):
+        replan(inst, plan, [], bound=False)
+
+
+@given(instances(), st.data())
+def test_the_incremental_bound_is_valid_and_its_rows_are_the_full_ones(inst, data):
+    from ntp_opt.planners.exact.bounds import (
+        domain_rows,
+        domain_rows_after,
+        stage_bound,
+        stage_bound_at,
+        stage_bound_point,
+    )
+
+    rows = domain_rows(inst)
+    value, points = stage_bound_point(inst, rows)
+    assert value == stage_bound(inst)
+    if inst.job.batch_policy == "elastic":  # at its own multipliers: the same number
+        assert stage_bound_at(inst, points, rows) == value
+    events = _events(data, inst, data.draw(st.integers(1, 3)))
+    new = apply_events(inst, events)
+    a = inst.arrays
+    changed = (a.healthy != new.arrays.healthy) | (a.speed != new.arrays.speed)
+    touched = sorted({int(a.gpu_domain[i]) for i in np.flatnonzero(changed)})
+    after = domain_rows_after(new, rows, touched)
+    full = domain_rows(new)
+    assert after.width == full.width and np.array_equal(after.key, full.key)
+    bound = stage_bound_at(new, points, after)
+    assert bound == stage_bound_at(new, points)
+    plan = solve(new, "fast").plan
+    assert plan is not None
+    assert evaluate(new, plan).goodput <= bound * (1 + 1e-9)

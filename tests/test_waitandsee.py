@@ -1,0 +1,250 @@
+"""The wait-and-see bound of risk-aware planning (issue 16, docs/risk.md).
+
+On tiny instances every plan is enumerated and scored exactly over every
+scenario (:func:`ntp_opt.rules.expected.expected_goodput`, the recourse of
+docs/failures.md), which gives the exact expected optimum. The checks are
+
+    risk-aware's expected goodput <= exact expected optimum <= wait-and-see bound.
+
+No assertion depends on the machine's speed: the bound is computed without a
+deadline (every scenario solved to its proof) or with a limit never reached.
+"""
+
+from __future__ import annotations
+
+import itertools
+import re
+
+import numpy as np
+import pytest
+
+from ntp_opt import solve
+from ntp_opt.model import topology
+from ntp_opt.model.failures import failed_instance
+from ntp_opt.model.instance import Instance
+from ntp_opt.model.job import Job
+from ntp_opt.model.plan import Plan, Replica, Stage
+from ntp_opt.planners.exact.bounds import capacity_bound
+from ntp_opt.planners.riskaware import (
+    plan_risk_aware,
+    relaxed_instance,
+    risk_instance,
+    training_scenarios,
+    wait_and_see_bound,
+)
+from ntp_opt.rules.expected import expected_goodput
+from ntp_opt.rules.recourse import adapt
+from ntp_opt.rules.validate import check, evaluate
+from tests.helpers import HANG_GUARD
+
+
+def _tiny(seed: int) -> Instance:
+    """A risky instance small enough to enumerate every plan.
+
+    Domains of 2 GPUs (one rack each, one GPU per tray), TP 2, no power boost
+    (every multiplier is 1, so a plan is its replicas and GPU sets), at most
+    two replicas, at most 4 failure units.
+    """
+    rng = np.random.default_rng(seed)
+    nd = int(rng.choice([3, 4]))
+    g = topology.build_cluster(nd, 2, 1, 2)
+    gpus = topology.gpus(g)
+    picks = rng.permutation(len(gpus))
+    if rng.random() < 0.4:
+        topology.fail_gpus(g, [gpus[int(picks[0])]])
+    topology.set_speed(g, [gpus[int(picks[1])]], float(rng.choice([0.5, 0.8])))
+    g.graph["power_budget_w"] = float(rng.choice([0.8, 1.0])) * 1000 * len(gpus)
+    risky = [gpus[int(i)] for i in picks[2 : 2 + int(rng.integers(2, 4))]]
+    for gid in risky:
+        topology.set_p_fail(g, float(rng.choice([0.1, 0.3])), [gid])
+    trays = topology.trays(g)
+    if rng.random() < 0.5:
+        topology.set_p_fail(g, 0.2, [trays[int(rng.integers(len(trays)))]])
+    pp = int(rng.choice([1, 2]))
+    dp = int(rng.integers(1, 3))
+    batch = int(rng.integers(dp, 3 * dp + 1))
+    job = Job(
+        tp=2,
+        tp_min=1 if pp == 1 else 2,
+        pp=pp,
+        dp=dp,
+        dp_max=2,
+        global_batch=batch,
+        max_local_batch=-(-batch // dp) + int(rng.integers(0, 2)),
+        batch_policy=str(rng.choice(["fixed", "elastic"])),
+        max_boost=0.0,
+        idle_power_fraction=float(rng.choice([0.0, 0.1, 0.5])),
+        reshard_overhead=0.1,
+    )
+    return Instance(f"tiny-{seed}", g, job)
+
+
+def _stages(inst: Instance, t: int) -> list[tuple[str, tuple[str, ...]]]:
+    """Every stage of degree ``t``: a domain and a set of its healthy GPUs."""
+    a = inst.arrays
+    out = []
+    for d, idx in zip(a.domain_ids, a.domain_gpus, strict=True):
+        healthy = [a.gpu_ids[i] for i in idx if a.healthy[i]]
+        out += [(d, c) for c in itertools.combinations(healthy, t)]
+    return out
+
+
+def _plans(inst: Instance) -> list[Plan]:
+    """Every plan of a tiny instance up to batches (recourse re-splits them).
+
+    Replicas, and the stages of a replica, in every order (recourse serves
+    replicas in plan order); the GPUs of a stage as a set (the GPUs of a
+    domain share rack and TDP here, so which of two equally fast ones a
+    stage keeps changes nothing).
+    """
+    job = inst.job
+    replicas = []
+    for t in job.tp_allowed:
+        for stages in itertools.permutations(_stages(inst, t), job.pp):
+            gpus = [x for _, g in stages for x in g]
+            if len(set(gpus)) == len(gpus):
+                reps = tuple(Stage(domain=d, gpus=g, power=1.0) for d, g in stages)
+                replicas.append((t, reps, set(gpus)))
+    plans = [Plan(inst.name, ())]
+    for n in range(1, job.dp_max + 1):
+        for combo in itertools.permutations(replicas, n):
+            used = [g for _, _, s in combo for g in s]
+            if len(used) != len(set().union(*(s for _, _, s in combo))):
+                continue
+            raw = Plan(inst.name, tuple(Replica(t, 1, st) for t, st, _ in combo))
+            plan = adapt(inst, raw, None)  # the exact batch split; empty if B does not fit
+            if plan.replicas and evaluate(inst, plan).feasible:
+                plans.append(plan)
+    return plans
+
+
+def _exact_expected_optimum(inst: Instance) -> float:
+    return max(expected_goodput(inst, p, method="exact").mean for p in _plans(inst))
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_risk_aware_below_exact_expected_optimum_below_wait_and_see(seed: int) -> None:
+    inst = _tiny(seed)
+    out = plan_risk_aware(inst, time_limit=HANG_GUARD, ws_bound=True)
+    m = out.plan.metrics
+    assert m["saa_method"] == "exact"  # the training objective is the exact expectation
+    aware = expected_goodput(inst, out.plan, method="exact").mean
+    assert aware == pytest.approx(m["saa_expected_goodput"], rel=1e-9, abs=1e-12)
+    best = _exact_expected_optimum(inst)
+    assert out.bound is not None
+    assert aware <= best * (1 + 1e-9) + 1e-12
+    assert best <= out.bound * (1 + 1e-9) + 1e-12
+    # with no deadline, the same bound from the function itself
+    scen = training_scenarios(inst)
+    ws = wait_and_see_bound(inst, scen)
+    assert ws.bound == pytest.approx(out.bound, rel=1e-9, abs=1e-12)
+    assert ws.solved + ws.capped <= len(scen.gpus)
+
+
+@pytest.mark.parametrize("seed", [0, 3])
+def test_each_scenario_bound_is_above_that_scenario_optimum(seed: int) -> None:
+    # U_s >= G(P, s) for every plan P and scenario s, not only on average
+    inst = _tiny(seed)
+    scen = training_scenarios(inst)
+    ws = wait_and_see_bound(inst, scen)
+    plans = _plans(inst)
+    for g, u in zip(scen.gpus, ws.scenario_bounds, strict=True):
+        mask = np.zeros(inst.arrays.n_gpus, dtype=bool)
+        mask[g] = True
+        best = max(adapt(inst, p, mask).metrics["goodput"] for p in plans)
+        assert best <= u * (1 + 1e-9) + 1e-12
+
+
+def test_pack_bound_by_hand_and_gap() -> None:
+    # pack: 8 domains, 4 replicas of 2, no spare domain; one tray in each of
+    # 4 domains fails with p = 0.1 and drops its domain. With k domains
+    # failed the best plan still runs floor((8 - k) / 2) replicas, each
+    # worth 1/4 of the relative goodput: E = P(0) + 3/4 (P(1) + P(2)) +
+    # 1/2 (P(3) + P(4)) = 0.6561 + 0.75 * 0.3402 + 0.5 * 0.0037 = 0.91310.
+    # The best plan pairs the risky domains: 0.905 (test_riskaware.py).
+    inst = risk_instance("pack")
+    res = solve(inst, "risk-aware", time_limit=HANG_GUARD)  # on by default: 16 scenarios
+    scale = inst.job.seq_time_s / inst.job.dp
+    assert res.plan is not None and res.bound is not None and res.expected_objective is not None
+    m = res.plan.metrics
+    assert res.bound * scale == pytest.approx(0.91310, abs=1e-5)
+    assert res.bound == m["ws_bound"]
+    assert res.expected_objective == m["saa_expected_goodput"]
+    assert res.expected_objective * scale == pytest.approx(0.905, abs=1e-9)
+    assert res.gap == pytest.approx(1 - 0.905 / 0.91310, abs=1e-5)
+    assert res.gap == pytest.approx(m["ws_gap"], rel=1e-9)
+    assert res.status == "feasible"  # the gap is open
+    assert res.objective == pytest.approx(check(inst, res.plan).goodput)  # still nominal
+
+
+def test_spare_domains_is_proven_optimal_for_the_expectation() -> None:
+    # four risk-free domains carry the whole job: the risk-aware plan loses
+    # nothing in any scenario, so it meets every scenario's optimum; no
+    # scenario needs a solve (the plan itself reaches the cap in each)
+    inst = risk_instance("spare-domains")
+    res = solve(inst, "risk-aware", time_limit=HANG_GUARD)
+    assert res.status == "optimal" and res.limit == "none"
+    assert res.gap is not None and res.gap <= 2e-6
+    assert res.plan is not None
+    assert res.plan.metrics["ws_solved"] == 0
+    assert res.plan.metrics["ws_capped"] == res.plan.metrics["saa_samples"]
+
+
+def test_same_scenarios_same_bound() -> None:
+    inst = _tiny(1)
+    a = wait_and_see_bound(inst, training_scenarios(inst, exact_units=0, samples=40, seed=7))
+    b = wait_and_see_bound(inst, training_scenarios(inst, exact_units=0, samples=40, seed=7))
+    assert a.bound == b.bound
+    assert np.array_equal(a.scenario_bounds, b.scenario_bounds)
+
+
+def test_without_exact_solves_the_cap_is_the_relaxed_capacity_bound() -> None:
+    # above max_gpus no scenario is solved: every scenario gets the cap,
+    # capacity_bound of the relaxed instance, still above the objective
+    inst = risk_instance("pack")
+    scen = training_scenarios(inst)
+    ws = wait_and_see_bound(inst, scen, max_gpus=0)
+    assert ws.solved == 0
+    assert ws.cap == pytest.approx(capacity_bound(relaxed_instance(inst, scen.gpus)), rel=1e-12)
+    assert ws.bound <= ws.cap * (1 + 1e-12)  # lower tiers: smaller caps
+    assert np.all(ws.scenario_bounds <= ws.cap * (1 + 1e-12))
+    out = plan_risk_aware(inst, time_limit=HANG_GUARD, ws_bound=False)
+    assert out.bound is None and "ws_bound" not in out.plan.metrics
+    assert ws.bound >= out.plan.metrics["saa_expected_goodput"]
+
+
+def test_relaxed_instance_accepts_every_scenario_plan() -> None:
+    # a scenario's plans stay feasible when its failed GPUs come back as
+    # healthy spares, once the budgets carry their idle draw
+    inst = risk_instance("mixed")
+    scen = training_scenarios(inst, samples=30, seed=2)
+    relaxed = relaxed_instance(inst, scen.gpus)
+    a, r = inst.arrays, relaxed.arrays
+    # the largest idle draw one scenario frees, per rack and at the site
+    idle = inst.job.idle_power_fraction * a.tdp
+    most = max(float(idle[np.unique(g)].sum()) for g in scen.gpus)
+    assert r.site_budget == pytest.approx(a.site_budget + most, rel=1e-12)
+    assert np.all(r.rack_budget >= a.rack_budget)
+    for g in scen.gpus[:3]:
+        mask = np.zeros(a.n_gpus, dtype=bool)
+        mask[g] = True
+        res = solve(failed_instance(inst, mask), "ntp-pw")
+        assert res.plan is not None
+        check(relaxed, res.plan)
+    # with no idle draw there is nothing to raise: the instance itself
+    no_idle = inst.with_job(inst.job.model_copy(update={"idle_power_fraction": 0.0}))
+    assert relaxed_instance(no_idle, scen.gpus) is no_idle
+
+
+def test_cli_prints_the_expected_goodput_bound_and_gap(tmp_path, capsys) -> None:
+    from ntp_opt.app.cli import main
+    from ntp_opt.model.files import save_instance
+
+    path = tmp_path / "spare.json"
+    save_instance(risk_instance("spare-domains"), path)
+    assert main(["solve", str(path), "--policy", "risk-aware", "--time-limit", "600"]) == 0
+    out = capsys.readouterr().out
+    assert "risk-aware: expected goodput after recourse 1.0000 (rel., exact over 16" in out
+    # the exact planner's bounds sit within its tolerance (1e-6) above the optimum
+    found = re.search(r"wait-and-see bound 1\.0000, gap (\S+):", out)
+    assert found is not None and float(found.group(1)) <= 2e-6
