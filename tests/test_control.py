@@ -8,10 +8,14 @@ guard).
 
 from __future__ import annotations
 
+import atexit
+import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import threading
 from pathlib import Path
 
@@ -26,8 +30,22 @@ from tests.helpers import HANG_GUARD
 
 ROOT = Path(__file__).resolve().parent.parent
 TINY = ROOT / "instances" / "tiny.json"
-#: elastic with power boost: the exact search takes minutes when not interrupted
-LONG = ROOT / "instances" / "default.json"
+
+
+def _long_instance() -> Path:
+    """``default.json`` made elastic (power boost): the exact search solves dozens
+    of programs (the fixed job is proven after a few). Removed at exit."""
+    data = json.loads((ROOT / "instances" / "default.json").read_text())
+    data["job"]["batch_policy"] = "elastic"
+    folder = tempfile.mkdtemp(prefix="ntp_opt_long_")
+    atexit.register(shutil.rmtree, folder, True)
+    path = Path(folder) / "default-elastic.json"
+    path.write_text(json.dumps(data))
+    return path
+
+
+#: elastic with power boost: the exact search runs for seconds when not interrupted
+LONG = _long_instance()
 ENV = {**os.environ, "PYTHONPATH": str(ROOT)}
 
 
@@ -79,8 +97,32 @@ def test_cli_sigint_exact_returns_best_plan(tmp_path: Path, policy: str) -> None
     if backend not in available_backends():
         pytest.skip(f"{backend} not installed")
     # after three programs: OR-Tools must not have left SIGINT at its default
-    # (process death) behind
-    _sigint_cli(tmp_path, LONG, policy, "theta'=", 3)
+    # (process death) behind; the gate holds the fourth until the signal landed
+    _sigint_cli(tmp_path, LONG, policy, "GATE:", 1, prefix=["-c", GATED_EXACT_CLI])
+
+
+#: ``ntp-opt solve`` whose exact search holds its fourth program until the cancel
+#: token is set (by the CLI's SIGINT handler): three programs have run (so
+#: OR-Tools had its chance to reset SIGINT), and the signal surely lands while
+#: the search runs, however fast it has become and however loaded the machine.
+GATED_EXACT_CLI = """
+import sys
+import ntp_opt.planners.exact.search as search
+from ntp_opt.app.cli import main
+
+real, calls = search.solve_program, []
+
+def gate(*args, **kwargs):
+    calls.append(1)
+    if len(calls) == 4:
+        print("GATE: three programs solved, waiting for Ctrl-C", file=sys.stderr, flush=True)
+        while not kwargs["cancel"].wait(0.05):
+            pass
+    return real(*args, **kwargs)
+
+search.solve_program = gate
+sys.exit(main(sys.argv[1:]))
+"""
 
 
 #: ``ntp-opt solve`` whose ``fast`` run stops after its first candidates until

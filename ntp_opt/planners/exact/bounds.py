@@ -134,7 +134,7 @@ def _usable(h: int, degrees: tuple[int, ...]) -> int:
     return int(np.flatnonzero(reach).max())
 
 
-def stage_bound(instance: Instance) -> float:
+def stage_bound(instance: Instance, only: tuple[int, ...] | None = None) -> float:
     """A tighter upper bound: per-domain stage structure and the resharding overhead.
 
     Any plan either runs every replica at the nominal degree ``T`` (case A:
@@ -163,13 +163,16 @@ def stage_bound(instance: Instance) -> float:
     ----------
     instance
         The instance.
+    only
+        Bound only the plans of one case: ``(job.tp,)`` (case A) or
+        ``job.allowed`` (case B); ``None``: every plan.
 
     Returns
     -------
     float
         Upper bound on goodput (sequences per second).
     """
-    return _stage_bound(instance)
+    return _stage_bound(instance, only=only)
 
 
 DualPoints = dict[tuple[int, ...], tuple[float, float]]
@@ -302,9 +305,11 @@ def _stage_bound(
     record: DualPoints | None = None,
     at: DualPoints | None = None,
     rows_in: DomainRows | None = None,
+    only: tuple[int, ...] | None = None,
 ) -> float:
     """:func:`stage_bound`; ``record`` receives each case's multipliers, ``at`` gives
-    them; ``rows_in``: the instance's :func:`domain_rows`, when known."""
+    them; ``rows_in``: the instance's :func:`domain_rows`, when known; ``only``: one
+    case's degrees."""
     job = instance.job
     a = instance.arrays
     alpha = job.power_exponent
@@ -329,6 +334,8 @@ def _stage_bound(
     reduced = tuple(t for t in job.allowed if t < job.tp)
     if reduced:
         cases.append((job.allowed, 1.0 + job.reshard_overhead))
+    if only is not None:
+        cases = [case for case in cases if case[0] == only]
     best = 0.0
     s_max = float(a.speed[ok].max())
     hi_max = float(hi.max())

@@ -44,7 +44,7 @@ from ntp_opt.planners.exact.backends.common import BackendUnavailable
 from ntp_opt.planners.exact.backends.common import prepare as normalise_program
 from ntp_opt.planners.exact.backends.highs import highs_lp, new_highs
 from ntp_opt.planners.exact.backends.highs import load as load_highs
-from ntp_opt.planners.exact.bounds import capacity_bound
+from ntp_opt.planners.exact.bounds import capacity_bound, stage_bound
 from ntp_opt.planners.exact.colgen import ColumnGeneration, column_generation_for
 from ntp_opt.planners.exact.model import (
     MAX_CONFIGS,
@@ -138,6 +138,8 @@ class _Search:
     report_bounds: bool = True
     best_layout: Layout | None = None  # best_plan in index space, when the search found it
     colgen: dict[tuple[int, ...], ColumnGeneration] = field(default_factory=dict)
+    theta_search: str = "descent"  # elastic: "descent" (_descend) or "bnb" (interval B&B)
+    case_bounds: dict[tuple[int, ...], float] = field(default_factory=dict)  # per degree set
 
     def note(self, line: str, *, keep: bool = True) -> None:
         """A line of the search log (also logged at INFO level)."""
@@ -393,6 +395,46 @@ def _min_theta(
     return hi, lo
 
 
+def _case_bound(s: _Search, degrees: tuple[int, ...]) -> float:
+    """The best goodput bound known for the plans of one case (``inf``: none)."""
+    return min(s.global_bound, s.case_bounds.get(degrees, math.inf))
+
+
+def _drop_bounded_cases(
+    s: _Search, cases: list[tuple[tuple[int, ...], float]]
+) -> tuple[list[tuple[tuple[int, ...], float]], float]:
+    """Per case, its capacity bound (:func:`~ntp_opt.planners.exact.bounds.stage_bound`
+    restricted to the case's plans); a case whose bound is within the tolerance of
+    the incumbent is not searched. Returns the cases to search and the largest bound
+    of those left out (``0.0``: none)."""
+    kept: list[tuple[tuple[int, ...], float]] = []
+    dropped = 0.0
+    for degrees, factor in cases:
+        bound = stage_bound(s.prep.instance, only=degrees)
+        s.case_bounds[degrees] = bound
+        bound = _case_bound(s, degrees)
+        if bound <= s.best_value * (1 + REL_TOL):
+            dropped = max(dropped, bound)
+            s.note(f"degrees {list(degrees)}: bound {bound:.9g} reached, not searched")
+        else:
+            kept.append((degrees, factor))
+    return kept, dropped
+
+
+def _bound_floor(s: _Search, degrees: tuple[int, ...], target: int, factor: float) -> float:
+    """A step time below which ``C < target``: there the goodput would beat the case's bound.
+
+    Any ``theta' < target / (bound * factor)`` carrying ``target`` would have
+    goodput ``target / (theta' factor)`` above the capacity bound of the case's
+    plans (:func:`_case_bound`), so the bisections may start there instead of at
+    the physical limit.
+    """
+    bound = _case_bound(s, degrees)
+    if not math.isfinite(bound) or bound <= 0 or target <= 0:
+        return 0.0
+    return target / (bound * factor) / (1 + EDGE_SLACK)
+
+
 #: GPUs from which ``fast``'s plan is always a warm start (below: only where a case
 #: needs generated configurations or none can be searched).
 FAST_WARM_GPUS = 4096
@@ -426,6 +468,7 @@ def _case_fixed(s: _Search, degrees: tuple[int, ...], factor: float) -> float:
     # no plan beats the capacity bound: below B / (bound * factor) C stays under B
     if math.isfinite(s.global_bound) and s.global_bound > 0:
         lo = max(lo, big_b / (s.global_bound * factor) * (1 - EDGE_SLACK))
+    lo = max(lo, _bound_floor(s, degrees, big_b, factor))  # per-case bound
     # first the one program that may settle the case against the incumbent
     prune = _fixed_prune(s, degrees, factor, lo, hi)
     if prune is not None and prune[0]:
@@ -521,7 +564,8 @@ def _elastic(s: _Search, cases: list[tuple[tuple[int, ...], float]]) -> float:
             continue
         if c_max < up:
             raise _Deadline
-        hi, _ = _min_theta(s, degrees, min(big_b, c_max), lo, hi)
+        top = min(big_b, c_max)
+        hi, _ = _min_theta(s, degrees, top, max(lo, _bound_floor(s, degrees, top, factor)), hi)
         c_hi = s.capacity(hi, degrees)[0]  # C at the top of the search range
         best = max(best, c_hi / (hi * factor))
         # Doubling: below theta_cut every solution at theta, with its batches
@@ -540,6 +584,13 @@ def _elastic(s: _Search, cases: list[tuple[tuple[int, ...], float]]) -> float:
         push(i, lo, c_lo, hi, c_hi, True)
 
     candidates = [_candidates(s.prep, degrees) for degrees, _ in cases]
+    if s.theta_search == "descent":
+        # largest bound first: its descent raises the incumbent for the others
+        bound = 0.0
+        for _, a, ca, b, cb, _, i in sorted(heap):
+            best, case_bound = _descend(s, cases[i], candidates[i], (a, ca), (b, cb), best)
+            bound = max(bound, case_bound)
+        return max(best, bound)
     while heap:
         neg_ub, a, ca, b, cb, tight_end, i = heap[0]
         if min(-neg_ub, s.global_bound) <= max(best, s.best_value) * (1 + REL_TOL):
@@ -574,6 +625,68 @@ def _elastic(s: _Search, cases: list[tuple[tuple[int, ...], float]]) -> float:
     return max(best, remaining)
 
 
+def _descend(
+    s: _Search,
+    case: tuple[tuple[int, ...], float],
+    cands: np.ndarray | None,
+    low_end: tuple[float, int],
+    high_end: tuple[float, int],
+    best: float,
+) -> tuple[float, float]:
+    """Prove one case of ``elastic`` on ``[a, b]`` by a descent over the levels of ``C``.
+
+    ``low_end = (a, C(a))`` and ``high_end = (b, C(b))`` are known; ``best`` is
+    the best goodput found so far (``min(B, C) / (theta' factor)`` at a tight
+    point). With the incumbent ``lam`` (the larger of ``best`` and the
+    validated plan's goodput) and ``C(theta) <= c`` known for ``theta < b``,
+    every step time in ``[c / (lam factor (1 + tol)), b)`` has goodput at most
+    ``lam (1 + tol)``; the next program is solved at the left end of that
+    interval (a Dinkelbach step on the step-time axis). Its solution either
+    keeps the level ``c`` there, which improves ``lam`` by at least the
+    tolerance, or proves a lower level, from which the next step starts. So
+    one program per level of ``C`` visited, none per jump located, and no
+    interval is ever split. Without boost, each probe is moved down to the
+    largest step time of the finite candidate set at or below it (``C`` is
+    constant between candidates).
+
+    Returns
+    -------
+    (float, float)
+        ``best`` (raised by the solutions found) and the largest goodput bound
+        of the step times passed over (``0`` when nothing was passed over).
+    """
+    degrees, factor = case
+    big_b = s.prep.instance.job.global_batch
+    lo, _ = low_end
+    theta, level = high_end
+    bound = 0.0
+    while theta > lo:
+        lam = max(best, s.best_value)
+        case_bound = _case_bound(s, degrees)
+        if case_bound <= lam * (1 + REL_TOL):
+            # the case's capacity bound closes what is left: [lo, theta) is bounded by it
+            return best, max(bound, case_bound)
+        nxt = min(big_b, level) / (lam * factor * (1 + REL_TOL))
+        if nxt <= lo:
+            # [lo, theta) below lam (1 + tol); G(lo) itself is in `best` already
+            return best, max(bound, min(big_b, level) / (lo * factor))
+        probe = nxt
+        if cands is not None:
+            k = int(np.searchsorted(cands, nxt, side="right")) - 1  # last candidate <= nxt
+            if k < 0 or cands[k] <= lo:
+                # C is constant on [lo, nxt]: the goodput there is at most G(lo)
+                return best, max(bound, min(big_b, level) / (nxt * factor))
+            probe = float(cands[k])
+        bound = max(bound, min(big_b, level) / (nxt * factor))
+        c_p, up_p, tight = s.capacity(probe, degrees)
+        if c_p < up_p:
+            raise _Deadline
+        tight = min(max(lo, tight), probe)
+        best = max(best, min(big_b, c_p) / (tight * factor))
+        theta, level = probe, c_p
+    return best, bound
+
+
 def solve_exact(
     instance: Instance,
     backend: str = "cpsat",
@@ -585,6 +698,7 @@ def solve_exact(
     log: bool = False,
     control: Control | None = None,
     report_bounds: bool = True,
+    theta_search: str = "descent",
 ) -> Outcome:
     """Maximise goodput exactly (to :data:`REL_TOL`) with the given backend.
 
@@ -610,6 +724,11 @@ def solve_exact(
     report_bounds
         Pass the search's bounds to ``control`` (False when they bound
         another problem than the caller's).
+    theta_search
+        How ``elastic`` searches the step time: ``"descent"`` (one program per
+        level of the capacity, :func:`_descend`) or ``"bnb"`` (the earlier
+        best-first branch and bound over step-time intervals). Both prove the
+        same optimum; ``fixed`` ignores it.
 
     Returns
     -------
@@ -644,6 +763,7 @@ def solve_exact(
             log=log,
             control=control,
             report_bounds=False,  # a bound without boost is no bound with it
+            theta_search=theta_search,
         )
         if sub.plan is not None:  # always: the search returns a plan
             starts.insert(0, sub.plan)
@@ -656,6 +776,9 @@ def solve_exact(
             best_plan, best_value = p.with_metrics(**ev.as_metrics()), ev.goodput
     s = _Search(prep, backend, deadline, threads, seed, log, best_plan, best_value)
     s.control, s.report_bounds = control, report_bounds
+    if theta_search not in ("descent", "bnb"):
+        raise ValueError(f"theta_search must be 'descent' or 'bnb', not {theta_search!r}")
+    s.theta_search = theta_search
     s.global_bound = capacity_bound(instance)
     s.report()
     s.evaluations = sub_evaluations
@@ -715,6 +838,7 @@ def solve_exact(
                 s.best_plan = fast_plan.with_metrics(**ev.as_metrics())
                 s.best_layout = None
                 s.best_value = ev.goodput
+    cases, dropped = _drop_bounded_cases(s, cases)
     bound = 0.0
     timed_out, interrupted = deadline_hit, False
     try:
@@ -735,6 +859,7 @@ def solve_exact(
         s.unproven = True
         bound = math.inf
         s.note(f"exact model too large: {err}")
+    bound = max(bound, dropped)  # the cases left out by their bounds
     if left_out:
         bound = math.inf  # the search bounds cover the cases searched only
     if prep.inexact:

@@ -117,10 +117,14 @@ def _stop_when_set(cancel: threading.Event | None, stop: Any) -> Iterator[None]:
     done = threading.Event()
 
     def watch() -> None:
-        while not done.is_set():
-            if cancel.wait(0.05):
+        # polls ``cancel`` while waiting on ``done``, so that leaving the block
+        # wakes the watcher at once (waiting on ``cancel`` instead kept every
+        # solve waiting up to one poll interval for the join below)
+        while True:
+            if cancel.is_set():
                 stop()  # a no-op until the solve has started: repeat until done
-                done.wait(0.05)
+            if done.wait(0.05):
+                return
 
     watcher = threading.Thread(target=watch, name="ntp_opt-cancel", daemon=True)
     watcher.start()

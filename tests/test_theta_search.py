@@ -1,0 +1,82 @@
+"""The step-time search under ``elastic``: the level descent (``theta_search="descent"``)
+against the interval branch and bound it replaced (``"bnb"``) and the brute force.
+
+No wall-clock: the searches run without a time limit (the hang guard only) and
+are compared by their results and the number of capacity programs solved.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from ntp_opt import Instance, Job, evaluate
+from ntp_opt.model import topology
+from ntp_opt.planners.exact.search import solve_exact
+from tests.helpers import HANG_GUARD
+
+from .bruteforce import brute_force
+from .test_milp import exact_instance
+
+
+def _elastic(inst: Instance) -> Instance:
+    job = inst.job.model_copy(update={"batch_policy": "elastic"})
+    return Instance(inst.name, inst.cluster, job, copy_graph=False)
+
+
+@pytest.mark.parametrize("seed", range(0, 24))
+def test_descent_equals_branch_and_bound_and_brute_force(seed: int) -> None:
+    inst = _elastic(exact_instance(seed))
+    best, _ = brute_force(inst)
+    new = solve_exact(inst, "cpsat", time_limit=HANG_GUARD, theta_search="descent")
+    old = solve_exact(inst, "cpsat", time_limit=HANG_GUARD, theta_search="bnb")
+    assert new.proven and old.proven
+    g_new, g_old = float(new.stats["goodput"]), float(old.stats["goodput"])
+    assert g_new == pytest.approx(best, rel=1e-5, abs=1e-9)
+    assert g_new == pytest.approx(g_old, rel=2e-6, abs=1e-12)
+    assert new.bound is not None and new.bound >= g_new
+    assert new.bound >= best * (1 - 1e-9)  # a bound, never below the optimum
+    assert evaluate(inst, new.plan).feasible
+
+
+def _boosted(domains: int, fail: int, seed: int) -> Instance:
+    g = topology.nvl32(domains, rack_power_factor=1.3)
+    topology.fail_random(g, count=fail, seed=seed)
+    topology.add_stragglers(g, count=1, speed=(0.8, 0.95), seed=seed + 1)
+    dp = domains // 4
+    job = Job(tp=32, pp=4, dp=dp, global_batch=16 * dp, batch_policy="elastic")
+    return Instance(f"nvl32-{domains}-boost", g, job)
+
+
+@pytest.mark.parametrize("seed", [1, 2])
+def test_descent_solves_fewer_programs_with_boost(seed: int) -> None:
+    # NVL32 with boost and stragglers: C(theta') jumps at continuous step times;
+    # the descent solves one program per level of C, the branch and bound
+    # several per jump it locates
+    inst = _boosted(16, 3, seed)
+    new = solve_exact(inst, "cpsat", time_limit=HANG_GUARD, theta_search="descent")
+    old = solve_exact(inst, "cpsat", time_limit=HANG_GUARD, theta_search="bnb")
+    assert new.proven and old.proven
+    assert float(new.stats["goodput"]) >= float(old.stats["goodput"]) * (1 - 2e-6)
+    assert float(old.stats["goodput"]) >= float(new.stats["goodput"]) * (1 - 2e-6)
+    assert int(new.stats["evaluations"]) < int(old.stats["evaluations"])
+
+
+def test_unknown_theta_search_is_refused() -> None:
+    with pytest.raises(ValueError, match="theta_search"):
+        solve_exact(exact_instance(0), "cpsat", theta_search="golden")
+
+
+def test_a_case_whose_bound_is_reached_is_not_searched() -> None:
+    # no failed GPU, no straggler, nominal batch: the warm start reaches the
+    # capacity bound of both cases, which proves the optimum without a program
+    g = topology.nvl32(4, rack_power_factor=1.3)
+    job = Job(tp=32, pp=2, dp=2, global_batch=32, batch_policy="elastic", max_boost=0.0)
+    inst = Instance("healthy", g, job)
+    out = solve_exact(inst, "cpsat", time_limit=HANG_GUARD, log=True)
+    best, _ = brute_force(inst)
+    assert out.proven
+    assert float(out.stats["goodput"]) == pytest.approx(best, rel=1e-6)
+    assert out.bound is not None and out.bound >= best * (1 - 1e-9)
+    log = "\n".join(out.log)
+    assert "reached, not searched" in log
+    assert int(out.stats["evaluations"]) == 0
