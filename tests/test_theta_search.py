@@ -47,7 +47,7 @@ def _boosted(domains: int, fail: int, seed: int) -> Instance:
     return Instance(f"nvl32-{domains}-boost", g, job)
 
 
-@pytest.mark.parametrize("seed", [1, 2])
+@pytest.mark.parametrize("seed", [1])  # each seed costs about 9 CPU s
 def test_descent_solves_fewer_programs_with_boost(seed: int) -> None:
     # NVL32 with boost and stragglers: C(theta') jumps at continuous step times;
     # the descent solves one program per level of C, the branch and bound
