@@ -273,7 +273,7 @@ def test_nominal_tolerance_bounds_the_nominal_loss(seed):
 def test_outcome_is_an_outcome_checked_once(monkeypatch):
     # a direct call returns a validated plan; solve passes validate=False and checks it itself
     inst = risk_instance("pack")
-    out = plan_risk_aware(inst, time_limit=HANG_GUARD)
+    out = plan_risk_aware(inst, time_limit=HANG_GUARD, ws_bound=False)  # the bound: test_waitandsee
     assert isinstance(out, Outcome) and out.limit == Limit.NONE
     assert not out.time_limit_hit and not out.interrupted
     assert out.evaluations == out.stats["evaluations"] > 0
@@ -289,7 +289,10 @@ def test_outcome_is_an_outcome_checked_once(monkeypatch):
     monkeypatch.setattr(planner_mod, "certified", refuse)
     res = solve(inst, "risk-aware", time_limit=HANG_GUARD)
     assert res.plan.replicas == out.plan.replicas
-    assert res.plan.metrics == out.plan.metrics  # solve attaches the same checked figures
+    # solve attaches the same checked figures (and the wait-and-see bound's, which
+    # out was asked not to compute)
+    assert {k: res.plan.metrics[k] for k in out.plan.metrics} == out.plan.metrics
+    assert "ws_bound" in res.plan.metrics and "ws_bound" not in out.plan.metrics
 
 
 def test_search_state_is_a_layout_round_trip():
