@@ -166,7 +166,7 @@ def test_time_limit_holds_and_returns_best_plan():
     job = base.job.model_copy(update={"batch_policy": "elastic"})
     inst = Instance(base.name, base.cluster, job, copy_graph=False)
     res = solve(inst, "optimal", time_limit=1)
-    # the limit stops the search (unlimited, it runs for minutes); the margin covers
+    # the limit stops the search (unlimited, it takes about 12 CPU s); the margin covers
     # model building and validation on a loaded machine, it is no speed test
     assert res.runtime_s < 1 + 60
     assert res.limit == "time_limit"
