@@ -79,3 +79,23 @@ def stop_at_first_plan() -> dict[str, Any]:
             cancel.set()
 
     return {"callback": callback, "cancel": cancel, "time_limit": HANG_GUARD}
+
+
+class StepClock:
+    """A ``time.perf_counter`` that advances ``step`` seconds per reading.
+
+    Installed over ``time.perf_counter`` (``monkeypatch.setattr(time,
+    "perf_counter", StepClock())``), it makes a planner's time limit run out
+    after a fixed number of its own clock readings, whatever the machine's
+    speed or load: a time-limit test then depends on no wall clock.
+    """
+
+    def __init__(self, step: float = 0.05) -> None:
+        self.now = 0.0
+        self.step = step
+        self.readings = 0
+
+    def __call__(self) -> float:
+        self.readings += 1
+        self.now += self.step
+        return self.now
