@@ -201,6 +201,96 @@ class Kept(NamedTuple):
     source: int
 
 
+class SparePools:
+    """Per domain, its free healthy GPUs (indices), fastest first, then in index order.
+
+    A domain's pool is listed on first use; GPUs return with :meth:`give_back`
+    and leave from the front with :meth:`take`.
+    """
+
+    def __init__(self, instance: Instance, alive: np.ndarray, used: np.ndarray) -> None:
+        self._arrays = instance.arrays
+        self._alive = alive
+        self._used = used
+        self._pools: dict[int, list[int]] = {}
+
+    def _sorted(self, items: list[int]) -> list[int]:
+        speed = self._arrays.speed
+        return sorted(items, key=lambda i: (-float(speed[i]), i))
+
+    def get(self, d: int) -> list[int]:
+        """Domain ``d``'s pool."""
+        if d not in self._pools:
+            members = self._arrays.domain_gpus[d]
+            free = members[self._alive[members] & ~self._used[members]]
+            self._pools[d] = self._sorted([int(i) for i in free])
+        return self._pools[d]
+
+    def size(self, d: int) -> int:
+        """How many GPUs domain ``d``'s pool holds."""
+        return len(self.get(d))
+
+    def give_back(self, d: int, gpus: np.ndarray) -> None:
+        """Return ``gpus`` to domain ``d``'s pool."""
+        self._pools[d] = self._sorted(self.get(d) + [int(i) for i in gpus])
+
+    def take(self, d: int, n: int) -> None:
+        """Remove the first ``n`` GPUs of domain ``d``'s pool."""
+        self._pools[d] = self.get(d)[n:]
+
+
+def adapt_replica(
+    instance: Instance,
+    pools: SparePools,
+    t_r: int,
+    doms: list[int],
+    survivors: list[np.ndarray],
+    powers: list[float],
+) -> tuple[int, list[np.ndarray], list[float]] | None:
+    """Recourse steps 2-3 for one replica that lost GPUs (updates ``pools``).
+
+    Parameters
+    ----------
+    instance
+        The instance.
+    pools
+        The domains' spare GPUs; GPUs the replica gives back or takes move.
+    t_r
+        The replica's degree before the failures.
+    doms
+        Its stages' domain indices.
+    survivors
+        Per stage, its GPUs that are still healthy.
+    powers
+        Per stage, its power multiplier (lowered in place where a refill brings
+        a lower board limit).
+
+    Returns
+    -------
+    tuple or None
+        ``(degree, stage GPUs, powers)``, or ``None`` when no allowed degree
+        fits (the survivors then went back to their pools).
+    """
+    speed = instance.arrays.speed
+    t_new = replica_degree(instance.job.allowed, t_r, doms, survivors, pools.size)
+    if t_new is None:
+        for d, s in zip(doms, survivors, strict=True):
+            pools.give_back(d, s)
+        return None
+    out = []
+    for k, (d, s) in enumerate(zip(doms, survivors, strict=True)):
+        stage, back, take = stage_after(speed, s, t_new, pools.get(d))
+        out.append(stage)
+        if len(back):
+            pools.give_back(d, back)
+        if take:
+            pools.take(d, take)
+            cap = stage_cap(instance, stage)  # a refill may bring a lower board limit
+            if powers[k] > cap * (1 + POWER_TOL):
+                powers[k] = cap
+    return t_new, out, powers
+
+
 def adapt_indices(
     instance: Instance,
     plan: Plan,
@@ -235,18 +325,7 @@ def adapt_indices(
     reps = layout.per_replica()
     doms_of = layout.domain.tolist()
     powers_of = layout.power.tolist()
-    # pools: per domain, list of free alive GPU indices, fastest first, graph order
-    pools: dict[int, list[int]] = {}
-
-    def sort_pool(items: list[int]) -> list[int]:
-        return sorted(items, key=lambda i: (-float(speed[i]), i))
-
-    def pool(d: int) -> list[int]:
-        if d not in pools:
-            members = a.domain_gpus[d]
-            free = members[alive[members] & ~used[members]]
-            pools[d] = sort_pool([int(i) for i in free])
-        return pools[d]
+    pools = SparePools(instance, alive, used)
 
     new_reps: list[Kept] = []
     reduced: set[int] = set()  # plan indices of the replicas whose degree dropped
@@ -260,24 +339,11 @@ def adapt_indices(
         if all(len(s) == t_r for s in survivors):
             new_reps.append(Kept(t_r, survivors, pws, r))
             continue
-        t_new = replica_degree(job.allowed, t_r, doms, survivors, lambda d: len(pool(d)))
-        if t_new is None:
+        adapted = adapt_replica(instance, pools, t_r, doms, survivors, pws)
+        if adapted is None:
             dropped += 1
-            for d, s in zip(doms, survivors, strict=True):
-                pools[d] = sort_pool(pool(d) + [int(i) for i in s])
             continue
-        out = []
-        for k, (d, s) in enumerate(zip(doms, survivors, strict=True)):
-            stage, back, take = stage_after(speed, s, t_new, pool(d))
-            out.append(stage)
-            if len(back):
-                pools[d] = sort_pool(pool(d) + [int(i) for i in back])
-            if take:
-                pools[d] = pool(d)[take:]
-                cap = stage_cap(instance, stage)  # a refill may bring a lower board limit
-                if pws[k] > cap * (1 + POWER_TOL):
-                    pws[k] = cap
-        new_reps.append(Kept(t_new, out, pws, r))
+        new_reps.append(Kept(*adapted, r))
         reduced.add(r)
 
     # power (step 4)

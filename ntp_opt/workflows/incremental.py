@@ -29,10 +29,9 @@ from ntp_opt.rules.power import (
     headroom,
     over_budget,
     rack_and_site_draw,
-    stage_cap,
 )
-from ntp_opt.rules.recourse import replica_degree, stage_after
-from ntp_opt.rules.tolerances import FLOAT_NOISE, POWER_TOL
+from ntp_opt.rules.recourse import SparePools, adapt_replica
+from ntp_opt.rules.tolerances import FLOAT_NOISE
 from ntp_opt.rules.validate import layout_speeds
 
 __all__ = ["Local", "reboost_layout", "recourse_layout", "stages_of"]
@@ -109,7 +108,6 @@ def recourse_layout(instance: Instance, plan: Plan, layout: Layout, mask: np.nda
     a = instance.arrays
     job = instance.job
     alive = a.healthy & ~mask
-    speed = a.speed
     lay = layout
     offsets = lay.offsets
     n_rep = lay.n_replicas
@@ -122,17 +120,7 @@ def recourse_layout(instance: Instance, plan: Plan, layout: Layout, mask: np.nda
     touched = sorted(set(lay.replica[hit].tolist()))
     used = np.zeros(a.n_gpus, dtype=bool)
     used[lay.gpus] = True
-    pools: dict[int, list[int]] = {}
-
-    def sort_pool(items: list[int]) -> list[int]:
-        return sorted(items, key=lambda i: (-float(speed[i]), i))
-
-    def pool(d: int) -> list[int]:
-        if d not in pools:
-            members = a.domain_gpus[d]
-            free = members[alive[members] & ~used[members]]
-            pools[d] = sort_pool([int(i) for i in free])
-        return pools[d]
+    pools = SparePools(instance, alive, used)
 
     changed: dict[int, tuple[int, list[np.ndarray], list[float]] | None] = {}
     for r in touched:
@@ -144,24 +132,7 @@ def recourse_layout(instance: Instance, plan: Plan, layout: Layout, mask: np.nda
         t_r = int(lay.degree[r])
         if all(len(s) == t_r for s in survivors):
             continue
-        t_new = replica_degree(job.allowed, t_r, doms, survivors, lambda d: len(pool(d)))
-        if t_new is None:
-            changed[r] = None
-            for d, s in zip(doms, survivors, strict=True):
-                pools[d] = sort_pool(pool(d) + [int(i) for i in s])
-            continue
-        out = []
-        for k, (d, s) in enumerate(zip(doms, survivors, strict=True)):
-            stage, back, take = stage_after(speed, s, t_new, pool(d))
-            out.append(stage)
-            if len(back):
-                pools[d] = sort_pool(pool(d) + [int(i) for i in back])
-            if take:
-                pools[d] = pool(d)[take:]
-                cap = stage_cap(instance, stage)
-                if pws[k] > cap * (1 + POWER_TOL):
-                    pws[k] = cap
-        changed[r] = (t_new, out, pws)
+        changed[r] = adapt_replica(instance, pools, t_r, doms, survivors, pws)
     # the kept replicas' layout: runs of untouched replicas are copied as blocks
     sizes_all = np.diff(offsets)
     deg_parts: list[np.ndarray] = []
