@@ -134,6 +134,12 @@ def test_recourse_and_reboost_on_the_layout_equal_the_reference(inst, data):
     if got is not None:
         assert got.plan == ref
         assert got.layout.to_plan(new).replicas == ref.replicas
+    if local.replicas:  # recourse's goodput is the split re-boosting starts from
+        again = reboost_layout(new, local, lay, keep=local.metrics["goodput"])
+        assert (again is None) == (got is None)
+        assert again is None or (
+            again.plan == got.plan and again.layout.batch.tolist() == got.layout.batch.tolist()
+        )
 
 
 @given(instances(), st.data())

@@ -489,6 +489,7 @@ def boost_floor_stages(
     *,
     margin: float = BOOST_MARGIN,
     steps: int = 60,
+    slowest: np.ndarray | None = None,
 ) -> np.ndarray:
     """Multipliers raising every replica to the highest common speed the rooms allow.
 
@@ -514,6 +515,8 @@ def boost_floor_stages(
         Watts left per rack and at the site at power 1 (:func:`headroom`).
     margin, steps
         Share of the rooms left unspent; bisection steps.
+    slowest
+        Per stage, the speed of its slowest GPU, when known.
 
     Returns
     -------
@@ -529,7 +532,9 @@ def boost_floor_stages(
     sizes = stages.sizes
     per_degree = {t: job.tp_factor(t) for t in set(tp.tolist())}
     factor = np.array([per_degree[t] for t in tp.tolist()], dtype=float)
-    stage_base = factor[stages.replica] * stages.stage_min(a.speed)
+    if slowest is None:
+        slowest = stages.stage_min(a.speed)
+    stage_base = factor[stages.replica] * slowest
     # per stage: the largest multiplier job and boards allow
     stage_caps = stages.stage_min(instance.max_multiplier)
     flat = stages.gpus

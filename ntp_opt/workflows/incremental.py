@@ -278,21 +278,33 @@ def recourse_layout(instance: Instance, plan: Plan, layout: Layout, mask: np.nda
 
 
 def _split(
-    instance: Instance, layout: Layout, powers: np.ndarray
+    instance: Instance, layout: Layout, powers: np.ndarray, slowest: np.ndarray
 ) -> tuple[float, tuple[int, ...]] | None:
     """Goodput and batches of the exact split of the layout's replicas at ``powers``."""
-    lay = Layout(**{**layout.__dict__, "power": powers})
-    split = gp.split_batch(instance.job, layout_speeds(instance, lay).tolist(), lay.degree.tolist())
+    speeds = layout_speeds(instance, layout, powers=powers, slowest=slowest)
+    split = gp.split_batch(instance.job, speeds.tolist(), layout.degree.tolist())
     return None if split is None else (split.goodput, split.batches)
 
 
-def reboost_layout(instance: Instance, plan: Plan, layout: Layout) -> Local | None:
+def reboost_layout(
+    instance: Instance, plan: Plan, layout: Layout, keep: float | None = None
+) -> Local | None:
     """:func:`ntp_opt.workflows.replan.reboost` (unvalidated) on the layout's stages.
 
     Tries the plan's own multipliers, the boost of the replicas slower than
     nominal (:func:`ntp_opt.rules.power.boost_stages`, 50 steps, from power 1)
     and the common-speed boost (:func:`ntp_opt.rules.power.boost_floor_stages`),
-    each with its exact batch split; keeps the best.
+    each with its exact batch split; keeps the best. Only the slow replicas'
+    stages go through the first boost; the stages' slowest speeds are read
+    once for the boosts and the splits.
+
+    Parameters
+    ----------
+    instance, plan, layout
+        The instance, the plan and its layout.
+    keep
+        The goodput of the exact split at the plan's own multipliers, when
+        the caller has it (recourse's plan carries it); computed otherwise.
 
     Returns
     -------
@@ -304,22 +316,27 @@ def reboost_layout(instance: Instance, plan: Plan, layout: Layout) -> Local | No
     job = instance.job
     if not plan.replicas or not can_boost(instance):
         return None
+    a = instance.arrays
     stages = stages_of(layout)
     tp = layout.degree
-    keep = _split(instance, layout, layout.power)
-    value = -1.0 if keep is None else keep[0]
-    used = np.zeros(instance.arrays.n_gpus, dtype=bool)
+    slowest = stages.stage_min(a.speed)
+    if keep is None:
+        got_keep = _split(instance, layout, layout.power, slowest)
+        value = -1.0 if got_keep is None else got_keep[0]
+    else:
+        value = keep
+    used = np.zeros(a.n_gpus, dtype=bool)
     used[layout.gpus] = True
     rack_room, site_room = headroom(instance, used.astype(float))
     ones = np.ones(layout.n_stages)
     target = 1.0 / job.seq_time_s
-    at_one = layout_speeds(instance, Layout(**{**layout.__dict__, "power": ones}))
+    at_one = layout_speeds(instance, layout, powers=ones, slowest=slowest)
     slow = np.flatnonzero(at_one < target * (1 - FLOAT_NOISE)).tolist()
-    slowest, _ = boost_stages(instance, stages, tp, ones, slow, rack_room, site_room, steps=50)
-    floor = boost_floor_stages(instance, stages, tp, rack_room, site_room)
+    slowest_pw, _ = boost_stages(instance, stages, tp, ones, slow, rack_room, site_room, steps=50)
+    floor = boost_floor_stages(instance, stages, tp, rack_room, site_room, slowest=slowest)
     best: tuple[float, np.ndarray, tuple[int, ...]] | None = None
-    for powers in (slowest, floor):
-        got = _split(instance, layout, powers)
+    for powers in (slowest_pw, floor):
+        got = _split(instance, layout, powers, slowest)
         if (
             got is not None
             and got[0] > value * (1 + FLOAT_NOISE)
