@@ -20,7 +20,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -224,6 +224,7 @@ def boost_stages(
     *,
     steps: int,
     margin: float = BOOST_MARGIN,
+    memo: dict[Any, Any] | None = None,
 ) -> tuple[np.ndarray, list[int]]:
     """Raise the stages of replicas ``candidates`` toward nominal speed within the rooms.
 
@@ -260,6 +261,11 @@ def boost_stages(
         results are kept).
     margin
         Share of the rooms left unspent.
+    memo
+        A dict kept by the caller from one call to the next (re-planning):
+        a candidate's needs at the speeds its bisection tries depend on its
+        stages alone, not on the rooms, so a candidate whose stages did not
+        change reuses them. The results are the same with or without it.
 
     Returns
     -------
@@ -277,6 +283,10 @@ def boost_stages(
     booster = _Booster(
         instance, sub, np.asarray(tp)[chosen], sub_pw, rack_room, site_room, steps, margin
     )
+    if memo is not None:
+        if len(memo) > _MEMO_MAX:
+            memo.clear()
+        booster.memo = memo
     boosted = booster.run([local[i] for i in cand], sub_pw)
     out[at] = sub_pw
     return out, [chosen[j] for j in boosted]
@@ -311,6 +321,10 @@ def _runs(key: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         return key[new], np.cumsum(new) - 1
     keys, inverse = np.unique(key, return_inverse=True)
     return keys, inverse.ravel()
+
+
+_MEMO_MAX = 4096
+"""Entries of a :func:`boost_stages` memo beyond which it starts over."""
 
 
 class _Booster:
@@ -365,6 +379,7 @@ class _Booster:
         self.rack_all = np.bincount(self.inverse, weights=watts_all, minlength=len(keys))
         self.room_keep = self.rack_room * self.keep
         self.n_neg = int(np.count_nonzero(self.room_keep < 0))
+        self.memo: dict[Any, Any] | None = None
 
     def mults(self, goal: float, lo: int, hi: int) -> np.ndarray:
         """Multipliers of stages ``lo:hi`` reaching speed ``goal`` (within their limits)."""
@@ -385,6 +400,26 @@ class _Booster:
 
     def need(self, i: int, goals: list[float]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """Multipliers, extra watts per touched rack and in all, at each speed of ``goals``."""
+        if self.memo is None:
+            return self.needs(i, goals)
+        s0, s1 = int(self.sptr[i]), int(self.sptr[i + 1])
+        g0, g1 = int(self.stages.start[s0]), int(self.stages.start[s1])
+        key = (
+            self.stages.gpus[g0:g1].tobytes(),
+            self.stages.start[s0 : s1 + 1].tobytes(),
+            self.pw[s0:s1].tobytes(),
+            self.fs[s0:s1].tobytes(),
+            self.top[s0:s1].tobytes(),
+            self.inv_alpha,
+            tuple(goals),
+        )
+        got = self.memo.get(key)
+        if got is None:
+            got = self.memo[key] = self.needs(i, goals)
+        return got
+
+    def needs(self, i: int, goals: list[float]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """:meth:`need`, computed."""
         stages, sizes, tdp, pw = self.stages, self.sizes, self.tdp, self.pw
         s0, s1 = int(self.sptr[i]), int(self.sptr[i + 1])
         g0, g1 = int(stages.start[s0]), int(stages.start[s1])
@@ -578,6 +613,12 @@ def _floor_powers(tau: float, b: np.ndarray, hi: np.ndarray, alpha: float) -> np
     return out
 
 
+_FEW = 64
+"""Distinct (base, cap) pairs up to which :class:`_FloorGroups` computes the powers of
+a bisection step in Python (:func:`_floor_powers`' numbers: ``x ** y`` is the C
+library's ``pow``, as numpy's)."""
+
+
 class _FloorGroups:
     """The (stage, rack) groups of :func:`boost_floor_stages` and the rooms they share.
 
@@ -612,6 +653,8 @@ class _FloorGroups:
         self.inv[order] = np.cumsum(new) - 1
         self.room = rack_room * keep
         self.site = site_room * keep
+        few = len(self.base) <= _FEW
+        self.few = list(zip(self.base.tolist(), self.caps.tolist(), strict=True)) if few else None
         per_rack = np.bincount(rack, minlength=n_racks)
         self.single = bool(per_rack.max(initial=0) <= 1)
         if self.single:  # each group's draw is its rack's; the other racks draw 0
@@ -620,7 +663,17 @@ class _FloorGroups:
 
     def fits(self, tau: float) -> bool:
         """Does the extra draw of every stage at speed ``tau`` fit the racks and the site?"""
-        step = _floor_powers(tau, self.base, self.caps, self.alpha) - 1.0
+        if self.few is not None:  # a handful of distinct stages: the same numbers, in Python
+            inv_alpha = 1.0 / self.alpha
+            step = np.array(
+                [
+                    min(max((tau / b) ** inv_alpha, 1.0), hi) if b < tau else min(1.0, hi)
+                    for b, hi in self.few
+                ]
+            )
+            step -= 1.0
+        else:
+            step = _floor_powers(tau, self.base, self.caps, self.alpha) - 1.0
         extra = self.tdp * step[self.inv]
         if self.single:
             racks_ok = self.empty_ok and bool((extra <= self.group_room).all())

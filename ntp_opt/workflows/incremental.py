@@ -13,7 +13,8 @@ reference functions plan for plan.
 
 from __future__ import annotations
 
-from typing import NamedTuple
+import math
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -277,6 +278,11 @@ def recourse_layout(instance: Instance, plan: Plan, layout: Layout, mask: np.nda
     return Local(out_plan, out_lay)
 
 
+_BOUND_SLACK = 1e-9
+"""Relative slack on the bound of the slow replicas' boost (:func:`reboost_layout`):
+far above the split's own ``FLOAT_NOISE`` and the rounding of the speeds."""
+
+
 def _split(
     instance: Instance, layout: Layout, powers: np.ndarray, slowest: np.ndarray
 ) -> tuple[float, tuple[int, ...]] | None:
@@ -287,7 +293,11 @@ def _split(
 
 
 def reboost_layout(
-    instance: Instance, plan: Plan, layout: Layout, keep: float | None = None
+    instance: Instance,
+    plan: Plan,
+    layout: Layout,
+    keep: float | None = None,
+    memo: dict[Any, Any] | None = None,
 ) -> Local | None:
     """:func:`ntp_opt.workflows.replan.reboost` (unvalidated) on the layout's stages.
 
@@ -305,6 +315,9 @@ def reboost_layout(
     keep
         The goodput of the exact split at the plan's own multipliers, when
         the caller has it (recourse's plan carries it); computed otherwise.
+    memo
+        The memo of :func:`ntp_opt.rules.power.boost_stages`, kept by the
+        caller from one event to the next (the same result without it).
 
     Returns
     -------
@@ -332,11 +345,24 @@ def reboost_layout(
     target = 1.0 / job.seq_time_s
     at_one = layout_speeds(instance, layout, powers=ones, slowest=slowest)
     slow = np.flatnonzero(at_one < target * (1 - FLOAT_NOISE)).tolist()
-    slowest_pw, _ = boost_stages(instance, stages, tp, ones, slow, rack_room, site_room, steps=50)
     floor = boost_floor_stages(instance, stages, tp, rack_room, site_room, slowest=slowest)
+    got_floor = _split(instance, layout, floor, slowest)
+    tries = [(floor, got_floor)]
+    # The slow replicas' boost lifts them to nominal speed at most, and the exact
+    # split's goodput grows with every speed: the split with them at 1 / c bounds
+    # what that boost can bring. Where it cannot win, it is not computed.
+    best_case = at_one.copy()
+    best_case[slow] = target
+    ub = gp.split_batch(job, best_case.tolist(), tp.tolist())
+    ub_value = math.inf if ub is None else ub.goodput * (1 + _BOUND_SLACK)
+    floor_wins = got_floor is not None and got_floor[0] > max(ub_value, value * (1 + FLOAT_NOISE))
+    if ub_value > value * (1 + FLOAT_NOISE) and not floor_wins:
+        slowest_pw, _ = boost_stages(
+            instance, stages, tp, ones, slow, rack_room, site_room, steps=50, memo=memo
+        )
+        tries.insert(0, (slowest_pw, _split(instance, layout, slowest_pw, slowest)))
     best: tuple[float, np.ndarray, tuple[int, ...]] | None = None
-    for powers in (slowest_pw, floor):
-        got = _split(instance, layout, powers, slowest)
+    for powers, got in tries:
         if (
             got is not None
             and got[0] > value * (1 + FLOAT_NOISE)

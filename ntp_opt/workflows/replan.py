@@ -346,6 +346,10 @@ class PlanState:
     trays
         Tray id -> index (``instance.arrays.tray_ids``), so that a tray event
         never reads the graph; ``None``: built when needed.
+    memo
+        What re-boosting keeps from one event to the next (the slow
+        replicas' needs, :func:`ntp_opt.rules.power.boost_stages`): shared
+        by the states of one chain, never changing a result.
     """
 
     instance: Instance
@@ -356,6 +360,7 @@ class PlanState:
     rows: DomainRows | None = None
     base: Instance | None = None
     trays: Mapping[Hashable, int] | None = None
+    memo: dict[Any, Any] | None = None
 
     @classmethod
     def checked(cls, instance: Instance, plan: Plan) -> PlanState:
@@ -369,7 +374,7 @@ class PlanState:
         ev = check(instance, plan)
         trays = {t: i for i, t in enumerate(instance.arrays.tray_ids)}
         layout = Layout.from_plan(instance, plan)
-        return cls(instance, plan, layout, ev, base=_unbuilt(instance), trays=trays)
+        return cls(instance, plan, layout, ev, base=_unbuilt(instance), trays=trays, memo={})
 
 
 def _unbuilt(instance: Instance) -> Instance:
@@ -500,7 +505,9 @@ def _step(
     if local.metrics.get("reduced_power") or any(e.kind == "speed" for e in evs):
         # recourse reset boosts, or speeds changed: redo the boosts
         keep = local.metrics["goodput"]  # the exact split at recourse's multipliers
-        boosted = reboost_layout(new_inst, local, local_lay, keep if local.replicas else None)
+        boosted = reboost_layout(
+            new_inst, local, local_lay, keep if local.replicas else None, state.memo
+        )
         if boosted is not None:
             ev = _evaluate(new_inst, boosted.plan, boosted.layout, check_mode)
             if ev.feasible:
@@ -616,7 +623,9 @@ def _step(
         runtime_s=time.perf_counter() - start,
         details=details,
         bound_kind=bound_kind,
-        state=PlanState(new_inst, chosen, lay, ev, points, rows, trays=state.trays),
+        state=PlanState(
+            new_inst, chosen, lay, ev, points, rows, trays=state.trays, memo=state.memo
+        ),
     )
 
 
