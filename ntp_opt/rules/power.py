@@ -525,6 +525,7 @@ def boost_floor_stages(
     margin: float = BOOST_MARGIN,
     steps: int = 60,
     slowest: np.ndarray | None = None,
+    memo: dict[Any, Any] | None = None,
 ) -> np.ndarray:
     """Multipliers raising every replica to the highest common speed the rooms allow.
 
@@ -552,6 +553,10 @@ def boost_floor_stages(
         Share of the rooms left unspent; bisection steps.
     slowest
         Per stage, the speed of its slowest GPU, when known.
+    memo
+        A dict kept by the caller from one call to the next (re-planning):
+        the stages' caps and (stage, rack) groups are kept in it and reused
+        while the stages' GPUs are the same. The same result without it.
 
     Returns
     -------
@@ -570,20 +575,31 @@ def boost_floor_stages(
     if slowest is None:
         slowest = stages.stage_min(a.speed)
     stage_base = factor[stages.replica] * slowest
-    # per stage: the largest multiplier job and boards allow
-    stage_caps = stages.stage_min(instance.max_multiplier)
-    flat = stages.gpus
-    # aggregate per (stage, rack): one power multiplier per stage
-    stage = np.repeat(np.arange(len(sizes)), sizes)
     n_racks = len(a.rack_ids)
-    key, inverse = _runs(stage * n_racks + a.gpu_rack[flat])
-    tdp = np.bincount(inverse, weights=a.tdp[flat], minlength=len(key))  # watts per group
-    of = key // n_racks
+    kept = None if memo is None else memo.get("floor")
+    if (
+        kept is not None
+        and np.array_equal(kept[0], stages.gpus)
+        and np.array_equal(kept[1], stages.start)
+    ):
+        stage_caps, tdp, of, rack = kept[2:]
+    else:
+        # per stage: the largest multiplier job and boards allow
+        stage_caps = stages.stage_min(instance.max_multiplier)
+        flat = stages.gpus
+        # aggregate per (stage, rack): one power multiplier per stage
+        stage = np.repeat(np.arange(len(sizes)), sizes)
+        key, inverse = _runs(stage * n_racks + a.gpu_rack[flat])
+        tdp = np.bincount(inverse, weights=a.tdp[flat], minlength=len(key))  # watts per group
+        of = key // n_racks
+        rack = key % n_racks
+        if memo is not None:
+            memo["floor"] = (stages.gpus.copy(), stages.start.copy(), stage_caps, tdp, of, rack)
     groups = _FloorGroups(
         tdp,
         stage_base[of],
         stage_caps[of],
-        key % n_racks,
+        rack,
         n_racks,
         np.asarray(rack_room, dtype=float),
         site_room,

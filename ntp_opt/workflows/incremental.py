@@ -19,6 +19,7 @@ from typing import Any, NamedTuple
 import numpy as np
 
 from ntp_opt.model.instance import Instance
+from ntp_opt.model.job import Job
 from ntp_opt.model.layout import Layout
 from ntp_opt.model.plan import Plan, Replica, Stage
 from ntp_opt.rules import goodput as gp
@@ -283,6 +284,19 @@ _BOUND_SLACK = 1e-9
 far above the split's own ``FLOAT_NOISE`` and the rounding of the speeds."""
 
 
+def _factors(job: Job, tp: np.ndarray) -> np.ndarray:
+    """``job.tp_factor`` per replica of degrees ``tp``."""
+    per = {t: job.tp_factor(t) for t in set(tp.tolist())}
+    return np.array([per[t] for t in tp.tolist()], dtype=float)
+
+
+def _bound(job: Job, speeds: np.ndarray, tp: np.ndarray) -> float:
+    """The exact split's goodput at ``speeds`` (an upper bound on the split at lower
+    speeds), with :data:`_BOUND_SLACK`; ``inf`` when the split fails."""
+    split = gp.split_batch(job, speeds.tolist(), tp.tolist())
+    return math.inf if split is None else split.goodput * (1 + _BOUND_SLACK)
+
+
 def _split(
     instance: Instance, layout: Layout, powers: np.ndarray, slowest: np.ndarray
 ) -> tuple[float, tuple[int, ...]] | None:
@@ -316,8 +330,9 @@ def reboost_layout(
         The goodput of the exact split at the plan's own multipliers, when
         the caller has it (recourse's plan carries it); computed otherwise.
     memo
-        The memo of :func:`ntp_opt.rules.power.boost_stages`, kept by the
-        caller from one event to the next (the same result without it).
+        The memo of :func:`ntp_opt.rules.power.boost_stages` and
+        :func:`~ntp_opt.rules.power.boost_floor_stages`, kept by the caller
+        from one event to the next (the same result without it).
 
     Returns
     -------
@@ -345,22 +360,42 @@ def reboost_layout(
     target = 1.0 / job.seq_time_s
     at_one = layout_speeds(instance, layout, powers=ones, slowest=slowest)
     slow = np.flatnonzero(at_one < target * (1 - FLOAT_NOISE)).tolist()
-    floor = boost_floor_stages(instance, stages, tp, rack_room, site_room, slowest=slowest)
-    got_floor = _split(instance, layout, floor, slowest)
-    tries = [(floor, got_floor)]
-    # The slow replicas' boost lifts them to nominal speed at most, and the exact
-    # split's goodput grows with every speed: the split with them at 1 / c bounds
-    # what that boost can bring. Where it cannot win, it is not computed.
+    # Bounds on what each boost can bring: the exact split's goodput grows with every
+    # speed, the slow replicas' boost lifts them to nominal speed at most, and the
+    # common-speed boost lifts no stage above the best speed of the slowest stage.
+    # A boost whose bound cannot win is not computed (the choice below is the same).
+    bar = value * (1 + FLOAT_NOISE)
     best_case = at_one.copy()
     best_case[slow] = target
-    ub = gp.split_batch(job, best_case.tolist(), tp.tolist())
-    ub_value = math.inf if ub is None else ub.goodput * (1 + _BOUND_SLACK)
-    floor_wins = got_floor is not None and got_floor[0] > max(ub_value, value * (1 + FLOAT_NOISE))
-    if ub_value > value * (1 + FLOAT_NOISE) and not floor_wins:
-        slowest_pw, _ = boost_stages(
+    ub_slow = _bound(job, best_case, tp)
+    base = _factors(job, tp)[stages.replica] * slowest
+    top = float((base * stages.stage_min(instance.max_multiplier) ** job.power_exponent).min())
+    ub_floor = _bound(job, np.maximum(at_one, top / job.seq_time_s), tp)
+
+    def slow_boost() -> tuple[np.ndarray, tuple[float, tuple[int, ...]] | None]:
+        pw, _ = boost_stages(
             instance, stages, tp, ones, slow, rack_room, site_room, steps=50, memo=memo
         )
-        tries.insert(0, (slowest_pw, _split(instance, layout, slowest_pw, slowest)))
+        return pw, _split(instance, layout, pw, slowest)
+
+    def floor_boost() -> tuple[np.ndarray, tuple[float, tuple[int, ...]] | None]:
+        pw = boost_floor_stages(
+            instance, stages, tp, rack_room, site_room, slowest=slowest, memo=memo
+        )
+        return pw, _split(instance, layout, pw, slowest)
+
+    got_slow = got_floor = None
+    if ub_floor >= ub_slow and ub_floor > bar:
+        got_floor = floor_boost()
+        g = got_floor[1]
+        if ub_slow > bar and not (g is not None and g[0] > bar and g[0] > ub_slow):
+            got_slow = slow_boost()
+    elif ub_slow > bar:
+        got_slow = slow_boost()
+        g = got_slow[1]
+        if ub_floor > bar and not (g is not None and g[0] >= ub_floor):
+            got_floor = floor_boost()
+    tries = [got for got in (got_slow, got_floor) if got is not None]
     best: tuple[float, np.ndarray, tuple[int, ...]] | None = None
     for powers, got in tries:
         if (
