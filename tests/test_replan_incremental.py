@@ -235,6 +235,9 @@ def test_the_incremental_bound_is_valid_and_its_rows_are_the_full_ones(inst, dat
     after = domain_rows_after(new, rows, touched)
     full = domain_rows(new)
     assert after.width == full.width and np.array_equal(after.key, full.key)
+    (got_rows, got_counts), (rows_f, counts_f) = after.classes(), full.classes()
+    assert np.array_equal(got_rows, rows_f) and got_counts.tolist() == counts_f.tolist()
+    assert np.array_equal(got_rows[after.domain_class()], full.key + 0.0)
     bound = stage_bound_at(new, points, after)
     assert bound == stage_bound_at(new, points)
     plan = solve(new, "fast").plan
