@@ -48,6 +48,7 @@ import math
 import time
 from collections.abc import Hashable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
+from functools import cached_property
 from typing import Any, Literal
 
 import numpy as np
@@ -362,6 +363,12 @@ class PlanState:
     trays: Mapping[Hashable, int] | None = None
     memo: dict[Any, Any] | None = None
 
+    @cached_property
+    def assignment(self) -> np.ndarray:
+        """Per GPU, the plan's ``replica * 65536 + stage`` or -1 (:func:`assignment`),
+        computed once: every event re-planned from this state counts moves against it."""
+        return self.layout.assignment(self.instance.arrays.n_gpus)
+
     @classmethod
     def checked(cls, instance: Instance, plan: Plan) -> PlanState:
         """The state of a plan from outside: checked in full by the validator.
@@ -528,7 +535,7 @@ def _step(
     if want_bound and bound_kind == "skipped":
         rows = domain_rows(new_inst) if rows is None else rows
         (bound, points), bound_kind = stage_bound_point(new_inst, rows), "computed"
-    before = state.layout.assignment(a.n_gpus)
+    before = state.assignment
     healthy = new_inst.arrays.healthy
 
     def moved_by(p: Plan, lay: Layout | None = None) -> int:
