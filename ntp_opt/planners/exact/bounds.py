@@ -239,7 +239,7 @@ class DomainRows:
 
     key: np.ndarray
     width: int
-    known: tuple[np.ndarray, np.ndarray, np.ndarray | None] | None = field(default=None, repr=False)
+    known: tuple[np.ndarray, np.ndarray, np.ndarray] | None = field(default=None, repr=False)
     """The classes (:meth:`classes`) and each domain's class, once computed."""
 
     def classes(self) -> tuple[np.ndarray, np.ndarray]:
@@ -250,20 +250,14 @@ class DomainRows:
         them for the domains it recomputes.
         """
         if self.known is None:
-            rows, counts = _unique_rows(self.key)
-            object.__setattr__(self, "known", (rows, counts, None))
+            object.__setattr__(self, "known", _row_classes(self.key))
         assert self.known is not None
         return self.known[0], self.known[1]
 
     def domain_class(self) -> np.ndarray:
         """Each domain's class (an index into :meth:`classes`)."""
-        assert self.known is None or len(self.known) == 3
-        if self.known is None or self.known[2] is None:
-            rows, inverse, counts = np.unique(
-                self.key + 0.0, axis=0, return_inverse=True, return_counts=True
-            )
-            object.__setattr__(self, "known", (rows, counts, inverse.reshape(-1)))
-        assert self.known is not None and self.known[2] is not None
+        self.classes()
+        assert self.known is not None
         return self.known[2]
 
 
@@ -462,28 +456,39 @@ def _depth(per_point: int, searches: int, most: int = 8) -> int:
 
 
 def _unique_rows(key: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """``np.unique(key, axis=0, return_counts=True)`` for a float matrix, faster.
+    """``np.unique(key, axis=0, return_counts=True)`` for a float matrix, faster
+    (:func:`_row_classes` without the inverse)."""
+    rows, counts, _ = _row_classes(key)
+    return rows, counts
 
-    The same rows in the same (lexicographic) order with the same counts:
-    rows are grouped by a hash of their bits (checked; on a collision the
-    plain ``np.unique`` answers), and only the distinct rows are sorted.
+
+def _row_classes(key: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """``np.unique(key, axis=0, return_counts=True, return_inverse=True)``, faster.
+
+    The same rows in the same (lexicographic) order with the same counts,
+    and each row's class: rows are grouped by a hash of their bits
+    (checked; on a collision the plain ``np.unique`` answers), and only the
+    distinct rows are sorted. ``-0.0`` is read as ``0.0``.
     """
     key = np.ascontiguousarray(key + 0.0)  # -0.0 -> 0.0: equal rows, equal bits
     n, m = key.shape
     if n == 0 or m == 0:
-        rows, counts = np.unique(key, axis=0, return_counts=True)
-        return rows, counts
+        rows, inv, counts = np.unique(key, axis=0, return_inverse=True, return_counts=True)
+        return rows, counts, inv.reshape(-1)
     bits = key.view(np.uint64)
     mult = np.arange(1, 2 * m, 2, dtype=np.uint64) * np.uint64(0x9E3779B97F4A7C15)
     mult |= np.uint64(1)
     hashed = (bits * mult).sum(axis=1, dtype=np.uint64)  # wraps: a hash, checked below
     _, first, inverse = np.unique(hashed, return_index=True, return_inverse=True)
+    inverse = inverse.reshape(-1)
     reps = key[first]
     if not np.array_equal(reps[inverse], key):
-        rows, counts = np.unique(key, axis=0, return_counts=True)
-        return rows, counts
+        rows, inv, counts = np.unique(key, axis=0, return_inverse=True, return_counts=True)
+        return rows, counts, inv.reshape(-1)
     order = np.lexsort(reps.T[::-1])  # first column most significant
-    return reps[order], np.bincount(inverse, minlength=len(reps))[order]
+    rank = np.empty(len(order), dtype=np.int64)
+    rank[order] = np.arange(len(order))
+    return reps[order], np.bincount(inverse, minlength=len(reps))[order], rank[inverse]
 
 
 def _masked_row_sums(on: np.ndarray, *xs: np.ndarray) -> list[np.ndarray]:
