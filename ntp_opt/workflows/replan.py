@@ -349,8 +349,9 @@ class PlanState:
         never reads the graph; ``None``: built when needed.
     memo
         What re-boosting keeps from one event to the next (the slow
-        replicas' needs, :func:`ntp_opt.rules.power.boost_stages`): shared
-        by the states of one chain, never changing a result.
+        replicas' needs, :func:`ntp_opt.rules.power.boost_stages`; the
+        stages' caps and groups, :func:`~ntp_opt.rules.power.boost_floor_stages`):
+        shared by the states of one chain, never changing a result.
     """
 
     instance: Instance
