@@ -380,6 +380,7 @@ class _Booster:
         self.room_keep = self.rack_room * self.keep
         self.n_neg = int(np.count_nonzero(self.room_keep < 0))
         self.memo: dict[Any, Any] | None = None
+        self.idents: dict[int, tuple[Any, ...]] = {}
 
     def mults(self, goal: float, lo: int, hi: int) -> np.ndarray:
         """Multipliers of stages ``lo:hi`` reaching speed ``goal`` (within their limits)."""
@@ -402,17 +403,19 @@ class _Booster:
         """Multipliers, extra watts per touched rack and in all, at each speed of ``goals``."""
         if self.memo is None:
             return self.needs(i, goals)
-        s0, s1 = int(self.sptr[i]), int(self.sptr[i + 1])
-        g0, g1 = int(self.stages.start[s0]), int(self.stages.start[s1])
-        key = (
-            self.stages.gpus[g0:g1].tobytes(),
-            self.stages.start[s0 : s1 + 1].tobytes(),
-            self.pw[s0:s1].tobytes(),
-            self.fs[s0:s1].tobytes(),
-            self.top[s0:s1].tobytes(),
-            self.inv_alpha,
-            tuple(goals),
-        )
+        ident = self.idents.get(i)
+        if ident is None:  # what the needs depend on: the replica's stages, not its place
+            s0, s1 = int(self.sptr[i]), int(self.sptr[i + 1])
+            g0, g1 = int(self.stages.start[s0]), int(self.stages.start[s1])
+            ident = self.idents[i] = (
+                self.stages.gpus[g0:g1].tobytes(),
+                self.sizes[s0:s1].tobytes(),
+                self.pw[s0:s1].tobytes(),
+                self.fs[s0:s1].tobytes(),
+                self.top[s0:s1].tobytes(),
+                self.inv_alpha,
+            )
+        key = (ident, tuple(goals))
         got = self.memo.get(key)
         if got is None:
             got = self.memo[key] = self.needs(i, goals)
@@ -448,7 +451,7 @@ class _Booster:
     def fits(self, i: int, per_rack: np.ndarray, extra: np.ndarray) -> np.ndarray:
         """Per row: do the extra watts fit the racks' and the site's rooms?"""
         room = self.room_keep[self.key_rack[self.kptr[i] : self.kptr[i + 1]]]
-        ok: np.ndarray = np.all(per_rack <= room, axis=-1) & (extra <= self.site_room * self.keep)
+        ok: np.ndarray = (per_rack <= room).all(axis=-1) & (extra <= self.site_room * self.keep)
         return ok
 
     def others_over(self, i: int) -> bool:
