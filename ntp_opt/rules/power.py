@@ -284,8 +284,7 @@ def boost_stages(
         instance, sub, np.asarray(tp)[chosen], sub_pw, rack_room, site_room, steps, margin
     )
     if memo is not None:
-        if len(memo) > _MEMO_MAX:
-            memo.clear()
+        _check_memo(instance, memo)
         booster.memo = memo
     boosted = booster.run([local[i] for i in cand], sub_pw)
     out[at] = sub_pw
@@ -325,6 +324,21 @@ def _runs(key: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
 
 _MEMO_MAX = 4096
 """Entries of a :func:`boost_stages` memo beyond which it starts over."""
+
+
+def _check_memo(instance: Instance, memo: dict[Any, Any]) -> None:
+    """Empty ``memo`` when it was filled on another cluster (other TDP, rack or board
+    arrays: a re-planning chain shares them) or has grown past :data:`_MEMO_MAX`."""
+    a = instance.arrays
+    ident = (a.tdp, a.gpu_rack, instance.max_multiplier)
+    kept = memo.get("cluster")
+    if (
+        len(memo) > _MEMO_MAX
+        or kept is None
+        or any(x is not y for x, y in zip(kept, ident, strict=True))
+    ):
+        memo.clear()
+        memo["cluster"] = ident
 
 
 class _Booster:
@@ -579,6 +593,8 @@ def boost_floor_stages(
         slowest = stages.stage_min(a.speed)
     stage_base = factor[stages.replica] * slowest
     n_racks = len(a.rack_ids)
+    if memo is not None:
+        _check_memo(instance, memo)
     kept = None if memo is None else memo.get("floor")
     if (
         kept is not None
