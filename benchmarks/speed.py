@@ -30,7 +30,13 @@ Sections (``SECTIONS``; one function each, returning Markdown lines):
   used GPU becomes a straggler), each from the same running plan
   (``commit=False``): median and max CPU ms per kind, in ``"auto"`` mode (the
   bound decides) and ``"local"`` mode (no bound), next to the floor, the
-  exact batch split of the running plan's replicas alone. Instances: the
+  exact batch split of the running plan's replicas alone. The events of a
+  runner share what its :class:`~ntp_opt.workflows.replan.PlanState` keeps
+  (the bound's multipliers and domain classes, the boosts' memo), as a
+  scheduler's chain of events does (an early event may pay for what later
+  ones reuse: it shows in the max).
+  Targets (issue 15): median <= 10 ms and max <= 50 ms at 32k, median <= 30 ms
+  at 131k. Instances: the
   NVL32 clusters of ``benchmarks/large.py`` at 32k and 131k GPUs (``--quick``:
   4k), where the running plan is within the tolerance of the bound, and the
   32k and 128k files of ``instances/large/`` (``"local"`` mode only: their

@@ -121,6 +121,9 @@ def test_domain_classes_are_np_unique_rows(seed):
     want_rows, want_counts = np.unique(key, axis=0, return_counts=True)
     assert rows.tolist() == want_rows.tolist()
     assert counts.tolist() == want_counts.tolist()
+    got = bounds.DomainRows(key, 5)  # and each row's class
+    assert got.classes()[0].tolist() == want_rows.tolist()
+    assert (got.classes()[0][got.domain_class()] == key).all()
 
 
 def _tighten_reference(prep, stages, theta):

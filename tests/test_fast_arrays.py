@@ -18,8 +18,9 @@ from ntp_opt.planners import fast, heuristics
 from ntp_opt.planners.heuristics import Slot
 from ntp_opt.rules.goodput import replica_speed
 from ntp_opt.rules.power import (
-    boost_floor,
-    boost_toward,
+    Stages,
+    boost_floor_stages,
+    boost_stages,
     can_boost,
     headroom,
     over_budget,
@@ -31,6 +32,33 @@ from .helpers import make_instance
 from .strategies import instances
 
 Groups = list[tuple[int, list[Slot]]]
+
+
+def boost_lists(instance, replicas, candidates, rack_room, site_room, *, steps):
+    """:func:`ntp_opt.rules.power.boost_stages` on per-replica lists (degree, GPUs, powers)."""
+    stages = Stages.from_lists([gs for _, gs, _ in replicas])
+    tp = np.array([t for t, _, _ in replicas], dtype=np.int64)
+    powers = np.array([float(x) for _, _, p in replicas for x in p], dtype=float)
+    out, boosted = boost_stages(
+        instance, stages, tp, powers, candidates, rack_room, site_room, steps=steps
+    )
+    return per_replica(stages, out, len(replicas)), boosted
+
+
+def floor_lists(instance, replicas, rack_room, site_room):
+    """:func:`ntp_opt.rules.power.boost_floor_stages` on per-replica lists (degree, GPUs)."""
+    if not replicas:
+        return []
+    stages = Stages.from_lists([gs for _, gs in replicas])
+    tp = np.array([t for t, _ in replicas], dtype=np.int64)
+    out = boost_floor_stages(instance, stages, tp, rack_room, site_room)
+    return per_replica(stages, out, len(replicas))
+
+
+def per_replica(stages, values, n):
+    cuts = np.searchsorted(stages.replica, np.arange(n + 1))
+    flat = values.tolist()
+    return [flat[cuts[r] : cuts[r + 1]] for r in range(n)]
 
 
 # --- the references: one item at a time --------------------------------------------
@@ -270,12 +298,13 @@ def check_everything(instance: Instance) -> None:
         )
         reps, rack_room, site_room = boost_input(instance, kept)
         everyone = list(range(len(kept)))
-        for steps in (50, 60):
-            assert boost_toward(
-                instance, reps, everyone, rack_room, site_room, steps=steps
-            ) == ref_boost_toward(instance, reps, everyone, rack_room, site_room, steps=steps)
+        some = everyone[::-2]  # a subset, out of order: only its stages are read
+        for steps, cand in ((50, everyone), (60, everyone), (50, some)):
+            assert boost_lists(
+                instance, reps, cand, rack_room, site_room, steps=steps
+            ) == ref_boost_toward(instance, reps, cand, rack_room, site_room, steps=steps)
         floor_reps = [(t, g) for t, g, _ in reps]
-        assert boost_floor(instance, floor_reps, rack_room, site_room) == ref_boost_floor(
+        assert floor_lists(instance, floor_reps, rack_room, site_room) == ref_boost_floor(
             instance, floor_reps, rack_room, site_room
         )
         assert fast.boost_floor(instance, kept) == ref_boost_floor(
@@ -317,7 +346,7 @@ def test_partial_boosts_equal_the_loops(seed, site):
         inst, heuristics.pack_replicas(inst, heuristics.domain_slots(inst, True))
     )
     reps, rack_room, site_room = boost_input(inst, groups)
-    powers, boosted = boost_toward(
+    powers, boosted = boost_lists(
         inst, reps, list(range(len(groups))), rack_room, site_room, steps=50
     )
     assert (powers, boosted) == ref_boost_toward(
@@ -337,8 +366,8 @@ def test_a_partial_boost_happens():
     )
     reps, rack_room, site_room = boost_input(inst, groups)
     slow = list(range(len(groups)))
-    powers, boosted = boost_toward(inst, reps, slow, rack_room, site_room, steps=50)
-    full, _ = boost_toward(inst, reps, slow, rack_room * 100, site_room * 100, steps=50)
+    powers, boosted = boost_lists(inst, reps, slow, rack_room, site_room, steps=50)
+    full, _ = boost_lists(inst, reps, slow, rack_room * 100, site_room * 100, steps=50)
     assert boosted and powers != full
 
 

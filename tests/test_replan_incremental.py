@@ -134,6 +134,12 @@ def test_recourse_and_reboost_on_the_layout_equal_the_reference(inst, data):
     if got is not None:
         assert got.plan == ref
         assert got.layout.to_plan(new).replicas == ref.replicas
+    if local.replicas:  # recourse's goodput is the split re-boosting starts from
+        again = reboost_layout(new, local, lay, keep=local.metrics["goodput"])
+        assert (again is None) == (got is None)
+        assert again is None or (
+            again.plan == got.plan and again.layout.batch.tolist() == got.layout.batch.tolist()
+        )
 
 
 @given(instances(), st.data())
@@ -229,8 +235,52 @@ def test_the_incremental_bound_is_valid_and_its_rows_are_the_full_ones(inst, dat
     after = domain_rows_after(new, rows, touched)
     full = domain_rows(new)
     assert after.width == full.width and np.array_equal(after.key, full.key)
+    (got_rows, got_counts), (rows_f, counts_f) = after.classes(), full.classes()
+    assert np.array_equal(got_rows, rows_f) and got_counts.tolist() == counts_f.tolist()
+    assert np.array_equal(got_rows[after.domain_class()], full.key + 0.0)
     bound = stage_bound_at(new, points, after)
     assert bound == stage_bound_at(new, points)
     plan = solve(new, "fast").plan
     assert plan is not None
     assert evaluate(new, plan).goodput <= bound * (1 + 1e-9)
+
+
+@given(instances(), st.data())
+def test_the_boost_memos_change_no_result(inst, data):
+    """``boost_stages`` and ``boost_floor_stages`` give the same with a memo kept from an
+    earlier call (other rooms, same stages) as without one."""
+    from ntp_opt.rules.power import boost_floor_stages, boost_stages, headroom
+    from ntp_opt.workflows.incremental import stages_of
+
+    plan = data.draw(valid_plans(inst))
+    if not plan.replicas:
+        return
+    lay = Layout.from_plan(inst, plan)
+    stages = stages_of(lay)
+    used = np.zeros(inst.arrays.n_gpus)
+    used[lay.gpus] = 1.0
+    rack_room, site_room = headroom(inst, used)
+    ones = np.ones(lay.n_stages)
+    every = list(range(lay.n_replicas))
+    memo: dict = {}
+    for scale in (1.0, data.draw(st.sampled_from([0.0, 0.3, 0.9, 1.1]))):
+        rooms = (rack_room * scale, site_room * scale)
+        plain = boost_stages(inst, stages, lay.degree, ones, every, *rooms, steps=50)
+        kept = boost_stages(inst, stages, lay.degree, ones, every, *rooms, steps=50, memo=memo)
+        assert plain[0].tolist() == kept[0].tolist() and plain[1] == kept[1]
+        floor = boost_floor_stages(inst, stages, lay.degree, *rooms)
+        again = boost_floor_stages(inst, stages, lay.degree, *rooms, memo=memo)
+        assert floor.tolist() == again.tolist()
+
+
+def test_a_replanner_finds_trays_in_the_arrays_and_names_unknown_nodes():
+    inst = solve_default_instance()
+    plan = solve(inst, "fast").plan
+    runner = Replanner(inst, plan, mode="local", check="full")
+    tray = inst.arrays.tray_ids[0]
+    out = runner.replan([ClusterEvent("fail", tray)], commit=False)
+    assert "cluster" not in vars(out.instance)  # the graph is built only when read
+    assert out.instance == apply_events(inst, [ClusterEvent("fail", tray)])
+    assert out.instance.cluster.nodes[inst.arrays.gpu_ids[0]]["state"] == "failed"
+    with pytest.raises(ValueError, match="not a GPU or tray"):
+        runner.replan([ClusterEvent("fail", "nope")])

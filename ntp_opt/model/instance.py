@@ -341,7 +341,12 @@ class Instance:
         source = self.__dict__.get("_graph_source")
         if "cluster" not in self.__dict__ and source is not None:  # lazy: so is the new one
             lazy = _HealthGraph.after(source, a, new_healthy, new_speed)
-            new = Instance.from_arrays(self.name, arrays, self.job, self.meta, lazy)
+            new = object.__new__(Instance)  # from_arrays without its check: the same domains
+            object.__setattr__(new, "name", self.name)
+            object.__setattr__(new, "job", self.job)
+            object.__setattr__(new, "meta", self.meta)
+            new.__dict__["_graph_source"] = lazy
+            new._sharing(arrays)
         else:
             graph = _graph_with_health(
                 self.cluster,

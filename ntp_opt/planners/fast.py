@@ -134,7 +134,7 @@ def speed_aware_slots(instance: Instance) -> list[Slot]:
 def boost_floor(instance: Instance, groups: list[tuple[int, list[Slot]]]) -> list[list[float]]:
     """Power multipliers raising every replica to the highest common speed the budgets allow.
 
-    :func:`ntp_opt.rules.power.boost_floor` from power 1. Under the ``fixed``
+    :func:`ntp_opt.rules.power.boost_floor_stages` from power 1. Under the ``fixed``
     policy goodput is set by the slowest replica, so this is the boost that
     counts; it complements :func:`ntp_opt.planners.heuristics.boost_slowest`,
     which only lifts slow replicas up to nominal speed.

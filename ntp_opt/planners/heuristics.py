@@ -310,7 +310,7 @@ def pack_replicas(
 def boost_slowest(instance: Instance, groups: Groups) -> list[list[float]]:
     """Power multipliers per replica and stage: boost slow replicas, cheapest first.
 
-    :func:`ntp_opt.rules.power.boost_toward` (50 bisection steps) from power 1,
+    :func:`ntp_opt.rules.power.boost_stages` (50 bisection steps) from power 1,
     for the replicas slower than nominal.
     """
     if not can_boost(instance):

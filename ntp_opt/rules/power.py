@@ -20,7 +20,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -33,10 +33,8 @@ if TYPE_CHECKING:
 __all__ = [
     "Stages",
     "board_over",
-    "boost_floor",
     "boost_floor_stages",
     "boost_stages",
-    "boost_toward",
     "can_boost",
     "gpu_draw",
     "headroom",
@@ -45,9 +43,6 @@ __all__ = [
     "rack_and_site_draw",
     "stage_cap",
 ]
-
-#: Per replica: its degree, the GPU indices of each stage, each stage's multiplier.
-BoostReplica = tuple[int, Sequence[np.ndarray], Sequence[float]]
 
 
 def stage_cap(instance: Instance, gpus: np.ndarray | list[int]) -> float:
@@ -218,67 +213,6 @@ class Stages:
         return out
 
 
-def _stages_of(replicas: Sequence[tuple[int, Sequence[np.ndarray]]]) -> tuple[Stages, np.ndarray]:
-    stages = Stages.from_lists([gs for _, gs in replicas])
-    return stages, np.array([t for t, _ in replicas], dtype=np.int64)
-
-
-def _per_replica(stages: Stages, values: np.ndarray, n: int) -> list[list[float]]:
-    cuts = np.searchsorted(stages.replica, np.arange(n + 1))
-    flat = values.tolist()
-    return [flat[cuts[r] : cuts[r + 1]] for r in range(n)]
-
-
-def boost_toward(
-    instance: Instance,
-    replicas: Sequence[BoostReplica],
-    candidates: Sequence[int],
-    rack_room: np.ndarray,
-    site_room: float,
-    *,
-    steps: int,
-    margin: float = BOOST_MARGIN,
-) -> tuple[list[list[float]], list[int]]:
-    """Raise the stages of replicas ``candidates`` toward nominal speed within the rooms.
-
-    The one boost of the heuristics, recourse and replanning: each candidate's
-    stages get the least multiplier reaching the nominal speed ``1 / c``
-    (never above ``1 + max_boost`` or the stage's board limit, never below the
-    stage's current multiplier), the candidate needing the fewest extra watts
-    first; a candidate that does not fit gets the fastest speed that does
-    (bisection in ``steps`` steps), or nothing. :func:`boost_stages` on
-    lists.
-
-    Parameters
-    ----------
-    instance
-        The instance.
-    replicas
-        Per replica: degree, GPU indices per stage, current multiplier per stage.
-    candidates
-        Indices into ``replicas`` that may boost.
-    rack_room, site_room
-        Watts left per rack and at the site (:func:`headroom`); not modified.
-    steps
-        Bisection steps (heuristics 50, recourse 60: their results are kept).
-    margin
-        Share of the rooms left unspent.
-
-    Returns
-    -------
-    tuple of (list of list of float, list of int)
-        New multipliers per replica and stage, and the replicas that boosted.
-    """
-    if not can_boost(instance):
-        return [list(p) for _, _, p in replicas], []
-    stages, tp = _stages_of([(t, gs) for t, gs, _ in replicas])
-    powers = np.array([float(x) for _, _, p in replicas for x in p], dtype=float)
-    out, boosted = boost_stages(
-        instance, stages, tp, powers, candidates, rack_room, site_room, steps=steps, margin=margin
-    )
-    return _per_replica(stages, out, len(replicas)), boosted
-
-
 def boost_stages(
     instance: Instance,
     stages: Stages,
@@ -290,15 +224,48 @@ def boost_stages(
     *,
     steps: int,
     margin: float = BOOST_MARGIN,
+    memo: dict[Any, Any] | None = None,
 ) -> tuple[np.ndarray, list[int]]:
-    """:func:`boost_toward` on arrays: replicas of degrees ``tp``, multipliers ``powers`` per stage.
+    """Raise the stages of replicas ``candidates`` toward nominal speed within the rooms.
 
-    Every candidate's need at nominal speed is computed at once; the
-    candidates are then taken in order (fewest extra watts first), each
-    checked against the racks it touches and the racks already over their
-    room. Bit for bit the per-replica computation: the same products, the
-    stage sums of ``numpy.sum`` (:meth:`Stages.stage_sums`), the per-rack sums
-    in stage and GPU order.
+    The one boost of the heuristics, recourse and re-planning: each
+    candidate's stages get the least multiplier reaching the nominal speed
+    ``1 / c`` (never above ``1 + max_boost`` or the stage's board limit,
+    never below the stage's current multiplier), the candidate needing the
+    fewest extra watts first; a candidate that does not fit gets the fastest
+    speed that does (bisection in ``steps`` steps), or nothing.
+
+    Only the candidates' stages are read: their needs at nominal speed are
+    computed at once, then the candidates are taken in order, each checked
+    against the racks it touches and the racks already over their room. Bit
+    for bit the per-replica computation: the same products, the stage sums
+    of ``numpy.sum`` (:meth:`Stages.stage_sums`), the per-rack sums in stage
+    and GPU order.
+
+    Parameters
+    ----------
+    instance
+        The instance.
+    stages
+        The replicas' stages.
+    tp
+        Degree per replica.
+    powers
+        Current multiplier per stage.
+    candidates
+        Replicas (indices) that may boost.
+    rack_room, site_room
+        Watts left per rack and at the site (:func:`headroom`); not modified.
+    steps
+        Bisection steps (heuristics and re-planning 50, recourse 60: their
+        results are kept).
+    margin
+        Share of the rooms left unspent.
+    memo
+        A dict kept by the caller from one call to the next (re-planning):
+        a candidate's needs at the speeds its bisection tries depend on its
+        stages alone, not on the rooms, so a candidate whose stages did not
+        change reuses them. The results are the same with or without it.
 
     Returns
     -------
@@ -309,8 +276,69 @@ def boost_stages(
     cand = [int(i) for i in candidates]
     if not can_boost(instance) or not cand or len(stages.replica) == 0:
         return out, []
-    booster = _Booster(instance, stages, tp, powers, rack_room, site_room, steps, margin)
-    return out, booster.run(cand, out)
+    chosen = sorted(set(cand))
+    sub, at = _replicas_of(stages, chosen)
+    local = {r: j for j, r in enumerate(chosen)}
+    sub_pw = out[at]
+    booster = _Booster(
+        instance, sub, np.asarray(tp)[chosen], sub_pw, rack_room, site_room, steps, margin
+    )
+    if memo is not None:
+        _check_memo(instance, memo)
+        booster.memo = memo
+    boosted = booster.run([local[i] for i in cand], sub_pw)
+    out[at] = sub_pw
+    return out, [chosen[j] for j in boosted]
+
+
+def _replicas_of(stages: Stages, chosen: list[int]) -> tuple[Stages, np.ndarray]:
+    """The stages of replicas ``chosen`` (increasing), renumbered ``0 ..``, and their
+    indices among ``stages``."""
+    sptr = np.searchsorted(stages.replica, np.array([chosen, [r + 1 for r in chosen]]))
+    at = np.concatenate([np.arange(lo, hi) for lo, hi in sptr.T.tolist()]).astype(np.int64)
+    sizes = stages.sizes[at]
+    first = stages.start[at]
+    offset = np.zeros(len(at) + 1, dtype=np.int64)
+    np.cumsum(sizes, out=offset[1:])
+    flat = np.repeat(first - offset[:-1], sizes) + np.arange(int(offset[-1]))
+    counts = sptr[1] - sptr[0]
+    sub = Stages(
+        replica=np.repeat(np.arange(len(chosen), dtype=np.int64), counts),
+        gpus=stages.gpus[flat],
+        start=offset,
+    )
+    return sub, at
+
+
+def _runs(key: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """``np.unique(key, return_inverse=True)``, without the sort when ``key`` is sorted
+    already (the usual case: stages in order, each one's GPUs in rack order)."""
+    if key.size and bool((key[1:] >= key[:-1]).all()):
+        new = np.empty(key.size, dtype=bool)
+        new[0] = True
+        np.not_equal(key[1:], key[:-1], out=new[1:])
+        return key[new], np.cumsum(new) - 1
+    keys, inverse = np.unique(key, return_inverse=True)
+    return keys, inverse.ravel()
+
+
+_MEMO_MAX = 4096
+"""Entries of a :func:`boost_stages` memo beyond which it starts over."""
+
+
+def _check_memo(instance: Instance, memo: dict[Any, Any]) -> None:
+    """Empty ``memo`` when it was filled on another cluster (other TDP, rack or board
+    arrays: a re-planning chain shares them) or has grown past :data:`_MEMO_MAX`."""
+    a = instance.arrays
+    ident = (a.tdp, a.gpu_rack, instance.max_multiplier)
+    kept = memo.get("cluster")
+    if (
+        len(memo) > _MEMO_MAX
+        or kept is None
+        or any(x is not y for x, y in zip(kept, ident, strict=True))
+    ):
+        memo.clear()
+        memo["cluster"] = ident
 
 
 class _Booster:
@@ -353,8 +381,8 @@ class _Booster:
         self.top = np.maximum(stages.stage_min(instance.max_multiplier), self.pw)
         self.tdp = a.tdp[stages.gpus]
         gpu_rep = np.repeat(stages.replica, sizes)
-        keys, inverse = np.unique(gpu_rep * n_racks + a.gpu_rack[stages.gpus], return_inverse=True)
-        self.inverse = inverse.ravel()
+        keys, inverse = _runs(gpu_rep * n_racks + a.gpu_rack[stages.gpus])
+        self.inverse = inverse
         self.key_rack = keys % n_racks
         self.kptr = np.searchsorted(keys // n_racks, np.arange(n_rep + 1))
         # every replica's need at nominal speed
@@ -365,6 +393,8 @@ class _Booster:
         self.rack_all = np.bincount(self.inverse, weights=watts_all, minlength=len(keys))
         self.room_keep = self.rack_room * self.keep
         self.n_neg = int(np.count_nonzero(self.room_keep < 0))
+        self.memo: dict[Any, Any] | None = None
+        self.idents: dict[int, tuple[Any, ...]] = {}
 
     def mults(self, goal: float, lo: int, hi: int) -> np.ndarray:
         """Multipliers of stages ``lo:hi`` reaching speed ``goal`` (within their limits)."""
@@ -385,6 +415,28 @@ class _Booster:
 
     def need(self, i: int, goals: list[float]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """Multipliers, extra watts per touched rack and in all, at each speed of ``goals``."""
+        if self.memo is None:
+            return self.needs(i, goals)
+        ident = self.idents.get(i)
+        if ident is None:  # what the needs depend on: the replica's stages, not its place
+            s0, s1 = int(self.sptr[i]), int(self.sptr[i + 1])
+            g0, g1 = int(self.stages.start[s0]), int(self.stages.start[s1])
+            ident = self.idents[i] = (
+                self.stages.gpus[g0:g1].tobytes(),
+                self.sizes[s0:s1].tobytes(),
+                self.pw[s0:s1].tobytes(),
+                self.fs[s0:s1].tobytes(),
+                self.top[s0:s1].tobytes(),
+                self.inv_alpha,
+            )
+        key = (ident, tuple(goals))
+        got = self.memo.get(key)
+        if got is None:
+            got = self.memo[key] = self.needs(i, goals)
+        return got
+
+    def needs(self, i: int, goals: list[float]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """:meth:`need`, computed."""
         stages, sizes, tdp, pw = self.stages, self.sizes, self.tdp, self.pw
         s0, s1 = int(self.sptr[i]), int(self.sptr[i + 1])
         g0, g1 = int(stages.start[s0]), int(stages.start[s1])
@@ -413,7 +465,7 @@ class _Booster:
     def fits(self, i: int, per_rack: np.ndarray, extra: np.ndarray) -> np.ndarray:
         """Per row: do the extra watts fit the racks' and the site's rooms?"""
         room = self.room_keep[self.key_rack[self.kptr[i] : self.kptr[i + 1]]]
-        ok: np.ndarray = np.all(per_rack <= room, axis=-1) & (extra <= self.site_room * self.keep)
+        ok: np.ndarray = (per_rack <= room).all(axis=-1) & (extra <= self.site_room * self.keep)
         return ok
 
     def others_over(self, i: int) -> bool:
@@ -480,46 +532,6 @@ class _Booster:
         self.site_room -= extra
 
 
-def boost_floor(
-    instance: Instance,
-    replicas: Sequence[tuple[int, Sequence[np.ndarray]]],
-    rack_room: np.ndarray,
-    site_room: float,
-    *,
-    margin: float = BOOST_MARGIN,
-    steps: int = 60,
-) -> list[list[float]]:
-    """Multipliers raising every replica to the highest common speed the rooms allow.
-
-    Bisection on the target speed ``tau``: each stage gets the least power
-    reaching ``tau`` (capped at ``1 + max_boost`` and at its boards' limits,
-    :func:`stage_cap`); the largest ``tau`` whose extra draw (over power 1)
-    fits every rack and the site is kept. All ones when nothing fits.
-    :func:`boost_floor_stages` on lists.
-
-    Parameters
-    ----------
-    instance
-        The instance.
-    replicas
-        Per replica: degree and the GPU indices of each stage (at power 1).
-    rack_room, site_room
-        Watts left per rack and at the site at power 1 (:func:`headroom`).
-    margin, steps
-        Share of the rooms left unspent; bisection steps.
-
-    Returns
-    -------
-    list of list of float
-        Multiplier per replica and stage.
-    """
-    if not replicas or not can_boost(instance):
-        return [[1.0] * len(m) for _, m in replicas]
-    stages, tp = _stages_of(replicas)
-    out = boost_floor_stages(instance, stages, tp, rack_room, site_room, margin=margin, steps=steps)
-    return _per_replica(stages, out, len(replicas))
-
-
 def boost_floor_stages(
     instance: Instance,
     stages: Stages,
@@ -529,8 +541,39 @@ def boost_floor_stages(
     *,
     margin: float = BOOST_MARGIN,
     steps: int = 60,
+    slowest: np.ndarray | None = None,
+    memo: dict[Any, Any] | None = None,
 ) -> np.ndarray:
-    """:func:`boost_floor` on arrays: replicas of degrees ``tp`` (stages of ``tp`` GPUs each).
+    """Multipliers raising every replica to the highest common speed the rooms allow.
+
+    Bisection on the target speed ``tau``: each stage gets the least power
+    reaching ``tau`` (capped at ``1 + max_boost`` and at its boards' limits,
+    :func:`stage_cap`); the largest ``tau`` whose extra draw (over power 1)
+    fits every rack and the site is kept. All ones when nothing fits.
+
+    Each bisection step costs a few array operations on the (stage, rack)
+    groups: the powers are computed once per distinct (speed base, cap)
+    pair, and where no rack holds two groups the rack sums are the groups'
+    own draws (bit for bit the sums of ``numpy.bincount``).
+
+    Parameters
+    ----------
+    instance
+        The instance.
+    stages
+        The replicas' stages (at power 1).
+    tp
+        Degree per replica.
+    rack_room, site_room
+        Watts left per rack and at the site at power 1 (:func:`headroom`).
+    margin, steps
+        Share of the rooms left unspent; bisection steps.
+    slowest
+        Per stage, the speed of its slowest GPU, when known.
+    memo
+        A dict kept by the caller from one call to the next (re-planning):
+        the stages' caps and (stage, rack) groups are kept in it and reused
+        while the stages' GPUs are the same. The same result without it.
 
     Returns
     -------
@@ -546,24 +589,45 @@ def boost_floor_stages(
     sizes = stages.sizes
     per_degree = {t: job.tp_factor(t) for t in set(tp.tolist())}
     factor = np.array([per_degree[t] for t in tp.tolist()], dtype=float)
-    stage_base = factor[stages.replica] * stages.stage_min(a.speed)
-    stage_caps = stages.stage_min(instance.max_multiplier)
-    base = np.repeat(stage_base, sizes)
-    flat = stages.gpus
-    # per stage (and per GPU, repeated): the largest multiplier job and boards allow
-    caps = np.repeat(stage_caps, sizes)
-    # aggregate per (stage, rack): one power multiplier per stage
-    stage = np.repeat(np.arange(len(sizes)), sizes)
+    if slowest is None:
+        slowest = stages.stage_min(a.speed)
+    stage_base = factor[stages.replica] * slowest
     n_racks = len(a.rack_ids)
-    key, inverse = np.unique(stage * n_racks + a.gpu_rack[flat], return_inverse=True)
-    tdp = np.bincount(inverse.ravel(), weights=a.tdp[flat], minlength=len(key))  # watts per group
-    rack = key % n_racks
-    first = np.searchsorted(stage, key // n_racks)
+    if memo is not None:
+        _check_memo(instance, memo)
+    kept = None if memo is None else memo.get("floor")
+    if (
+        kept is not None
+        and np.array_equal(kept[0], stages.gpus)
+        and np.array_equal(kept[1], stages.start)
+    ):
+        stage_caps, tdp, of, rack = kept[2:]
+    else:
+        # per stage: the largest multiplier job and boards allow
+        stage_caps = stages.stage_min(instance.max_multiplier)
+        flat = stages.gpus
+        # aggregate per (stage, rack): one power multiplier per stage
+        stage = np.repeat(np.arange(len(sizes)), sizes)
+        key, inverse = _runs(stage * n_racks + a.gpu_rack[flat])
+        tdp = np.bincount(inverse, weights=a.tdp[flat], minlength=len(key))  # watts per group
+        of = key // n_racks
+        rack = key % n_racks
+        if memo is not None:
+            memo["floor"] = (stages.gpus.copy(), stages.start.copy(), stage_caps, tdp, of, rack)
     groups = _FloorGroups(
-        tdp, base[first], caps[first], rack, n_racks, rack_room, site_room, 1 - margin, alpha
+        tdp,
+        stage_base[of],
+        stage_caps[of],
+        rack,
+        n_racks,
+        np.asarray(rack_room, dtype=float),
+        site_room,
+        1 - margin,
+        alpha,
     )
-    lo = float(base.min())
-    top = float((base * caps**alpha).min())  # the fastest the slowest stage can get
+    some = sizes > 0
+    lo = float(stage_base[some].min())
+    top = float((stage_base[some] * stage_caps[some] ** alpha).min())  # the slowest stage's best
     if not groups.fits(lo):
         return ones
     for _ in range(steps):
@@ -584,29 +648,71 @@ def _floor_powers(tau: float, b: np.ndarray, hi: np.ndarray, alpha: float) -> np
     return out
 
 
-@dataclass(frozen=True, eq=False)
+_FEW = 64
+"""Distinct (base, cap) pairs up to which :class:`_FloorGroups` computes the powers of
+a bisection step in Python (:func:`_floor_powers`' numbers: ``x ** y`` is the C
+library's ``pow``, as numpy's)."""
+
+
 class _FloorGroups:
     """The (stage, rack) groups of :func:`boost_floor_stages` and the rooms they share.
 
     ``tdp``: total watts of each group at power 1; ``base`` and ``caps``: its
-    stage's speed base and largest multiplier; ``rack``: its rack.
+    stage's speed base and largest multiplier; ``rack``: its rack. The
+    powers are computed per distinct ``(base, caps)`` pair (``inv`` maps the
+    groups to them); ``single``: no rack holds two groups.
     """
 
-    tdp: np.ndarray
-    base: np.ndarray
-    caps: np.ndarray
-    rack: np.ndarray
-    n_racks: int
-    rack_room: np.ndarray
-    site_room: float
-    keep: float
-    alpha: float
+    def __init__(
+        self,
+        tdp: np.ndarray,
+        base: np.ndarray,
+        caps: np.ndarray,
+        rack: np.ndarray,
+        n_racks: int,
+        rack_room: np.ndarray,
+        site_room: float,
+        keep: float,
+        alpha: float,
+    ) -> None:
+        self.tdp = tdp
+        self.rack = rack
+        self.n_racks = n_racks
+        self.alpha = alpha
+        order = np.lexsort((caps, base))
+        new = np.ones(len(order), dtype=bool)
+        new[1:] = (base[order][1:] != base[order][:-1]) | (caps[order][1:] != caps[order][:-1])
+        self.base = base[order][new]
+        self.caps = caps[order][new]
+        self.inv = np.empty(len(order), dtype=np.int64)
+        self.inv[order] = np.cumsum(new) - 1
+        self.room = rack_room * keep
+        self.site = site_room * keep
+        few = len(self.base) <= _FEW
+        self.few = list(zip(self.base.tolist(), self.caps.tolist(), strict=True)) if few else None
+        per_rack = np.bincount(rack, minlength=n_racks)
+        self.single = bool(per_rack.max(initial=0) <= 1)
+        if self.single:  # each group's draw is its rack's; the other racks draw 0
+            self.group_room = self.room[rack]
+            self.empty_ok = bool(np.all(0.0 <= self.room[per_rack == 0]))
 
     def fits(self, tau: float) -> bool:
         """Does the extra draw of every stage at speed ``tau`` fit the racks and the site?"""
-        extra = self.tdp * (_floor_powers(tau, self.base, self.caps, self.alpha) - 1.0)
-        per_rack = np.bincount(self.rack, weights=extra, minlength=self.n_racks)
-        keep = self.keep
-        return bool(
-            np.all(per_rack <= self.rack_room * keep) and extra.sum() <= self.site_room * keep
-        )
+        if self.few is not None:  # a handful of distinct stages: the same numbers, in Python
+            inv_alpha = 1.0 / self.alpha
+            step = np.array(
+                [
+                    min(max((tau / b) ** inv_alpha, 1.0), hi) if b < tau else min(1.0, hi)
+                    for b, hi in self.few
+                ]
+            )
+            step -= 1.0
+        else:
+            step = _floor_powers(tau, self.base, self.caps, self.alpha) - 1.0
+        extra = self.tdp * step[self.inv]
+        if self.single:
+            racks_ok = self.empty_ok and bool((extra <= self.group_room).all())
+        else:
+            per_rack = np.bincount(self.rack, weights=extra, minlength=self.n_racks)
+            racks_ok = bool(np.all(per_rack <= self.room))
+        return racks_ok and bool(extra.sum() <= self.site)

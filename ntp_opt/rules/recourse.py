@@ -45,7 +45,8 @@ from ntp_opt.model.layout import Layout
 from ntp_opt.model.plan import Plan, Replica, Stage
 from ntp_opt.rules import goodput as gp
 from ntp_opt.rules.power import (
-    boost_toward,
+    Stages,
+    boost_stages,
     can_boost,
     over_budget,
     rack_and_site_draw,
@@ -422,7 +423,7 @@ def _boost(
 ) -> int:
     """Step 5: raise the power of reduced replicas toward nominal speed; count them.
 
-    :func:`ntp_opt.rules.power.boost_toward` with 60 bisection steps.
+    :func:`ntp_opt.rules.power.boost_stages` with 60 bisection steps.
     """
     a = instance.arrays
     job = instance.job
@@ -432,16 +433,20 @@ def _boost(
     rack_room = a.rack_budget - rack_draw
     site_room = a.site_budget - site_draw
     target = 1.0 / job.seq_time_s
-    reps = [(t, gs, pws) for t, gs, pws, _ in new_reps]
 
     def speed(i: int) -> float:
         t, gs, pws, _ = new_reps[i]
         return gp.replica_speed(job, t, [float(a.speed[g].min()) for g in gs], pws)
 
     slow = [i for i, kept in enumerate(new_reps) if kept.source in reduced and speed(i) < target]
-    powers, boosted = boost_toward(instance, reps, slow, rack_room, site_room, steps=60)
+    stages = Stages.from_lists([gs for _, gs, _, _ in new_reps])
+    tp = np.array([t for t, _, _, _ in new_reps], dtype=np.int64)
+    powers = np.array([float(x) for _, _, pws, _ in new_reps for x in pws], dtype=float)
+    out, boosted = boost_stages(instance, stages, tp, powers, slow, rack_room, site_room, steps=60)
+    cuts = np.searchsorted(stages.replica, np.arange(len(new_reps) + 1)).tolist()
+    new_powers = out.tolist()
     for i in boosted:
-        new_reps[i].powers[:] = powers[i]
+        new_reps[i].powers[:] = new_powers[cuts[i] : cuts[i + 1]]
     return len(boosted)
 
 

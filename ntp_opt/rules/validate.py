@@ -492,19 +492,38 @@ def evaluate(instance: Instance, plan: Plan) -> Evaluation:
     )
 
 
-def layout_speeds(instance: Instance, layout: Layout) -> np.ndarray:
+def layout_speeds(
+    instance: Instance,
+    layout: Layout,
+    *,
+    powers: np.ndarray | None = None,
+    slowest: np.ndarray | None = None,
+) -> np.ndarray:
     """Per replica of a strict layout, :func:`ntp_opt.rules.goodput.replica_speed`, vectorised.
 
     Bit for bit the per-replica function: the same products ``pi ** alpha *
     slowest`` (numpy's power is the C library's, as Python's), the exact
     minimum per replica, then ``f(t) * slowest / c``. Every stage must have a
     GPU and every replica a stage.
+
+    Parameters
+    ----------
+    instance, layout
+        The instance and the layout.
+    powers
+        Multiplier per stage instead of ``layout.power`` (re-boosting tries
+        several on the same stages).
+    slowest
+        Per stage, the speed of its slowest GPU, when known (the same for
+        every ``powers``).
     """
     job = instance.job
     if layout.n_replicas == 0:
         return np.zeros(0)
-    slowest = np.minimum.reduceat(instance.arrays.speed[layout.gpus], layout.offsets[:-1])
-    per_stage = layout.power**job.power_exponent * slowest
+    if slowest is None:
+        slowest = np.minimum.reduceat(instance.arrays.speed[layout.gpus], layout.offsets[:-1])
+    pw = layout.power if powers is None else powers
+    per_stage = pw**job.power_exponent * slowest
     first = np.searchsorted(layout.replica, np.arange(layout.n_replicas))
     low = np.minimum.reduceat(per_stage, first)
     factors = {t: job.tp_factor(t) for t in set(layout.degree.tolist())}

@@ -13,11 +13,13 @@ reference functions plan for plan.
 
 from __future__ import annotations
 
-from typing import NamedTuple
+import math
+from typing import Any, NamedTuple
 
 import numpy as np
 
 from ntp_opt.model.instance import Instance
+from ntp_opt.model.job import Job
 from ntp_opt.model.layout import Layout
 from ntp_opt.model.plan import Plan, Replica, Stage
 from ntp_opt.rules import goodput as gp
@@ -277,22 +279,60 @@ def recourse_layout(instance: Instance, plan: Plan, layout: Layout, mask: np.nda
     return Local(out_plan, out_lay)
 
 
+_BOUND_SLACK = 1e-9
+"""Relative slack on the bound of the slow replicas' boost (:func:`reboost_layout`):
+far above the split's own ``FLOAT_NOISE`` and the rounding of the speeds."""
+
+
+def _factors(job: Job, tp: np.ndarray) -> np.ndarray:
+    """``job.tp_factor`` per replica of degrees ``tp``."""
+    per = {t: job.tp_factor(t) for t in set(tp.tolist())}
+    return np.array([per[t] for t in tp.tolist()], dtype=float)
+
+
+def _bound(job: Job, speeds: np.ndarray, tp: np.ndarray) -> float:
+    """The exact split's goodput at ``speeds`` (an upper bound on the split at lower
+    speeds), with :data:`_BOUND_SLACK`; ``inf`` when the split fails."""
+    split = gp.split_batch(job, speeds.tolist(), tp.tolist())
+    return math.inf if split is None else split.goodput * (1 + _BOUND_SLACK)
+
+
 def _split(
-    instance: Instance, layout: Layout, powers: np.ndarray
+    instance: Instance, layout: Layout, powers: np.ndarray, slowest: np.ndarray
 ) -> tuple[float, tuple[int, ...]] | None:
     """Goodput and batches of the exact split of the layout's replicas at ``powers``."""
-    lay = Layout(**{**layout.__dict__, "power": powers})
-    split = gp.split_batch(instance.job, layout_speeds(instance, lay).tolist(), lay.degree.tolist())
+    speeds = layout_speeds(instance, layout, powers=powers, slowest=slowest)
+    split = gp.split_batch(instance.job, speeds.tolist(), layout.degree.tolist())
     return None if split is None else (split.goodput, split.batches)
 
 
-def reboost_layout(instance: Instance, plan: Plan, layout: Layout) -> Local | None:
+def reboost_layout(
+    instance: Instance,
+    plan: Plan,
+    layout: Layout,
+    keep: float | None = None,
+    memo: dict[Any, Any] | None = None,
+) -> Local | None:
     """:func:`ntp_opt.workflows.replan.reboost` (unvalidated) on the layout's stages.
 
     Tries the plan's own multipliers, the boost of the replicas slower than
     nominal (:func:`ntp_opt.rules.power.boost_stages`, 50 steps, from power 1)
     and the common-speed boost (:func:`ntp_opt.rules.power.boost_floor_stages`),
-    each with its exact batch split; keeps the best.
+    each with its exact batch split; keeps the best. Only the slow replicas'
+    stages go through the first boost; the stages' slowest speeds are read
+    once for the boosts and the splits.
+
+    Parameters
+    ----------
+    instance, plan, layout
+        The instance, the plan and its layout.
+    keep
+        The goodput of the exact split at the plan's own multipliers, when
+        the caller has it (recourse's plan carries it); computed otherwise.
+    memo
+        The memo of :func:`ntp_opt.rules.power.boost_stages` and
+        :func:`~ntp_opt.rules.power.boost_floor_stages`, kept by the caller
+        from one event to the next (the same result without it).
 
     Returns
     -------
@@ -304,22 +344,60 @@ def reboost_layout(instance: Instance, plan: Plan, layout: Layout) -> Local | No
     job = instance.job
     if not plan.replicas or not can_boost(instance):
         return None
+    a = instance.arrays
     stages = stages_of(layout)
     tp = layout.degree
-    keep = _split(instance, layout, layout.power)
-    value = -1.0 if keep is None else keep[0]
-    used = np.zeros(instance.arrays.n_gpus, dtype=bool)
+    slowest = stages.stage_min(a.speed)
+    if keep is None:
+        got_keep = _split(instance, layout, layout.power, slowest)
+        value = -1.0 if got_keep is None else got_keep[0]
+    else:
+        value = keep
+    used = np.zeros(a.n_gpus, dtype=bool)
     used[layout.gpus] = True
     rack_room, site_room = headroom(instance, used.astype(float))
     ones = np.ones(layout.n_stages)
     target = 1.0 / job.seq_time_s
-    at_one = layout_speeds(instance, Layout(**{**layout.__dict__, "power": ones}))
+    at_one = layout_speeds(instance, layout, powers=ones, slowest=slowest)
     slow = np.flatnonzero(at_one < target * (1 - FLOAT_NOISE)).tolist()
-    slowest, _ = boost_stages(instance, stages, tp, ones, slow, rack_room, site_room, steps=50)
-    floor = boost_floor_stages(instance, stages, tp, rack_room, site_room)
+    # Bounds on what each boost can bring: the exact split's goodput grows with every
+    # speed, the slow replicas' boost lifts them to nominal speed at most, and the
+    # common-speed boost lifts no stage above the best speed of the slowest stage.
+    # A boost whose bound cannot win is not computed (the choice below is the same).
+    bar = value * (1 + FLOAT_NOISE)
+    best_case = at_one.copy()
+    best_case[slow] = target
+    ub_slow = _bound(job, best_case, tp)
+    base = _factors(job, tp)[stages.replica] * slowest
+    top = float((base * stages.stage_min(instance.max_multiplier) ** job.power_exponent).min())
+    ub_floor = _bound(job, np.maximum(at_one, top / job.seq_time_s), tp)
+
+    def slow_boost() -> tuple[np.ndarray, tuple[float, tuple[int, ...]] | None]:
+        pw, _ = boost_stages(
+            instance, stages, tp, ones, slow, rack_room, site_room, steps=50, memo=memo
+        )
+        return pw, _split(instance, layout, pw, slowest)
+
+    def floor_boost() -> tuple[np.ndarray, tuple[float, tuple[int, ...]] | None]:
+        pw = boost_floor_stages(
+            instance, stages, tp, rack_room, site_room, slowest=slowest, memo=memo
+        )
+        return pw, _split(instance, layout, pw, slowest)
+
+    got_slow = got_floor = None
+    if ub_floor >= ub_slow and ub_floor > bar:
+        got_floor = floor_boost()
+        g = got_floor[1]
+        if ub_slow > bar and not (g is not None and g[0] > bar and g[0] > ub_slow):
+            got_slow = slow_boost()
+    elif ub_slow > bar:
+        got_slow = slow_boost()
+        g = got_slow[1]
+        if ub_floor > bar and not (g is not None and g[0] >= ub_floor):
+            got_floor = floor_boost()
+    tries = [got for got in (got_slow, got_floor) if got is not None]
     best: tuple[float, np.ndarray, tuple[int, ...]] | None = None
-    for powers in (slowest, floor):
-        got = _split(instance, layout, powers)
+    for powers, got in tries:
         if (
             got is not None
             and got[0] > value * (1 + FLOAT_NOISE)

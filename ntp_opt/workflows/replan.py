@@ -42,11 +42,13 @@ and updates the bound instead of searching it (``Replanned.bound_kind``).
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import math
 import time
 from collections.abc import Hashable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
+from functools import cached_property
 from typing import Any, Literal
 
 import numpy as np
@@ -136,10 +138,18 @@ def _as_events(events: Iterable[Any]) -> list[ClusterEvent]:
     return out
 
 
-def _gpus_of(instance: Instance, node: Hashable) -> list[int]:
+def _gpus_of(
+    instance: Instance, node: Hashable, trays: Mapping[Hashable, int] | None = None
+) -> list[int]:
+    """GPU indices of a GPU or tray id; ``trays`` (tray id -> index), when given, spares
+    reading the graph."""
     a = instance.arrays
     if node in a.gpu_index:
         return [a.gpu_index[node]]
+    if trays is not None:
+        if node in trays:
+            return np.flatnonzero(a.gpu_tray == trays[node]).tolist()
+        raise ValueError(f"event names {node!r}, which is not a GPU or tray of {instance.name!r}")
     g = instance.cluster
     if node in g and g.nodes[node].get("kind") == "tray":
         return [a.gpu_index[n] for n in g.adj[node] if n in a.gpu_index]
@@ -168,12 +178,19 @@ def apply_events(instance: Instance, events: Iterable[Any]) -> Instance:
         An event names an unknown node, fails a failed GPU or repairs a
         healthy one.
     """
+    return _apply(instance, _as_events(events))
+
+
+def _apply(
+    instance: Instance, events: list[ClusterEvent], trays: Mapping[Hashable, int] | None = None
+) -> Instance:
+    """:func:`apply_events`; ``trays`` as for :func:`_gpus_of`."""
     a = instance.arrays
     healthy = a.healthy.copy()
     speed = a.speed.copy()
-    for e in _as_events(events):
+    for e in events:
         for node in e.nodes:
-            for i in _gpus_of(instance, node):
+            for i in _gpus_of(instance, node, trays):
                 if e.kind == "fail":
                     if not healthy[i]:
                         raise ValueError(f"event fails GPU {a.gpu_ids[i]!r}, which is down")
@@ -321,6 +338,20 @@ class PlanState:
         ``domain_rows(instance)`` (:mod:`ntp_opt.planners.exact.bounds`),
         kept with ``points``: an event recomputes the rows of the domains it
         touches only.
+    base
+        What the next events are applied to: ``instance`` itself, or, when
+        its graph is built, a twin sharing its arrays whose graph is built
+        only when read (:meth:`~ntp_opt.model.instance.Instance.from_arrays`):
+        an event then copies two arrays, not the graph's node table. ``None``:
+        ``instance``.
+    trays
+        Tray id -> index (``instance.arrays.tray_ids``), so that a tray event
+        never reads the graph; ``None``: built when needed.
+    memo
+        What re-boosting keeps from one event to the next (the slow
+        replicas' needs, :func:`ntp_opt.rules.power.boost_stages`; the
+        stages' caps and groups, :func:`~ntp_opt.rules.power.boost_floor_stages`):
+        shared by the states of one chain, never changing a result.
     """
 
     instance: Instance
@@ -329,6 +360,15 @@ class PlanState:
     evaluation: Evaluation
     points: DualPoints | None = None
     rows: DomainRows | None = None
+    base: Instance | None = None
+    trays: Mapping[Hashable, int] | None = None
+    memo: dict[Any, Any] | None = None
+
+    @cached_property
+    def assignment(self) -> np.ndarray:
+        """Per GPU, the plan's ``replica * 65536 + stage`` or -1 (:func:`assignment`),
+        computed once: every event re-planned from this state counts moves against it."""
+        return self.layout.assignment(self.instance.arrays.n_gpus)
 
     @classmethod
     def checked(cls, instance: Instance, plan: Plan) -> PlanState:
@@ -340,7 +380,20 @@ class PlanState:
             The plan breaks a rule of ``instance``.
         """
         ev = check(instance, plan)
-        return cls(instance, plan, Layout.from_plan(instance, plan), ev)
+        trays = {t: i for i, t in enumerate(instance.arrays.tray_ids)}
+        layout = Layout.from_plan(instance, plan)
+        return cls(instance, plan, layout, ev, base=_unbuilt(instance), trays=trays, memo={})
+
+
+def _unbuilt(instance: Instance) -> Instance:
+    """``instance``, or its twin with the graph left unbuilt (``PlanState.base``)."""
+    if "cluster" not in vars(instance):
+        return instance
+    twin = Instance.from_arrays(
+        instance.name, instance.arrays, instance.job, instance.meta, lambda: instance.cluster
+    )
+    vars(twin)["max_multiplier"] = instance.max_multiplier  # the same boards and job
+    return twin
 
 
 @dataclass(frozen=True)
@@ -439,11 +492,6 @@ def _evaluate(instance: Instance, plan: Plan, layout: Layout, check_mode: str) -
     return ev
 
 
-def _apply(instance: Instance, evs: list[ClusterEvent]) -> Instance:
-    """:func:`apply_events` for a state: the same checks, the same instance."""
-    return apply_events(instance, evs)
-
-
 def _step(
     state: PlanState,
     evs: list[ClusterEvent],
@@ -456,7 +504,7 @@ def _step(
 ) -> Replanned:
     """Re-plan ``state`` after ``evs`` (module docstring); the new state rides along."""
     instance, plan = state.instance, state.plan
-    new_inst = _apply(instance, evs)
+    new_inst = _apply(state.base or instance, evs, state.trays)
     a = instance.arrays
     failed_now = a.healthy & ~new_inst.arrays.healthy
     changed = (a.healthy != new_inst.arrays.healthy) | (a.speed != new_inst.arrays.speed)
@@ -464,7 +512,10 @@ def _step(
     local_ev = None
     if local.metrics.get("reduced_power") or any(e.kind == "speed" for e in evs):
         # recourse reset boosts, or speeds changed: redo the boosts
-        boosted = reboost_layout(new_inst, local, local_lay)
+        keep = local.metrics["goodput"]  # the exact split at recourse's multipliers
+        boosted = reboost_layout(
+            new_inst, local, local_lay, keep if local.replicas else None, state.memo
+        )
         if boosted is not None:
             ev = _evaluate(new_inst, boosted.plan, boosted.layout, check_mode)
             if ev.feasible:
@@ -485,7 +536,7 @@ def _step(
     if want_bound and bound_kind == "skipped":
         rows = domain_rows(new_inst) if rows is None else rows
         (bound, points), bound_kind = stage_bound_point(new_inst, rows), "computed"
-    before = state.layout.assignment(a.n_gpus)
+    before = state.assignment
     healthy = new_inst.arrays.healthy
 
     def moved_by(p: Plan, lay: Layout | None = None) -> int:
@@ -503,7 +554,10 @@ def _step(
 
     if mode != "local" and not settled():
         touched = {
-            int(a.gpu_domain[i]) for e in evs for node in e.nodes for i in _gpus_of(instance, node)
+            int(a.gpu_domain[i])
+            for e in evs
+            for node in e.nodes
+            for i in _gpus_of(instance, node, state.trays)
         }
         focus = {
             r
@@ -577,7 +631,9 @@ def _step(
         runtime_s=time.perf_counter() - start,
         details=details,
         bound_kind=bound_kind,
-        state=PlanState(new_inst, chosen, lay, ev, points, rows),
+        state=PlanState(
+            new_inst, chosen, lay, ev, points, rows, trays=state.trays, memo=state.memo
+        ),
     )
 
 
@@ -683,7 +739,7 @@ class Replanner:
         if self.bound:  # the multipliers and rows the events' bounds start from
             rows = domain_rows(instance)
             points = stage_bound_point(instance, rows)[1]
-            state = PlanState(instance, plan, state.layout, state.evaluation, points, rows)
+            state = dataclasses.replace(state, points=points, rows=rows)
         self.state = state
 
     @property

@@ -23,7 +23,7 @@ smaller of the two.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -233,11 +233,32 @@ class DomainRows:
     ascending (zero-padded to ``width`` columns each), and the largest
     multiplier cap (with the validator's tolerance). Domains with equal rows
     form one class. Kept by re-planning, which recomputes only the rows of
-    the domains an event touches (:func:`domain_rows_after`).
+    the domains an event touches (:func:`domain_rows_after`), and with
+    them the classes (:meth:`classes`).
     """
 
     key: np.ndarray
     width: int
+    known: tuple[np.ndarray, np.ndarray, np.ndarray] | None = field(default=None, repr=False)
+    """The classes (:meth:`classes`) and each domain's class, once computed."""
+
+    def classes(self) -> tuple[np.ndarray, np.ndarray]:
+        """The distinct rows (lexicographic order) and how many domains have each.
+
+        ``np.unique(key, axis=0, return_counts=True)`` (``-0.0`` read as
+        ``0.0``), computed once and kept; :func:`domain_rows_after` updates
+        them for the domains it recomputes.
+        """
+        if self.known is None:
+            object.__setattr__(self, "known", _row_classes(self.key))
+        assert self.known is not None
+        return self.known[0], self.known[1]
+
+    def domain_class(self) -> np.ndarray:
+        """Each domain's class (an index into :meth:`classes`)."""
+        self.classes()
+        assert self.known is not None
+        return self.known[2]
 
 
 def domain_rows(instance: Instance) -> DomainRows:
@@ -279,6 +300,7 @@ def domain_rows_after(instance: Instance, rows: DomainRows, domains: list[int]) 
     a = instance.arrays
     width = rows.width
     key = rows.key.copy()
+    domains = sorted(set(domains))
     for d in domains:
         members = a.domain_gpus[d]
         live = members[a.healthy[members]]
@@ -296,7 +318,36 @@ def domain_rows_after(instance: Instance, rows: DomainRows, domains: list[int]) 
         key[d] = row
     if width > job.tp and not (key[:, 0] == width).any():
         return domain_rows(instance)  # the widest domain shrank: the width with it
-    return DomainRows(key, width)
+    if not domains:
+        return DomainRows(key, width, rows.known)
+    if rows.known is None:
+        return DomainRows(key, width)
+    # the classes: the old ones less the recomputed domains, plus their new rows
+    old_class = rows.domain_class()
+    reps, counts = rows.classes()
+    counts = counts.copy()
+    np.subtract.at(counts, old_class[domains], 1)
+    idx: list[int] = []
+    extra: list[np.ndarray] = []
+    for row in key[domains] + 0.0:
+        hit = np.flatnonzero((reps == row).all(axis=1))
+        if hit.size:
+            idx.append(int(hit[0]))
+            continue
+        j = next((j for j, r in enumerate(extra) if np.array_equal(r, row)), len(extra))
+        if j == len(extra):
+            extra.append(row)
+        idx.append(len(reps) + j)
+    cand = np.vstack([reps, *extra]) if extra else reps
+    total = np.concatenate([counts, np.zeros(len(extra), dtype=counts.dtype)])
+    np.add.at(total, idx, 1)
+    alive = np.flatnonzero(total > 0)
+    order = np.lexsort(cand[alive].T[::-1])  # first column most significant
+    renumber = np.full(len(cand), -1, dtype=np.int64)
+    renumber[alive[order]] = np.arange(len(order))
+    of = renumber[old_class]
+    of[domains] = renumber[idx]
+    return DomainRows(key, width, (cand[alive[order]], total[alive[order]], of))
 
 
 def _stage_bound(
@@ -324,7 +375,7 @@ def _stage_bound(
     if rows_in is None:
         rows_in = domain_rows(instance)
     width = rows_in.width
-    rows, counts = _unique_rows(rows_in.key)
+    rows, counts = rows_in.classes()
     h_cls = rows[:, 0].astype(np.int64)
     s_cls = rows[:, 1 : 1 + width]
     w_cls = rows[:, 1 + width : 1 + 2 * width]
@@ -405,28 +456,39 @@ def _depth(per_point: int, searches: int, most: int = 8) -> int:
 
 
 def _unique_rows(key: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """``np.unique(key, axis=0, return_counts=True)`` for a float matrix, faster.
+    """``np.unique(key, axis=0, return_counts=True)`` for a float matrix, faster
+    (:func:`_row_classes` without the inverse)."""
+    rows, counts, _ = _row_classes(key)
+    return rows, counts
 
-    The same rows in the same (lexicographic) order with the same counts:
-    rows are grouped by a hash of their bits (checked; on a collision the
-    plain ``np.unique`` answers), and only the distinct rows are sorted.
+
+def _row_classes(key: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """``np.unique(key, axis=0, return_counts=True, return_inverse=True)``, faster.
+
+    The same rows in the same (lexicographic) order with the same counts,
+    and each row's class: rows are grouped by a hash of their bits
+    (checked; on a collision the plain ``np.unique`` answers), and only the
+    distinct rows are sorted. ``-0.0`` is read as ``0.0``.
     """
     key = np.ascontiguousarray(key + 0.0)  # -0.0 -> 0.0: equal rows, equal bits
     n, m = key.shape
     if n == 0 or m == 0:
-        rows, counts = np.unique(key, axis=0, return_counts=True)
-        return rows, counts
+        rows, inv, counts = np.unique(key, axis=0, return_inverse=True, return_counts=True)
+        return rows, counts, inv.reshape(-1)
     bits = key.view(np.uint64)
     mult = np.arange(1, 2 * m, 2, dtype=np.uint64) * np.uint64(0x9E3779B97F4A7C15)
     mult |= np.uint64(1)
     hashed = (bits * mult).sum(axis=1, dtype=np.uint64)  # wraps: a hash, checked below
     _, first, inverse = np.unique(hashed, return_index=True, return_inverse=True)
+    inverse = inverse.reshape(-1)
     reps = key[first]
     if not np.array_equal(reps[inverse], key):
-        rows, counts = np.unique(key, axis=0, return_counts=True)
-        return rows, counts
+        rows, inv, counts = np.unique(key, axis=0, return_inverse=True, return_counts=True)
+        return rows, counts, inv.reshape(-1)
     order = np.lexsort(reps.T[::-1])  # first column most significant
-    return reps[order], np.bincount(inverse, minlength=len(reps))[order]
+    rank = np.empty(len(order), dtype=np.int64)
+    rank[order] = np.arange(len(order))
+    return reps[order], np.bincount(inverse, minlength=len(reps))[order], rank[inverse]
 
 
 def _masked_row_sums(on: np.ndarray, *xs: np.ndarray) -> list[np.ndarray]:
