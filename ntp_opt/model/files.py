@@ -19,9 +19,8 @@ import zlib
 from collections.abc import Hashable, Iterable
 from itertools import chain
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import TYPE_CHECKING, Annotated, Any, Literal
 
-import networkx as nx
 import numpy as np
 from pydantic import (
     BaseModel,
@@ -40,6 +39,9 @@ from ntp_opt.model.plan import Plan, Replica, Stage
 from ntp_opt.model.records import compile_records
 from ntp_opt.model.safeio import atomic_open
 from ntp_opt.model.topology import DEFAULT_TDP_W, TopologyError
+
+if TYPE_CHECKING:
+    import networkx as nx
 
 INSTANCE_FORMAT = "ntp-opt/instance@1"
 PLAN_FORMAT = "ntp-opt/plan@1"
@@ -839,6 +841,8 @@ def _instance_from_models(data: dict[str, Any], source: str) -> Instance:
         model = InstanceFile.model_validate(_strict_ready(data), strict=True)
     except ValidationError as err:
         raise InputError(source, validation_problems(err)) from None
+    import networkx as nx  # here, not at import: the column path builds no graph
+
     graph = nx.Graph()
     graph.graph.update(
         {k: getattr(model.cluster.graph, k) for k in data["cluster"].get("graph", {})}
@@ -891,6 +895,8 @@ def check_cluster(graph: nx.Graph, source: str = "<cluster>") -> None:
     """
     if graph.number_of_nodes() > MAX_NODES:
         raise InputError(source, [("cluster.nodes", f"more than {MAX_NODES} nodes")])
+    import networkx as nx
+
     data = nx.node_link_data(graph, edges="edges")
     try:
         nodes, edges = data["nodes"], data["edges"]
@@ -911,6 +917,8 @@ def instance_to_dict(instance: Instance) -> dict[str, Any]:
     for node in instance.cluster.nodes:
         if isinstance(node, bool) or not isinstance(node, str | int):
             raise ValueError(f"node id {node!r} is not a string or an integer; JSON needs one")
+    import networkx as nx
+
     cluster = nx.node_link_data(instance.cluster, edges="edges")
     data: dict[str, Any] = {"format": INSTANCE_FORMAT, "name": instance.name}
     if description is not None:
