@@ -319,6 +319,22 @@ class _Scan:
                     )
                 ],
             )
+        first = chunk.find(b'"')
+        if first >= 0 and self._short_runs(chunk, first):
+            longest = self.run + first  # <= the cap if only the carried run is long
+            self.run = len(chunk) - chunk.rfind(b'"') - 1
+            if longest > self.max_string:
+                raise InputError(
+                    self.source,
+                    [
+                        (
+                            "",
+                            f"more than {self.max_string} bytes without a quote (a string, "
+                            "or a run of values, longer than the cap)",
+                        )
+                    ],
+                )
+            return
         quotes = np.flatnonzero(np.frombuffer(chunk, dtype=np.uint8) == 0x22)
         if quotes.size == 0:
             longest = self.run + len(chunk)
@@ -338,6 +354,16 @@ class _Scan:
                     )
                 ],
             )
+
+    def _short_runs(self, chunk: bytes, first: int) -> bool:
+        """Whether no run between two quotes of ``chunk`` is longer than the cap, proven
+        without listing the quotes: each window of ``cap // 2`` bytes from the first
+        quote on holds a quote (a run of ``cap`` bytes would hold a whole window)."""
+        width = self.max_string // 2
+        if width < 1:
+            return False
+        last = chunk.rfind(b'"')
+        return all(chunk.find(b'"', at, at + width) >= 0 for at in range(first, last, width))
 
 
 class _DuplicateKey(ValueError):
@@ -765,11 +791,12 @@ def instance_from_dict(data: Any, source: str = "<instance>") -> Instance:
     check_format(data, INSTANCE_FORMAT, source)
     _check_counts(data, source)
     fast = _instance_from_columns(data)
-    return fast if fast is not None else _instance_from_models(data, source)
+    return fast[0] if fast is not None else _instance_from_models(data, source)
 
 
-def _instance_from_columns(data: dict[str, Any]) -> Instance | None:
-    """The instance, or ``None`` unless every check passes on the columns."""
+def _instance_from_columns(data: dict[str, Any]) -> tuple[Instance, int] | None:
+    """The instance and the number of keys in its records, or ``None`` unless every
+    check passes on the columns."""
     cluster = data.get("cluster")
     if not isinstance(cluster, dict):
         return None
@@ -790,13 +817,14 @@ def _instance_from_columns(data: dict[str, Any]) -> Instance | None:
     graph_attrs = {k: getattr(site, k) for k in cluster.get("graph", {})}
     # The graph, if ever read, is built from the node records and the compiled
     # edges: the instance keeps no reference to the edge records.
-    return Instance.from_arrays(
+    instance = Instance.from_arrays(
         model.name,
         compiled.arrays,
         model.job,
         _meta(model),
         lambda: compiled.graph(graph_attrs, nodes),
     )
+    return instance, compiled.n_keys
 
 
 def _meta(model: InstanceFile) -> dict[str, Any]:
@@ -959,27 +987,26 @@ def load_instance(path: str | os.PathLike[str]) -> Instance:
         except InputError:
             pass  # the checked path below reports it
         else:
-            instance = _instance_from_columns(data)
-            if instance is not None and _same_as_checked(colons, data):
-                return instance
+            fast = _instance_from_columns(data)
+            if fast is not None and _same_as_checked(colons, data, fast[1]):
+                return fast[0]
     del data
     return instance_from_dict(_parse(_read_bytes(p), str(p)), str(p))
 
 
-def _same_as_checked(colons: int, data: dict[str, Any]) -> bool:
+def _same_as_checked(colons: int, data: dict[str, Any], record_keys: int) -> bool:
     """Whether :func:`_parse` gives ``data`` too, for records the column checks accepted.
 
-    ``colons``: the ``:`` characters of the text ``data`` was parsed from.
+    ``colons``: the ``:`` characters of the text ``data`` was parsed from;
+    ``record_keys``: the keys in its cluster's records (counted by the checks).
 
     Their values are proven scalars and finite, so only the rest of the file
     is walked for floats, and the keys are counted as in :func:`_parse_fast`.
     """
     cluster = data["cluster"]
-    nodes, edges = cluster["nodes"], cluster.get("edges", [])
     rest = {**data, "cluster": {**cluster, "nodes": [], "edges": []}}
     keys, finite = _keys_and_finite(rest)
-    keys += sum(map(len, nodes)) + sum(map(len, edges))
-    return finite and colons == keys
+    return finite and colons == keys + record_keys
 
 
 def save_instance(

@@ -164,6 +164,7 @@ class CompiledRecords:
 
     The edges are kept as node positions (and bandwidths), so that the parsed
     edge records can be dropped: the graph needs only the node records.
+    ``n_keys`` is the number of keys in all the records (nodes and edges).
     """
 
     arrays: ClusterArrays
@@ -171,6 +172,7 @@ class CompiledRecords:
     edge_source: np.ndarray
     edge_target: np.ndarray
     bandwidths: list[Any] | None
+    n_keys: int = 0
 
     def graph(self, graph_attrs: dict[str, Any], nodes: Sequence[dict[str, Any]]) -> nx.Graph:
         """The cluster graph the reference path builds from the same records.
@@ -276,6 +278,11 @@ def _compile(
     keys = [
         _group_keys(g, _ALLOWED_KEYS[k], _REQUIRED_KEYS[k], uniform) for k, g in enumerate(groups)
     ]
+    # keys in the records: every record of a group has its ``every`` keys when it has no others
+    n_keys = sum(
+        len(g) * len(every) if some == every else sum(map(len, g))
+        for g, (some, every) in zip(groups, keys, strict=True)
+    )
     local = np.empty(n_nodes, dtype=np.int64)
     for idx in order:
         local[idx] = np.arange(idx.size)
@@ -334,6 +341,7 @@ def _compile(
     _need(bool((lengths <= 3).all()))
     with_bw = np.flatnonzero(lengths == 3)  # KeyError below unless the third key is the bandwidth
     n_bw = int(with_bw.size)
+    n_keys += int(lengths.sum())
     present = list(map(itemgetter("bandwidth_gbps"), _pick(edges, with_bw)))
     plain_ids = id_types == {str}
     ends = []
@@ -419,7 +427,7 @@ def _compile(
         site_budget=site,
     )
     small = np.int32 if n_nodes < 2**31 else np.int64
-    return CompiledRecords(arrays, ids, src.astype(small), tgt.astype(small), bandwidths)
+    return CompiledRecords(arrays, ids, src.astype(small), tgt.astype(small), bandwidths, n_keys)
 
 
 def _number_column(

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import gc
 import logging
 import sys
 import threading
@@ -128,6 +129,9 @@ def run(args: argparse.Namespace) -> int:
     if args.output:  # refuse an unsafe output before any work
         check_target(args.output, [args.instance])
     instance = load_instance(args.instance)
+    # The instance (and the modules) live until the command ends: the collector need not
+    # walk their objects again at every full collection while planning and saving.
+    gc.freeze()
     con = make_console()
     con.print(instance_line(instance))
     policies = list(POLICIES) if args.policy == "all" else [args.policy]
