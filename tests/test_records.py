@@ -364,3 +364,33 @@ def test_fast_parse_defers_to_the_checked_one(text):
 def test_fast_parse_keeps_colons_in_strings():
     text = b'{"url": "https://a:b", "n": [1, 2.5, "c:"], "o": {"k": null}}'
     assert parse_json(text, "x.json") == json.loads(text)
+
+
+@pytest.mark.parametrize("where", ["nodes", "edges"])
+@pytest.mark.parametrize("record", [["kind", "gpu"], "kind", 7, None, 1.5, True])
+def test_records_that_are_not_objects_give_the_reference_error(where, record):
+    inst = make_instance(domains=2, size=8, tray=4)
+    data = json.loads(json.dumps(instance_to_dict(inst)))
+    nodes, edges = data["cluster"]["nodes"], data["cluster"]["edges"]
+    assert compile_records(nodes, edges, None) is not None
+    data["cluster"][where].insert(3, record)
+    assert compile_records(data["cluster"]["nodes"], data["cluster"]["edges"], None) is None
+    fast = _outcome(instance_from_dict, data)
+    assert isinstance(fast, str) and fast == _outcome(instance_from_dict_reference, data)
+
+
+def test_records_with_as_many_keys_but_other_keys_compile():
+    """Equal key counts are only a shortcut: GPUs with a ``uuid`` and GPUs with a
+    ``host`` instead (as many keys) still take the column path, equal to the reference."""
+    inst = make_instance(domains=2, size=8, tray=4)
+    data = json.loads(json.dumps(instance_to_dict(inst)))
+    gpus = [n for n in data["cluster"]["nodes"] if n["kind"] == "gpu"]
+    for i, node in enumerate(gpus):
+        node["uuid" if i % 2 else "host"] = f"x{i}"
+    assert len({len(n) for n in gpus}) == 1 and len({tuple(sorted(n)) for n in gpus}) == 2
+    compiled = compile_records(data["cluster"]["nodes"], data["cluster"]["edges"], None)
+    assert compiled is not None
+    assert compiled.n_keys == sum(map(len, data["cluster"]["nodes"])) + sum(
+        map(len, data["cluster"]["edges"])
+    )
+    assert_equivalent(data)

@@ -683,12 +683,14 @@ def _encode(x: Any, out: list[str], level: int, unit: str) -> None:
             )
         else:
             out.append("{")
-            first = True
+            sep, comma = pad, "," + pad
             for k, v in zip(keys, values, strict=True):
-                out.append(pad if first else "," + pad)
-                first = False
-                out.append(_ENCODE_STR(k) + ": ")
-                _encode(v, out, level + 1, unit)
+                if type(v) in _SCALARS:  # inline: no call per scalar field
+                    out.append(f"{sep}{_ENCODE_STR(k)}: {_scalar(v)}")
+                else:
+                    out.append(f"{sep}{_ENCODE_STR(k)}: ")
+                    _encode(v, out, level + 1, unit)
+                sep = comma
         out.append("\n" + unit * level + "}")
     elif t is list or t is tuple:
         if not x:

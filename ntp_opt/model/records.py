@@ -263,7 +263,9 @@ def _compile(
     nodes: Any, edges: Any, site_budget: float | None, min_domain: int, uniform: bool
 ) -> CompiledRecords:
     _need(type(nodes) is list and type(edges) is list)
-    _need(set(map(type, nodes)) <= {dict} and set(map(type, edges)) <= {dict})
+    # Records that are not objects need no scan of their own: every node record is read
+    # by ``itemgetter("kind")`` and every edge record by ``itemgetter("source")``, which
+    # raise TypeError on a list, a string, a number or null.
     n_nodes = len(nodes)
     code = np.fromiter(
         map(_KIND_CODE.__getitem__, map(itemgetter("kind"), nodes)), dtype=np.int8, count=n_nodes

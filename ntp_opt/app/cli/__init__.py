@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import gc
 import importlib
 import os
 import signal
@@ -17,19 +18,16 @@ import threading
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
-from pydantic import ValidationError
-
 from ntp_opt.app.cli.common import (
     EPILOG,
     INTERRUPTED_EXIT,
     Parser,
     Terminated,
     error_text,
+    loading,
     on_sigterm,
     validation_text,
 )
-from ntp_opt.model import topology
-from ntp_opt.model.files import InputError
 
 if TYPE_CHECKING:
     from ntp_opt.app.cli.compare import EXACT_NAMES
@@ -128,16 +126,25 @@ def main(argv: Sequence[str] | None = None) -> int:
     while the command is already cleaning up still exits 130, without a
     traceback.
     """
+    thawed = gc.get_freeze_count() == 0
     try:
         return _run(argv)
     except KeyboardInterrupt:  # after _run's own handler: during its clean-up
         print("ntp-opt: interrupted", file=sys.stderr)
         return INTERRUPTED_EXIT
+    finally:
+        if thawed:  # what the command froze (common.loading) is the collector's again
+            gc.unfreeze()
 
 
 def _run(argv: Sequence[str] | None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
-    parser = build_parser(_command(argv))
+    with loading():  # the modules: the command's, and those of the errors it may raise
+        parser = build_parser(_command(argv))
+        from pydantic import ValidationError
+
+        from ntp_opt.model import topology
+        from ntp_opt.model.files import InputError
     args = parser.parse_args(argv)
     previous = None
     if args.command != "serve" and threading.current_thread() is threading.main_thread():

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import gc
 import logging
 import sys
 import threading
@@ -19,6 +18,7 @@ from ntp_opt.app.cli.common import (
     fmt,
     instance_line,
     interrupted_note,
+    loading,
     make_console,
 )
 from ntp_opt.model.files import (
@@ -128,10 +128,8 @@ def run(args: argparse.Namespace) -> int:
         )
     if args.output:  # refuse an unsafe output before any work
         check_target(args.output, [args.instance])
-    instance = load_instance(args.instance)
-    # The instance (and the modules) live until the command ends: the collector need not
-    # walk their objects again at every full collection while planning and saving.
-    gc.freeze()
+    with loading():
+        instance = load_instance(args.instance)
     con = make_console()
     con.print(instance_line(instance))
     policies = list(POLICIES) if args.policy == "all" else [args.policy]
