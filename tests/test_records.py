@@ -394,3 +394,38 @@ def test_records_with_as_many_keys_but_other_keys_compile():
         map(len, data["cluster"]["edges"])
     )
     assert_equivalent(data)
+
+
+_scalars = (
+    st.none()
+    | st.booleans()
+    | st.integers()
+    | st.floats(allow_nan=False, allow_infinity=False)
+    | st.text(max_size=3)
+)
+
+
+@st.composite
+def _record_lists(draw, depth: int = 2):
+    """Lists of objects with the same keys (the encoder's column path): scalar fields,
+    lists of scalars, lists of such records, anything else now and then."""
+    keys = draw(st.lists(st.sampled_from(["a", "b{", "}c", 'd"', "é"]), unique=True))
+    kinds = {k: draw(st.sampled_from(["scalar", "list", "records", "any"])) for k in keys}
+    inner = _record_lists(depth - 1) if depth else st.just([])
+
+    def value(kind: str):
+        if kind == "scalar":
+            return draw(_scalars)
+        if kind == "list":
+            return draw(st.lists(_scalars, max_size=3) | st.tuples(_scalars))
+        if kind == "records":
+            return draw(inner)
+        return draw(_json_values)
+
+    return [{k: value(kinds[k]) for k in keys} for _ in range(draw(st.integers(1, 4)))]
+
+
+@given(_record_lists(), st.integers(0, 2))
+def test_dumps_indented_of_records_is_json_dumps(records, indent):
+    for value in (records, {"replicas": records}, [records, records]):
+        assert dumps_indented(value, indent) == json.dumps(value, indent=indent, allow_nan=False)

@@ -17,7 +17,7 @@ import os
 import re
 import zlib
 from collections.abc import Hashable, Iterable
-from itertools import chain
+from itertools import chain, islice
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any, Literal
 
@@ -701,6 +701,8 @@ def _encode(x: Any, out: list[str], level: int, unit: str) -> None:
         if types <= _SCALARS:
             encode = _ENCODE_STR if types == {str} else _scalar
             out.append("[" + pad + ("," + pad).join(map(encode, x)))
+        elif types == {dict} and (rows := _records(x, level + 1, unit)) is not None:
+            out.append("[" + pad + ("," + pad).join(rows))
         else:
             out.append("[")
             first = True
@@ -711,6 +713,52 @@ def _encode(x: Any, out: list[str], level: int, unit: str) -> None:
         out.append("\n" + unit * level + "]")
     else:
         out.append(_scalar(x))
+
+
+def _records(items: list[dict[str, Any]], level: int, unit: str) -> list[str] | None:
+    """Objects with the same keys in the same order (records: a plan's stages, its
+    replicas), each encoded at ``level``, column by column; ``None`` for others.
+
+    A column of scalars, or of lists of scalars, is encoded at C speed
+    (``map``, ``str.join``); each object is then one ``str.format`` of a
+    template holding the keys.
+    """
+    keys = tuple(items[0])
+    if not keys or set(map(type, keys)) != {str}:
+        return None
+    if not all(map(keys.__eq__, map(tuple, items))):
+        return None
+    pad = "\n" + unit * (level + 1)
+    fields = [_ENCODE_STR(k).replace("{", "{{").replace("}", "}}") + ": {}" for k in keys]
+    template = "{{" + pad + ("," + pad).join(fields) + "\n" + unit * level + "}}"
+    columns = [_column_text([item[k] for item in items], level + 1, unit) for k in keys]
+    return list(map(template.format, *columns))
+
+
+def _column_text(values: list[Any], level: int, unit: str) -> list[str]:
+    """Each of ``values`` encoded at ``level`` (as :func:`_encode` would)."""
+    types = set(map(type, values))
+    if types <= _SCALARS:
+        return list(map(_ENCODE_STR if types == {str} else _scalar, values))
+    if types <= {list, tuple}:
+        inner = set(map(type, chain.from_iterable(values)))
+        pad = "\n" + unit * (level + 1)
+        sep, close = "," + pad, "\n" + unit * level + "]"
+        if inner <= _SCALARS:
+            encode = _ENCODE_STR if inner == {str} else _scalar
+            return ["[" + pad + sep.join(map(encode, v)) + close if v else "[]" for v in values]
+        # lists of records (every replica's stages): all the records encoded at once
+        flat = list(chain.from_iterable(values)) if inner == {dict} else []
+        rows = _records(flat, level + 1, unit) if flat else None
+        if rows is not None:
+            it = iter(rows)
+            return ["[" + pad + sep.join(islice(it, len(v))) + close if v else "[]" for v in values]
+    texts = []
+    for v in values:
+        parts: list[str] = []
+        _encode(v, parts, level, unit)
+        texts.append("".join(parts))
+    return texts
 
 
 # --- instances ---------------------------------------------------------------
