@@ -50,7 +50,9 @@ Sections (``SECTIONS``; one function each, returning Markdown lines):
   to the floor (gunzip + ``json.loads`` of the file, plus the numpy import).
   With ``--load-file FILE`` (repeatable; e.g. a ~1M-node instance generated in
   /tmp, not bundled), also :func:`~ntp_opt.model.files.load_instance` of that
-  file in a subprocess: the load's CPU and the child's peak RSS.
+  file in a subprocess: the load's CPU and the child's peak RSS. Also, once,
+  what the command costs before it reads a file: the interpreter with the
+  imports of ``solve`` (``build_parser("solve")`` in a child).
 """
 
 from __future__ import annotations
@@ -378,6 +380,12 @@ print(time.process_time() - cpu, time.perf_counter() - wall, inst.arrays.n_gpus)
 """
 
 
+_IMPORT_SCRIPT = """
+from ntp_opt.app.cli import build_parser
+build_parser("solve")
+"""
+
+
 def cli_section(ctx: Context) -> list[str]:
     """``ntp-opt solve --policy fast -o`` end to end per instance, next to the floor."""
     rows = [
@@ -421,11 +429,19 @@ def cli_section(ctx: Context) -> list[str]:
             f"{float(wall):.3f} | {float(cpu) / max(floor.cpu, 1e-9):.2f} | {run.rss_mb:.0f} |"
         )
         print(loads[-1], flush=True)
+    imports = best_child(ctx.repeat, [sys.executable, "-c", _IMPORT_SCRIPT])
+    startup = (
+        f"Start and imports of `solve` (`build_parser('solve')` in a child): "
+        f"{imports.cpu:.3f} / {imports.wall:.3f} s, {imports.rss_mb:.0f} MB."
+    )
+    print(startup, flush=True)
     return [
         "## CLI end to end (`ntp-opt solve FILE --policy fast -o plan.json`)",
         "",
         f"CPU / wall seconds of the child process, best of {ctx.repeat}; the floor adds "
         "the numpy import to reading the file.",
+        "",
+        startup,
         "",
         *rows,
         "",

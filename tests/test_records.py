@@ -364,3 +364,68 @@ def test_fast_parse_defers_to_the_checked_one(text):
 def test_fast_parse_keeps_colons_in_strings():
     text = b'{"url": "https://a:b", "n": [1, 2.5, "c:"], "o": {"k": null}}'
     assert parse_json(text, "x.json") == json.loads(text)
+
+
+@pytest.mark.parametrize("where", ["nodes", "edges"])
+@pytest.mark.parametrize("record", [["kind", "gpu"], "kind", 7, None, 1.5, True])
+def test_records_that_are_not_objects_give_the_reference_error(where, record):
+    inst = make_instance(domains=2, size=8, tray=4)
+    data = json.loads(json.dumps(instance_to_dict(inst)))
+    nodes, edges = data["cluster"]["nodes"], data["cluster"]["edges"]
+    assert compile_records(nodes, edges, None) is not None
+    data["cluster"][where].insert(3, record)
+    assert compile_records(data["cluster"]["nodes"], data["cluster"]["edges"], None) is None
+    fast = _outcome(instance_from_dict, data)
+    assert isinstance(fast, str) and fast == _outcome(instance_from_dict_reference, data)
+
+
+def test_records_with_as_many_keys_but_other_keys_compile():
+    """Equal key counts are only a shortcut: GPUs with a ``uuid`` and GPUs with a
+    ``host`` instead (as many keys) still take the column path, equal to the reference."""
+    inst = make_instance(domains=2, size=8, tray=4)
+    data = json.loads(json.dumps(instance_to_dict(inst)))
+    gpus = [n for n in data["cluster"]["nodes"] if n["kind"] == "gpu"]
+    for i, node in enumerate(gpus):
+        node["uuid" if i % 2 else "host"] = f"x{i}"
+    assert len({len(n) for n in gpus}) == 1 and len({tuple(sorted(n)) for n in gpus}) == 2
+    compiled = compile_records(data["cluster"]["nodes"], data["cluster"]["edges"], None)
+    assert compiled is not None
+    assert compiled.n_keys == sum(map(len, data["cluster"]["nodes"])) + sum(
+        map(len, data["cluster"]["edges"])
+    )
+    assert_equivalent(data)
+
+
+_scalars = (
+    st.none()
+    | st.booleans()
+    | st.integers()
+    | st.floats(allow_nan=False, allow_infinity=False)
+    | st.text(max_size=3)
+)
+
+
+@st.composite
+def _record_lists(draw, depth: int = 2):
+    """Lists of objects with the same keys (the encoder's column path): scalar fields,
+    lists of scalars, lists of such records, anything else now and then."""
+    keys = draw(st.lists(st.sampled_from(["a", "b{", "}c", 'd"', "é"]), unique=True))
+    kinds = {k: draw(st.sampled_from(["scalar", "list", "records", "any"])) for k in keys}
+    inner = _record_lists(depth - 1) if depth else st.just([])
+
+    def value(kind: str):
+        if kind == "scalar":
+            return draw(_scalars)
+        if kind == "list":
+            return draw(st.lists(_scalars, max_size=3) | st.tuples(_scalars))
+        if kind == "records":
+            return draw(inner)
+        return draw(_json_values)
+
+    return [{k: value(kinds[k]) for k in keys} for _ in range(draw(st.integers(1, 4)))]
+
+
+@given(_record_lists(), st.integers(0, 2))
+def test_dumps_indented_of_records_is_json_dumps(records, indent):
+    for value in (records, {"replicas": records}, [records, records]):
+        assert dumps_indented(value, indent) == json.dumps(value, indent=indent, allow_nan=False)

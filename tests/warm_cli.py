@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import atexit
 import contextlib
+import importlib
 import json
 import os
 import signal
@@ -27,6 +28,12 @@ import traceback
 #: environment variable naming the server's socket (set by the doc tests)
 SOCKET_ENV = "NTP_OPT_WARM_CLI"
 _LEN = 8  # bytes of the request's length prefix
+#: Modules imported on first use (by :mod:`ntp_opt.planners.registry`), imported up front here.
+REGISTRY_LAZY = (
+    "ntp_opt.planners.exact.search",
+    "ntp_opt.planners.megatron",
+    "ntp_opt.planners.riskaware",
+)
 
 
 def client(argv: list[str]) -> int:
@@ -95,7 +102,11 @@ def _read_request(conn: socket.socket) -> tuple[dict, list[int]]:
 
 def serve(path: str) -> None:
     """Import the CLI, listen on ``path`` and fork a child per client until SIGTERM."""
-    import ntp_opt.app.cli  # noqa: F401  (the point: imported once, before any fork)
+    from ntp_opt.app.cli import build_parser
+
+    build_parser()  # the point: every command's module imported once, before any fork
+    for lazy in REGISTRY_LAZY:  # the planners the registry imports when first run
+        importlib.import_module(lazy)
 
     def stop(signum: int, frame: object) -> None:
         raise SystemExit(0)

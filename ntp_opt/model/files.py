@@ -17,11 +17,10 @@ import os
 import re
 import zlib
 from collections.abc import Hashable, Iterable
-from itertools import chain
+from itertools import chain, islice
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import TYPE_CHECKING, Annotated, Any, Literal
 
-import networkx as nx
 import numpy as np
 from pydantic import (
     BaseModel,
@@ -40,6 +39,9 @@ from ntp_opt.model.plan import Plan, Replica, Stage
 from ntp_opt.model.records import compile_records
 from ntp_opt.model.safeio import atomic_open
 from ntp_opt.model.topology import DEFAULT_TDP_W, TopologyError
+
+if TYPE_CHECKING:
+    import networkx as nx
 
 INSTANCE_FORMAT = "ntp-opt/instance@1"
 PLAN_FORMAT = "ntp-opt/plan@1"
@@ -317,6 +319,22 @@ class _Scan:
                     )
                 ],
             )
+        first = chunk.find(b'"')
+        if first >= 0 and self._short_runs(chunk, first):
+            longest = self.run + first  # <= the cap if only the carried run is long
+            self.run = len(chunk) - chunk.rfind(b'"') - 1
+            if longest > self.max_string:
+                raise InputError(
+                    self.source,
+                    [
+                        (
+                            "",
+                            f"more than {self.max_string} bytes without a quote (a string, "
+                            "or a run of values, longer than the cap)",
+                        )
+                    ],
+                )
+            return
         quotes = np.flatnonzero(np.frombuffer(chunk, dtype=np.uint8) == 0x22)
         if quotes.size == 0:
             longest = self.run + len(chunk)
@@ -336,6 +354,16 @@ class _Scan:
                     )
                 ],
             )
+
+    def _short_runs(self, chunk: bytes, first: int) -> bool:
+        """Whether no run between two quotes of ``chunk`` is longer than the cap, proven
+        without listing the quotes: each window of ``cap // 2`` bytes from the first
+        quote on holds a quote (a run of ``cap`` bytes would hold a whole window)."""
+        width = self.max_string // 2
+        if width < 1:
+            return False
+        last = chunk.rfind(b'"')
+        return all(chunk.find(b'"', at, at + width) >= 0 for at in range(first, last, width))
 
 
 class _DuplicateKey(ValueError):
@@ -655,12 +683,14 @@ def _encode(x: Any, out: list[str], level: int, unit: str) -> None:
             )
         else:
             out.append("{")
-            first = True
+            sep, comma = pad, "," + pad
             for k, v in zip(keys, values, strict=True):
-                out.append(pad if first else "," + pad)
-                first = False
-                out.append(_ENCODE_STR(k) + ": ")
-                _encode(v, out, level + 1, unit)
+                if type(v) in _SCALARS:  # inline: no call per scalar field
+                    out.append(f"{sep}{_ENCODE_STR(k)}: {_scalar(v)}")
+                else:
+                    out.append(f"{sep}{_ENCODE_STR(k)}: ")
+                    _encode(v, out, level + 1, unit)
+                sep = comma
         out.append("\n" + unit * level + "}")
     elif t is list or t is tuple:
         if not x:
@@ -671,6 +701,8 @@ def _encode(x: Any, out: list[str], level: int, unit: str) -> None:
         if types <= _SCALARS:
             encode = _ENCODE_STR if types == {str} else _scalar
             out.append("[" + pad + ("," + pad).join(map(encode, x)))
+        elif types == {dict} and (rows := _records(x, level + 1, unit)) is not None:
+            out.append("[" + pad + ("," + pad).join(rows))
         else:
             out.append("[")
             first = True
@@ -681,6 +713,52 @@ def _encode(x: Any, out: list[str], level: int, unit: str) -> None:
         out.append("\n" + unit * level + "]")
     else:
         out.append(_scalar(x))
+
+
+def _records(items: list[dict[str, Any]], level: int, unit: str) -> list[str] | None:
+    """Objects with the same keys in the same order (records: a plan's stages, its
+    replicas), each encoded at ``level``, column by column; ``None`` for others.
+
+    A column of scalars, or of lists of scalars, is encoded at C speed
+    (``map``, ``str.join``); each object is then one ``str.format`` of a
+    template holding the keys.
+    """
+    keys = tuple(items[0])
+    if not keys or set(map(type, keys)) != {str}:
+        return None
+    if not all(map(keys.__eq__, map(tuple, items))):
+        return None
+    pad = "\n" + unit * (level + 1)
+    fields = [_ENCODE_STR(k).replace("{", "{{").replace("}", "}}") + ": {}" for k in keys]
+    template = "{{" + pad + ("," + pad).join(fields) + "\n" + unit * level + "}}"
+    columns = [_column_text([item[k] for item in items], level + 1, unit) for k in keys]
+    return list(map(template.format, *columns))
+
+
+def _column_text(values: list[Any], level: int, unit: str) -> list[str]:
+    """Each of ``values`` encoded at ``level`` (as :func:`_encode` would)."""
+    types = set(map(type, values))
+    if types <= _SCALARS:
+        return list(map(_ENCODE_STR if types == {str} else _scalar, values))
+    if types <= {list, tuple}:
+        inner = set(map(type, chain.from_iterable(values)))
+        pad = "\n" + unit * (level + 1)
+        sep, close = "," + pad, "\n" + unit * level + "]"
+        if inner <= _SCALARS:
+            encode = _ENCODE_STR if inner == {str} else _scalar
+            return ["[" + pad + sep.join(map(encode, v)) + close if v else "[]" for v in values]
+        # lists of records (every replica's stages): all the records encoded at once
+        flat = list(chain.from_iterable(values)) if inner == {dict} else []
+        rows = _records(flat, level + 1, unit) if flat else None
+        if rows is not None:
+            it = iter(rows)
+            return ["[" + pad + sep.join(islice(it, len(v))) + close if v else "[]" for v in values]
+    texts = []
+    for v in values:
+        parts: list[str] = []
+        _encode(v, parts, level, unit)
+        texts.append("".join(parts))
+    return texts
 
 
 # --- instances ---------------------------------------------------------------
@@ -763,11 +841,12 @@ def instance_from_dict(data: Any, source: str = "<instance>") -> Instance:
     check_format(data, INSTANCE_FORMAT, source)
     _check_counts(data, source)
     fast = _instance_from_columns(data)
-    return fast if fast is not None else _instance_from_models(data, source)
+    return fast[0] if fast is not None else _instance_from_models(data, source)
 
 
-def _instance_from_columns(data: dict[str, Any]) -> Instance | None:
-    """The instance, or ``None`` unless every check passes on the columns."""
+def _instance_from_columns(data: dict[str, Any]) -> tuple[Instance, int] | None:
+    """The instance and the number of keys in its records, or ``None`` unless every
+    check passes on the columns."""
     cluster = data.get("cluster")
     if not isinstance(cluster, dict):
         return None
@@ -788,13 +867,14 @@ def _instance_from_columns(data: dict[str, Any]) -> Instance | None:
     graph_attrs = {k: getattr(site, k) for k in cluster.get("graph", {})}
     # The graph, if ever read, is built from the node records and the compiled
     # edges: the instance keeps no reference to the edge records.
-    return Instance.from_arrays(
+    instance = Instance.from_arrays(
         model.name,
         compiled.arrays,
         model.job,
         _meta(model),
         lambda: compiled.graph(graph_attrs, nodes),
     )
+    return instance, compiled.n_keys
 
 
 def _meta(model: InstanceFile) -> dict[str, Any]:
@@ -839,6 +919,8 @@ def _instance_from_models(data: dict[str, Any], source: str) -> Instance:
         model = InstanceFile.model_validate(_strict_ready(data), strict=True)
     except ValidationError as err:
         raise InputError(source, validation_problems(err)) from None
+    import networkx as nx  # here, not at import: the column path builds no graph
+
     graph = nx.Graph()
     graph.graph.update(
         {k: getattr(model.cluster.graph, k) for k in data["cluster"].get("graph", {})}
@@ -891,6 +973,8 @@ def check_cluster(graph: nx.Graph, source: str = "<cluster>") -> None:
     """
     if graph.number_of_nodes() > MAX_NODES:
         raise InputError(source, [("cluster.nodes", f"more than {MAX_NODES} nodes")])
+    import networkx as nx
+
     data = nx.node_link_data(graph, edges="edges")
     try:
         nodes, edges = data["nodes"], data["edges"]
@@ -911,6 +995,8 @@ def instance_to_dict(instance: Instance) -> dict[str, Any]:
     for node in instance.cluster.nodes:
         if isinstance(node, bool) or not isinstance(node, str | int):
             raise ValueError(f"node id {node!r} is not a string or an integer; JSON needs one")
+    import networkx as nx
+
     cluster = nx.node_link_data(instance.cluster, edges="edges")
     data: dict[str, Any] = {"format": INSTANCE_FORMAT, "name": instance.name}
     if description is not None:
@@ -951,27 +1037,26 @@ def load_instance(path: str | os.PathLike[str]) -> Instance:
         except InputError:
             pass  # the checked path below reports it
         else:
-            instance = _instance_from_columns(data)
-            if instance is not None and _same_as_checked(colons, data):
-                return instance
+            fast = _instance_from_columns(data)
+            if fast is not None and _same_as_checked(colons, data, fast[1]):
+                return fast[0]
     del data
     return instance_from_dict(_parse(_read_bytes(p), str(p)), str(p))
 
 
-def _same_as_checked(colons: int, data: dict[str, Any]) -> bool:
+def _same_as_checked(colons: int, data: dict[str, Any], record_keys: int) -> bool:
     """Whether :func:`_parse` gives ``data`` too, for records the column checks accepted.
 
-    ``colons``: the ``:`` characters of the text ``data`` was parsed from.
+    ``colons``: the ``:`` characters of the text ``data`` was parsed from;
+    ``record_keys``: the keys in its cluster's records (counted by the checks).
 
     Their values are proven scalars and finite, so only the rest of the file
     is walked for floats, and the keys are counted as in :func:`_parse_fast`.
     """
     cluster = data["cluster"]
-    nodes, edges = cluster["nodes"], cluster.get("edges", [])
     rest = {**data, "cluster": {**cluster, "nodes": [], "edges": []}}
     keys, finite = _keys_and_finite(rest)
-    keys += sum(map(len, nodes)) + sum(map(len, edges))
-    return finite and colons == keys
+    return finite and colons == keys + record_keys
 
 
 def save_instance(

@@ -12,11 +12,13 @@ from dataclasses import InitVar, dataclass, field
 from functools import cached_property
 from typing import TYPE_CHECKING, Any
 
-import networkx as nx
 import numpy as np
 
 from ntp_opt.model.job import Job
 from ntp_opt.model.topology import DEFAULT_TDP_W, FAILED, HEALTHY, TopologyError, check_topology
+
+if TYPE_CHECKING:
+    import networkx as nx
 
 
 @dataclass(frozen=True, eq=False)
@@ -189,6 +191,8 @@ class Instance:
     copy_graph: InitVar[bool] = True
 
     def __post_init__(self, copy_graph: bool) -> None:
+        import networkx as nx  # here, not at import: an instance loaded from a file has no graph
+
         graph = nx.freeze(self.cluster.copy() if copy_graph else self.cluster)
         object.__setattr__(self, "cluster", graph)
         check_topology(graph)
@@ -202,6 +206,8 @@ class Instance:
             if name == "cluster":
                 source = self.__dict__.get("_graph_source")
                 if source is not None:
+                    import networkx as nx
+
                     graph = nx.freeze(source())
                     self.__dict__["cluster"] = graph
                     self.__dict__.pop("_graph_source", None)
@@ -348,6 +354,8 @@ class Instance:
             new.__dict__["_graph_source"] = lazy
             new._sharing(arrays)
         else:
+            import networkx as nx
+
             graph = _graph_with_health(
                 self.cluster,
                 a.gpu_ids,
@@ -439,6 +447,8 @@ def _graph_with_health(
 ) -> nx.Graph:
     """``old`` sharing its structure; the ``changed`` GPUs' nodes copied with their
     ``state`` (where ``state_changed``) and ``speed`` (where ``speed_changed``) set."""
+    import networkx as nx
+
     graph = nx.Graph()
     graph._adj = old._adj  # frozen or private, shared: the structure does not change
     graph._node = dict(old._node)

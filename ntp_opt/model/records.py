@@ -20,13 +20,15 @@ from __future__ import annotations
 from collections.abc import Hashable, Sequence
 from dataclasses import dataclass
 from itertools import chain
-from operator import itemgetter, methodcaller
-from typing import Any
+from operator import itemgetter
+from typing import TYPE_CHECKING, Any
 
-import networkx as nx
 import numpy as np
 
 from ntp_opt.model.instance import ClusterArrays
+
+if TYPE_CHECKING:
+    import networkx as nx
 
 #: Fields whose validated value is a float (an integer in the file becomes one).
 FLOAT_FIELDS = frozenset(
@@ -127,16 +129,31 @@ def _ints(values: list[Any], lo: int, hi: int, *, null: bool) -> np.ndarray:
 
 
 def _pick(items: Sequence[Any], idx: np.ndarray) -> list[Any]:
-    return [items[i] for i in idx.tolist()]
+    if idx.size < 2:
+        return [items[i] for i in idx.tolist()]
+    return list(itemgetter(*idx.tolist())(items))
 
 
 def _group_keys(
-    records: Sequence[dict[str, Any]], allowed: frozenset[str], required: frozenset[str]
+    records: Sequence[dict[str, Any]],
+    allowed: frozenset[str],
+    required: frozenset[str],
+    uniform: bool = True,
 ) -> tuple[frozenset[str], frozenset[str]]:
-    """The keys some and every record has, proven allowed and including ``required``."""
-    distinct = set(map(tuple, records))
-    some = frozenset(chain.from_iterable(distinct))
-    every = frozenset.intersection(*map(frozenset, distinct)) if distinct else some
+    """The keys some and every record has, proven allowed and including ``required``.
+
+    When every record has as many keys as the first (and ``uniform``), the
+    first's keys are returned as every record's: the caller reads each of them from every
+    record with :func:`operator.itemgetter` (:func:`_column`), which raises
+    ``KeyError`` for a record without one, so that equal counts then prove
+    equal key sets (no per-record key tuple needed).
+    """
+    if uniform and records and len(set(map(len, records))) == 1:
+        some = every = frozenset(records[0])
+    else:
+        distinct = set(map(tuple, records))
+        some = frozenset(chain.from_iterable(distinct))
+        every = frozenset.intersection(*map(frozenset, distinct)) if distinct else some
     _need(some <= allowed and required <= every)
     return some, every
 
@@ -147,6 +164,7 @@ class CompiledRecords:
 
     The edges are kept as node positions (and bandwidths), so that the parsed
     edge records can be dropped: the graph needs only the node records.
+    ``n_keys`` is the number of keys in all the records (nodes and edges).
     """
 
     arrays: ClusterArrays
@@ -154,6 +172,7 @@ class CompiledRecords:
     edge_source: np.ndarray
     edge_target: np.ndarray
     bandwidths: list[Any] | None
+    n_keys: int = 0
 
     def graph(self, graph_attrs: dict[str, Any], nodes: Sequence[dict[str, Any]]) -> nx.Graph:
         """The cluster graph the reference path builds from the same records.
@@ -175,6 +194,8 @@ class CompiledRecords:
         networkx.Graph
             A new (unfrozen) graph.
         """
+        import networkx as nx  # on first use: loading and planning need no graph
+
         graph = nx.Graph()
         graph.graph.update(graph_attrs)
         rows: list[tuple[Hashable, dict[str, Any]]] = []
@@ -228,26 +249,42 @@ def compile_records(
         cluster and :func:`ntp_opt.model.topology.check_topology`); ``None``
         otherwise (duplicate edges, whose graph merges them, included).
     """
-    try:
-        return _compile(nodes, edges, site_budget, min_domain)
-    except (_Unproven, TypeError, ValueError, KeyError, OverflowError, AttributeError):
-        return None
+    for uniform in (True, False):
+        try:
+            return _compile(nodes, edges, site_budget, min_domain, uniform)
+        except KeyError:
+            continue  # maybe records of equal key counts but other keys: count them
+        except (_Unproven, TypeError, ValueError, OverflowError, AttributeError):
+            return None
+    return None
 
 
-def _compile(nodes: Any, edges: Any, site_budget: float | None, min_domain: int) -> CompiledRecords:
+def _compile(
+    nodes: Any, edges: Any, site_budget: float | None, min_domain: int, uniform: bool
+) -> CompiledRecords:
     _need(type(nodes) is list and type(edges) is list)
-    _need(set(map(type, nodes)) <= {dict} and set(map(type, edges)) <= {dict})
+    # Records that are not objects need no scan of their own: every node record is read
+    # by ``itemgetter("kind")`` and every edge record by ``itemgetter("source")``, which
+    # raise TypeError on a list, a string, a number or null.
     n_nodes = len(nodes)
     code = np.fromiter(
         map(_KIND_CODE.__getitem__, map(itemgetter("kind"), nodes)), dtype=np.int8, count=n_nodes
     )
     ids = list(map(itemgetter("id"), nodes))
-    _need(set(map(type, ids)) <= _ID_TYPES)
+    id_types = set(map(type, ids))
+    _need(id_types <= _ID_TYPES)
     index = dict(zip(ids, range(n_nodes), strict=True))
     _need(len(index) == n_nodes)  # duplicate ids
     order = [np.flatnonzero(code == k) for k in range(5)]
     groups = [_pick(nodes, idx) for idx in order]
-    keys = [_group_keys(g, _ALLOWED_KEYS[k], _REQUIRED_KEYS[k]) for k, g in enumerate(groups)]
+    keys = [
+        _group_keys(g, _ALLOWED_KEYS[k], _REQUIRED_KEYS[k], uniform) for k, g in enumerate(groups)
+    ]
+    # keys in the records: every record of a group has its ``every`` keys when it has no others
+    n_keys = sum(
+        len(g) * len(every) if some == every else sum(map(len, g))
+        for g, (some, every) in zip(groups, keys, strict=True)
+    )
     local = np.empty(n_nodes, dtype=np.int64)
     for idx in order:
         local[idx] = np.arange(idx.size)
@@ -302,19 +339,28 @@ def _compile(nodes: Any, edges: Any, site_budget: float | None, min_domain: int)
     m = len(edges)
     # Every edge has its two ends (read below); an edge with a third key must have
     # the bandwidth as that key: as many bandwidths as 3-key edges and none larger.
-    lengths = list(map(len, edges))
-    bandwidths = list(map(methodcaller("get", "bandwidth_gbps", _ABSENT), edges))
-    n_bw = m - bandwidths.count(_ABSENT)
-    _need(max(lengths, default=2) <= 3 and lengths.count(3) == n_bw)
+    lengths = np.fromiter(map(len, edges), dtype=np.int64, count=m)
+    _need(bool((lengths <= 3).all()))
+    with_bw = np.flatnonzero(lengths == 3)  # KeyError below unless the third key is the bandwidth
+    n_bw = int(with_bw.size)
+    n_keys += int(lengths.sum())
+    present = list(map(itemgetter("bandwidth_gbps"), _pick(edges, with_bw)))
+    plain_ids = id_types == {str}
     ends = []
     for end in ("source", "target"):
         col = list(map(itemgetter(end), edges))
-        _need(set(map(type, col)) <= _ID_TYPES)
-        ends.append(np.array(itemgetter(*col)(index) if m > 1 else [index[c] for c in col]))
+        # a value found in ``index`` equals a node id: of the same type if every id
+        # is a string (a string equals strings only), else the types are checked
+        _need(plain_ids or set(map(type, col)) <= _ID_TYPES)
+        ends.append(np.fromiter(map(index.__getitem__, col), dtype=np.int64, count=m))
     src, tgt = ends
+    bandwidths: list[Any] | None = None
     if n_bw:
-        present = [b for b in bandwidths if b is not _ABSENT] if n_bw < m else bandwidths
         _floats(present, 0.0, lo_open=True, null=np.nan)
+        bandwidths = [_ABSENT] * m if n_bw < m else present
+        if n_bw < m:
+            for at, b in zip(with_bw.tolist(), present, strict=True):
+                bandwidths[at] = b
     _need(bool((src != tgt).all()))
     lo, hi = np.minimum(src, tgt), np.maximum(src, tgt)
     pairs = np.sort(lo * n_nodes + hi)
@@ -383,9 +429,7 @@ def _compile(nodes: Any, edges: Any, site_budget: float | None, min_domain: int)
         site_budget=site,
     )
     small = np.int32 if n_nodes < 2**31 else np.int64
-    return CompiledRecords(
-        arrays, ids, src.astype(small), tgt.astype(small), bandwidths if n_bw else None
-    )
+    return CompiledRecords(arrays, ids, src.astype(small), tgt.astype(small), bandwidths, n_keys)
 
 
 def _number_column(

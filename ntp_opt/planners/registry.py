@@ -1,6 +1,8 @@
 """Every planner :func:`ntp_opt.solve.solve` accepts, as a :class:`~ntp_opt.planners.base.Planner`.
 
-The planner functions are imported normally (mypy sees them); the optional
+The heuristics and ``fast`` are imported normally; the exact search, the
+Megatron-restricted search and the risk-aware planner when first run (a
+command that runs ``fast`` does not import them); the optional
 integer-programming backends (ortools, pulp, highspy) are imported by
 :mod:`ntp_opt.planners.exact.backends` only when used, and raise an
 :class:`ImportError` naming the missing extra.
@@ -16,10 +18,7 @@ from ntp_opt.model.instance import Instance
 from ntp_opt.model.plan import Plan
 from ntp_opt.planners import heuristics, peers
 from ntp_opt.planners.base import Outcome, Planner, PlannerSpec, RunOptions
-from ntp_opt.planners.exact.search import solve_exact
 from ntp_opt.planners.fast import plan_fast
-from ntp_opt.planners.megatron import solve_megatron
-from ntp_opt.planners.riskaware import plan_risk_aware
 
 
 def without_power(instance: Instance) -> Instance:
@@ -56,6 +55,9 @@ def exact(name: str, backend: str, power: bool, megatron: bool = False) -> Plann
     """A :class:`Planner` running the exact search (or the Megatron-restricted one)."""
 
     def run(instance: Instance, options: RunOptions) -> Outcome:
+        from ntp_opt.planners.exact.search import solve_exact
+        from ntp_opt.planners.megatron import solve_megatron
+
         search: Callable[..., Outcome] = solve_megatron if megatron else solve_exact
         out = search(
             instance if power else without_power(instance),
@@ -79,6 +81,8 @@ def exact(name: str, backend: str, power: bool, megatron: bool = False) -> Plann
 
 def risk_aware(instance: Instance, options: RunOptions) -> Outcome:
     """:func:`ntp_opt.planners.riskaware.plan_risk_aware` as a :class:`Planner` (unchecked plan)."""
+    from ntp_opt.planners.riskaware import plan_risk_aware
+
     # solve checks the plan: the planner need not check it too
     return plan_risk_aware(
         instance,

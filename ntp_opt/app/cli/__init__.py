@@ -9,44 +9,33 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import gc
+import importlib
 import os
 import signal
 import sys
 import threading
 from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
 
-from pydantic import ValidationError
-
-from ntp_opt.app.cli import (
-    bench,
-    compare,
-    evaluate,
-    export,
-    gen,
-    info,
-    plot,
-    replan,
-    schema,
-    serve,
-    solve,
-    validate,
-)
 from ntp_opt.app.cli.common import (
     EPILOG,
     INTERRUPTED_EXIT,
     Parser,
     Terminated,
     error_text,
+    loading,
     on_sigterm,
     validation_text,
 )
-from ntp_opt.app.cli.compare import EXACT_NAMES
-from ntp_opt.app.cli.gen import MAX_NAME
-from ntp_opt.app.cli.replan import load_events, parse_event
-from ntp_opt.model import topology
-from ntp_opt.model.files import InputError
+
+if TYPE_CHECKING:
+    from ntp_opt.app.cli.compare import EXACT_NAMES
+    from ntp_opt.app.cli.gen import MAX_NAME
+    from ntp_opt.app.cli.replan import load_events, parse_event
 
 __all__ = [
+    "COMMANDS",
     "EPILOG",
     "EXACT_NAMES",
     "INTERRUPTED_EXIT",
@@ -57,9 +46,54 @@ __all__ = [
     "parse_event",
 ]
 
+#: Every sub-command, in the order of ``ntp-opt --help``: its name and the module
+#: whose ``add_parser(sub)`` adds it (and whose ``run`` it calls). A command's module
+#: is imported only when the command line names it or the full parser is built.
+COMMANDS: dict[str, str] = {
+    "gen": "ntp_opt.app.cli.gen",
+    "info": "ntp_opt.app.cli.info",
+    "solve": "ntp_opt.app.cli.solve",
+    "replan": "ntp_opt.app.cli.replan",
+    "compare": "ntp_opt.app.cli.compare",
+    "validate": "ntp_opt.app.cli.validate",
+    "evaluate": "ntp_opt.app.cli.evaluate",
+    "schema": "ntp_opt.app.cli.schema",
+    "bench": "ntp_opt.app.cli.bench",
+    "export": "ntp_opt.app.cli.export",
+    "plot": "ntp_opt.app.cli.plot",
+    "serve": "ntp_opt.app.cli.serve",
+    "multi": "ntp_opt.multi.cli",
+    "import": "ntp_opt.app.importers.cli",
+}
 
-def build_parser() -> argparse.ArgumentParser:
-    """The argument parser of ``ntp-opt`` (exposed for docs and tests)."""
+#: Names re-exported from the command modules (imported on first use, PEP 562).
+_REEXPORTS = {
+    "EXACT_NAMES": "ntp_opt.app.cli.compare",
+    "MAX_NAME": "ntp_opt.app.cli.gen",
+    "load_events": "ntp_opt.app.cli.replan",
+    "parse_event": "ntp_opt.app.cli.replan",
+}
+
+
+def __getattr__(name: str) -> Any:
+    if name in _REEXPORTS:
+        value = getattr(importlib.import_module(_REEXPORTS[name]), name)
+        globals()[name] = value
+        return value
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def build_parser(only: str | None = None) -> argparse.ArgumentParser:
+    """The argument parser of ``ntp-opt`` (exposed for docs and tests).
+
+    Parameters
+    ----------
+    only
+        A command of :data:`COMMANDS`: only its module is imported and its
+        sub-parser built; the others are placeholders without arguments or
+        help (for a command line that names ``only``, which never reaches
+        them). ``None``: every command, as ``ntp-opt --help`` lists them.
+    """
     parser = Parser(
         prog="ntp-opt",
         description=(
@@ -70,30 +104,17 @@ def build_parser() -> argparse.ArgumentParser:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-
-    for add in (
-        gen.add_parser,
-        info.add_parser,
-        solve.add_parser,
-        replan.add_parser,
-        compare.add_parser,
-        validate.add_parser,
-        evaluate.add_parser,
-        schema.add_parser,
-        bench.add_parser,
-        export.add_parser,
-        plot.add_parser,
-        serve.add_parser,
-    ):
-        add(sub)
-
-    from ntp_opt.multi.cli import add_parser as add_multi_parser
-
-    add_multi_parser(sub)
-    from ntp_opt.app.importers.cli import add_parser as add_import_parser
-
-    add_import_parser(sub)
+    for name, module in COMMANDS.items():
+        if only is None or name == only:
+            importlib.import_module(module).add_parser(sub)
+        else:
+            sub.add_parser(name)
     return parser
+
+
+def _command(argv: Sequence[str]) -> str | None:
+    """The command ``argv`` names first, if it names one before any option (else ``None``)."""
+    return argv[0] if argv and argv[0] in COMMANDS else None
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -105,15 +126,25 @@ def main(argv: Sequence[str] | None = None) -> int:
     while the command is already cleaning up still exits 130, without a
     traceback.
     """
+    thawed = gc.get_freeze_count() == 0
     try:
         return _run(argv)
     except KeyboardInterrupt:  # after _run's own handler: during its clean-up
         print("ntp-opt: interrupted", file=sys.stderr)
         return INTERRUPTED_EXIT
+    finally:
+        if thawed:  # what the command froze (common.loading) is the collector's again
+            gc.unfreeze()
 
 
 def _run(argv: Sequence[str] | None) -> int:
-    parser = build_parser()
+    argv = sys.argv[1:] if argv is None else list(argv)
+    with loading():  # the modules: the command's, and those of the errors it may raise
+        parser = build_parser(_command(argv))
+        from pydantic import ValidationError
+
+        from ntp_opt.model import topology
+        from ntp_opt.model.files import InputError
     args = parser.parse_args(argv)
     previous = None
     if args.command != "serve" and threading.current_thread() is threading.main_thread():

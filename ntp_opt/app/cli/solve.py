@@ -18,6 +18,7 @@ from ntp_opt.app.cli.common import (
     fmt,
     instance_line,
     interrupted_note,
+    loading,
     make_console,
 )
 from ntp_opt.model.files import (
@@ -127,7 +128,8 @@ def run(args: argparse.Namespace) -> int:
         )
     if args.output:  # refuse an unsafe output before any work
         check_target(args.output, [args.instance])
-    instance = load_instance(args.instance)
+    with loading():
+        instance = load_instance(args.instance)
     con = make_console()
     con.print(instance_line(instance))
     policies = list(POLICIES) if args.policy == "all" else [args.policy]

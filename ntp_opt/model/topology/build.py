@@ -7,9 +7,7 @@ racks ``r{i}``, leaf switches ``leaf{i}``, spine switches ``spine{i}``.
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
-
-import networkx as nx
+from typing import TYPE_CHECKING, Any
 
 from ntp_opt.model.topology.attrs import (
     DEFAULT_TDP_W,
@@ -18,6 +16,9 @@ from ntp_opt.model.topology.attrs import (
     require_pos_finite,
     require_pos_int,
 )
+
+if TYPE_CHECKING:
+    import networkx as nx
 
 _MAX_DEFAULT_SPINES = 32
 
@@ -140,6 +141,8 @@ def build_cluster(
         uplink_bw = domains_on_leaf * domain_bw / num_spines
         edges.extend((lid, sp, {"bandwidth_gbps": uplink_bw}) for sp in spine_ids)
     nodes.extend((sp, {"kind": "switch", "tier": "spine"}) for sp in spine_ids)
+
+    import networkx as nx  # on first use: loading an instance file needs no graph
 
     G = nx.Graph()
     G.graph["name"] = name if name is not None else f"cluster-{num_domains}x{domain_size}"

@@ -10,11 +10,12 @@ from __future__ import annotations
 import math
 from collections.abc import Hashable, Iterable
 from dataclasses import dataclass, field
-from typing import Any
-
-import networkx as nx
+from typing import TYPE_CHECKING, Any
 
 from ntp_opt.model.topology.attrs import DEFAULT_TDP_W, FAILED, HEALTHY, KINDS, is_int, is_real
+
+if TYPE_CHECKING:
+    import networkx as nx
 
 _KIND_ORDER = {k: i for i, k in enumerate(KINDS)}
 _MAX_PROBLEMS_SHOWN = 20

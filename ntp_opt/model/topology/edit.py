@@ -3,9 +3,8 @@
 from __future__ import annotations
 
 from collections.abc import Hashable, Iterable
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
-import networkx as nx
 import numpy as np
 
 from ntp_opt.model.topology.attrs import (
@@ -16,6 +15,9 @@ from ntp_opt.model.topology.attrs import (
     require_pos_finite,
 )
 from ntp_opt.model.topology.query import gpus, tray_gpus, trays
+
+if TYPE_CHECKING:
+    import networkx as nx
 
 
 def _resolve(G: nx.Graph, ids: Iterable[Hashable], kinds: tuple[str, ...]) -> list[Hashable]:

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 from collections.abc import Hashable
+from typing import TYPE_CHECKING
 
-import networkx as nx
+if TYPE_CHECKING:
+    import networkx as nx
 
 
 def _of_kind(G: nx.Graph, kind: str) -> list[Hashable]:
