@@ -176,3 +176,29 @@ def test_unresolved_capacity_is_not_a_time_limit_and_keeps_a_valid_bound(monkeyp
             monkeypatch.undo()
     assert went_on >= 5
     assert stopped >= 5
+
+
+@needs_colgen
+@pytest.mark.parametrize("seed", UNRESOLVED_SEEDS)
+def test_integer_master_past_the_work_limit_goes_to_highs(seed, monkeypatch):
+    # CP-SAT stopped at once on every integer master of the column generation:
+    # HiGHS solves the master instead, and the optimum is still the brute force's
+    from ntp_opt.planners.exact import colgen
+
+    monkeypatch.setattr(search, "MULTI_DOMAINS_COLGEN", 0)
+    monkeypatch.setattr(colgen, "MASTER_WORK", 1e-9)
+    backends: list[str] = []
+    real = colgen.solve_program
+
+    def spy(program, backend, **kwargs):  # type: ignore[no-untyped-def]
+        backends.append(backend)
+        return real(program, backend, **kwargs)
+
+    monkeypatch.setattr(colgen, "solve_program", spy)
+    inst = exact_instance(seed)
+    best, _ = brute_force(inst)
+    res = solve(inst, "cpsat", time_limit=HANG_GUARD)
+    assert res.status == "optimal"
+    assert res.objective == pytest.approx(best, rel=1e-5, abs=1e-9)
+    assert res.bound is not None and res.bound >= best * (1 - 1e-9)
+    assert "cpsat" in backends and "highs" in backends

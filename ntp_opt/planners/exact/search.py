@@ -471,7 +471,7 @@ def _fast_plan(instance: Instance) -> Plan:
 #: Domains in multi-domain units (racks shared by several domains, NVL8) above which
 #: the search generates configurations per whole unit (``colgen``: identical racks
 #: form one class) instead of one binary per domain and configuration.
-MULTI_DOMAINS_COLGEN = 64
+MULTI_DOMAINS_COLGEN = 16
 
 
 def _many_rack_domains(prep: Prepared) -> bool:
