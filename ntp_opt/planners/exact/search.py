@@ -252,7 +252,12 @@ class _Search:
         return lower, upper, tight
 
     def _offer(self, stages: list[StagePick], powers: list[float]) -> None:
-        layout = build_layout(self.prep, stages, powers)
+        groups, speeds = _replicas(self.prep, stages, powers)
+        if sum(speeds) < self.best_value * (1 - FLOAT_NOISE):
+            # any split of any batch takes at least sum(b) / sum(v): the plan's
+            # goodput is at most sum(v), below the incumbent (not built, not checked)
+            return
+        layout = _layout(self.prep, groups, speeds)
         plan = layout.to_plan(self.prep.instance)
         ev = evaluate(self.prep.instance, plan)
         if ev.feasible and ev.goodput > self.best_value:
@@ -284,6 +289,16 @@ def build_layout(prep: Prepared, stages: Sequence[StagePick], powers: Sequence[f
     Layout
         With metrics ``{"policy": "optimal"}``.
     """
+    return _layout(prep, *_replicas(prep, stages, powers))
+
+
+_Group = tuple[int, int, list[tuple[int, tuple[int, ...], float]]]
+
+
+def _replicas(
+    prep: Prepared, stages: Sequence[StagePick], powers: Sequence[float]
+) -> tuple[list[_Group], list[float]]:
+    """The replicas of :func:`build_layout` (degree, batch level, stages) and their speeds."""
     inst = prep.instance
     speed = inst.arrays.speed
     by_class: dict[tuple[int, int], list[tuple[int, tuple[int, ...], float]]] = {}
@@ -303,6 +318,12 @@ def build_layout(prep: Prepared, stages: Sequence[StagePick], powers: Sequence[f
         )
         for t, _, members in groups
     ]
+    return groups, speeds
+
+
+def _layout(prep: Prepared, groups: list[_Group], speeds: list[float]) -> Layout:
+    """:func:`build_layout` from :func:`_replicas`: batches re-split exactly."""
+    inst = prep.instance
     split = split_batch(inst.job, speeds, [t for t, _, _ in groups])
     batches = split.batches if split is not None else tuple(b for _, b, _ in groups)
     return Layout.from_indices(
