@@ -202,3 +202,31 @@ def test_integer_master_past_the_work_limit_goes_to_highs(seed, monkeypatch):
     assert res.objective == pytest.approx(best, rel=1e-5, abs=1e-9)
     assert res.bound is not None and res.bound >= best * (1 - 1e-9)
     assert "cpsat" in backends and "highs" in backends
+
+
+@needs_colgen
+def test_work_limit_is_not_reported_as_a_time_limit(monkeypatch):
+    # CP-SAT stopped by its work limit and HiGHS finding nothing either (faked):
+    # the master is left unsolved, which is an unresolved program, not a time limit
+    from ntp_opt.planners.exact import colgen
+    from ntp_opt.planners.exact.program import IntSolution
+
+    monkeypatch.setattr(search, "MULTI_DOMAINS_COLGEN", 0)
+    monkeypatch.setattr(colgen, "MASTER_WORK", 1e-9)
+    real = colgen.solve_program
+    faked: list[str] = []
+
+    def no_highs(program, backend, **kwargs):  # type: ignore[no-untyped-def]
+        if backend == "highs":
+            faked.append(backend)
+            return IntSolution("unknown", None, None, None, False, 0.0)
+        return real(program, backend, **kwargs)
+
+    monkeypatch.setattr(colgen, "solve_program", no_highs)
+    inst = exact_instance(14)
+    best, _ = brute_force(inst)
+    res = solve(inst, "cpsat", time_limit=HANG_GUARD, log=True)
+    assert faked
+    assert res.limit == "none"
+    assert res.objective <= best * (1 + 1e-9) + 1e-12
+    assert res.bound is not None and res.bound >= best * (1 - 1e-9)

@@ -39,6 +39,7 @@ lazily.
 from __future__ import annotations
 
 import bisect
+import dataclasses
 import heapq
 import itertools
 import math
@@ -1358,7 +1359,10 @@ class _Master:
         )
         if alt.status == "optimal" or (alt.objective or -1) > (sol.objective or -1):
             return alt
-        return sol
+        if alt.time_limit_hit or alt.interrupted:
+            return sol  # the time limit (or a cancel) stopped HiGHS: say so
+        # the work limit stopped CP-SAT, not the time limit
+        return dataclasses.replace(sol, time_limit_hit=False)
 
 
 def _push(
