@@ -127,7 +127,15 @@ def test_unknown_backend():
 
 @pytest.mark.parametrize(
     "kwargs",
-    [{"time_limit": 0}, {"time_limit": -1.0}, {"threads": 0}, {"seed": -1}, {"gap": 1.5}],
+    [
+        {"time_limit": 0},
+        {"time_limit": -1.0},
+        {"threads": 0},
+        {"seed": -1},
+        {"gap": 1.5},
+        {"work_limit": 0.0},
+        {"work_limit": float("inf")},
+    ],
 )
 def test_bad_parameters(kwargs):
     with pytest.raises(ValueError):
@@ -243,6 +251,24 @@ def test_time_limit(backend):
     assert t.status == "feasible" and t.time_limit_hit
     assert t.objective is not None and t.objective >= p.value(hint)
     assert t.bound is None or t.bound >= t.objective
+
+
+def test_cpsat_work_limit_is_deterministic():
+    # CP-SAT's deterministic time limit stops the hard knapsack like a time limit,
+    # at the same point on any load: two runs give the same solution
+    pytest.importorskip("ortools")
+    p = hard_knapsack()
+    a = solve_program(p, "cpsat", work_limit=0.05)
+    b = solve_program(p, "cpsat", work_limit=0.05)
+    assert a.status in ("feasible", "unknown") and a.time_limit_hit
+    assert a.status == b.status and a.objective == b.objective
+    if a.x is not None:
+        assert b.x is not None and (a.x == b.x).all()
+        assert not p.violated(a.x)
+    # the other backends ignore it
+    if "highs" in AVAILABLE:
+        small = random_knapsack(np.random.default_rng(3))
+        assert solve_program(small, "highs", work_limit=1e-9).status == "optimal"
 
 
 @backend

@@ -4,6 +4,8 @@ whole racks as column-generation classes, and the incumbent-driven case settleme
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
 from ntp_opt import Instance, Job, evaluate, solve
@@ -121,3 +123,110 @@ def test_threshold_settled_by_lp_equals_brute_force(seed):
         assert "LP=" in res.log
     assert res.status == "optimal"
     assert res.objective == pytest.approx(best, rel=1e-5, abs=1e-9)
+
+
+def _weakened_oracle(monkeypatch, every: int) -> list[int]:
+    """Column generation whose upper bound is one more than proven on every
+    ``every``-th program (a valid, weaker bound: the oracle leaves lower < upper);
+    returns the list of weakened calls (for the test to check it was exercised)."""
+    from ntp_opt.planners.exact import colgen
+
+    real = colgen.ColumnGeneration.solve
+    calls: list[int] = []
+
+    def solve(self, theta, *args, **kwargs):  # type: ignore[no-untyped-def]
+        out = real(self, theta, *args, **kwargs)
+        calls.append(0)
+        if len(calls) % every == 0 and out.lower == out.upper and out.solution.x is not None:
+            calls[-1] = 1
+            return dataclasses.replace(out, upper=out.upper + 1)
+        return out
+
+    monkeypatch.setattr(colgen.ColumnGeneration, "solve", solve)
+    monkeypatch.setattr(search, "MULTI_DOMAINS_COLGEN", 0)
+    return calls
+
+
+#: exact_instance seeds of racks of two NVL8-like domains where the search runs programs
+UNRESOLVED_SEEDS = [14, 29, 35, 41, 50, 59, 74, 89, 104, 107, 110, 119]
+
+
+@needs_colgen
+def test_unresolved_capacity_is_not_a_time_limit_and_keeps_a_valid_bound(monkeypatch):
+    # racks of two NVL8-like domains as whole-unit classes: a program left with
+    # lower < upper stops the search with limit "none" (not "time_limit") where the
+    # exact C is needed, and the descent goes on past it where only an upper
+    # bound of C is (its level); plan and bound stay on both sides of the brute force
+    went_on = stopped = 0
+    for seed in UNRESOLVED_SEEDS:
+        inst = exact_instance(seed)
+        best, _ = brute_force(inst)
+        for every in (1, 2):
+            calls = _weakened_oracle(monkeypatch, every)
+            res = solve(inst, "cpsat", time_limit=HANG_GUARD, log=True)
+            assert sum(calls) > 0
+            assert res.limit == "none"
+            assert res.objective <= best * (1 + 1e-9) + 1e-12
+            assert res.bound is not None and res.bound >= best * (1 - 1e-9)
+            if res.status == "optimal":
+                assert res.objective == pytest.approx(best, rel=1e-5, abs=1e-9)
+            assert evaluate(inst, res.plan).feasible
+            went_on += "C in [" in res.log
+            stopped += "stopped:" in res.log
+            monkeypatch.undo()
+    assert went_on >= 5
+    assert stopped >= 5
+
+
+@needs_colgen
+@pytest.mark.parametrize("seed", UNRESOLVED_SEEDS)
+def test_integer_master_past_the_work_limit_goes_to_highs(seed, monkeypatch):
+    # CP-SAT stopped at once on every integer master of the column generation:
+    # HiGHS solves the master instead, and the optimum is still the brute force's
+    from ntp_opt.planners.exact import colgen
+
+    monkeypatch.setattr(search, "MULTI_DOMAINS_COLGEN", 0)
+    monkeypatch.setattr(colgen, "MASTER_WORK", 1e-9)
+    backends: list[str] = []
+    real = colgen.solve_program
+
+    def spy(program, backend, **kwargs):  # type: ignore[no-untyped-def]
+        backends.append(backend)
+        return real(program, backend, **kwargs)
+
+    monkeypatch.setattr(colgen, "solve_program", spy)
+    inst = exact_instance(seed)
+    best, _ = brute_force(inst)
+    res = solve(inst, "cpsat", time_limit=HANG_GUARD)
+    assert res.status == "optimal"
+    assert res.objective == pytest.approx(best, rel=1e-5, abs=1e-9)
+    assert res.bound is not None and res.bound >= best * (1 - 1e-9)
+    assert "cpsat" in backends and "highs" in backends
+
+
+@needs_colgen
+def test_work_limit_is_not_reported_as_a_time_limit(monkeypatch):
+    # CP-SAT stopped by its work limit and HiGHS finding nothing either (faked):
+    # the master is left unsolved, which is an unresolved program, not a time limit
+    from ntp_opt.planners.exact import colgen
+    from ntp_opt.planners.exact.program import IntSolution
+
+    monkeypatch.setattr(search, "MULTI_DOMAINS_COLGEN", 0)
+    monkeypatch.setattr(colgen, "MASTER_WORK", 1e-9)
+    real = colgen.solve_program
+    faked: list[str] = []
+
+    def no_highs(program, backend, **kwargs):  # type: ignore[no-untyped-def]
+        if backend == "highs":
+            faked.append(backend)
+            return IntSolution("unknown", None, None, None, False, 0.0)
+        return real(program, backend, **kwargs)
+
+    monkeypatch.setattr(colgen, "solve_program", no_highs)
+    inst = exact_instance(14)
+    best, _ = brute_force(inst)
+    res = solve(inst, "cpsat", time_limit=HANG_GUARD, log=True)
+    assert faked
+    assert res.limit == "none"
+    assert res.objective <= best * (1 + 1e-9) + 1e-12
+    assert res.bound is not None and res.bound >= best * (1 - 1e-9)

@@ -165,6 +165,8 @@ class Prepared:
     inexact: str = ""  # why "fastest GPUs first" may miss the optimum ("" = it cannot)
     # domains where fastest-first may miss the optimum, listed exactly by choice.py
     choice: dict[int, ChoiceDomain] = field(default_factory=dict)
+    # unit_domain's result per multi-domain unit (computed on first use)
+    whole_units: dict[int, Domain] = field(default_factory=dict, compare=False, repr=False)
 
 
 def prepare(instance: Instance) -> Prepared:
@@ -382,13 +384,17 @@ def unit_domain(prep: Prepared, u: int) -> Domain:
     -------
     Domain
         ``seg_end`` and ``domain_of`` set; ``index`` is its first domain's.
+        Computed once per unit (kept in :attr:`Prepared.whole_units`).
     """
+    cached = prep.whole_units.get(u)
+    if cached is not None:
+        return cached
     doms = sorted(
         (prep.domains[d] for d in prep.units[u].domains),
         key=lambda dm: (profile_key(dm), dm.index),
     )
     ends = np.cumsum([len(dm.gpus) for dm in doms])
-    return Domain(
+    whole = prep.whole_units[u] = Domain(
         doms[0].index,
         np.concatenate([dm.gpus for dm in doms]),
         np.concatenate([dm.speed for dm in doms]),
@@ -400,6 +406,7 @@ def unit_domain(prep: Prepared, u: int) -> Domain:
             np.int64
         ),
     )
+    return whole
 
 
 def unit_key(prep: Prepared, u: int) -> tuple[object, ...]:

@@ -80,6 +80,11 @@ class _Interrupted(Exception):
     pass
 
 
+class _Unresolved(Exception):
+    """The capacity oracle left ``lower < upper`` where the search needs the exact
+    value: the search stops (not proven), but not at a time limit."""
+
+
 #: Absolute margin by which the LP relaxation must be below a target (``C`` and the
 #: target are integers; the LP value is a float with solver tolerances).
 LP_MARGIN = 0.5
@@ -210,8 +215,12 @@ class _Search:
             sol = master.solution
         job = self.prep.instance.job
         lower = int(sol.objective) if sol.objective is not None else 0
-        if sol.status == "optimal":
-            upper = lower if generated is None else master.upper  # the LP bound
+        if generated is not None:
+            # the Lagrangian bound of the column generation holds whatever the
+            # integer master's status (its own bound covers the generated columns only)
+            upper = max(lower, master.upper)
+        elif sol.status == "optimal":
+            upper = lower
         elif sol.status == "infeasible":  # x = 0 is always feasible; be safe anyway
             upper = 0
         else:
@@ -243,7 +252,12 @@ class _Search:
         return lower, upper, tight
 
     def _offer(self, stages: list[StagePick], powers: list[float]) -> None:
-        layout = build_layout(self.prep, stages, powers)
+        groups, speeds = _replicas(self.prep, stages, powers)
+        if sum(speeds) < self.best_value * (1 - FLOAT_NOISE):
+            # any split of any batch takes at least sum(b) / sum(v): the plan's
+            # goodput is at most sum(v), below the incumbent (not built, not checked)
+            return
+        layout = _layout(self.prep, groups, speeds)
         plan = layout.to_plan(self.prep.instance)
         ev = evaluate(self.prep.instance, plan)
         if ev.feasible and ev.goodput > self.best_value:
@@ -275,6 +289,16 @@ def build_layout(prep: Prepared, stages: Sequence[StagePick], powers: Sequence[f
     Layout
         With metrics ``{"policy": "optimal"}``.
     """
+    return _layout(prep, *_replicas(prep, stages, powers))
+
+
+_Group = tuple[int, int, list[tuple[int, tuple[int, ...], float]]]
+
+
+def _replicas(
+    prep: Prepared, stages: Sequence[StagePick], powers: Sequence[float]
+) -> tuple[list[_Group], list[float]]:
+    """The replicas of :func:`build_layout` (degree, batch level, stages) and their speeds."""
     inst = prep.instance
     speed = inst.arrays.speed
     by_class: dict[tuple[int, int], list[tuple[int, tuple[int, ...], float]]] = {}
@@ -294,6 +318,12 @@ def build_layout(prep: Prepared, stages: Sequence[StagePick], powers: Sequence[f
         )
         for t, _, members in groups
     ]
+    return groups, speeds
+
+
+def _layout(prep: Prepared, groups: list[_Group], speeds: list[float]) -> Layout:
+    """:func:`build_layout` from :func:`_replicas`: batches re-split exactly."""
+    inst = prep.instance
     split = split_batch(inst.job, speeds, [t for t, _, _ in groups])
     batches = split.batches if split is not None else tuple(b for _, b, _ in groups)
     return Layout.from_indices(
@@ -357,6 +387,11 @@ def _min_theta(
     On the continuous axis, a probe right below the feasible end follows every
     solution found; with ``alternate`` probes and geometric midpoints alternate
     strictly (a solution that tightens only a little then still halves the bracket).
+
+    A step time where the oracle leaves ``lower < target <= upper`` is passed
+    over like an infeasible one (the search for a plan goes on above it), but
+    the proven lower end stays at the last step time where ``C < target`` is
+    proven; the bracket returned is then wider than the search's.
     """
     cands = _candidates(s.prep, degrees)
     if cands is not None:
@@ -366,6 +401,7 @@ def _min_theta(
             return hi, lo
         # C is constant between candidates: search the smallest feasible candidate
         best = i_hi
+        i_proven = i_lo  # every step time below cands[i_proven] has C < target
         while i_lo < best:
             m = (i_lo + best) // 2
             low, up, tight = s.capacity(float(cands[m]), degrees, target)
@@ -373,13 +409,17 @@ def _min_theta(
                 # the solution still fits at `tight`: C is constant on [tight, cands[m]]
                 first = int(np.searchsorted(cands, tight * (1 - FLOAT_NOISE), side="left"))
                 best = max(i_lo, min(m, first))
-            elif up < target:
-                i_lo = m + 1
             else:
-                raise _Deadline
+                i_lo = m + 1
+                if up < target:  # proven up to here (C is non-decreasing)
+                    i_proven = i_lo
+                else:
+                    s.note(f"theta'={cands[m]:.9g}: C in [{low}, {up}], target {target}")
         # every candidate below `best` is infeasible and C only jumps at
-        # candidates: no step time below cands[best] reaches the target
-        return float(cands[best]), float(cands[best])
+        # candidates: no step time below cands[best] reaches the target (proven
+        # below cands[i_proven])
+        return float(cands[best]), float(cands[min(i_proven, best)])
+    proven = lo
     probe = True  # hi is where a known solution stops fitting: C often drops right below
     while hi / lo - 1 > REL_TOL:
         mid = max(hi * (1 - REL_TOL / 2), lo * (1 + PROBE_STEP)) if probe else math.sqrt(lo * hi)
@@ -388,11 +428,13 @@ def _min_theta(
         if low >= target:
             hi = max(tight_at, lo)
             probe = probe or not alternate
-        elif up < target:
-            lo = mid
         else:
-            raise _Deadline
-    return hi, lo
+            lo = mid
+            if up < target:
+                proven = mid  # C is non-decreasing: proven below mid too
+            else:
+                s.note(f"theta'={mid:.9g}: C in [{low}, {up}], target {target}")
+    return hi, proven
 
 
 def _case_bound(s: _Search, degrees: tuple[int, ...]) -> float:
@@ -450,7 +492,7 @@ def _fast_plan(instance: Instance) -> Plan:
 #: Domains in multi-domain units (racks shared by several domains, NVL8) above which
 #: the search generates configurations per whole unit (``colgen``: identical racks
 #: form one class) instead of one binary per domain and configuration.
-MULTI_DOMAINS_COLGEN = 64
+MULTI_DOMAINS_COLGEN = 16
 
 
 def _many_rack_domains(prep: Prepared) -> bool:
@@ -480,7 +522,7 @@ def _case_fixed(s: _Search, degrees: tuple[int, ...], factor: float) -> float:
         if up < big_b:
             return 0.0  # the job cannot run at all in this case
         if low < big_b:
-            raise _Deadline
+            raise _Unresolved
         # warm start: the incumbent's step time is feasible if its plan fits this case
         inc = s.best_plan
         if inc.replicas and all(r.tp in degrees for r in inc.replicas):
@@ -563,7 +605,7 @@ def _elastic(s: _Search, cases: list[tuple[tuple[int, ...], float]]) -> float:
         if up == 0:
             continue
         if c_max < up:
-            raise _Deadline
+            raise _Unresolved
         top = min(big_b, c_max)
         hi, _ = _min_theta(s, degrees, top, max(lo, _bound_floor(s, degrees, top, factor)), hi)
         c_hi = s.capacity(hi, degrees)[0]  # C at the top of the search range
@@ -579,8 +621,8 @@ def _elastic(s: _Search, cases: list[tuple[tuple[int, ...], float]]) -> float:
         if lo < theta_cut < hi:
             lo = theta_cut
             c_lo, up_lo, _ = s.capacity(lo, degrees)
-            if c_lo < up_lo:
-                raise _Deadline
+            if c_lo < up_lo and s.theta_search == "bnb":
+                raise _Unresolved  # the descent needs no more than the step time
         push(i, lo, c_lo, hi, c_hi, True)
 
     candidates = [_candidates(s.prep, degrees) for degrees, _ in cases]
@@ -614,7 +656,7 @@ def _elastic(s: _Search, cases: list[tuple[tuple[int, ...], float]]) -> float:
             )
         c_mid, up_mid, tight = s.capacity(mid, degrees)
         if c_mid < up_mid:
-            raise _Deadline
+            raise _Unresolved
         # the solution at mid still fits at `tight`: C is constant on [tight, mid]
         tight = min(max(a, tight), mid)
         best = max(best, min(big_b, c_mid) / (tight * factor))
@@ -677,13 +719,19 @@ def _descend(
                 # C is constant on [lo, nxt]: the goodput there is at most G(lo)
                 return best, max(bound, min(big_b, level) / (nxt * factor))
             probe = float(cands[k])
+        if probe >= theta:
+            # the last program left lower < upper and its upper bound did not
+            # lower the level: the step times right below it stay open
+            raise _Unresolved
         bound = max(bound, min(big_b, level) / (nxt * factor))
         c_p, up_p, tight = s.capacity(probe, degrees)
-        if c_p < up_p:
-            raise _Deadline
         tight = min(max(lo, tight), probe)
         best = max(best, min(big_b, c_p) / (tight * factor))
-        theta, level = probe, c_p
+        if c_p < up_p:
+            # not proven: the upper bound is the level below the probe (only upper
+            # bounds of C enter the proof; a solution only raises the incumbent)
+            s.note(f"theta'={probe:.9g} degrees={list(degrees)}: C in [{c_p}, {up_p}]")
+        theta, level = probe, min(level, up_p)
     return best, bound
 
 
@@ -852,6 +900,10 @@ def solve_exact(
     except _Deadline:
         timed_out = True
         bound = math.inf
+    except _Unresolved:  # not a time limit: the search cannot go on without C there
+        s.unproven = True
+        bound = math.inf
+        s.note("stopped: a capacity program was left with lower < upper where the search needs C")
     except (KeyboardInterrupt, _Interrupted):  # Ctrl-C or cancel: the best plan so far
         interrupted = True
         bound = math.inf

@@ -113,6 +113,7 @@ def solve_program(
     log: bool = False,
     gap: float = 0.0,
     cancel: threading.Event | None = None,
+    work_limit: float | None = None,
 ) -> IntSolution:
     """Maximise ``program`` with one backend.
 
@@ -138,6 +139,11 @@ def solve_program(
     cancel
         Once set, the backend stops as soon as it can (CBC: only at the end)
         and the solution says ``interrupted``.
+    work_limit
+        CP-SAT only: its deterministic time limit (``max_deterministic_time``,
+        about seconds of one core, but the same on any load); reaching it is
+        reported like the time limit (``time_limit_hit``). Ignored by the
+        other backends.
 
     Returns
     -------
@@ -158,7 +164,13 @@ def solve_program(
     """
     check_backend(backend)
     opts = options(
-        time_limit=time_limit, threads=threads, seed=seed, log=log, gap=gap, cancel=cancel
+        time_limit=time_limit,
+        threads=threads,
+        seed=seed,
+        log=log,
+        gap=gap,
+        cancel=cancel,
+        work_limit=work_limit,
     )
 
     solver = load_backend(backend)

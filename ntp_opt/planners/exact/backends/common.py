@@ -158,6 +158,7 @@ class Options:
     log: bool
     gap: float
     cancel: threading.Event | None = None
+    work_limit: float | None = None  # CP-SAT deterministic time; other backends ignore it
 
 
 @dataclass
@@ -274,6 +275,7 @@ def options(
     log: bool,
     gap: float,
     cancel: threading.Event | None,
+    work_limit: float | None = None,
 ) -> Options:
     """The checked solve options (parameters as for ``solve_program``).
 
@@ -282,8 +284,10 @@ def options(
     ValueError
         A time limit that is not a positive finite number, ``threads`` not in
         ``[1, 10000]``, ``seed`` not in ``[0, MAX_SEED]`` or ``gap`` not in
-        ``[0, 1)``.
+        ``[0, 1)``; a work limit that is not a positive finite number.
     """
+    if work_limit is not None and not (work_limit > 0 and math.isfinite(work_limit)):
+        raise ValueError(f"work_limit must be a positive number, not {work_limit!r}")
     if time_limit is not None and not (time_limit > 0 and math.isfinite(time_limit)):
         raise ValueError(f"time_limit must be a positive number of seconds, not {time_limit!r}")
     threads = int_param("threads", threads, 1, 10_000)
@@ -297,6 +301,7 @@ def options(
         log=log,
         gap=float(gap),
         cancel=cancel,
+        work_limit=None if work_limit is None else float(work_limit),
     )
 
 

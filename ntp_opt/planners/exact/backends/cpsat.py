@@ -69,6 +69,8 @@ def solve_cpsat(cp_model: Any, program: IntProgram, data: Data, opts: Options) -
     params.random_seed = opts.seed
     if opts.time_limit is not None:
         params.max_time_in_seconds = opts.time_limit
+    if opts.work_limit is not None:
+        params.max_deterministic_time = opts.work_limit
     if opts.gap > 0:
         params.relative_gap_limit = opts.gap
     params.fix_variables_to_their_hinted_value = False
@@ -98,8 +100,8 @@ def solve_cpsat(cp_model: Any, program: IntProgram, data: Data, opts: Options) -
     bound = float(solver.best_objective_bound)
     if code == cp_model.OPTIMAL:
         return Raw("optimal", _cpsat_values(solver, xs), bound, log=log)
-    # Only a time limit or a cancel stops the search short of FEASIBLE and UNKNOWN.
-    hit = opts.time_limit is not None and not stopped
+    # Only a time or work limit or a cancel stops the search short of FEASIBLE and UNKNOWN.
+    hit = (opts.time_limit is not None or opts.work_limit is not None) and not stopped
     if code == cp_model.FEASIBLE:
         values = _cpsat_values(solver, xs)
         return Raw("feasible", values, bound, time_limit_hit=hit, log=log, interrupted=stopped)
