@@ -294,6 +294,9 @@ class Limits:
     request_timeout
         Seconds a non-solve request may compute (and any request may wait
         for a worker) before its worker is killed (503).
+    solve_grace
+        Seconds a solve's worker may run past ``max_time_limit`` (reading,
+        validating and answering) before it is killed (503).
     allowed_hosts
         ``Host`` header names accepted (port ignored); ``"*"`` accepts any.
     """
@@ -305,12 +308,13 @@ class Limits:
     memory_bytes: int = DEFAULT_MEMORY_BYTES
     body_timeout: float = DEFAULT_BODY_TIMEOUT
     request_timeout: float = DEFAULT_REQUEST_TIMEOUT
+    solve_grace: float = SOLVE_GRACE_S
     allowed_hosts: tuple[str, ...] = DEFAULT_ALLOWED_HOSTS
 
     def __post_init__(self) -> None:
         if self.max_body_bytes < 1 or self.memory_bytes < 1:
             raise ValueError("max_body_bytes and memory_bytes must be positive")
-        for name in ("max_time_limit", "body_timeout", "request_timeout"):
+        for name in ("max_time_limit", "body_timeout", "request_timeout", "solve_grace"):
             value = getattr(self, name)
             if not (math.isfinite(value) and value > 0):
                 raise ValueError(f"{name} must be positive and finite")
@@ -1014,6 +1018,7 @@ class _Service:
             "memory_bytes": limits.memory_bytes,
             "body_timeout": limits.body_timeout,
             "request_timeout": limits.request_timeout,
+            "solve_grace": limits.solve_grace,
             "requests_in_progress": pool.requests,
             "workers_running": len(pool.children),
         }
@@ -1022,7 +1027,8 @@ class _Service:
         """Plan the instance with a planner; the plan passed the validator."""
         # the worker is killed at the largest time limit plus a grace; the
         # planner itself returns at the requested one
-        return await self.run("solve", request, self.limits.max_time_limit + SOLVE_GRACE_S)
+        limits = self.limits
+        return await self.run("solve", request, limits.max_time_limit + limits.solve_grace)
 
     async def validate_endpoint(self, request: Request) -> Response:
         """Every rule of the model the plan breaks (empty when feasible)."""

@@ -26,6 +26,7 @@ def run(args: argparse.Namespace) -> int:
         memory_bytes=int(args.max_memory_mb * 1024**2),
         body_timeout=args.body_timeout,
         request_timeout=args.request_timeout,
+        solve_grace=args.solve_grace,
         allowed_hosts=tuple(args.allow_host or DEFAULT_ALLOWED_HOSTS),
     )
     serve(args.host, args.port, limits=limits)
@@ -87,6 +88,12 @@ def add_parser(sub: Any) -> None:
         type=float,
         default=120.0,
         help="seconds a non-solve request may take before its worker is killed (default 120)",
+    )
+    sv.add_argument(
+        "--solve-grace",
+        type=float,
+        default=10.0,
+        help="seconds a solve may run past --max-time-limit before it is killed (default 10)",
     )
     sv.add_argument(
         "--allow-host",
