@@ -109,6 +109,11 @@ class StagePick(NamedTuple):
     power: float
 
 
+#: Configurations of a chosen domain kept built (:attr:`ChoiceDomain.built`) before the
+#: store is emptied.
+MAX_BUILT = 200_000
+
+
 def _check_deadline(deadline: float | None) -> None:
     if deadline is not None and time.perf_counter() >= deadline:
         raise DeadlineReached("time limit reached while building a capacity program")
@@ -511,10 +516,21 @@ def domain_configs(
             )
         except ChoiceTooLarge as err:
             raise ModelTooLarge(str(err)) from None
-        return [
-            Config(tuple(StageChoice(t, b, min(pos), pi, pos) for t, b, pi, pos in stages), extra)
-            for stages, extra in listed
-        ]
+        # the same configurations come back at most step times: built once
+        built = grouped.built
+        if len(built) > MAX_BUILT:
+            built.clear()
+        out: list[Config] = []
+        for item in listed:
+            cfg = built.get(item)
+            if not isinstance(cfg, Config):
+                stages, extra = item
+                cfg = Config(
+                    tuple(StageChoice(t, b, min(pos), pi, pos) for t, b, pi, pos in stages), extra
+                )
+                built[item] = cfg
+            out.append(cfg)
+        return out
     configs: list[Config] = [Config((), (0.0,) * n_racks)]
     tdp_cum = dom.tdp
     min_t = min((t for t in degrees), default=h + 1)
