@@ -7,7 +7,6 @@ with the exact choice the planner proves the brute force's optimum.
 
 from __future__ import annotations
 
-import dataclasses
 import itertools
 
 import numpy as np
@@ -309,7 +308,7 @@ def test_remembered_pairs_list_as_a_fresh_domain():
     dom = prep.domains[d]
     for theta in (6.0, 4.0, 3.9, 2.5, 2.4):
         got = domain_configs(prep, dom, 2, theta, inst.job.allowed)
-        fresh = dataclasses.replace(cd)  # new caches
+        fresh = choice.ChoiceDomain(cd.members, cd.speed, cd.tdp, cd.cap, cd.rack, cd.single)
         prep.choice[d] = fresh
         want = domain_configs(prep, dom, 2, theta, inst.job.allowed)
         prep.choice[d] = cd
