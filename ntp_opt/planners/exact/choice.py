@@ -210,7 +210,7 @@ def choice_groups(
 #: it: per stage the power multiplier and GPU positions, then the draw per rack.
 _Pair = tuple[float, tuple[int, ...], float, tuple[int, ...], tuple[float, ...]]
 #: Largest number of pairs remembered per domain and unit budget.
-_MAX_PAIRS = 200_000
+_MAX_PAIRS = 50_000
 
 
 @dataclass

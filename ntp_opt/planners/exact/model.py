@@ -111,7 +111,7 @@ class StagePick(NamedTuple):
 
 #: Configurations of a chosen domain kept built (:attr:`ChoiceDomain.built`) before the
 #: store is emptied.
-MAX_BUILT = 200_000
+MAX_BUILT = 50_000
 
 
 def _check_deadline(deadline: float | None) -> None:
