@@ -174,8 +174,8 @@ class _Search:
         relaxation is below ``target``, the answer is ``(0, that bound)``
         without an integer program; where a replica carrying less than
         :func:`~ntp_opt.planners.exact.model.level_floor` cannot reach the
-        target, the program lists no such level, and the upper bound is
-        ``target - 1`` (not reached) or ``B`` (reached). ``descent=True`` (the
+        target (``fixed`` batch), the program lists no such level, and the upper
+        bound is ``target - 1`` (not reached) or ``B`` (reached). ``descent=True`` (the
         question of :func:`_descend`: how far below ``target`` is ``C``): every
         level is listed, and the LP answers whenever its value rounded down (to
         :data:`LP_FLOOR_TOL`) is below ``target``."""
@@ -188,8 +188,12 @@ class _Search:
                 raise _Deadline
         cancel = None if self.control is None else self.control.cancel
         generated = self.colgen.get(degrees)  # configurations generated on demand
+        fixed = self.prep.instance.job.batch_policy == "fixed"
         floor = 1
-        if target is not None and generated is None and not descent:
+        if target is not None and generated is None and not descent and fixed:
+            # fixed batch only: elsewhere (the elastic search for the top step time on
+            # racks shared by domains) the program without the low levels can be far
+            # harder to prove below the target than the full one
             floor = level_floor(self.prep, target)
         job = self.prep.instance.job
         try:
