@@ -19,7 +19,13 @@ from ntp_opt.model import topology
 from ntp_opt.planners.exact import choice
 from ntp_opt.planners.exact.backends import available_backends, solve_program
 from ntp_opt.planners.exact.colgen import ColumnGeneration, column_generation_available
-from ntp_opt.planners.exact.model import build_capacity, iter_stages, prepare
+from ntp_opt.planners.exact.model import (
+    build_capacity,
+    domain_configs,
+    iter_stages,
+    level_floor,
+    prepare,
+)
 from tests.helpers import HANG_GUARD
 
 from .bruteforce import brute_force
@@ -215,3 +221,96 @@ def test_column_generation_prices_chosen_domains_exactly(seed):
             assert sum(st.batch for st in stages) == got.lower * job.pp
             used = [g for st in stages for g in st.gpus]
             assert len(used) == len(set(used))  # no GPU in two stages
+
+
+def tp36_like(seed: int) -> Instance:
+    """Two NVL36x2-like domains of 8 GPUs, each across two racks of 4 (own budgets),
+    TP4 with TP3 allowed: at most two stages per domain, as TP36 on NVL36x2. Up to
+    one failed GPU and one straggler; a fixed batch at or one below ``dp_max M``
+    (every replica then carries ``M`` or ``M - 1``: :func:`model.level_floor` > 1),
+    or elastic with boost."""
+    rng = np.random.default_rng(1000 + seed)
+    g = topology.build_cluster(2, 8, 2, 2, rack_power_factor=float(rng.choice([1.0, 1.1, 1.25])))
+    gpus = topology.gpus(g)
+    picks = rng.permutation(len(gpus))
+    n_fail, n_slow = int(rng.integers(0, 2)), int(rng.integers(0, 2))
+    topology.fail_gpus(g, [gpus[i] for i in picks[:n_fail]])
+    for i in picks[n_fail : n_fail + n_slow]:
+        topology.set_speed(g, [gpus[i]], float(rng.choice([0.8, 0.9])))
+    pp = int(rng.choice([1, 2]))
+    dp_max = 4 // pp - int(rng.integers(0, 2))
+    big_m = int(rng.integers(3, 5))
+    fixed = seed % 2 == 0
+    batch = dp_max * big_m - int(rng.integers(0, 2)) if fixed else dp_max * big_m
+    job = Job(
+        tp=4,
+        tp_min=3,
+        pp=pp,
+        dp=dp_max,
+        dp_max=dp_max,
+        global_batch=batch,
+        max_local_batch=big_m,
+        batch_policy="fixed" if fixed else "elastic",
+        power_exponent=float(rng.choice([0.65, 1.0])),
+        max_boost=0.3,
+        idle_power_fraction=float(rng.choice([0.1, 0.3])),
+        reshard_overhead=float(rng.choice([0.01, 0.0])),
+    )
+    return Instance(f"tp36-like-{seed}", g, job)
+
+
+@pytest.mark.parametrize("seed", range(12))
+def test_tp36_like_domains_are_exact(seed):
+    # the level floor (fixed), the LP levels of the descent and the remembered
+    # last-stage picks (elastic) all apply here
+    inst = tp36_like(seed)
+    prep = prepare(inst)
+    assert not prep.inexact and len(prep.choice) == 2
+    if inst.job.batch_policy == "fixed":
+        assert level_floor(prep, inst.job.global_batch) >= inst.job.max_local_batch - 1 > 1
+    best, _ = brute_force(inst)
+    res = solve(inst, "optimal", time_limit=HANG_GUARD)
+    assert validate(inst, res.plan) == []
+    assert res.status == "optimal"
+    assert res.objective == pytest.approx(best, rel=1e-6, abs=1e-12)
+    assert res.bound is not None and res.bound >= best * (1 - 1e-9)
+
+
+def _carried(inst: Instance, theta: float, min_batch: int = 1) -> int:
+    cap = build_capacity(prepare(inst), theta, inst.job.allowed, min_batch=min_batch)
+    sol = solve_program(cap.program, "cpsat" if "cpsat" in available_backends() else "highs")
+    assert sol.status == "optimal"
+    return int(sol.objective)
+
+
+@pytest.mark.parametrize("seed", [0, 2, 4])
+def test_level_floor_decides_the_target(seed):
+    # C(theta) >= B exactly when the program without levels below the floor reaches B
+    inst = tp36_like(seed)
+    big_b = inst.job.global_batch
+    floor = level_floor(prepare(inst), big_b)
+    assert floor > 1
+    reached = 0
+    for theta in np.geomspace(0.5, 8.0, 9):
+        full, cut = _carried(inst, float(theta)), _carried(inst, float(theta), floor)
+        assert cut <= full
+        assert (cut >= big_b) == (full >= big_b)
+        reached += full >= big_b
+    assert 0 < reached < 9  # both answers occur
+
+
+def test_remembered_pairs_list_as_a_fresh_domain():
+    # one domain listed at a sequence of step times (pairs remembered from the earlier
+    # ones) gives exactly the listing of a domain that never saw another step time
+    inst = tp36_like(1)
+    prep = prepare(inst)
+    d, cd = next(iter(prep.choice.items()))
+    dom = prep.domains[d]
+    for theta in (6.0, 4.0, 3.9, 2.5, 2.4):
+        got = domain_configs(prep, dom, 2, theta, inst.job.allowed)
+        fresh = choice.ChoiceDomain(cd.members, cd.speed, cd.tdp, cd.cap, cd.rack, cd.single)
+        prep.choice[d] = fresh
+        want = domain_configs(prep, dom, 2, theta, inst.job.allowed)
+        prep.choice[d] = cd
+        assert got == want
+    assert cd._pairs  # the listing did remember pairs

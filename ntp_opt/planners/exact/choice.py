@@ -103,6 +103,12 @@ class ChoiceDomain:
     _listed: dict[tuple[object, ...], list[Listed]] = field(
         default_factory=dict, compare=False, repr=False
     )
+    #: Listed configurations with the objects ``domain_configs`` built for them.
+    built: dict[Listed, object] = field(default_factory=dict, compare=False, repr=False)
+    # the last stage's split per pair of split tables (:func:`_listing`), per unit budget
+    _pairs: dict[tuple[object, ...], dict[tuple[object, object], _Pair | None]] = field(
+        default_factory=dict, compare=False, repr=False
+    )
 
     @property
     def size(self) -> np.ndarray:
@@ -200,6 +206,13 @@ def choice_groups(
     )
 
 
+#: A two-stage configuration of a domain alone in its unit, as its split tables decide
+#: it: per stage the power multiplier and GPU positions, then the draw per rack.
+_Pair = tuple[float, tuple[int, ...], float, tuple[int, ...], tuple[float, ...]]
+#: Largest number of pairs remembered per domain and unit budget.
+_MAX_PAIRS = 50_000
+
+
 @dataclass
 class _Table:
     """The feasible splits of every stage kind at one step time.
@@ -215,6 +228,7 @@ class _Table:
     lo: list[int]
     hi: list[int]
     rep: list[int]  # per kind: the kind whose rows it reads
+    key: list[tuple[int, bytes]]  # per kind: what decides its rows (degree, multipliers)
 
 
 def _table(
@@ -235,6 +249,7 @@ def _table(
     lo: list[int] = []
     hi_: list[int] = []
     rep: list[int] = []
+    keys: list[tuple[int, bytes]] = []
     seen: dict[tuple[int, bytes], int] = {}
     rows = 0
     for j, (t, b) in enumerate(options):
@@ -256,6 +271,7 @@ def _table(
             pi = np.ones(len(k))
         pi = np.where(ok, pi, np.nan)
         key = (t, pi.tobytes())
+        keys.append(key)
         if key in seen:  # the same rows as an earlier kind
             r = seen[key]
             lo.append(lo[r])
@@ -283,6 +299,7 @@ def _table(
         lo=lo,
         hi=hi_,
         rep=rep,
+        key=keys,
     )
 
 
@@ -375,6 +392,13 @@ def _listing(
     power_rows = table.power.tolist()
     placed: dict[tuple[int, tuple[int, ...]], tuple[tuple[int, ...], tuple[int, ...]]] = {}
 
+    pairs = cd._pairs.setdefault((unit_idle_w, unit_budget_mw), {})
+    if len(pairs) > _MAX_PAIRS:
+        pairs.clear()
+
+    def remember(first: tuple[int, bytes], r: int, got: _Pair | None) -> None:
+        pairs[(first, table.key[r])] = got
+
     def place(row: int, ptr: tuple[int, ...]) -> tuple[tuple[int, ...], tuple[int, ...]]:
         """GPU positions of split ``row`` taken after ``ptr`` GPUs of each group, and the
         new ``ptr``."""
@@ -424,6 +448,48 @@ def _listing(
         if not kinds:
             return
         reps = sorted({table.rep[j] for j in kinds})
+        # The last stage of a domain alone in its unit after one stage: the pick depends
+        # on the two stages' split tables only, which mostly repeat from one step time
+        # to the next (every level that needs no boost shares one): remembered per pair.
+        last = (
+            cd.single and len(path) == 1 and all(total + options[j][0] + min_t > h for j in kinds)
+        )
+        if last:
+            first = table.key[path[0]]
+            reps = [r for r in reps if (first, table.key[r]) not in pairs]
+            if reps:
+                _extend(reps, used, draw, hist, total, path, first)
+            for j in kinds:
+                got = pairs[(first, table.key[j])]
+                if got is not None:
+                    configs.append(made(path[0], j, got))
+                    if limit is not None and len(configs) > limit:
+                        raise ChoiceTooLarge(
+                            f"domain {name!r} has more than {limit} stage configurations "
+                            "at this step time"
+                        )
+            return
+        _extend(reps, used, draw, hist, total, path, None, kinds)
+
+    def made(j1: int, j2: int, got: _Pair) -> Listed:
+        """A remembered pair as a listed configuration of stage kinds ``j1``, ``j2``."""
+        p1, pos1, p2, pos2, drawn = got
+        (t1, b1), (t2, b2) = options[j1], options[j2]
+        return ((t1, b1, p1, pos1), (t2, b2, p2, pos2)), drawn
+
+    def _extend(
+        reps: list[int],
+        used: np.ndarray,
+        draw: np.ndarray,
+        hist: np.ndarray,
+        total: int,
+        path: list[int],
+        first: tuple[int, bytes] | None,
+        kinds: list[int] | None = None,
+    ) -> None:
+        """Extend the states by one stage of every kind reading rows of ``reps``: list
+        the configurations and recurse (``kinds``), or remember the last stage's pick
+        per pair (``first``: the first stage's table)."""
         sizes_r = [table.hi[r] - table.lo[r] for r in reps]
         cand = np.concatenate([np.arange(table.lo[r], table.hi[r]) for r in reps])
         seg_of = dict(
@@ -435,6 +501,9 @@ def _listing(
         ok = np.all(new_used <= sizes, axis=2)
         ok &= np.all(np.ceil((idle_r + new_draw) * _MW - MW_ROUND_SLACK) <= budget_r, axis=2)
         if not ok.any():
+            if first is not None:
+                for r in reps:
+                    remember(first, r, None)
             return
         if cd.single:
             # the least site draw; among equal ones the most headroom in the tightest rack
@@ -484,6 +553,20 @@ def _listing(
             results[r] = out
             return out
 
+        if first is not None:
+            for r in reps:
+                res = states(r, False)
+                if res is None:
+                    remember(first, r, None)
+                    continue
+                _, _, d2, h2 = res
+                row1, row2 = h2[0].tolist()
+                pos1, ptr = place(row1, (0,) * len(cd.members))
+                pos2, _ = place(row2, ptr)
+                got = (power_rows[row1], pos1, power_rows[row2], pos2, tuple(d2[0].tolist()))
+                remember(first, r, got)
+            return
+        assert kinds is not None
         for j in kinds:
             t = options[j][0]
             deeper = total + t + min_t <= h

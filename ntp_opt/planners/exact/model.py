@@ -109,6 +109,11 @@ class StagePick(NamedTuple):
     power: float
 
 
+#: Configurations of a chosen domain kept built (:attr:`ChoiceDomain.built`) before the
+#: store is emptied.
+MAX_BUILT = 50_000
+
+
 def _check_deadline(deadline: float | None) -> None:
     if deadline is not None and time.perf_counter() >= deadline:
         raise DeadlineReached("time limit reached while building a capacity program")
@@ -464,6 +469,7 @@ def domain_configs(
     theta: float,
     degrees: tuple[int, ...],
     deadline: float | None = None,
+    min_batch: int = 1,
 ) -> list[Config]:
     """Every configuration of one domain at step time ``theta`` (the empty one first).
 
@@ -471,7 +477,8 @@ def domain_configs(
     that the most demanding stage takes the fastest block and no multiset of
     stages appears twice. Only the batch levels a stage on the domain's
     fastest block can carry are listed (:func:`max_level`), so the work grows
-    with the configurations, not with ``max_local_batch``.
+    with the configurations, not with ``max_local_batch``; and none below
+    ``min_batch`` (:func:`level_floor`: a question ``C >= target`` needs no lower one).
 
     Raises
     ------
@@ -495,7 +502,7 @@ def domain_configs(
                 f"domain {prep.instance.arrays.domain_ids[dom.index]!r} has more than "
                 f"{MAX_CONFIGS} stage configurations at this step time"
             )
-        for b in range(1, top + 1):
+        for b in range(max(1, min_batch), top + 1):
             options.append((b / job.tp_factor(t), t, b))
     options.sort(key=lambda o: (-o[0], -o[1], -o[2]))
     grouped = prep.choice.get(dom.index)
@@ -516,10 +523,21 @@ def domain_configs(
             )
         except ChoiceTooLarge as err:
             raise ModelTooLarge(str(err)) from None
-        return [
-            Config(tuple(StageChoice(t, b, min(pos), pi, pos) for t, b, pi, pos in stages), extra)
-            for stages, extra in listed
-        ]
+        # the same configurations come back at most step times: built once
+        built = grouped.built
+        if len(built) > MAX_BUILT:
+            built.clear()
+        out: list[Config] = []
+        for item in listed:
+            cfg = built.get(item)
+            if not isinstance(cfg, Config):
+                stages, extra = item
+                cfg = Config(
+                    tuple(StageChoice(t, b, min(pos), pi, pos) for t, b, pi, pos in stages), extra
+                )
+                built[item] = cfg
+            out.append(cfg)
+        return out
     configs: list[Config] = [Config((), (0.0,) * n_racks)]
     tdp_cum = dom.tdp
     min_t = min((t for t in degrees), default=h + 1)
@@ -661,10 +679,32 @@ class CapacityBuilder:
         return Capacity(theta, degrees, program, tuple(self.columns), classes, n_offset)
 
 
+def level_floor(prep: Prepared, target: int) -> int:
+    """The smallest batch level a replica of any plan carrying ``target`` can have.
+
+    A plan with at most ``dp_max`` replicas, each carrying at most
+    ``min(M, B)``, whose batches add up to ``target`` or more, has every batch
+    at least ``target - (dp_max - 1) min(M, B)``: the others carry the rest.
+    So whether ``C(theta) >= target`` is decided by the configurations with
+    levels from there on (:func:`build_capacity` with ``min_batch``). At least 1.
+    """
+    job = prep.instance.job
+    cap = min(job.local_batch_max, job.global_batch)
+    return max(1, target - (job.replicas_max - 1) * cap)
+
+
 def build_capacity(
-    prep: Prepared, theta: float, degrees: tuple[int, ...], deadline: float | None = None
+    prep: Prepared,
+    theta: float,
+    degrees: tuple[int, ...],
+    deadline: float | None = None,
+    min_batch: int = 1,
 ) -> Capacity:
     """The integer program ``C(theta)``: maximise ``sum b`` at step time ``theta``.
+
+    With ``min_batch`` (:func:`level_floor`) only replicas carrying at least
+    that many sequences are in it: its optimum reaches a target exactly when
+    ``C(theta)`` does, and is a lower bound on ``C(theta)`` otherwise.
 
     Parameters
     ----------
@@ -676,6 +716,8 @@ def build_capacity(
         TP degrees replicas may use.
     deadline
         :func:`time.perf_counter` value after which :class:`DeadlineReached` is raised.
+    min_batch
+        The smallest batch level listed.
 
     Returns
     -------
@@ -687,7 +729,9 @@ def build_capacity(
         unit = prep.units[members[0]]
         dom = prep.domains[unit.domains[0]]
         vars_here = []
-        for cfg in domain_configs(prep, dom, len(unit.racks), theta, degrees, deadline)[1:]:
+        for cfg in domain_configs(prep, dom, len(unit.racks), theta, degrees, deadline, min_batch)[
+            1:
+        ]:
             if _unit_fits(unit, cfg.extra_w):
                 vars_here.append(out.add_column(members, 0, cfg, len(members)))
         if vars_here:
@@ -706,7 +750,9 @@ def build_capacity(
         for pos, d in enumerate(unit.domains):
             dom = prep.domains[d]
             vars_here = []
-            for cfg in domain_configs(prep, dom, len(unit.racks), theta, degrees, deadline)[1:]:
+            for cfg in domain_configs(
+                prep, dom, len(unit.racks), theta, degrees, deadline, min_batch
+            )[1:]:
                 if not _unit_fits(unit, cfg.extra_w):
                     continue
                 j = out.add_column((u,), pos, cfg, 1)

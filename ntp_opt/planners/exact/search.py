@@ -54,6 +54,7 @@ from ntp_opt.planners.exact.model import (
     StagePick,
     build_capacity,
     iter_stages,
+    level_floor,
     prepare,
     tighten,
 )
@@ -88,6 +89,9 @@ class _Unresolved(Exception):
 #: Absolute margin by which the LP relaxation must be below a target (``C`` and the
 #: target are integers; the LP value is a float with solver tolerances).
 LP_MARGIN = 0.5
+#: Relative slack on an LP value before it is rounded down to a bound on ``C`` (the
+#: LP's tolerances are far below it; ``C`` takes integer values only).
+LP_FLOOR_TOL = 1e-6
 
 
 def lp_relaxation(program: IntProgram, threads: int = 1) -> float | None:
@@ -161,14 +165,25 @@ class _Search:
     # -- capacity oracle ---------------------------------------------------
 
     def capacity(
-        self, theta: float, degrees: tuple[int, ...], target: int | None = None
+        self,
+        theta: float,
+        degrees: tuple[int, ...],
+        target: int | None = None,
+        *,
+        descent: bool = False,
     ) -> tuple[int, int, float]:
         """Bounds ``(lower, upper)`` on ``C(theta)`` (equal when proven), and a step
         time ``<= theta`` at which the solution found still carries ``lower``.
 
-        With ``target``, only ``C(theta) >= target`` is asked: where configurations
-        are generated on demand and their LP bound is below ``target``, the
-        answer is ``(0, that bound)`` without an integer program."""
+        With ``target``, only ``C(theta) >= target`` is asked: where its LP
+        relaxation is below ``target``, the answer is ``(0, that bound)``
+        without an integer program; where a replica carrying less than
+        :func:`~ntp_opt.planners.exact.model.level_floor` cannot reach the
+        target (``fixed`` batch), the program lists no such level, and the upper
+        bound is ``target - 1`` (not reached) or ``B`` (reached). ``descent=True`` (the
+        question of :func:`_descend`: how far below ``target`` is ``C``): every
+        level is listed, and the LP answers whenever its value rounded down (to
+        :data:`LP_FLOOR_TOL`) is below ``target``."""
         remaining = None
         if self.control is not None and self.control.cancelled:
             raise _Interrupted
@@ -178,9 +193,17 @@ class _Search:
                 raise _Deadline
         cancel = None if self.control is None else self.control.cancel
         generated = self.colgen.get(degrees)  # configurations generated on demand
+        fixed = self.prep.instance.job.batch_policy == "fixed"
+        floor = 1
+        if target is not None and generated is None and not descent and fixed:
+            # fixed batch only: elsewhere (the elastic search for the top step time on
+            # racks shared by domains) the program without the low levels can be far
+            # harder to prove below the target than the full one
+            floor = level_floor(self.prep, target)
+        job = self.prep.instance.job
         try:
             if generated is None:
-                cap = build_capacity(self.prep, theta, degrees, self.deadline)
+                cap = build_capacity(self.prep, theta, degrees, self.deadline, floor)
             else:
                 master = generated.solve(
                     theta, self.backend, deadline=self.deadline, threads=self.threads,
@@ -190,17 +213,33 @@ class _Search:
         except DeadlineReached:
             raise _Deadline from None
         self.evaluations += 1
+        # a program without the levels below `floor` bounds C only against the target
+        below = target - 1 if floor > 1 and target is not None else None
         if not cap.classes:
+            if below is not None:
+                return 0, below, theta
             return 0, (0 if generated is None else master.upper), theta
         if generated is None and target is not None:
             relaxed = lp_relaxation(cap.program, self.threads)
-            if relaxed is not None and relaxed < target - LP_MARGIN:
+            if descent and relaxed is not None:
+                floored = math.floor(relaxed + LP_FLOOR_TOL * max(1.0, relaxed))
+                if floored < target:
+                    self.evaluations += 1
+                    if self.keep_log:
+                        self.log.append(
+                            f"theta'={theta:.9g} degrees={list(degrees)} LP={relaxed:.6f} "
+                            f"< {target}"
+                        )
+                    return 0, max(0, floored), theta
+            elif relaxed is not None and relaxed < target - LP_MARGIN:
                 # C is an integer at most the LP value: below the target
                 self.evaluations += 1
                 if self.keep_log:
                     self.log.append(
                         f"theta'={theta:.9g} degrees={list(degrees)} LP={relaxed:.6f} < {target}"
                     )
+                if below is not None:
+                    return 0, below, theta
                 return 0, max(0, math.floor(relaxed + LP_MARGIN)), theta
         if generated is None:
             sol = solve_program(
@@ -213,7 +252,6 @@ class _Search:
             )
         else:
             sol = master.solution
-        job = self.prep.instance.job
         lower = int(sol.objective) if sol.objective is not None else 0
         if generated is not None:
             # the Lagrangian bound of the column generation holds whatever the
@@ -228,6 +266,8 @@ class _Search:
             upper = (
                 math.floor(sol.bound + INT_ROUND_TOL) if sol.bound is not None else job.global_batch
             )
+        if below is not None:  # the restricted program decides the target only
+            upper = job.global_batch if upper > below else below
         tight = theta
         if sol.x is not None and lower > 0:
             stages = list(iter_stages(self.prep, cap, sol.x))
@@ -724,7 +764,11 @@ def _descend(
             # lower the level: the step times right below it stay open
             raise _Unresolved
         bound = max(bound, min(big_b, level) / (nxt * factor))
-        c_p, up_p, tight = s.capacity(probe, degrees)
+        # only C(probe) < level moves on: the LP relaxation often shows it
+        c_p, up_p, tight = s.capacity(probe, degrees, level, descent=True)
+        if c_p < up_p and up_p < level:  # the LP's bound on C(probe): a lower level, no plan
+            theta, level = probe, up_p
+            continue
         tight = min(max(lo, tight), probe)
         best = max(best, min(big_b, c_p) / (tight * factor))
         if c_p < up_p:
