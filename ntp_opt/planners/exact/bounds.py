@@ -339,7 +339,18 @@ def _stage_bound(
     best = 0.0
     s_max = float(a.speed[ok].max())
     hi_max = float(hi.max())
+    classes = (h_cls, s_cls, w_cls, cum_w)
+    h_all = rows_in.key[:, 0].astype(np.int64)
+    fixed_first = job.batch_policy == "fixed" and at is None
+
+    def replicas_of(degrees: tuple[int, ...]) -> int:
+        if degrees == (job.tp,):
+            slots = int((h_all // job.tp).sum())
+            return min(job.replicas_max, slots // job.pp)
+        return job.replicas_max
+
     for degrees, factor in reversed(cases):  # case B first: it usually decides
+        fixed: float | None = None
         if at is not None and degrees in at:
             value = _case_bound(
                 job, degrees, h_cls, s_cls, w_cls, cum_w, counts, room, hi, idle, at=at[degrees]
@@ -347,32 +358,59 @@ def _stage_bound(
         else:
             # a quick valid bound for the case first; refine only if it could matter
             found: list[tuple[float, float]] = []
+            shared: dict[str, float] = {}  # the mu = 0 search, done once for both
             quick = _case_bound(
-                job, degrees, h_cls, s_cls, w_cls, cum_w, counts, room, hi, idle, False, found=found
+                job,
+                degrees,
+                h_cls,
+                s_cls,
+                w_cls,
+                cum_w,
+                counts,
+                room,
+                hi,
+                idle,
+                False,
+                found=found,
+                shared=shared,
             )
             if record is not None and found:
                 record[degrees] = (float(found[-1][0]), float(found[-1][1]))
             if quick / factor <= best:
                 continue
+            if fixed_first and record is None:
+                # the case is at most its fixed bound: when that cannot beat
+                # ``best``, neither can the refined value (the same result)
+                fixed = _fixed_case_bound(
+                    job, degrees, factor, replicas_of(degrees), *classes, counts, room, hi
+                )
+                if fixed <= best:
+                    continue
             value = _case_bound(
-                job, degrees, h_cls, s_cls, w_cls, cum_w, counts, room, hi, idle, found=found
+                job,
+                degrees,
+                h_cls,
+                s_cls,
+                w_cls,
+                cum_w,
+                counts,
+                room,
+                hi,
+                idle,
+                found=found,
+                shared=shared,
             )
             if record is not None and found:
                 record[degrees] = (float(found[-1][0]), float(found[-1][1]))
-        if degrees == (job.tp,):
-            slots = int((rows_in.key[:, 0].astype(np.int64) // job.tp).sum())
-            replicas = min(job.replicas_max, slots // job.pp)
-        else:
-            replicas = job.replicas_max
+        replicas = replicas_of(degrees)
         v_top = max(job.tp_factor(t) for t in degrees) * s_max * hi_max**alpha / c
         case = min(value, replicas * v_top) / factor
         if job.batch_policy == "fixed" and case > best and at is None:
-            case = min(
-                case,
-                _fixed_case_bound(
-                    job, degrees, factor, replicas, h_cls, s_cls, w_cls, cum_w, counts, room, hi
-                ),
-            )
+            if fixed is None:
+                fixed = _fixed_case_bound(
+                    job, degrees, factor, replicas, *classes, counts, room, hi
+                )
+            case = min(case, fixed)
         best = max(best, case)
     return float(best)
 
@@ -382,18 +420,25 @@ _BATCH = 8192
 while the work per call stays near numpy's fixed cost per call (speed only)."""
 
 
-def _midpoints(los: list[float], ups: list[float], depth: int) -> np.ndarray:
+def _midpoints(los: list[float], ups: list[float], depth: int) -> list[list[float]]:
     """Per interval ``[los[i], ups[i]]``: every midpoint the next ``depth`` bisection
-    steps can visit, level by level (heap order), one row per interval."""
-    lo_l = np.array(los)[:, None]
-    up_l = np.array(ups)[:, None]
-    levels = []
-    for _ in range(depth):
-        mid = 0.5 * (lo_l + up_l)
-        levels.append(mid)
-        lo_l = np.stack([lo_l, mid], axis=2).reshape(len(los), -1)
-        up_l = np.stack([mid, up_l], axis=2).reshape(len(los), -1)
-    return np.concatenate(levels, axis=1)
+    steps can visit, level by level (heap order), one row per interval.
+
+    Python floats: ``0.5 * (lo + up)`` is the same IEEE double numpy gives, and
+    these lists are too short for numpy's fixed cost per call to pay off."""
+    out = []
+    for lo, up in zip(los, ups, strict=True):
+        row: list[float] = []
+        level = [(lo, up)]
+        for _ in range(depth):
+            nxt = []
+            for a, b in level:
+                m = 0.5 * (a + b)
+                row.append(m)
+                nxt += [(a, m), (m, b)]
+            level = nxt
+        out.append(row)
+    return out
 
 
 def _depth(per_point: int, searches: int, most: int = 8) -> int:
@@ -543,18 +588,20 @@ def _fixed_case_bound(
         while active and steps:
             depth = min(_depth(per_point, len(active)), steps)
             mids = _midpoints(los, ups, depth)
-            n_pts = mids.shape[1]
-            ok = feasible_many(mids.ravel(), np.repeat(ns[active], n_pts)).reshape(
-                len(active), n_pts
+            n_pts = len(mids[0])
+            ok = (
+                feasible_many(np.array(mids).ravel(), np.repeat(ns[active], n_pts))
+                .reshape(len(active), n_pts)
+                .tolist()
             )
             for a in range(len(active)):
                 node = 0
                 for _ in range(depth):
-                    if ok[a, node]:
-                        los[a] = float(mids[a, node])
+                    if ok[a][node]:
+                        los[a] = mids[a][node]
                         node = 2 * node + 2
                     else:
-                        ups[a] = float(mids[a, node])
+                        ups[a] = mids[a][node]
                         node = 2 * node + 1
             steps -= depth
         for a, i in enumerate(active):
@@ -605,6 +652,7 @@ def _case_bound(
     refine: bool = True,
     at: tuple[float, float] | None = None,
     found: list[tuple[float, float]] | None = None,
+    shared: dict[str, float] | None = None,
 ) -> float:
     """Lagrangian bound on the sum of replica speeds using only ``degrees``.
 
@@ -612,7 +660,9 @@ def _case_bound(
     possibly weaker bound). ``hi`` caps the multiplier, per domain class.
     ``at``: no search, the dual at these multipliers ``(lambda, mu)`` (valid
     for any; :func:`stage_bound_at`). ``found``: receives the multipliers of
-    the value returned.
+    the value returned. ``shared``: the search at ``mu = 0``, kept by the
+    quick call (``refine=False``) and taken by the refining one (the same
+    numbers, computed once).
     """
     alpha = job.power_exponent
     scale = 1.0 / (job.pp * job.seq_time_s)
@@ -671,6 +721,14 @@ def _case_bound(
         u_gv, u_gw, u_ghi = gv[first], gw[first], ghi[first]
     # numbers per (lambda, mu) point; batches are sized to about _BATCH of them
     per_point = max(1, u_val.size + n_cls + (2 * gv.size if gv.size else 0))
+    # what every evaluation of the single-stage options shares (the same bits
+    # as computed inline): alpha v, the options' degrees per slot, which exist
+    boosted = alpha > 0 and not bool(np.all(u_hi <= 1.0))
+    av_u = alpha * u_val
+    expo = 1.0 / (1.0 - alpha) if 0 < alpha < 1 else 1.0
+    absent = ~(u_val > 0)
+    n_opt = u_val.shape[1]
+    wk_all = np.ascontiguousarray(w_s)
 
     def best_pi(v: np.ndarray, w: np.ndarray, lam: np.ndarray, hi: np.ndarray) -> np.ndarray:
         """The best multiplier per option, at each ``lam`` (broadcast against ``v``)."""
@@ -698,15 +756,31 @@ def _case_bound(
         gpus = np.zeros(len(lam))
         if val_s.size:
             lam3, mu3 = lam[:, None, None], mu[:, None, None]
-            pi_u = best_pi(u_val, u_w, lam3, u_hi)
-            gain_u = u_val * pi_u**alpha - lam3 * u_w * (pi_u - idle) - mu3 * n_s
-            gain_u = np.where(u_val > 0, gain_u, -np.inf)
+            lw = lam3 * u_w
+            if not boosted:
+                pi_u = np.ones(lw.shape)
+            elif 0 < alpha < 1:  # best_pi, step by step (w > 0, TDPs are positive)
+                with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
+                    pi_u = np.divide(av_u, lw)
+                    np.power(pi_u, expo, out=pi_u)
+                np.maximum(pi_u, 1.0, out=pi_u)  # np.clip(pi, 1, hi), NaN kept
+                np.minimum(pi_u, u_hi, out=pi_u)
+                zero = np.flatnonzero(lam <= 0)
+                if len(zero):
+                    pi_u[zero] = np.broadcast_to(u_hi, pi_u.shape[1:])
+            else:
+                pi_u = best_pi(u_val, u_w, lam3, u_hi)
+            gain_u = u_val * pi_u**alpha
+            gain_u -= lw * (pi_u - idle)
+            gain_u -= mu3 * n_s
+            gain_u[:, absent] = -np.inf
             k_u = np.argmax(gain_u, axis=2)
-            g_u = np.take_along_axis(gain_u, k_u[:, :, None], axis=2)[:, :, 0]
-            pk_u = np.take_along_axis(pi_u, k_u[:, :, None], axis=2)[:, :, 0]
+            flat = k_u + n_opt * np.arange(k_u.size).reshape(k_u.shape)
+            g_u = gain_u.reshape(-1)[flat]
+            pk_u = pi_u.reshape(-1)[flat]
             k, g, pk = k_u[:, opt_of], g_u[:, opt_of], pk_u[:, opt_of]
             on = single & (g > 0)
-            wk = w_s[np.arange(n_cls), k]
+            wk = wk_all.reshape(-1)[k + n_opt * np.arange(n_cls)]
             s_val, s_watts = _masked_row_sums(on, g * counts, wk * (pk - idle) * counts)
             total = total + s_val
             watts = watts + s_watts
@@ -736,6 +810,8 @@ def _case_bound(
     if at is not None:
         return dual(*at)[0]
 
+    gpus_at_zero: list[float] = [0.0]
+
     def inner_many(mus: list[float]) -> tuple[list[float], list[float], list[float]]:
         """min over lambda of the dual at each ``mu``; and the GPUs used there.
 
@@ -754,6 +830,7 @@ def _case_bound(
             for x in duals(np.tile(cand, n_mu), np.repeat(mu_arr, len(cand)))
         )
         values, used = v[:, 0].tolist(), g[:, 0].tolist()
+        gpus_at_zero[:] = used[:1]  # lambda = mu = 0 when mus[0] == 0
         lams = [0.0] * n_mu
         active: list[int] = []
         los: list[float] = []
@@ -777,19 +854,20 @@ def _case_bound(
         while active and steps:
             depth = min(_depth(per_point, len(active)), steps)
             mids = _midpoints(los, hs, depth)
-            n_pts = mids.shape[1]
-            v, w, g = (
-                x.reshape(len(active), n_pts)
-                for x in duals(mids.ravel(), np.repeat(mu_arr[active], n_pts))
+            n_pts = len(mids[0])
+            vs, ws, gs = (
+                x.reshape(len(active), n_pts).tolist()
+                for x in duals(np.array(mids).ravel(), np.repeat(mu_arr[active], n_pts))
             )
             for a in range(len(active)):
                 node = 0
+                va, wa, ga, ma = vs[a], ws[a], gs[a], mids[a]
                 for _ in range(depth):
-                    mid_v = float(mids[a, node])
-                    if float(v[a, node]) < best_v[a]:
-                        best_v[a], best_g[a] = float(v[a, node]), float(g[a, node])
+                    mid_v = ma[node]
+                    if va[node] < best_v[a]:
+                        best_v[a], best_g[a] = va[node], ga[node]
                         best_l[a] = mid_v
-                    if float(w[a, node]) > room:
+                    if wa[node] > room:
                         los[a] = mid_v
                         node = 2 * node + 2
                     else:
@@ -800,10 +878,15 @@ def _case_bound(
             values[i], used[i], lams[i] = best_v[a], best_g[a], best_l[a]
         return values, used, lams
 
-    values0, _, lams0 = inner_many([0.0])
-    value = values0[0]
-    point = (lams0[0], 0.0)
-    if not refine or dual(0.0, 0.0)[2] <= cap_gpus:
+    if shared is not None and "value0" in shared:
+        value, lam0, gpus0 = shared["value0"], shared["lam0"], shared["gpus0"]
+    else:
+        values0, _, lams0 = inner_many([0.0])
+        value, lam0, gpus0 = values0[0], lams0[0], gpus_at_zero[0]
+        if shared is not None:
+            shared.update(value0=value, lam0=lam0, gpus0=gpus0)
+    point = (lam0, 0.0)
+    if not refine or gpus0 <= cap_gpus:
         if found is not None:
             found.append(point)
         return value  # (the second: the GPU count can never bind, mu = 0 is optimal)
