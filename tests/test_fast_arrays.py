@@ -18,7 +18,10 @@ from ntp_opt.planners import fast, heuristics
 from ntp_opt.planners.heuristics import Slot
 from ntp_opt.rules.goodput import replica_speed
 from ntp_opt.rules.power import (
+    Stages,
     boost_floor,
+    boost_floor_grouped,
+    boost_floor_stages,
     boost_toward,
     can_boost,
     headroom,
@@ -349,3 +352,52 @@ def test_fit_power_equals_dropping_one_at_a_time(instance, factor):
     inst = Instance(instance.name, g, instance.job)
     groups = heuristics.pack_replicas(inst, heuristics.domain_slots(inst, True))
     assert same_groups(heuristics.fit_power(inst, groups), ref_fit_power(inst, groups))
+
+
+@settings(max_examples=40)
+@given(instances(), st.integers(0, 2**32 - 1), st.sampled_from([0.3, 0.6, 1.0, 3.0]))
+def test_boost_floor_grouped_equals_boost_floor_stages(instance, seed, room):
+    """``boost_floor_grouped`` gives ``boost_floor_stages`` bit for bit: on the
+    packed replicas (one rack per stage) and on random stages of random GPUs
+    (stages across racks, the general grouping), at several rooms."""
+    a = instance.arrays
+    rng = np.random.default_rng(seed)
+    packed = heuristics.fit_packing(
+        instance, heuristics.pack(instance, heuristics.domain_slot_table(instance, True))
+    )
+    rack_room, site_room = headroom(instance, heuristics.used_mask(instance, packed).astype(float))
+    ok = np.flatnonzero(a.healthy)
+    cases = [(packed.stages(), packed.tp)]
+    if len(ok):
+        sizes = rng.integers(1, 4, size=int(rng.integers(1, 6)))
+        sizes = sizes[: max(1, min(len(sizes), len(ok) // 3))]
+        picks = rng.permutation(ok)[: int(sizes.sum())]
+        sizes = sizes[np.cumsum(sizes) <= len(picks)]
+        if len(sizes):
+            cuts = np.concatenate([[0], np.cumsum(sizes)])
+            stages = Stages.from_lists([[picks[cuts[i] : cuts[i + 1]]] for i in range(len(sizes))])
+            tp = np.array([instance.job.tp] * len(sizes), dtype=np.int64)
+            cases.append((stages, tp))
+    for stages, tp in cases:
+        for scale in (room, 1.0):
+            rr, sr = rack_room * scale, site_room * scale
+            want = boost_floor_stages(instance, stages, tp, rr, sr)
+            got = boost_floor_grouped(instance, stages, tp, rr, sr)
+            assert got.tobytes() == want.tobytes()
+
+
+def test_boost_floor_grouped_groups_across_racks():
+    """A stage split over two racks: the general grouping runs, and agrees."""
+    inst = make_instance(domains=4, failed=1, stragglers=3, seed=2)
+    a = inst.arrays
+    racks = np.unique(a.gpu_rack)
+    assert len(racks) >= 2
+    one = np.flatnonzero(a.healthy & (a.gpu_rack == racks[0]))[:2]
+    two = np.flatnonzero(a.healthy & (a.gpu_rack == racks[1]))[:2]
+    stages = Stages.from_lists([[np.concatenate([one, two])], [two[:1]]])
+    tp = np.array([4, 1], dtype=np.int64)
+    rack_room, site_room = headroom(inst, np.zeros(a.n_gpus))
+    for scale in (0.001, 0.05, 1.0):
+        want = boost_floor_stages(inst, stages, tp, rack_room * scale, site_room * scale)
+        got = boost_floor_grouped(inst, stages, tp, rack_room * scale, site_room * scale)
+        assert got.tobytes() == want.tobytes()

@@ -52,7 +52,7 @@ from ntp_opt.planners.heuristics import (
     split_packing,
     used_mask,
 )
-from ntp_opt.rules.power import boost_floor_stages, can_boost, headroom, over_budget
+from ntp_opt.rules.power import boost_floor_grouped, can_boost, headroom, over_budget
 from ntp_opt.rules.tolerances import BUDGET_SLACK
 from ntp_opt.rules.validate import certified
 
@@ -155,7 +155,7 @@ def boost_floor_packed(instance: Instance, packing: Packing) -> np.ndarray:
     if len(packing) == 0 or not can_boost(instance):
         return np.ones(shape)
     rack_room, site_room = headroom(instance, used_mask(instance, packing).astype(float))
-    out = boost_floor_stages(instance, packing.stages(), packing.tp, rack_room, site_room)
+    out = boost_floor_grouped(instance, packing.stages(), packing.tp, rack_room, site_room)
     return out.reshape(shape)
 
 
