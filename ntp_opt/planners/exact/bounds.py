@@ -549,6 +549,17 @@ def _fixed_case_bound(
 
     k_all = np.concatenate([counts[single], m_cnt[multi]]).astype(float)
     limit = room * (1 + BUDGET_SLACK)
+    # cost is element-wise: the single-stage classes' costs once per distinct
+    # option row (values, watts, cap), gathered back (the same numbers)
+    _, first, row_of = np.unique(
+        np.hstack([val[single], watts[single], hi[single, None]]),
+        axis=0,
+        return_index=True,
+        return_inverse=True,
+    )
+    row_of = row_of.reshape(-1)
+    s_val, s_w, s_hi = val[single][first], watts[single][first], hi[single][first]
+    m_val_m, m_w_m, m_hi = m_val[multi], m_w[multi], hi[multi]
 
     def feasible_many(tau: np.ndarray, n: np.ndarray) -> np.ndarray:
         """Whether ``n`` stages at speed ``tau`` or faster fit the power room, per point.
@@ -556,14 +567,19 @@ def _fixed_case_bound(
         Bit for bit what one point alone gives: the same element-wise
         costs, the same stable order, and numpy's own sum of the costs taken.
         """
-        c1 = cost(val[None], watts[None], tau[:, None, None], hi[None, :, None]).min(axis=2)
-        c2 = cost(m_val[None], m_w[None], tau[:, None], hi[None])
-        c = np.concatenate([c1[:, single], c2[:, multi]], axis=1)
+        parts = []
+        if len(s_val):
+            c1 = cost(s_val[None], s_w[None], tau[:, None, None], s_hi[None, :, None])
+            parts.append(c1.min(axis=2)[:, row_of])
+        if len(m_val_m):
+            parts.append(cost(m_val_m[None], m_w_m[None], tau[:, None], m_hi[None]))
+        c = np.concatenate(parts, axis=1) if len(parts) > 1 else parts[0]
         fin = np.isfinite(c)
         enough = np.where(fin, k_all, 0.0).sum(axis=1) >= n
         order = np.argsort(np.where(fin, c, np.inf), axis=1, kind="stable")
-        c = np.take_along_axis(c, order, axis=1)
-        fin = np.take_along_axis(fin, order, axis=1)  # the finite ones first
+        flat = order + c.shape[1] * np.arange(len(c))[:, None]
+        c = c.reshape(-1)[flat]
+        fin = fin.reshape(-1)[flat]  # the finite ones first
         k = np.where(fin, k_all[order], 0.0)
         before = np.concatenate([np.zeros((len(c), 1)), np.cumsum(k, axis=1)[:, :-1]], axis=1)
         take = np.clip(n[:, None] - before, 0.0, k)
