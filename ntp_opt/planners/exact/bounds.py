@@ -415,6 +415,10 @@ def _stage_bound(
     return float(best)
 
 
+_SPARSE_POWERS = 4096
+"""From this many options x points on, the dual takes powers only between the
+clips (speed only: the same numbers either way)."""
+
 _BATCH = 8192
 """About how many numbers one batched evaluation handles: look-ahead grows
 while the work per call stays near numpy's fixed cost per call (speed only)."""
@@ -745,6 +749,33 @@ def _case_bound(
     absent = ~(u_val > 0)
     n_opt = u_val.shape[1]
     wk_all = np.ascontiguousarray(w_s)
+    # above this, pi = (alpha v / (lambda w)) ** (1 / (1 - alpha)) is surely at
+    # least the cap: pi = cap with no power taken (a margin far above rounding)
+    hi_b = np.broadcast_to(u_hi, u_val.shape)
+    sure_top = hi_b ** (1.0 - alpha) * (1.0 + 1e-9) if 0 < alpha < 1 else hi_b
+    hi_alpha = hi_b**alpha
+
+    def clipped_powers(lw: np.ndarray, lam: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """``pi = clip((alpha v / lw) ** (1 / (1 - alpha)), 1, hi)`` (``hi`` where
+        ``lambda = 0``) and ``pi ** alpha``, the powers taken only strictly
+        between the clips: where ``alpha v / lw <= 1`` the power is at most 1
+        (pi = 1, pi ** alpha = 1 exactly), where it is above ``sure_top`` at least
+        ``hi``; bit for bit the dense computation."""
+        with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
+            x = np.divide(av_u, lw)
+        top = x >= sure_top
+        inner = (x > 1.0) & ~top  # NaN (v = 0 at lambda = 0): neither, overwritten below
+        pi = np.where(top, hi_b, 1.0)
+        pa = np.where(top, hi_alpha, 1.0)
+        xi = x[inner]
+        pin = np.minimum(np.maximum(xi**expo, 1.0), np.broadcast_to(hi_b, x.shape)[inner])
+        pi[inner] = pin
+        pa[inner] = pin**alpha
+        zero = np.flatnonzero(lam <= 0)
+        if len(zero):
+            pi[zero] = hi_b
+            pa[zero] = hi_alpha
+        return pi, pa
 
     def best_pi(v: np.ndarray, w: np.ndarray, lam: np.ndarray, hi: np.ndarray) -> np.ndarray:
         """The best multiplier per option, at each ``lam`` (broadcast against ``v``)."""
@@ -773,8 +804,11 @@ def _case_bound(
         if val_s.size:
             lam3, mu3 = lam[:, None, None], mu[:, None, None]
             lw = lam3 * u_w
+            pa_u: np.ndarray | None = None
             if not boosted:
                 pi_u = np.ones(lw.shape)
+            elif 0 < alpha < 1 and lw.size >= _SPARSE_POWERS:
+                pi_u, pa_u = clipped_powers(lw, lam)
             elif 0 < alpha < 1:  # best_pi, step by step (w > 0, TDPs are positive)
                 with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
                     pi_u = np.divide(av_u, lw)
@@ -786,7 +820,9 @@ def _case_bound(
                     pi_u[zero] = np.broadcast_to(u_hi, pi_u.shape[1:])
             else:
                 pi_u = best_pi(u_val, u_w, lam3, u_hi)
-            gain_u = u_val * pi_u**alpha
+            if pa_u is None:
+                pa_u = pi_u**alpha
+            gain_u = u_val * pa_u
             gain_u -= lw * (pi_u - idle)
             gain_u -= mu3 * n_s
             gain_u[:, absent] = -np.inf
