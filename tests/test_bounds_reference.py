@@ -98,8 +98,10 @@ def test_sparse_powers_equal_the_reference(seed, monkeypatch):
     # batch, and the plain ones on none: both give the reference's floats
     inst = mixed_instance(seed)
     monkeypatch.setattr(bounds, "_SPARSE_POWERS", 0)
+    monkeypatch.setattr(bounds, "_PY_MIDPOINTS", 0)  # and every midpoint from numpy
     _assert_same(inst)
     monkeypatch.setattr(bounds, "_SPARSE_POWERS", 10**12)
+    monkeypatch.setattr(bounds, "_PY_MIDPOINTS", 10**12)  # and from Python
     _assert_same(inst)
 
 

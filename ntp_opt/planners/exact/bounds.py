@@ -424,12 +424,27 @@ _BATCH = 8192
 while the work per call stays near numpy's fixed cost per call (speed only)."""
 
 
+_PY_MIDPOINTS = 256
+"""Up to this many midpoints per call are computed as Python floats (speed only)."""
+
+
 def _midpoints(los: list[float], ups: list[float], depth: int) -> list[list[float]]:
     """Per interval ``[los[i], ups[i]]``: every midpoint the next ``depth`` bisection
     steps can visit, level by level (heap order), one row per interval.
 
-    Python floats: ``0.5 * (lo + up)`` is the same IEEE double numpy gives, and
-    these lists are too short for numpy's fixed cost per call to pay off."""
+    A few midpoints as Python floats (``0.5 * (lo + up)`` is the same IEEE
+    double numpy gives, without numpy's fixed cost per call); many with numpy."""
+    if len(los) * (2**depth - 1) > _PY_MIDPOINTS:
+        lo_l = np.array(los)[:, None]
+        up_l = np.array(ups)[:, None]
+        levels = []
+        for _ in range(depth):
+            mid = 0.5 * (lo_l + up_l)
+            levels.append(mid)
+            lo_l = np.stack([lo_l, mid], axis=2).reshape(len(los), -1)
+            up_l = np.stack([mid, up_l], axis=2).reshape(len(los), -1)
+        rows: list[list[float]] = np.concatenate(levels, axis=1).tolist()
+        return rows
     out = []
     for lo, up in zip(los, ups, strict=True):
         row: list[float] = []
