@@ -92,6 +92,19 @@ def test_bounds_equal_the_reference_on_mixed_instances(seed):
     _assert_same(mixed_instance(seed))
 
 
+@pytest.mark.parametrize("seed", seeds(60, 6))
+def test_sparse_powers_equal_the_reference(seed, monkeypatch):
+    # the dual's powers taken only between the clips (large batches) on every
+    # batch, and the plain ones on none: both give the reference's floats
+    inst = mixed_instance(seed)
+    monkeypatch.setattr(bounds, "_SPARSE_POWERS", 0)
+    monkeypatch.setattr(bounds, "_PY_MIDPOINTS", 0)  # and every midpoint from numpy
+    _assert_same(inst)
+    monkeypatch.setattr(bounds, "_SPARSE_POWERS", 10**12)
+    monkeypatch.setattr(bounds, "_PY_MIDPOINTS", 10**12)  # and from Python
+    _assert_same(inst)
+
+
 @given(instances())
 @settings(deadline=None)  # examples from the profile (ci: 12, thorough: 150)
 def test_bounds_equal_the_reference_property(inst):

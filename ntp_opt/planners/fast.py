@@ -25,9 +25,11 @@ Deterministic: no randomness, ties broken by index.
 
 from __future__ import annotations
 
+import gc
 import logging
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 
 import numpy as np
@@ -224,14 +226,31 @@ def fit_by_degree(instance: Instance, packing: Packing, kept: Packing) -> Packin
     return fitted if fits_at_power_one(instance, used_mask(instance, fitted)) else None
 
 
-def _score(instance: Instance, name: str, packing: Packing, boost: str) -> Candidate | None:
-    """``packing`` (fitted to the budgets) with boost ``boost``, split exactly."""
+def _names(name: str, kinds: tuple[str, ...]) -> list[str]:
+    return [f"{name}+{b}" if b else name for b in kinds]
+
+
+def _score(
+    instance: Instance,
+    name: str,
+    packing: Packing,
+    boost: str,
+    unboosted: list[Candidate | None] | None = None,
+) -> Candidate | None:
+    """``packing`` (fitted to the budgets) with boost ``boost``, split exactly.
+
+    ``unboosted``: the packing's candidate without boost, already scored (as
+    a list of one); a boost that changes no multiplier takes its split.
+    """
     if boost == "slow":
         powers = boost_slowest_packed(instance, packing)
     elif boost == "floor":
         powers = boost_floor_packed(instance, packing)
     else:
         powers = np.ones(packing.members.shape)
+    if boost and unboosted and bool((powers == 1.0).all()):
+        c = unboosted[0]
+        return None if c is None else Candidate(name, packing, powers, c.batches, c.goodput)
     split = split_packing(instance, packing, powers)
     if split is None:
         return None
@@ -268,12 +287,29 @@ def candidates(instance: Instance, *, cancel: threading.Event | None = None) -> 
     }
     packs: dict[str, tuple[Packing, Packing]] = {}  # as packed, and fitted to the budgets
     out: list[Candidate] = []
+    # a packing another maker already built (the same degrees on the same GPUs,
+    # stage by stage) scores the same: its candidates are reused under the new name
+    seen: dict[tuple[bytes, bytes], list[Candidate | None]] = {}
 
     def score(name: str, packing: Packing) -> None:
-        for b in ("", "slow", "floor") if boost else ("",):
-            c = _score(instance, f"{name}+{b}" if b else name, packing, b)
-            if c is not None:
-                out.append(c)
+        kinds = ("", "slow", "floor") if boost else ("",)
+        key = (packing.tp.tobytes(), packing.stages().gpus.tobytes())
+        if key in seen:
+            scored = [
+                None if c is None else Candidate(n, packing, c.powers, c.batches, c.goodput)
+                for c, n in zip(seen[key], _names(name, kinds), strict=True)
+            ]
+        else:
+            scored = []
+            for b, n in zip(kinds, _names(name, kinds), strict=True):
+                if scored and scored[0] is None:
+                    # no split without boost: too many replicas, too few for a
+                    # fixed B, or a replica at speed 0; no multiplier changes that
+                    scored.append(None)
+                    continue
+                scored.append(_score(instance, n, packing, b, unboosted=scored[:1]))
+            seen[key] = scored
+        out.extend(c for c in scored if c is not None)
 
     def stop() -> bool:
         return cancel is not None and cancel.is_set() and bool(out)
@@ -318,10 +354,33 @@ def plan_fast(
         The plan (empty when every candidate pauses) and
         :func:`~ntp_opt.milp.bounds.capacity_bound`.
     """
-    found = candidates(instance, cancel=cancel)
-    logger.debug("fast: %d candidates%s", len(found), f", best {found[0].name}" if found else "")
-    if found:
-        plan = _to_plan(instance, found[0])
-    else:
-        plan = Plan(instance.name, (), {"policy": "fast", "paused": True})
-    return (certified(instance, plan) if validate else plan), capacity_bound(instance)
+    with gc_paused():
+        found = candidates(instance, cancel=cancel)
+        logger.debug(
+            "fast: %d candidates%s", len(found), f", best {found[0].name}" if found else ""
+        )
+        if found:
+            plan = _to_plan(instance, found[0])
+        else:
+            plan = Plan(instance.name, (), {"policy": "fast", "paused": True})
+        bound = capacity_bound(instance)
+    return (certified(instance, plan) if validate else plan), bound
+
+
+@contextmanager
+def gc_paused() -> Iterator[None]:
+    """Python's cyclic garbage collector off inside (and back to its state after).
+
+    ``fast`` creates one :class:`~ntp_opt.model.plan.Stage` per stage and
+    lists of numbers, no reference cycles: collections triggered by those
+    allocations would only scan the instance's long-lived objects again
+    (tens of milliseconds at 131k GPUs). Reference counting still frees
+    everything as usual.
+    """
+    was = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was:
+            gc.enable()

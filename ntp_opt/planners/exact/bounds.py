@@ -390,7 +390,18 @@ def _stage_bound(
     best = 0.0
     s_max = float(a.speed[ok].max())
     hi_max = float(hi.max())
+    classes = (h_cls, s_cls, w_cls, cum_w)
+    h_all = rows_in.key[:, 0].astype(np.int64)
+    fixed_first = job.batch_policy == "fixed" and at is None
+
+    def replicas_of(degrees: tuple[int, ...]) -> int:
+        if degrees == (job.tp,):
+            slots = int((h_all // job.tp).sum())
+            return min(job.replicas_max, slots // job.pp)
+        return job.replicas_max
+
     for degrees, factor in reversed(cases):  # case B first: it usually decides
+        fixed: float | None = None
         if at is not None and degrees in at:
             value = _case_bound(
                 job, degrees, h_cls, s_cls, w_cls, cum_w, counts, room, hi, idle, at=at[degrees]
@@ -398,53 +409,106 @@ def _stage_bound(
         else:
             # a quick valid bound for the case first; refine only if it could matter
             found: list[tuple[float, float]] = []
+            shared: dict[str, float] = {}  # the mu = 0 search, done once for both
             quick = _case_bound(
-                job, degrees, h_cls, s_cls, w_cls, cum_w, counts, room, hi, idle, False, found=found
+                job,
+                degrees,
+                h_cls,
+                s_cls,
+                w_cls,
+                cum_w,
+                counts,
+                room,
+                hi,
+                idle,
+                False,
+                found=found,
+                shared=shared,
             )
             if record is not None and found:
                 record[degrees] = (float(found[-1][0]), float(found[-1][1]))
             if quick / factor <= best:
                 continue
+            if fixed_first and record is None:
+                # the case is at most its fixed bound: when that cannot beat
+                # ``best``, neither can the refined value (the same result)
+                fixed = _fixed_case_bound(
+                    job, degrees, factor, replicas_of(degrees), *classes, counts, room, hi
+                )
+                if fixed <= best:
+                    continue
             value = _case_bound(
-                job, degrees, h_cls, s_cls, w_cls, cum_w, counts, room, hi, idle, found=found
+                job,
+                degrees,
+                h_cls,
+                s_cls,
+                w_cls,
+                cum_w,
+                counts,
+                room,
+                hi,
+                idle,
+                found=found,
+                shared=shared,
             )
             if record is not None and found:
                 record[degrees] = (float(found[-1][0]), float(found[-1][1]))
-        if degrees == (job.tp,):
-            slots = int((rows_in.key[:, 0].astype(np.int64) // job.tp).sum())
-            replicas = min(job.replicas_max, slots // job.pp)
-        else:
-            replicas = job.replicas_max
+        replicas = replicas_of(degrees)
         v_top = max(job.tp_factor(t) for t in degrees) * s_max * hi_max**alpha / c
         case = min(value, replicas * v_top) / factor
         if job.batch_policy == "fixed" and case > best and at is None:
-            case = min(
-                case,
-                _fixed_case_bound(
-                    job, degrees, factor, replicas, h_cls, s_cls, w_cls, cum_w, counts, room, hi
-                ),
-            )
+            if fixed is None:
+                fixed = _fixed_case_bound(
+                    job, degrees, factor, replicas, *classes, counts, room, hi
+                )
+            case = min(case, fixed)
         best = max(best, case)
     return float(best)
 
+
+_SPARSE_POWERS = 4096
+"""From this many options x points on, the dual takes powers only between the
+clips (speed only: the same numbers either way)."""
 
 _BATCH = 8192
 """About how many numbers one batched evaluation handles: look-ahead grows
 while the work per call stays near numpy's fixed cost per call (speed only)."""
 
 
-def _midpoints(los: list[float], ups: list[float], depth: int) -> np.ndarray:
+_PY_MIDPOINTS = 256
+"""Up to this many midpoints per call are computed as Python floats (speed only)."""
+
+
+def _midpoints(los: list[float], ups: list[float], depth: int) -> list[list[float]]:
     """Per interval ``[los[i], ups[i]]``: every midpoint the next ``depth`` bisection
-    steps can visit, level by level (heap order), one row per interval."""
-    lo_l = np.array(los)[:, None]
-    up_l = np.array(ups)[:, None]
-    levels = []
-    for _ in range(depth):
-        mid = 0.5 * (lo_l + up_l)
-        levels.append(mid)
-        lo_l = np.stack([lo_l, mid], axis=2).reshape(len(los), -1)
-        up_l = np.stack([mid, up_l], axis=2).reshape(len(los), -1)
-    return np.concatenate(levels, axis=1)
+    steps can visit, level by level (heap order), one row per interval.
+
+    A few midpoints as Python floats (``0.5 * (lo + up)`` is the same IEEE
+    double numpy gives, without numpy's fixed cost per call); many with numpy."""
+    if len(los) * (2**depth - 1) > _PY_MIDPOINTS:
+        lo_l = np.array(los)[:, None]
+        up_l = np.array(ups)[:, None]
+        levels = []
+        for _ in range(depth):
+            mid = 0.5 * (lo_l + up_l)
+            levels.append(mid)
+            lo_l = np.stack([lo_l, mid], axis=2).reshape(len(los), -1)
+            up_l = np.stack([mid, up_l], axis=2).reshape(len(los), -1)
+        rows: list[list[float]] = np.concatenate(levels, axis=1).tolist()
+        return rows
+    out = []
+    for lo, up in zip(los, ups, strict=True):
+        row: list[float] = []
+        level = [(lo, up)]
+        for _ in range(depth):
+            nxt = []
+            for a, b in level:
+                m = 0.5 * (a + b)
+                row.append(m)
+                nxt += [(a, m), (m, b)]
+            level = nxt
+        out.append(row)
+    return out
 
 
 def _depth(per_point: int, searches: int, most: int = 8) -> int:
@@ -566,6 +630,17 @@ def _fixed_case_bound(
 
     k_all = np.concatenate([counts[single], m_cnt[multi]]).astype(float)
     limit = room * (1 + BUDGET_SLACK)
+    # cost is element-wise: the single-stage classes' costs once per distinct
+    # option row (values, watts, cap), gathered back (the same numbers)
+    _, first, row_of = np.unique(
+        np.hstack([val[single], watts[single], hi[single, None]]),
+        axis=0,
+        return_index=True,
+        return_inverse=True,
+    )
+    row_of = row_of.reshape(-1)
+    s_val, s_w, s_hi = val[single][first], watts[single][first], hi[single][first]
+    m_val_m, m_w_m, m_hi = m_val[multi], m_w[multi], hi[multi]
 
     def feasible_many(tau: np.ndarray, n: np.ndarray) -> np.ndarray:
         """Whether ``n`` stages at speed ``tau`` or faster fit the power room, per point.
@@ -573,14 +648,19 @@ def _fixed_case_bound(
         Bit for bit what one point alone gives: the same element-wise
         costs, the same stable order, and numpy's own sum of the costs taken.
         """
-        c1 = cost(val[None], watts[None], tau[:, None, None], hi[None, :, None]).min(axis=2)
-        c2 = cost(m_val[None], m_w[None], tau[:, None], hi[None])
-        c = np.concatenate([c1[:, single], c2[:, multi]], axis=1)
+        parts = []
+        if len(s_val):
+            c1 = cost(s_val[None], s_w[None], tau[:, None, None], s_hi[None, :, None])
+            parts.append(c1.min(axis=2)[:, row_of])
+        if len(m_val_m):
+            parts.append(cost(m_val_m[None], m_w_m[None], tau[:, None], m_hi[None]))
+        c = np.concatenate(parts, axis=1) if len(parts) > 1 else parts[0]
         fin = np.isfinite(c)
         enough = np.where(fin, k_all, 0.0).sum(axis=1) >= n
         order = np.argsort(np.where(fin, c, np.inf), axis=1, kind="stable")
-        c = np.take_along_axis(c, order, axis=1)
-        fin = np.take_along_axis(fin, order, axis=1)  # the finite ones first
+        flat = order + c.shape[1] * np.arange(len(c))[:, None]
+        c = c.reshape(-1)[flat]
+        fin = fin.reshape(-1)[flat]  # the finite ones first
         k = np.where(fin, k_all[order], 0.0)
         before = np.concatenate([np.zeros((len(c), 1)), np.cumsum(k, axis=1)[:, :-1]], axis=1)
         take = np.clip(n[:, None] - before, 0.0, k)
@@ -605,18 +685,20 @@ def _fixed_case_bound(
         while active and steps:
             depth = min(_depth(per_point, len(active)), steps)
             mids = _midpoints(los, ups, depth)
-            n_pts = mids.shape[1]
-            ok = feasible_many(mids.ravel(), np.repeat(ns[active], n_pts)).reshape(
-                len(active), n_pts
+            n_pts = len(mids[0])
+            ok = (
+                feasible_many(np.array(mids).ravel(), np.repeat(ns[active], n_pts))
+                .reshape(len(active), n_pts)
+                .tolist()
             )
             for a in range(len(active)):
                 node = 0
                 for _ in range(depth):
-                    if ok[a, node]:
-                        los[a] = float(mids[a, node])
+                    if ok[a][node]:
+                        los[a] = mids[a][node]
                         node = 2 * node + 2
                     else:
-                        ups[a] = float(mids[a, node])
+                        ups[a] = mids[a][node]
                         node = 2 * node + 1
             steps -= depth
         for a, i in enumerate(active):
@@ -667,6 +749,7 @@ def _case_bound(
     refine: bool = True,
     at: tuple[float, float] | None = None,
     found: list[tuple[float, float]] | None = None,
+    shared: dict[str, float] | None = None,
 ) -> float:
     """Lagrangian bound on the sum of replica speeds using only ``degrees``.
 
@@ -674,7 +757,9 @@ def _case_bound(
     possibly weaker bound). ``hi`` caps the multiplier, per domain class.
     ``at``: no search, the dual at these multipliers ``(lambda, mu)`` (valid
     for any; :func:`stage_bound_at`). ``found``: receives the multipliers of
-    the value returned.
+    the value returned. ``shared``: the search at ``mu = 0``, kept by the
+    quick call (``refine=False``) and taken by the refining one (the same
+    numbers, computed once).
     """
     alpha = job.power_exponent
     scale = 1.0 / (job.pp * job.seq_time_s)
@@ -733,6 +818,41 @@ def _case_bound(
         u_gv, u_gw, u_ghi = gv[first], gw[first], ghi[first]
     # numbers per (lambda, mu) point; batches are sized to about _BATCH of them
     per_point = max(1, u_val.size + n_cls + (2 * gv.size if gv.size else 0))
+    # what every evaluation of the single-stage options shares (the same bits
+    # as computed inline): alpha v, the options' degrees per slot, which exist
+    boosted = alpha > 0 and not bool(np.all(u_hi <= 1.0))
+    av_u = alpha * u_val
+    expo = 1.0 / (1.0 - alpha) if 0 < alpha < 1 else 1.0
+    absent = ~(u_val > 0)
+    n_opt = u_val.shape[1]
+    wk_all = np.ascontiguousarray(w_s)
+    # above this, pi = (alpha v / (lambda w)) ** (1 / (1 - alpha)) is surely at
+    # least the cap: pi = cap with no power taken (a margin far above rounding)
+    hi_b = np.broadcast_to(u_hi, u_val.shape)
+    sure_top = hi_b ** (1.0 - alpha) * (1.0 + 1e-9) if 0 < alpha < 1 else hi_b
+    hi_alpha = hi_b**alpha
+
+    def clipped_powers(lw: np.ndarray, lam: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """``pi = clip((alpha v / lw) ** (1 / (1 - alpha)), 1, hi)`` (``hi`` where
+        ``lambda = 0``) and ``pi ** alpha``, the powers taken only strictly
+        between the clips: where ``alpha v / lw <= 1`` the power is at most 1
+        (pi = 1, pi ** alpha = 1 exactly), where it is above ``sure_top`` at least
+        ``hi``; bit for bit the dense computation."""
+        with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
+            x = np.divide(av_u, lw)
+        top = x >= sure_top
+        inner = (x > 1.0) & ~top  # NaN (v = 0 at lambda = 0): neither, overwritten below
+        pi = np.where(top, hi_b, 1.0)
+        pa = np.where(top, hi_alpha, 1.0)
+        xi = x[inner]
+        pin = np.minimum(np.maximum(xi**expo, 1.0), np.broadcast_to(hi_b, x.shape)[inner])
+        pi[inner] = pin
+        pa[inner] = pin**alpha
+        zero = np.flatnonzero(lam <= 0)
+        if len(zero):
+            pi[zero] = hi_b
+            pa[zero] = hi_alpha
+        return pi, pa
 
     def best_pi(v: np.ndarray, w: np.ndarray, lam: np.ndarray, hi: np.ndarray) -> np.ndarray:
         """The best multiplier per option, at each ``lam`` (broadcast against ``v``)."""
@@ -760,15 +880,36 @@ def _case_bound(
         gpus = np.zeros(len(lam))
         if val_s.size:
             lam3, mu3 = lam[:, None, None], mu[:, None, None]
-            pi_u = best_pi(u_val, u_w, lam3, u_hi)
-            gain_u = u_val * pi_u**alpha - lam3 * u_w * (pi_u - idle) - mu3 * n_s
-            gain_u = np.where(u_val > 0, gain_u, -np.inf)
+            lw = lam3 * u_w
+            pa_u: np.ndarray | None = None
+            if not boosted:
+                pi_u = np.ones(lw.shape)
+            elif 0 < alpha < 1 and lw.size >= _SPARSE_POWERS:
+                pi_u, pa_u = clipped_powers(lw, lam)
+            elif 0 < alpha < 1:  # best_pi, step by step (w > 0, TDPs are positive)
+                with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
+                    pi_u = np.divide(av_u, lw)
+                    np.power(pi_u, expo, out=pi_u)
+                np.maximum(pi_u, 1.0, out=pi_u)  # np.clip(pi, 1, hi), NaN kept
+                np.minimum(pi_u, u_hi, out=pi_u)
+                zero = np.flatnonzero(lam <= 0)
+                if len(zero):
+                    pi_u[zero] = np.broadcast_to(u_hi, pi_u.shape[1:])
+            else:
+                pi_u = best_pi(u_val, u_w, lam3, u_hi)
+            if pa_u is None:
+                pa_u = pi_u**alpha
+            gain_u = u_val * pa_u
+            gain_u -= lw * (pi_u - idle)
+            gain_u -= mu3 * n_s
+            gain_u[:, absent] = -np.inf
             k_u = np.argmax(gain_u, axis=2)
-            g_u = np.take_along_axis(gain_u, k_u[:, :, None], axis=2)[:, :, 0]
-            pk_u = np.take_along_axis(pi_u, k_u[:, :, None], axis=2)[:, :, 0]
+            flat = k_u + n_opt * np.arange(k_u.size).reshape(k_u.shape)
+            g_u = gain_u.reshape(-1)[flat]
+            pk_u = pi_u.reshape(-1)[flat]
             k, g, pk = k_u[:, opt_of], g_u[:, opt_of], pk_u[:, opt_of]
             on = single & (g > 0)
-            wk = w_s[np.arange(n_cls), k]
+            wk = wk_all.reshape(-1)[k + n_opt * np.arange(n_cls)]
             s_val, s_watts = _masked_row_sums(on, g * counts, wk * (pk - idle) * counts)
             total = total + s_val
             watts = watts + s_watts
@@ -798,6 +939,8 @@ def _case_bound(
     if at is not None:
         return dual(*at)[0]
 
+    gpus_at_zero: list[float] = [0.0]
+
     def inner_many(mus: list[float]) -> tuple[list[float], list[float], list[float]]:
         """min over lambda of the dual at each ``mu``; and the GPUs used there.
 
@@ -816,6 +959,7 @@ def _case_bound(
             for x in duals(np.tile(cand, n_mu), np.repeat(mu_arr, len(cand)))
         )
         values, used = v[:, 0].tolist(), g[:, 0].tolist()
+        gpus_at_zero[:] = used[:1]  # lambda = mu = 0 when mus[0] == 0
         lams = [0.0] * n_mu
         active: list[int] = []
         los: list[float] = []
@@ -839,19 +983,20 @@ def _case_bound(
         while active and steps:
             depth = min(_depth(per_point, len(active)), steps)
             mids = _midpoints(los, hs, depth)
-            n_pts = mids.shape[1]
-            v, w, g = (
-                x.reshape(len(active), n_pts)
-                for x in duals(mids.ravel(), np.repeat(mu_arr[active], n_pts))
+            n_pts = len(mids[0])
+            vs, ws, gs = (
+                x.reshape(len(active), n_pts).tolist()
+                for x in duals(np.array(mids).ravel(), np.repeat(mu_arr[active], n_pts))
             )
             for a in range(len(active)):
                 node = 0
+                va, wa, ga, ma = vs[a], ws[a], gs[a], mids[a]
                 for _ in range(depth):
-                    mid_v = float(mids[a, node])
-                    if float(v[a, node]) < best_v[a]:
-                        best_v[a], best_g[a] = float(v[a, node]), float(g[a, node])
+                    mid_v = ma[node]
+                    if va[node] < best_v[a]:
+                        best_v[a], best_g[a] = va[node], ga[node]
                         best_l[a] = mid_v
-                    if float(w[a, node]) > room:
+                    if wa[node] > room:
                         los[a] = mid_v
                         node = 2 * node + 2
                     else:
@@ -862,10 +1007,15 @@ def _case_bound(
             values[i], used[i], lams[i] = best_v[a], best_g[a], best_l[a]
         return values, used, lams
 
-    values0, _, lams0 = inner_many([0.0])
-    value = values0[0]
-    point = (lams0[0], 0.0)
-    if not refine or dual(0.0, 0.0)[2] <= cap_gpus:
+    if shared is not None and "value0" in shared:
+        value, lam0, gpus0 = shared["value0"], shared["lam0"], shared["gpus0"]
+    else:
+        values0, _, lams0 = inner_many([0.0])
+        value, lam0, gpus0 = values0[0], lams0[0], gpus_at_zero[0]
+        if shared is not None:
+            shared.update(value0=value, lam0=lam0, gpus0=gpus0)
+    point = (lam0, 0.0)
+    if not refine or gpus0 <= cap_gpus:
         if found is not None:
             found.append(point)
         return value  # (the second: the GPU count can never bind, mu = 0 is optimal)
