@@ -266,6 +266,10 @@ class Pricing:
         self._place: dict[tuple[int, int], tuple[float, tuple[float, ...]] | None] = {}
         self._table: list[list[tuple[float, tuple[float, ...]] | None]] | None = None
         self._draws: list[list[float]] | None = None
+        self._blocks: dict[tuple[int, int], tuple[float, float, int]] = {}
+        self._block_ids: dict[tuple[bytes, bytes], int] = {}
+        self._power: dict[tuple[int, int, float, float], float | None] = {}
+        self._adds: dict[tuple[int, float], tuple[float, ...]] = {}
         self._room = [
             budget - ceil_mw(idle)
             for idle, budget in zip(self.unit.idle_w, self.unit.budget_mw, strict=True)
@@ -280,16 +284,42 @@ class Pricing:
         t, b = self.options[j]
         out: tuple[float, tuple[float, ...]] | None = None
         if start < self.h and start + t <= self.seg_end[start]:
-            dom = self.dom
-            block = slice(start, start + t)
-            hi = float(dom.cap[block].min())
-            pi = stage_power(self.prep, t, b, float(dom.speed[start + t - 1]), self.theta, hi)
+            slowest, hi, block = self._block(start, t)
+            # blocks alike (same slowest speed, cap, TDPs and racks: most of a domain
+            # without stragglers) share the power and the draw, computed once
+            pkey = (t, b, slowest, hi)
+            if pkey in self._power:
+                pi = self._power[pkey]
+            else:
+                pi = stage_power(self.prep, t, b, slowest, self.theta, hi)
+                self._power[pkey] = pi
             if pi is not None:
-                add = np.zeros(self.n_racks)
-                np.add.at(add, dom.rack_pos[block], dom.tdp[block] * (pi - self._idle_frac))
-                out = (pi, tuple(add.tolist()))
+                akey = (block, pi)
+                add = self._adds.get(akey)
+                if add is None:
+                    dom = self.dom
+                    span = slice(start, start + t)
+                    drawn = np.zeros(self.n_racks)
+                    np.add.at(drawn, dom.rack_pos[span], dom.tdp[span] * (pi - self._idle_frac))
+                    add = tuple(drawn.tolist())
+                    self._adds[akey] = add
+                out = (pi, add)
         self._place[key] = out
         return out
+
+    def _block(self, start: int, t: int) -> tuple[float, float, int]:
+        """Slowest speed and cap of the ``t`` GPUs from ``start``, and an id shared by
+        the blocks with the same TDPs and racks in the same order."""
+        key = (start, t)
+        got = self._blocks.get(key)
+        if got is None:
+            dom = self.dom
+            span = slice(start, start + t)
+            sig = (dom.tdp[span].tobytes(), dom.rack_pos[span].tobytes())
+            ident = self._block_ids.setdefault(sig, len(self._block_ids))
+            got = (float(dom.speed[start + t - 1]), float(dom.cap[span].min()), ident)
+            self._blocks[key] = got
+        return got
 
     def after(self, end: int, j: int) -> tuple[int, int]:
         """Where the next stage starts and its first kind, after a stage of kind ``j``
