@@ -271,6 +271,11 @@ class Pricing:
         self._idle_frac = prep.instance.job.idle_power_fraction
         self._place: dict[tuple[int, int], tuple[float, tuple[float, ...]] | None] = {}
         self._table: list[list[tuple[float, tuple[float, ...]] | None]] | None = None
+        self._draws: list[list[float]] | None = None
+        self._blocks: dict[tuple[int, int], tuple[float, float, int]] = {}
+        self._block_ids: dict[tuple[bytes, bytes], int] = {}
+        self._power: dict[tuple[int, int, float, float], float | None] = {}
+        self._adds: dict[tuple[int, float], tuple[float, ...]] = {}
         self._room = [
             budget - ceil_mw(idle)
             for idle, budget in zip(self.unit.idle_w, self.unit.budget_mw, strict=True)
@@ -285,16 +290,42 @@ class Pricing:
         t, b = self.options[j]
         out: tuple[float, tuple[float, ...]] | None = None
         if start < self.h and start + t <= self.seg_end[start]:
-            dom = self.dom
-            block = slice(start, start + t)
-            hi = float(dom.cap[block].min())
-            pi = stage_power(self.prep, t, b, float(dom.speed[start + t - 1]), self.theta, hi)
+            slowest, hi, block = self._block(start, t)
+            # blocks alike (same slowest speed, cap, TDPs and racks: most of a domain
+            # without stragglers) share the power and the draw, computed once
+            pkey = (t, b, slowest, hi)
+            if pkey in self._power:
+                pi = self._power[pkey]
+            else:
+                pi = stage_power(self.prep, t, b, slowest, self.theta, hi)
+                self._power[pkey] = pi
             if pi is not None:
-                add = np.zeros(self.n_racks)
-                np.add.at(add, dom.rack_pos[block], dom.tdp[block] * (pi - self._idle_frac))
-                out = (pi, tuple(add.tolist()))
+                akey = (block, pi)
+                add = self._adds.get(akey)
+                if add is None:
+                    dom = self.dom
+                    span = slice(start, start + t)
+                    drawn = np.zeros(self.n_racks)
+                    np.add.at(drawn, dom.rack_pos[span], dom.tdp[span] * (pi - self._idle_frac))
+                    add = tuple(drawn.tolist())
+                    self._adds[akey] = add
+                out = (pi, add)
         self._place[key] = out
         return out
+
+    def _block(self, start: int, t: int) -> tuple[float, float, int]:
+        """Slowest speed and cap of the ``t`` GPUs from ``start``, and an id shared by
+        the blocks with the same TDPs and racks in the same order."""
+        key = (start, t)
+        got = self._blocks.get(key)
+        if got is None:
+            dom = self.dom
+            span = slice(start, start + t)
+            sig = (dom.tdp[span].tobytes(), dom.rack_pos[span].tobytes())
+            ident = self._block_ids.setdefault(sig, len(self._block_ids))
+            got = (float(dom.speed[start + t - 1]), float(dom.cap[span].min()), ident)
+            self._blocks[key] = got
+        return got
 
     def after(self, end: int, j: int) -> tuple[int, int]:
         """Where the next stage starts and its first kind, after a stage of kind ``j``
@@ -469,6 +500,16 @@ class Pricing:
         fill_l: list[list[float]] = fill.tolist()
         return fill_l
 
+    def draws(self) -> list[list[float]]:
+        """``sum`` of the extra draw per rack of every option at every start (0 where it
+        cannot be placed), computed once."""
+        if self._draws is None:
+            self._draws = [
+                [0.0 if placed is None else sum(placed[1]) for placed in row]
+                for row in self.placements()
+            ]
+        return self._draws
+
     def placements(self) -> list[list[tuple[float, tuple[float, ...]] | None]]:
         """:meth:`place` of every option at every start (computed once)."""
         if self._table is None:
@@ -509,6 +550,7 @@ class _PriceSearch:
         skip = pricing.skip_useless and not self.everything
         self.usable = [j for j in range(len(pricing.options)) if lam[j] > 0 or not skip]
         self.table = pricing.placements()
+        self.draws = pricing.draws()
         self.fill = pricing.completion(lam, sigma_mw)
         self.best = 0.0
         self.found: list[tuple[float, Config]] = []
@@ -553,37 +595,48 @@ class _PriceSearch:
         self.counter += 1
         if self.counter % 4096 == 0:
             _check(self.deadline)
-        options = self.pricing.options
+        pricing = self.pricing
+        if start >= pricing.h:
+            return
+        options = pricing.options
         table = self.table
+        draws = self.draws
         lam = self.lam
         fill = self.fill
         sig = self.sig
         bar = self.bar()
-        pricing = self.pricing
-        if start >= pricing.h:
-            return
+        drawn = sum(extra)  # the same float for every option below
         left = self.seg_end[start] - start
         later = self.later[start]
+        base = value + later - sig * drawn
         for j in self.usable[bisect.bisect_left(self.usable, j0) :]:
+            if base + fill[j][left] < bar - 1e-9:
+                # fill[j][left] bounds every kind >= j here (fill is non-increasing
+                # in j and the bar never falls): each would fail the test below
+                break
             placed = table[j][start]
             if placed is None:
                 continue
-            pi, add = placed
             t = options[j][0]
             nv = value + lam[j]
             # the configuration and all its extensions score at most this
-            optimistic = nv + fill[j][left - t] + later - sig * (sum(extra) + sum(add))
+            optimistic = nv + fill[j][left - t] + later - sig * (drawn + draws[j][start])
             if optimistic <= bar + 1e-12:
                 continue
+            pi, add = placed
             new_extra = self.extend(extra, add)
             if new_extra is None:
                 continue  # extensions draw more: none fits
             b = options[j][1]
-            score = nv - self.pricing.cost(new_extra, self.sigma_mw, self.rho_mw)
-            if score > self.best:
+            score = nv - pricing.cost(new_extra, self.sigma_mw, self.rho_mw)
+            improved = score > self.best
+            if improved:
                 self.best = score
-            self.offer(score, stages, StageChoice(t, b, start, pi), new_extra)
-            bar = self.bar()
+            if score > self.floor_keep:  # else offer() keeps nothing
+                self.offer(score, stages, StageChoice(t, b, start, pi), new_extra)
+                bar = self.bar()
+            elif improved:
+                bar = self.bar()
             if optimistic <= bar + 1e-12:
                 continue
             nxt = pricing.after(start + t, j)
@@ -594,7 +647,7 @@ class _PriceSearch:
         if skip is None:
             return
         # the rest of this segment unused: the next one from its first GPU
-        if value + later - sig * sum(extra) <= self.bar() + 1e-12:
+        if value + later - sig * drawn <= self.bar() + 1e-12:
             return
         if not self.everything and self.dominated((skip, 0), value, extra):
             return

@@ -48,6 +48,7 @@ from ntp_opt.planners.exact.bounds import capacity_bound, stage_bound
 from ntp_opt.planners.exact.colgen import ColumnGeneration, column_generation_for
 from ntp_opt.planners.exact.model import (
     MAX_CONFIGS,
+    Capacity,
     DeadlineReached,
     ModelTooLarge,
     Prepared,
@@ -535,6 +536,25 @@ def _fast_plan(instance: Instance) -> Plan:
 MULTI_DOMAINS_COLGEN = 16
 
 
+#: Configurations of one domain class (at the largest step time searched) above which
+#: a case is solved by column generation although the full program fits
+#: :data:`~ntp_opt.planners.exact.model.MAX_CONFIGS`: four TP16 stages on a 72-GPU
+#: domain list about 4,800 per class, and CP-SAT takes 2-25 s per program where the
+#: generated master needs a few dozen columns (0.04 s). The library's largest is about
+#: 3,300 per class (TP32-36 with reduced degrees), left as it was.
+COLGEN_CLASS_CONFIGS = 4_000
+
+
+def _crowded_class(cap: Capacity) -> int:
+    """The most configurations of one domain class in ``cap`` if above
+    :data:`COLGEN_CLASS_CONFIGS`, else 0."""
+    per_class: dict[tuple[tuple[int, ...], int], int] = {}
+    for members, pos, _ in cap.columns:
+        per_class[(members, pos)] = per_class.get((members, pos), 0) + 1
+    most = max(per_class.values(), default=0)
+    return most if most > COLGEN_CLASS_CONFIGS else 0
+
+
 def _many_rack_domains(prep: Prepared) -> bool:
     """Whether the full program would hold too many domains that share racks."""
     return sum(len(prep.units[u].domains) for u in prep.multi) > MULTI_DOMAINS_COLGEN
@@ -648,7 +668,11 @@ def _elastic(s: _Search, cases: list[tuple[tuple[int, ...], float]]) -> float:
             raise _Unresolved
         top = min(big_b, c_max)
         hi, _ = _min_theta(s, degrees, top, max(lo, _bound_floor(s, degrees, top, factor)), hi)
-        c_hi = s.capacity(hi, degrees)[0]  # C at the top of the search range
+        # C at the top of the search range: the solution's value for the incumbent,
+        # the proven upper bound for the intervals below (they differ where the
+        # generated configurations leave a gap, e.g. right at a tight point, where
+        # the mW rounding may refuse the solution that was tightened there)
+        c_hi, up_hi, _ = s.capacity(hi, degrees)
         best = max(best, c_hi / (hi * factor))
         # Doubling: below theta_cut every solution at theta, with its batches
         # doubled, stays feasible at 2 theta (same speed needs, no batch cap
@@ -663,7 +687,7 @@ def _elastic(s: _Search, cases: list[tuple[tuple[int, ...], float]]) -> float:
             c_lo, up_lo, _ = s.capacity(lo, degrees)
             if c_lo < up_lo and s.theta_search == "bnb":
                 raise _Unresolved  # the descent needs no more than the step time
-        push(i, lo, c_lo, hi, c_hi, True)
+        push(i, lo, c_lo, hi, up_hi, True)
 
     candidates = [_candidates(s.prep, degrees) for degrees, _ in cases]
     if s.theta_search == "descent":
@@ -903,7 +927,10 @@ def solve_exact(
                 raise ModelTooLarge(
                     f"{sum(len(prep.units[u].domains) for u in prep.multi)} domains share racks"
                 )
-            build_capacity(prep, _theta_range(prep, degrees)[1], degrees, deadline)
+            top = build_capacity(prep, _theta_range(prep, degrees)[1], degrees, deadline)
+            crowded = _crowded_class(top)
+            if crowded:
+                raise ModelTooLarge(f"{crowded} configurations of one domain class")
             kept.append((degrees, factor))
         except ModelTooLarge as err:
             generated = column_generation_for(prep, degrees, _theta_range(prep, degrees)[1])
