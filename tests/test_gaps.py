@@ -174,7 +174,9 @@ def test_unresolved_capacity_is_not_a_time_limit_and_keeps_a_valid_bound(monkeyp
             went_on += "C in [" in res.log
             stopped += "stopped:" in res.log
             monkeypatch.undo()
-    assert went_on >= 5
+    # both paths are exercised (the descent answers most steps by the LP now,
+    # so fewer of its integer programs meet the weakened oracle: 3 of 24 runs)
+    assert went_on >= 2
     assert stopped >= 5
 
 

@@ -11,6 +11,8 @@ import pytest
 
 from ntp_opt import Instance, Job, evaluate
 from ntp_opt.model import topology
+from ntp_opt.model.plan import Plan
+from ntp_opt.planners.exact import search
 from ntp_opt.planners.exact.search import solve_exact
 from tests.helpers import HANG_GUARD
 
@@ -80,3 +82,26 @@ def test_a_case_whose_bound_is_reached_is_not_searched() -> None:
     log = "\n".join(out.log)
     assert "reached, not searched" in log
     assert int(out.stats["evaluations"]) == 0
+
+
+@pytest.mark.parametrize("seed", range(0, 12))
+def test_descent_from_a_paused_incumbent_finds_the_optimum(
+    seed: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Every warm start pauses the job (goodput 0): the descent starts at the top
+    # of the step-time range with no incumbent (it solves there first), walks the
+    # levels of C down to the doubling cut, answering "C < level" by the LP where
+    # it can, and must still end at the brute force's optimum with a valid bound.
+    inst = _elastic(exact_instance(seed))
+    best, _ = brute_force(inst)
+
+    def paused(instance: Instance, **_: object) -> Plan:
+        return Plan(instance.name, ())
+
+    for name in ("ntp_pw", "ntp", "dp_drop"):
+        monkeypatch.setattr(search.baselines, name, paused)
+    out = solve_exact(inst, "cpsat", time_limit=HANG_GUARD)
+    assert out.proven
+    assert float(out.stats["goodput"]) == pytest.approx(best, rel=1e-5, abs=1e-9)
+    assert out.bound is not None and out.bound >= best * (1 - 1e-9)
+    assert evaluate(inst, out.plan).feasible
