@@ -60,6 +60,7 @@ from __future__ import annotations
 import argparse
 import gzip
 import json
+import os
 import resource
 import subprocess
 import sys
@@ -351,9 +352,19 @@ def run_child(args: list[str]) -> ChildRun:
     A small launcher process starts it: Linux keeps the peak RSS of the
     process a child was forked from in the child's ``ru_maxrss``, so a child
     of this (large) process would report at least this one's peak.
+
+    The child keeps Python's bytecode cache as an installed package has it:
+    ``PYTHONDONTWRITEBYTECODE`` is dropped from its environment (some sandboxes
+    set it, and then every run would compile the package's sources again while
+    the floor's ``import numpy`` reads numpy's cached bytecode).
     """
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
     proc = subprocess.run(
-        [sys.executable, "-c", _LAUNCHER, *args], capture_output=True, text=True, check=False
+        [sys.executable, "-c", _LAUNCHER, *args],
+        capture_output=True,
+        text=True,
+        check=False,
+        env=env,
     )
     *lines, last = proc.stdout.splitlines() or [""]
     fields = last.split()
