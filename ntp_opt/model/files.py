@@ -324,16 +324,7 @@ class _Scan:
             longest = self.run + first  # <= the cap if only the carried run is long
             self.run = len(chunk) - chunk.rfind(b'"') - 1
             if longest > self.max_string:
-                raise InputError(
-                    self.source,
-                    [
-                        (
-                            "",
-                            f"more than {self.max_string} bytes without a quote (a string, "
-                            "or a run of values, longer than the cap)",
-                        )
-                    ],
-                )
+                raise self._too_long()
             return
         quotes = np.flatnonzero(np.frombuffer(chunk, dtype=np.uint8) == 0x22)
         if quotes.size == 0:
@@ -344,16 +335,15 @@ class _Scan:
             longest = max(self.run + int(quotes[0]), inner)
             self.run = len(chunk) - int(quotes[-1]) - 1
         if longest > self.max_string:
-            raise InputError(
-                self.source,
-                [
-                    (
-                        "",
-                        f"more than {self.max_string} bytes without a quote (a string, "
-                        "or a run of values, longer than the cap)",
-                    )
-                ],
-            )
+            raise self._too_long()
+
+    def _too_long(self) -> InputError:
+        """The error for a string (or run of values) longer than the cap."""
+        message = (
+            f"more than {self.max_string} bytes without a quote (a string, "
+            "or a run of values, longer than the cap)"
+        )
+        return InputError(self.source, [("", message)])
 
     def _short_runs(self, chunk: bytes, first: int) -> bool:
         """Whether no run between two quotes of ``chunk`` is longer than the cap, proven

@@ -410,21 +410,8 @@ def _stage_bound(
             # a quick valid bound for the case first; refine only if it could matter
             found: list[tuple[float, float]] = []
             shared: dict[str, float] = {}  # the mu = 0 search, done once for both
-            quick = _case_bound(
-                job,
-                degrees,
-                h_cls,
-                s_cls,
-                w_cls,
-                cum_w,
-                counts,
-                room,
-                hi,
-                idle,
-                False,
-                found=found,
-                shared=shared,
-            )
+            args = (job, degrees, h_cls, s_cls, w_cls, cum_w, counts, room, hi, idle)
+            quick = _case_bound(*args, False, found=found, shared=shared)
             if record is not None and found:
                 record[degrees] = (float(found[-1][0]), float(found[-1][1]))
             if quick / factor <= best:
@@ -437,20 +424,7 @@ def _stage_bound(
                 )
                 if fixed <= best:
                     continue
-            value = _case_bound(
-                job,
-                degrees,
-                h_cls,
-                s_cls,
-                w_cls,
-                cum_w,
-                counts,
-                room,
-                hi,
-                idle,
-                found=found,
-                shared=shared,
-            )
+            value = _case_bound(*args, found=found, shared=shared)
             if record is not None and found:
                 record[degrees] = (float(found[-1][0]), float(found[-1][1]))
         replicas = replicas_of(degrees)
