@@ -140,6 +140,14 @@ def test_recourse_and_reboost_on_the_layout_equal_the_reference(inst, data):
         assert again is None or (
             again.plan == got.plan and again.layout.batch.tolist() == got.layout.batch.tolist()
         )
+    memo: dict = {}  # a re-planning memo: its kept splits change no result
+    for _ in range(2):
+        local_m, lay_m = recourse_layout(new, plan, layout, mask, memo)
+        assert local_m == local and lay_m.batch.tolist() == lay.batch.tolist()
+        got_m = reboost_layout(new, local, lay, memo=memo)
+        assert (got_m is None) == (got is None)
+        assert got_m is None or got_m.plan == got.plan
+    assert "splits" in memo
 
 
 @given(instances(), st.data())

@@ -87,7 +87,13 @@ def _layout(
     )
 
 
-def recourse_layout(instance: Instance, plan: Plan, layout: Layout, mask: np.ndarray) -> Local:
+def recourse_layout(
+    instance: Instance,
+    plan: Plan,
+    layout: Layout,
+    mask: np.ndarray,
+    memo: dict[Any, Any] | None = None,
+) -> Local:
     """:func:`ntp_opt.rules.recourse.adapt_indices` (``boost=False``), touched replicas only.
 
     Parameters
@@ -101,6 +107,10 @@ def recourse_layout(instance: Instance, plan: Plan, layout: Layout, mask: np.nda
         The running plan's strict layout.
     mask
         Boolean per GPU: the GPUs that fail (recourse treats them as dead).
+    memo
+        A dict kept by the caller from one event to the next (re-planning, the
+        memo of :func:`reboost_layout`): the exact batch split is kept there
+        under the replicas' speeds and degrees (the same result without it).
 
     Returns
     -------
@@ -215,8 +225,9 @@ def recourse_layout(instance: Instance, plan: Plan, layout: Layout, mask: np.nda
         racks_over, site_over = _draw(instance, new, alive)
     # batches (step 6)
     tps = degree
-    speeds = layout_speeds(instance, new).tolist() if degree else []
-    split = gp.split_batch(job, speeds, tps)
+    speeds_a = layout_speeds(instance, new) if degree else np.zeros(0)
+    speeds = speeds_a.tolist()
+    split = _exact(job, speeds_a, np.array(tps, dtype=np.int64), memo)
     replicas: tuple[Replica, ...] = ()
     value = 0.0
     if split is not None and degree:
@@ -290,19 +301,32 @@ def _factors(job: Job, tp: np.ndarray) -> np.ndarray:
     return np.array([per[t] for t in tp.tolist()], dtype=float)
 
 
+_SPLITS_KEPT = 32
+"""Exact splits a re-planning memo keeps (:func:`_exact`), the least recently used
+dropped first."""
+
+
 def _exact(
     job: Job, speeds: np.ndarray, tp: np.ndarray, memo: dict[Any, Any] | None
 ) -> gp.BatchSplit | None:
     """:func:`ntp_opt.rules.goodput.split_batch` of ``speeds`` and ``tp``, kept in
     ``memo`` (when given) under their bytes for the same job: an event that leaves
-    the replicas' speeds as they were reuses the split."""
+    the replicas' speeds as they were reuses the split. At most
+    :data:`_SPLITS_KEPT` splits are kept."""
     if memo is None:
         return gp.split_batch(job, speeds.tolist(), tp.tolist())
-    key = ("split", speeds.dtype.str, speeds.tobytes(), tp.dtype.str, tp.tobytes())
-    got = memo.get(key)
-    if got is None or got[0] is not job:
-        got = memo[key] = (job, gp.split_batch(job, speeds.tolist(), tp.tolist()))
-    split: gp.BatchSplit | None = got[1]
+    kept = memo.get("splits")
+    if kept is None or kept[0] is not job:
+        kept = memo["splits"] = (job, {})
+    splits: dict[Any, gp.BatchSplit | None] = kept[1]
+    key = (speeds.dtype.str, speeds.tobytes(), tp.dtype.str, tp.tobytes())
+    if key in splits:
+        split = splits.pop(key)
+    else:
+        split = gp.split_batch(job, speeds.tolist(), tp.tolist())
+        if len(splits) >= _SPLITS_KEPT:
+            del splits[next(iter(splits))]
+    splits[key] = split  # the most recently used last
     return split
 
 
