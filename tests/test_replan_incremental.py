@@ -308,6 +308,11 @@ def test_a_kept_bisection_path_gives_the_bisection_at_every_room():
         assert plain[0].tolist() == kept[0].tolist() and plain[1] == kept[1]
         bisected.add(tuple(plain[0].tolist()))
     assert len(bisected) == 3 and all(1.0 < max(pw) < 1.3 for pw in bisected)
+    for _ in range(2):  # no bisection step: the kept empty path replays too
+        rooms = (rack_room + 50.0, 100.0)
+        plain = boost_stages(slow, stages, lay.degree, ones, every, *rooms, steps=0)
+        kept = boost_stages(slow, stages, lay.degree, ones, every, *rooms, steps=0, memo=memo)
+        assert plain[0].tolist() == kept[0].tolist() and plain[1] == kept[1]
     assert any(key[0] == "path" for key in memo if isinstance(key, tuple))
 
 

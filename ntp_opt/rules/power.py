@@ -531,7 +531,8 @@ class _Booster:
             oks.append(ok[path])
             left -= depth
         if not rows:
-            return lo, np.zeros((0, 0)), np.zeros(0), np.zeros(0, dtype=bool)
+            width = int(self.kptr[i + 1] - self.kptr[i])  # no step: nothing to check
+            return lo, np.zeros((0, width)), np.zeros(0), np.zeros(0, dtype=bool)
         return lo, np.concatenate(rows), np.concatenate(extras), np.concatenate(oks)
 
     def run(self, cand: list[int], out: np.ndarray) -> list[int]:
