@@ -140,6 +140,14 @@ def test_recourse_and_reboost_on_the_layout_equal_the_reference(inst, data):
         assert again is None or (
             again.plan == got.plan and again.layout.batch.tolist() == got.layout.batch.tolist()
         )
+    memo: dict = {}  # a re-planning memo: its kept splits change no result
+    for _ in range(2):
+        local_m, lay_m = recourse_layout(new, plan, layout, mask, memo)
+        assert local_m == local and lay_m.batch.tolist() == lay.batch.tolist()
+        got_m = reboost_layout(new, local, lay, memo=memo)
+        assert (got_m is None) == (got is None)
+        assert got_m is None or got_m.plan == got.plan
+    assert "splits" in memo
 
 
 @given(instances(), st.data())
@@ -248,7 +256,8 @@ def test_the_incremental_bound_is_valid_and_its_rows_are_the_full_ones(inst, dat
 @given(instances(), st.data())
 def test_the_boost_memos_change_no_result(inst, data):
     """``boost_stages`` and ``boost_floor_stages`` give the same with a memo kept from an
-    earlier call (other rooms, same stages) as without one."""
+    earlier call (other rooms, same stages) as without one: a bisection's kept path is
+    replayed at the same rooms and bisected again at others."""
     from ntp_opt.rules.power import boost_floor_stages, boost_stages, headroom
     from ntp_opt.workflows.incremental import stages_of
 
@@ -263,7 +272,8 @@ def test_the_boost_memos_change_no_result(inst, data):
     ones = np.ones(lay.n_stages)
     every = list(range(lay.n_replicas))
     memo: dict = {}
-    for scale in (1.0, data.draw(st.sampled_from([0.0, 0.3, 0.9, 1.1]))):
+    other = data.draw(st.sampled_from([0.0, 0.3, 0.9, 1.1]))
+    for scale in (1.0, other, other, 1.0):
         rooms = (rack_room * scale, site_room * scale)
         plain = boost_stages(inst, stages, lay.degree, ones, every, *rooms, steps=50)
         kept = boost_stages(inst, stages, lay.degree, ones, every, *rooms, steps=50, memo=memo)
@@ -271,6 +281,39 @@ def test_the_boost_memos_change_no_result(inst, data):
         floor = boost_floor_stages(inst, stages, lay.degree, *rooms)
         again = boost_floor_stages(inst, stages, lay.degree, *rooms, memo=memo)
         assert floor.tolist() == again.tolist()
+
+
+def test_a_kept_bisection_path_gives_the_bisection_at_every_room():
+    """Slow replicas in tight rooms bisect: the memo's kept path (replayed at the same
+    rooms, bisected again at others) gives what no memo gives, room after room."""
+    from ntp_opt.rules.power import boost_stages
+    from ntp_opt.workflows.incremental import stages_of
+
+    inst = solve_default_instance()
+    plan = solve(inst, "fast").plan
+    assert plan is not None
+    lay = Layout.from_plan(inst, plan)
+    ids = inst.arrays.gpu_ids
+    slow = apply_events(inst, [ClusterEvent("speed", ids[g], 0.7) for g in lay.gpus[::3]])
+    stages = stages_of(lay)
+    ones = np.ones(lay.n_stages)
+    every = list(range(lay.n_replicas))
+    rack_room = np.zeros(len(slow.arrays.rack_ids))
+    memo: dict = {}
+    bisected = set()
+    for watts in (50.0, 200.0, 200.0, 50.0, 1000.0, 1000.0, 50.0):
+        rooms = (rack_room + watts, 2 * watts)
+        plain = boost_stages(slow, stages, lay.degree, ones, every, *rooms, steps=50)
+        kept = boost_stages(slow, stages, lay.degree, ones, every, *rooms, steps=50, memo=memo)
+        assert plain[0].tolist() == kept[0].tolist() and plain[1] == kept[1]
+        bisected.add(tuple(plain[0].tolist()))
+    assert len(bisected) == 3 and all(1.0 < max(pw) < 1.3 for pw in bisected)
+    for _ in range(2):  # no bisection step: the kept empty path replays too
+        rooms = (rack_room + 50.0, 100.0)
+        plain = boost_stages(slow, stages, lay.degree, ones, every, *rooms, steps=0)
+        kept = boost_stages(slow, stages, lay.degree, ones, every, *rooms, steps=0, memo=memo)
+        assert plain[0].tolist() == kept[0].tolist() and plain[1] == kept[1]
+    assert any(key[0] == "path" for key in memo if isinstance(key, tuple))
 
 
 def test_a_replanner_finds_trays_in_the_arrays_and_names_unknown_nodes():

@@ -413,12 +413,10 @@ class _Booster:
             total[rep[sel]] += stage_sum[sel]
         return total
 
-    def need(self, i: int, goals: list[float]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """Multipliers, extra watts per touched rack and in all, at each speed of ``goals``."""
-        if self.memo is None:
-            return self.needs(i, goals)
+    def ident(self, i: int) -> tuple[Any, ...]:
+        """What replica ``i``'s needs depend on: its stages, not its place."""
         ident = self.idents.get(i)
-        if ident is None:  # what the needs depend on: the replica's stages, not its place
+        if ident is None:
             s0, s1 = int(self.sptr[i]), int(self.sptr[i + 1])
             g0, g1 = int(self.stages.start[s0]), int(self.stages.start[s1])
             ident = self.idents[i] = (
@@ -429,7 +427,13 @@ class _Booster:
                 self.top[s0:s1].tobytes(),
                 self.inv_alpha,
             )
-        key = (ident, tuple(goals))
+        return ident
+
+    def need(self, i: int, goals: list[float]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Multipliers, extra watts per touched rack and in all, at each speed of ``goals``."""
+        if self.memo is None:
+            return self.needs(i, goals)
+        key = (self.ident(i), tuple(goals))
         got = self.memo.get(key)
         if got is None:
             got = self.memo[key] = self.needs(i, goals)
@@ -474,8 +478,34 @@ class _Booster:
         return self.n_neg != int(np.count_nonzero(room < 0))
 
     def bisect(self, i: int, lo: float, up: float) -> float:
-        """``steps`` bisection steps on the reachable speed, four levels of mids at a time."""
+        """``steps`` bisection steps on the reachable speed, four levels of mids at a time.
+
+        With a memo, the path (each step's mid, its needs and whether it fit) is
+        kept per replica and start: a later call checks every step of it against
+        the rooms at once and returns its end when each step decides as before
+        (the same steps, so the same speed); otherwise it bisects again.
+        """
+        if self.memo is None:
+            return self.walk(i, lo, up)[0]
+        key = ("path", self.ident(i), lo, up, self.steps)
+        kept = self.memo.get(key)
+        if kept is not None:
+            end, per_rack, extra, decided = kept
+            if np.array_equal(self.fits(i, per_rack, extra), decided):
+                return float(end)
+        end, per_rack, extra, decided = self.walk(i, lo, up)
+        self.memo[key] = (end, per_rack, extra, decided)
+        return end
+
+    def walk(
+        self, i: int, lo: float, up: float
+    ) -> tuple[float, np.ndarray, np.ndarray, np.ndarray]:
+        """The bisection of :meth:`bisect`: its end, and per step the needs (extra watts
+        per touched rack and in all) at its mid and whether they fit."""
         left = self.steps
+        rows: list[np.ndarray] = []
+        extras: list[np.ndarray] = []
+        oks: list[np.ndarray] = []
         while left > 0:
             depth = min(4, left)
             bounds, mids = [(lo, up)], []
@@ -486,15 +516,24 @@ class _Booster:
                     mids.append(m)
                     nxt += [(x, m), (m, y)]
                 bounds = nxt
-            ok = self.fits(i, *self.need(i, mids)[1:])
+            _, per_rack, extra = self.need(i, mids)
+            ok = self.fits(i, per_rack, extra)
             node = 0
+            path = []
             for _ in range(depth):
+                path.append(node)
                 if ok[node]:
                     lo, node = mids[node], 2 * node + 2
                 else:
                     up, node = mids[node], 2 * node + 1
+            rows.append(per_rack[path])
+            extras.append(extra[path])
+            oks.append(ok[path])
             left -= depth
-        return lo
+        if not rows:
+            width = int(self.kptr[i + 1] - self.kptr[i])  # no step: nothing to check
+            return lo, np.zeros((0, width)), np.zeros(0), np.zeros(0, dtype=bool)
+        return lo, np.concatenate(rows), np.concatenate(extras), np.concatenate(oks)
 
     def run(self, cand: list[int], out: np.ndarray) -> list[int]:
         """Boost the candidates, fewest extra watts first; write their multipliers into

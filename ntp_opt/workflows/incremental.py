@@ -87,7 +87,13 @@ def _layout(
     )
 
 
-def recourse_layout(instance: Instance, plan: Plan, layout: Layout, mask: np.ndarray) -> Local:
+def recourse_layout(
+    instance: Instance,
+    plan: Plan,
+    layout: Layout,
+    mask: np.ndarray,
+    memo: dict[Any, Any] | None = None,
+) -> Local:
     """:func:`ntp_opt.rules.recourse.adapt_indices` (``boost=False``), touched replicas only.
 
     Parameters
@@ -101,6 +107,10 @@ def recourse_layout(instance: Instance, plan: Plan, layout: Layout, mask: np.nda
         The running plan's strict layout.
     mask
         Boolean per GPU: the GPUs that fail (recourse treats them as dead).
+    memo
+        A dict kept by the caller from one event to the next (re-planning, the
+        memo of :func:`reboost_layout`): the exact batch split is kept there
+        under the replicas' speeds and degrees (the same result without it).
 
     Returns
     -------
@@ -215,8 +225,9 @@ def recourse_layout(instance: Instance, plan: Plan, layout: Layout, mask: np.nda
         racks_over, site_over = _draw(instance, new, alive)
     # batches (step 6)
     tps = degree
-    speeds = layout_speeds(instance, new).tolist() if degree else []
-    split = gp.split_batch(job, speeds, tps)
+    speeds_a = layout_speeds(instance, new) if degree else np.zeros(0)
+    speeds = speeds_a.tolist()
+    split = _exact(job, speeds_a, np.array(tps, dtype=np.int64), memo)
     replicas: tuple[Replica, ...] = ()
     value = 0.0
     if split is not None and degree:
@@ -290,19 +301,54 @@ def _factors(job: Job, tp: np.ndarray) -> np.ndarray:
     return np.array([per[t] for t in tp.tolist()], dtype=float)
 
 
-def _bound(job: Job, speeds: np.ndarray, tp: np.ndarray) -> float:
+_SPLITS_KEPT = 32
+"""Exact splits a re-planning memo keeps (:func:`_exact`), the least recently used
+dropped first."""
+
+
+def _exact(
+    job: Job, speeds: np.ndarray, tp: np.ndarray, memo: dict[Any, Any] | None
+) -> gp.BatchSplit | None:
+    """:func:`ntp_opt.rules.goodput.split_batch` of ``speeds`` and ``tp``, kept in
+    ``memo`` (when given) under their bytes for the same job: an event that leaves
+    the replicas' speeds as they were reuses the split. At most
+    :data:`_SPLITS_KEPT` splits are kept."""
+    if memo is None:
+        return gp.split_batch(job, speeds.tolist(), tp.tolist())
+    kept = memo.get("splits")
+    if kept is None or kept[0] is not job:
+        kept = memo["splits"] = (job, {})
+    splits: dict[Any, gp.BatchSplit | None] = kept[1]
+    key = (speeds.dtype.str, speeds.tobytes(), tp.dtype.str, tp.tobytes())
+    if key in splits:
+        split = splits.pop(key)
+    else:
+        split = gp.split_batch(job, speeds.tolist(), tp.tolist())
+        if len(splits) >= _SPLITS_KEPT:
+            del splits[next(iter(splits))]
+    splits[key] = split  # the most recently used last
+    return split
+
+
+def _bound(
+    job: Job, speeds: np.ndarray, tp: np.ndarray, memo: dict[Any, Any] | None = None
+) -> float:
     """The exact split's goodput at ``speeds`` (an upper bound on the split at lower
     speeds), with :data:`_BOUND_SLACK`; ``inf`` when the split fails."""
-    split = gp.split_batch(job, speeds.tolist(), tp.tolist())
+    split = _exact(job, speeds, tp, memo)
     return math.inf if split is None else split.goodput * (1 + _BOUND_SLACK)
 
 
 def _split(
-    instance: Instance, layout: Layout, powers: np.ndarray, slowest: np.ndarray
+    instance: Instance,
+    layout: Layout,
+    powers: np.ndarray,
+    slowest: np.ndarray,
+    memo: dict[Any, Any] | None = None,
 ) -> tuple[float, tuple[int, ...]] | None:
     """Goodput and batches of the exact split of the layout's replicas at ``powers``."""
     speeds = layout_speeds(instance, layout, powers=powers, slowest=slowest)
-    split = gp.split_batch(instance.job, speeds.tolist(), layout.degree.tolist())
+    split = _exact(instance.job, speeds, np.asarray(layout.degree), memo)
     return None if split is None else (split.goodput, split.batches)
 
 
@@ -349,7 +395,7 @@ def reboost_layout(
     tp = layout.degree
     slowest = stages.stage_min(a.speed)
     if keep is None:
-        got_keep = _split(instance, layout, layout.power, slowest)
+        got_keep = _split(instance, layout, layout.power, slowest, memo)
         value = -1.0 if got_keep is None else got_keep[0]
     else:
         value = keep
@@ -367,22 +413,22 @@ def reboost_layout(
     bar = value * (1 + FLOAT_NOISE)
     best_case = at_one.copy()
     best_case[slow] = target
-    ub_slow = _bound(job, best_case, tp)
+    ub_slow = _bound(job, best_case, tp, memo)
     base = _factors(job, tp)[stages.replica] * slowest
     top = float((base * stages.stage_min(instance.max_multiplier) ** job.power_exponent).min())
-    ub_floor = _bound(job, np.maximum(at_one, top / job.seq_time_s), tp)
+    ub_floor = _bound(job, np.maximum(at_one, top / job.seq_time_s), tp, memo)
 
     def slow_boost() -> tuple[np.ndarray, tuple[float, tuple[int, ...]] | None]:
         pw, _ = boost_stages(
             instance, stages, tp, ones, slow, rack_room, site_room, steps=50, memo=memo
         )
-        return pw, _split(instance, layout, pw, slowest)
+        return pw, _split(instance, layout, pw, slowest, memo)
 
     def floor_boost() -> tuple[np.ndarray, tuple[float, tuple[int, ...]] | None]:
         pw = boost_floor_stages(
             instance, stages, tp, rack_room, site_room, slowest=slowest, memo=memo
         )
-        return pw, _split(instance, layout, pw, slowest)
+        return pw, _split(instance, layout, pw, slowest, memo)
 
     got_slow = got_floor = None
     if ub_floor >= ub_slow and ub_floor > bar:

@@ -508,7 +508,7 @@ def _step(
     a = instance.arrays
     failed_now = a.healthy & ~new_inst.arrays.healthy
     changed = (a.healthy != new_inst.arrays.healthy) | (a.speed != new_inst.arrays.speed)
-    local, local_lay = recourse_layout(new_inst, plan, state.layout, failed_now)
+    local, local_lay = recourse_layout(new_inst, plan, state.layout, failed_now, state.memo)
     local_ev = None
     if local.metrics.get("reduced_power") or any(e.kind == "speed" for e in evs):
         # recourse reset boosts, or speeds changed: redo the boosts
