@@ -16,6 +16,7 @@ import pytest
 
 from ntp_opt import Instance, Job, solve
 from ntp_opt.model import topology
+from ntp_opt.planners.exact import colgen
 from ntp_opt.planners.exact.backends import available_backends, solve_program
 from ntp_opt.planners.exact.colgen import (
     ColumnGeneration,
@@ -281,3 +282,28 @@ def test_nvl72_tp8_elastic_with_boost_equals_brute_force():
     assert "column generation" in res.log and "left out degrees" not in res.log
     assert res.status == "optimal"
     assert res.objective == pytest.approx(best, rel=1e-6)
+
+
+@pytest.mark.parametrize(("seed", "closes"), [(4, False), (8, True)])
+def test_target_question_branches_until_the_target_is_ruled_out(seed, closes, monkeypatch):
+    # With no branching and no listing the generated program stays open at some step
+    # times. Asked only whether C reaches its upper bound, the longer branch and bound
+    # that prunes the nodes below the target must rule the target out where it can
+    # (issue 16: a 9k NVL72 TP8 elastic instance stopped on C in [1860, 1863]),
+    # and never below the full program's C.
+    monkeypatch.setattr(colgen, "MAX_NODES", 0)
+    monkeypatch.setattr(colgen, "ENUM_LIMIT", 0)
+    monkeypatch.setattr(colgen, "NEAR_COLUMNS", 1)
+    inst = small_instance(seed)
+    prep = prepare(inst)
+    degrees = inst.job.allowed
+    lowered = 0
+    for theta in thetas(inst, degrees):
+        first = ColumnGeneration(prep, degrees).solve(theta, "cpsat")
+        if first.lower == first.upper:
+            continue
+        want = full_capacity(inst, theta, degrees)
+        asked = ColumnGeneration(prep, degrees).solve(theta, "cpsat", target=first.upper)
+        assert asked.lower <= want <= asked.upper <= first.upper, theta
+        lowered += asked.upper < first.upper
+    assert lowered > 0 or not closes

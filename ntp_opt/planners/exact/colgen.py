@@ -101,6 +101,9 @@ NEAR_COLUMNS = 40
 ENUM_GAP = 2
 #: Nodes of the branch and bound over replica counts, per step time.
 MAX_NODES = 40
+#: Nodes of the branch and bound that only asks whether ``C`` reaches a target, run
+#: when the program stays open at or above the target (nodes below it are pruned).
+TARGET_NODES = 400
 #: Patterns kept per owner between step times.
 POOL_SIZE = 400
 #: CP-SAT's deterministic time (about CPU seconds) on one integer master; past it the
@@ -862,7 +865,10 @@ class ColumnGeneration:
         target
             The caller only asks whether ``C(theta') >= target``: when the LP bound
             is already below it, no integer master is solved (the result has no
-            solution, ``lower`` 0 and the LP bound as ``upper``).
+            solution, ``lower`` 0 and the LP bound as ``upper``). When the integer
+            master and the branching leave ``C`` open with ``lower < target <= upper``,
+            a longer branch and bound (:data:`TARGET_NODES` nodes) prunes every node
+            bounded below ``target``: ``upper`` drops below ``target`` when it closes.
 
         Returns
         -------
@@ -903,6 +909,10 @@ class ColumnGeneration:
             )
         master.start_integer(root)
         master.close_gap(root)
+        if target is not None and master.open() and master.lower <= target - 1 < master.upper:
+            # the caller only asks whether C reaches `target`: prune the nodes below it
+            open_bound = master.branch(root, target - 1, TARGET_NODES)
+            master.upper = max(master.lower, min(master.upper, math.floor(open_bound)))
         return MasterResult(
             master.cap, master.sol, int(master.upper), lp_value, master.rounds, len(master.columns)
         )
@@ -1297,15 +1307,18 @@ class _Master:
                 if prefix is not None:
                     self.add(oi, prefix)
 
-    def branch(self, root: _Node, lower: int) -> float:
+    def branch(self, root: _Node, lower: int, max_nodes: int | None = None) -> float:
         """Best-first branch and bound over the replica counts ``n``; returns the
         largest (rounded) bound of a node left open, ``lower`` when none.
 
         A node bounds ``n`` of some kinds; its column generation gives a Lagrangian
         bound valid for every integer solution in it. Nodes bounded by ``lower`` are
         pruned; a node whose LP has integral ``n`` stays open (its configuration
-        counts may still be fractional) and so do the nodes left at ``MAX_NODES``.
+        counts may still be fractional) and so do the nodes left at ``max_nodes``
+        (default :data:`MAX_NODES`).
         """
+        if max_nodes is None:
+            max_nodes = MAX_NODES
         deadline = self.opts.deadline
         heap: list[tuple[float, int, dict[tuple[int, int], tuple[int, int]], _Node]] = []
         ticks = itertools.count(1)
@@ -1321,7 +1334,7 @@ class _Master:
             ]
             if (
                 not frac
-                or nodes >= MAX_NODES
+                or nodes >= max_nodes
                 or (deadline is not None and time.perf_counter() >= deadline)
             ):
                 open_bound = max(open_bound, float(-neg))  # n integral: left open
