@@ -422,15 +422,24 @@ def unit_key(prep: Prepared, u: int) -> tuple[object, ...]:
 
 
 def stage_power(
-    prep: Prepared, t: int, b: int, slowest: float, theta: float, hi: float | None = None
+    prep: Prepared,
+    t: int,
+    b: int,
+    slowest: float,
+    theta: float,
+    hi: float | None = None,
+    factor: float | None = None,
 ) -> float | None:
     """Smallest power multiplier for a degree-``t`` stage to carry batch ``b`` at ``theta``.
 
     ``hi`` is the stage's cap (default ``1 + max_boost``: no board limit below
-    it). Returns ``None`` when even ``hi`` is not enough.
+    it). ``factor`` is ``job.tp_factor(t)`` when the caller has it. Returns
+    ``None`` when even ``hi`` is not enough.
     """
     job = prep.instance.job
-    speed_needed = b * job.seq_time_s / (theta * job.tp_factor(t) * slowest)
+    if factor is None:
+        factor = job.tp_factor(t)
+    speed_needed = b * job.seq_time_s / (theta * factor * slowest)
     if speed_needed <= 1.0 * (1 + FLOAT_NOISE):
         return 1.0
     alpha = job.power_exponent
@@ -542,6 +551,9 @@ def domain_configs(
     tdp_cum = dom.tdp
     min_t = min((t for t in degrees), default=h + 1)
     _check_deadline(deadline)
+    factors = {t: job.tp_factor(t) for t in degrees}
+    # per block (start, t): its cap, its slowest GPU's speed, racks and TDPs
+    blocks: dict[tuple[int, int], tuple[float, float, np.ndarray, np.ndarray]] = {}
 
     def extend(start: int, first_opt: int, stages: list[StageChoice], extra: np.ndarray) -> None:
         if start + min_t > h:
@@ -550,13 +562,21 @@ def domain_configs(
             _, t, b = options[oi]
             if start + t > h:
                 continue
-            block = slice(start, start + t)
-            hi = float(dom.cap[block].min())
-            pi = stage_power(prep, t, b, float(dom.speed[start + t - 1]), theta, hi)
+            block = blocks.get((start, t))
+            if block is None:
+                span = slice(start, start + t)
+                block = blocks[(start, t)] = (
+                    float(dom.cap[span].min()),
+                    float(dom.speed[start + t - 1]),
+                    dom.rack_pos[span],
+                    tdp_cum[span],
+                )
+            hi, slowest, racks, tdps = block
+            pi = stage_power(prep, t, b, slowest, theta, hi, factors[t])
             if pi is None:
                 continue
-            add = np.zeros(n_racks)
-            np.add.at(add, dom.rack_pos[block], tdp_cum[block] * (pi - idle_frac))
+            # in GPU order, as np.add.at would add them
+            add = np.bincount(racks, weights=tdps * (pi - idle_frac), minlength=n_racks)
             new_extra = extra + add
             new_stages = [*stages, StageChoice(t, b, start, pi)]
             configs.append(Config(tuple(new_stages), tuple(new_extra.tolist())))

@@ -93,11 +93,31 @@ LP_MARGIN = 0.5
 #: Relative slack on an LP value before it is rounded down to a bound on ``C`` (the
 #: LP's tolerances are far below it; ``C`` takes integer values only).
 LP_FLOOR_TOL = 1e-6
+#: Variables from which a capacity program's question "``C >= target``?" is first put
+#: to the mixed relaxation (integer replica counts, continuous configurations) when the
+#: LP does not decide it: about 0.1-0.6 s where CP-SAT takes 1.5-7 s at 131k GPUs
+#: (6,100 variables); below, the integer program is about as fast.
+MIXED_MIN_VARS = 1_000
+#: Seconds the mixed relaxation may take (at most; its dual bound counts at the limit).
+MIXED_LIMIT = 5.0
 
 
-def lp_relaxation(program: IntProgram, threads: int = 1) -> float | None:
-    """The LP relaxation's optimum of a capacity program (HiGHS), or ``None`` when
-    ``highspy`` is missing or the LP is not solved to optimality.
+def lp_relaxation(
+    program: IntProgram,
+    threads: int = 1,
+    *,
+    integer_from: int | None = None,
+    time_limit: float | None = None,
+) -> float | None:
+    """The optimum of a relaxation of a capacity program (HiGHS), or ``None`` when
+    ``highspy`` is missing or the relaxation is not solved.
+
+    Without ``integer_from`` every variable is continuous (the LP relaxation).
+    With it, the variables from that index on stay integer (the replica counts
+    ``n[t, b]`` of :class:`~ntp_opt.planners.exact.model.Capacity`, from its
+    ``n_offset``) and the configuration counts before it are continuous: a small
+    mixed program whose bound is often the integer optimum itself, where the LP
+    is a fraction of a replica above it.
 
     Parameters
     ----------
@@ -105,6 +125,11 @@ def lp_relaxation(program: IntProgram, threads: int = 1) -> float | None:
         A maximisation with integer variables.
     threads
         HiGHS threads.
+    integer_from
+        First variable kept integer (``None``: none).
+    time_limit
+        Seconds for the mixed program; at the limit its proven (dual) bound is
+        returned.
 
     Returns
     -------
@@ -119,15 +144,33 @@ def lp_relaxation(program: IntProgram, threads: int = 1) -> float | None:
     if broken:
         return None
     lp = highs_lp(highspy, data)
-    lp.integrality_ = [highspy.HighsVarType.kContinuous] * len(data.lb)
+    n = len(data.lb)
+    first = n if integer_from is None else max(0, min(n, integer_from))
+    continuous, integer = highspy.HighsVarType.kContinuous, highspy.HighsVarType.kInteger
+    lp.integrality_ = [continuous] * first + [integer] * (n - first)
     h = new_highs(highspy)
     h.setOptionValue("output_flag", False)
     h.setOptionValue("threads", threads)
+    if first < n:
+        # the objective is integral on the integer variables: a gap below 1 decides it
+        h.setOptionValue("mip_rel_gap", 0.0)
+        h.setOptionValue("mip_abs_gap", 1.0 - 1e-3)
+        if time_limit is not None:
+            h.setOptionValue("time_limit", max(0.01, time_limit))
     h.passModel(lp)
     h.run()
-    if h.getModelStatus() != highspy.HighsModelStatus.kOptimal:
+    status = h.getModelStatus()
+    info = h.getInfo()
+    if first == n:
+        if status != highspy.HighsModelStatus.kOptimal:
+            return None
+        return float(info.objective_function_value)
+    # a mixed program: its dual bound, once proven (a solve error, e.g. a solution
+    # refused for a row violated by 1e-5, gives none)
+    if status not in (highspy.HighsModelStatus.kOptimal, highspy.HighsModelStatus.kTimeLimit):
         return None
-    return float(h.getInfo().objective_function_value)
+    bound = float(info.mip_dual_bound)
+    return bound if math.isfinite(bound) else None
 
 
 @dataclass
@@ -221,27 +264,11 @@ class _Search:
                 return 0, below, theta
             return 0, (0 if generated is None else master.upper), theta
         if generated is None and target is not None:
-            relaxed = lp_relaxation(cap.program, self.threads)
-            if descent and relaxed is not None:
-                floored = math.floor(relaxed + LP_FLOOR_TOL * max(1.0, relaxed))
-                if floored < target:
-                    self.evaluations += 1
-                    if self.keep_log:
-                        self.log.append(
-                            f"theta'={theta:.9g} degrees={list(degrees)} LP={relaxed:.6f} "
-                            f"< {target}"
-                        )
-                    return 0, max(0, floored), theta
-            elif relaxed is not None and relaxed < target - LP_MARGIN:
-                # C is an integer at most the LP value: below the target
-                self.evaluations += 1
-                if self.keep_log:
-                    self.log.append(
-                        f"theta'={theta:.9g} degrees={list(degrees)} LP={relaxed:.6f} < {target}"
-                    )
+            answer = self._relaxed_answer(cap, theta, degrees, target, descent, remaining)
+            if answer is not None:
                 if below is not None:
                     return 0, below, theta
-                return 0, max(0, math.floor(relaxed + LP_MARGIN)), theta
+                return 0, answer, theta
         if generated is None:
             sol = solve_program(
                 cap.program,
@@ -291,6 +318,48 @@ class _Search:
         if sol.time_limit_hit and sol.status != "optimal":
             raise _Deadline
         return lower, upper, tight
+
+    def _relaxed_answer(
+        self,
+        cap: Capacity,
+        theta: float,
+        degrees: tuple[int, ...],
+        target: int,
+        descent: bool,
+        remaining: float | None,
+    ) -> int | None:
+        """An upper bound below ``target`` on ``C(theta)`` from relaxations, or ``None``.
+
+        First the LP relaxation; then, on programs of at least
+        :data:`MIXED_MIN_VARS` variables, the mixed program with integer replica
+        counts (:func:`lp_relaxation` with ``integer_from``), a fraction of the
+        integer program's time where it decides the question. Without ``descent``
+        the LP must be :data:`LP_MARGIN` below the target; with it, its value is
+        rounded down (to :data:`LP_FLOOR_TOL`), as is the mixed program's bound."""
+        relaxed = lp_relaxation(cap.program, self.threads)
+        if relaxed is None:
+            return None
+        if descent:
+            floored = math.floor(relaxed + LP_FLOOR_TOL * max(1.0, relaxed))
+        else:
+            floored = math.floor(relaxed + LP_MARGIN) if relaxed < target - LP_MARGIN else target
+        kind = "LP"
+        if floored >= target and cap.program.n_vars >= MIXED_MIN_VARS:
+            limit = MIXED_LIMIT if remaining is None else min(MIXED_LIMIT, remaining)
+            relaxed = lp_relaxation(
+                cap.program, self.threads, integer_from=cap.n_offset, time_limit=limit
+            )
+            if relaxed is None:
+                return None
+            floored, kind = math.floor(relaxed + LP_FLOOR_TOL * max(1.0, relaxed)), "mixed"
+        if floored >= target:
+            return None
+        self.evaluations += 1
+        if self.keep_log:
+            self.log.append(
+                f"theta'={theta:.9g} degrees={list(degrees)} {kind}={relaxed:.6f} < {target}"
+            )
+        return max(0, floored)
 
     def _offer(self, stages: list[StagePick], powers: list[float]) -> None:
         groups, speeds = _replicas(self.prep, stages, powers)
@@ -650,6 +719,7 @@ def _elastic(s: _Search, cases: list[tuple[tuple[int, ...], float]]) -> float:
     best = 0.0
     # intervals (-upper bound, a, C(a), b, C(b), b is a tight point, case)
     heap: list[tuple[float, float, int, float, int, bool, int]] = []
+    above = 0.0  # bound on the goodput above the range of a case whose top was not solved
 
     def push(i: int, a: float, ca: int, b: float, cb: int, tight_end: bool) -> None:
         nonlocal best
@@ -661,18 +731,32 @@ def _elastic(s: _Search, cases: list[tuple[tuple[int, ...], float]]) -> float:
 
     for i, (degrees, factor) in enumerate(cases):
         lo, hi = _theta_range(s.prep, degrees)
-        c_max, up, _ = s.capacity(hi, degrees)
+        most = min(big_b, job.replicas_max * min(job.local_batch_max, big_b))
+        if s.theta_search == "descent" and most / (hi * factor) <= s.best_value * (1 + REL_TOL):
+            # no program at the top of the range: above it G <= min(B, dp_max M) /
+            # (hi factor), which the incumbent reaches, and the descent's first
+            # program asks at once whether the largest level beats the incumbent
+            c_max = 0
+            up = most
+            above = max(above, most / (hi * factor))
+        else:
+            c_max, up, _ = s.capacity(hi, degrees)
+            if c_max < up:
+                raise _Unresolved
         if up == 0:
             continue
-        if c_max < up:
-            raise _Unresolved
-        top = min(big_b, c_max)
-        hi, _ = _min_theta(s, degrees, top, max(lo, _bound_floor(s, degrees, top, factor)), hi)
-        # C at the top of the search range: the solution's value for the incumbent,
-        # the proven upper bound for the intervals below (they differ where the
-        # generated configurations leave a gap, e.g. right at a tight point, where
-        # the mW rounding may refuse the solution that was tightened there)
-        c_hi, up_hi, _ = s.capacity(hi, degrees)
+        c_hi, up_hi = c_max, up
+        if s.theta_search == "bnb":
+            top = min(big_b, c_max)
+            hi, _ = _min_theta(s, degrees, top, max(lo, _bound_floor(s, degrees, top, factor)), hi)
+            # C at the top of the search range: the solution's value for the incumbent,
+            # the proven upper bound for the intervals below (they differ where the
+            # generated configurations leave a gap, e.g. right at a tight point, where
+            # the mW rounding may refuse the solution that was tightened there)
+            c_hi, up_hi, _ = s.capacity(hi, degrees)
+        # (the descent starts at the top of the range: its first program asks whether
+        # the largest level beats the incumbent, where the search for the step time at
+        # which C reaches it would follow tight points down one solution at a time)
         best = max(best, c_hi / (hi * factor))
         # Doubling: below theta_cut every solution at theta, with its batches
         # doubled, stays feasible at 2 theta (same speed needs, no batch cap
@@ -696,7 +780,7 @@ def _elastic(s: _Search, cases: list[tuple[tuple[int, ...], float]]) -> float:
         for _, a, ca, b, cb, _, i in sorted(heap):
             best, case_bound = _descend(s, cases[i], candidates[i], (a, ca), (b, cb), best)
             bound = max(bound, case_bound)
-        return max(best, bound)
+        return max(best, bound, above)
     while heap:
         neg_ub, a, ca, b, cb, tight_end, i = heap[0]
         if min(-neg_ub, s.global_bound) <= max(best, s.best_value) * (1 + REL_TOL):
@@ -766,6 +850,8 @@ def _descend(
     lo, _ = low_end
     theta, level = high_end
     bound = 0.0
+    caps: list[tuple[float, int]] = []  # (step time, upper bound on C there) of look-aheads
+    stride = LOOK_AHEAD
     while theta > lo:
         lam = max(best, s.best_value)
         case_bound = _case_bound(s, degrees)
@@ -783,11 +869,24 @@ def _descend(
                 # C is constant on [lo, nxt]: the goodput there is at most G(lo)
                 return best, max(bound, min(big_b, level) / (nxt * factor))
             probe = float(cands[k])
+            if probe >= theta:
+                # a relaxation bounded C at this candidate, but G there may beat the
+                # incumbent: C itself is needed (C is constant up to the next one)
+                c_e, up_e, _ = s.capacity(probe, degrees)
+                if c_e < up_e:
+                    raise _Unresolved
+                best = max(best, min(big_b, c_e) / (probe * factor))
+                level = min(level, c_e)
+                continue
         if probe >= theta:
             # the last program left lower < upper and its upper bound did not
             # lower the level: the step times right below it stay open
             raise _Unresolved
         bound = max(bound, min(big_b, level) / (nxt * factor))
+        known = min((u for at, u in caps if at >= probe), default=level)
+        if known < level:  # a look-ahead below showed C(probe) <= C(at) <= known
+            theta, level = probe, known
+            continue
         # only C(probe) < level moves on: the LP relaxation often shows it
         c_p, up_p, tight = s.capacity(probe, degrees, level, descent=True)
         if c_p < up_p and up_p < level:  # the LP's bound on C(probe): a lower level, no plan
@@ -799,8 +898,51 @@ def _descend(
             # not proven: the upper bound is the level below the probe (only upper
             # bounds of C enter the proof; a solution only raises the incumbent)
             s.note(f"theta'={probe:.9g} degrees={list(degrees)}: C in [{c_p}, {up_p}]")
+        if c_p >= level and cands is None:
+            best, stride = _look_ahead(s, case, (lo, probe), level - stride, best, caps, stride)
         theta, level = probe, min(level, up_p)
     return best, bound
+
+
+#: Levels below a level at which a better plan was found that the descent looks at
+#: first (doubled after every look-ahead that finds a better plan still).
+LOOK_AHEAD = 2
+
+
+def _look_ahead(
+    s: _Search,
+    case: tuple[tuple[int, ...], float],
+    window: tuple[float, float],
+    level: int,
+    best: float,
+    caps: list[tuple[float, int]],
+    stride: int,
+) -> tuple[float, int]:
+    """One program of :func:`_descend` ahead of its order: ``C >= level`` at the step
+    time where that level would beat the incumbent, inside ``window``.
+
+    Where the power budget lets each level below run a little faster, the
+    incumbent improves by a little at every level, and the descent would solve
+    one integer program per level; a look-ahead that finds a plan skips the
+    integer programs of the levels between (their turn comes with the higher
+    incumbent, where a relaxation usually rules them out). A look-ahead that
+    does not find one leaves its upper bound on ``C`` in ``caps`` for the
+    descent to use when it gets there. Returns ``best`` and the next stride.
+    """
+    degrees, factor = case
+    big_b = s.prep.instance.job.global_batch
+    lam = max(best, s.best_value)
+    if level <= 0 or lam <= 0:
+        return best, LOOK_AHEAD
+    at = min(big_b, level) / (lam * factor * (1 + REL_TOL))
+    if not window[0] < at < window[1]:
+        return best, LOOK_AHEAD
+    c_g, up_g, tight = s.capacity(at, degrees, level, descent=True)
+    if c_g >= level:
+        tight = min(max(window[0], tight), at)
+        return max(best, min(big_b, c_g) / (tight * factor)), 2 * stride
+    caps.append((at, up_g))
+    return best, LOOK_AHEAD
 
 
 def solve_exact(
@@ -1004,5 +1146,15 @@ def solve_exact(
         limit=Limit.INTERRUPTED if interrupted else Limit.TIME if timed_out else Limit.NONE,
         log=tuple(s.log),
         stats={"goodput": s.best_value, "evaluations": s.evaluations},
-        layout=s.best_layout,
+        layout=_plan_layout(instance, s.best_plan, s.best_layout),
     )
+
+
+def _plan_layout(instance: Instance, plan: Plan, layout: Layout | None) -> Layout | None:
+    """``layout`` when the search built the plan, else the warm start's, read from it."""
+    if layout is not None or not plan.replicas:
+        return layout
+    try:
+        return Layout.from_plan(instance, plan)
+    except KeyError:  # a warm start naming unknown nodes (it was not feasible, then)
+        return None
