@@ -6,6 +6,8 @@ Usage::
                                       [--policy fixed|elastic] [--backends cpsat,highs]
     python benchmarks/milp_scaling.py --policy elastic --sizes 32k,128k --failed 0.001
     python benchmarks/milp_scaling.py --files instances/paper-nvl32-32k-0.1pct.json.gz,...
+    python benchmarks/milp_scaling.py --files instances/large/nvl32-128k-0.1pct-fixed.json.gz \
+                                      --policy elastic --backends cpsat
     python benchmarks/milp_scaling.py --grid [--grid-sizes 9k,32k] [--tps 8,16]
                                       [--policies fixed,elastic] [--grid-failed 0.001,0.004]
 
@@ -16,7 +18,10 @@ the jobs' default ``max_boost = 0.3``) with 0.1 % and 1 % failed GPUs and
 heuristic's relative goodput, the ``fast`` planner's (with its gap to its own
 bound and its time), and for each backend the exact planner's relative goodput, relative bound, gap,
 status, wall and CPU time, and the ratio optimum / ntp measured in the same
-run. ``--files`` runs instance files (each with its own job) instead.
+run. ``--files`` runs instance files (each with its own job) instead; with
+``--policy`` their jobs' batch policy is replaced (the last usage line is the
+131k NVL32 elastic-with-boost shape of issue 16: the library's 131k NVL32
+instance, elastic).
 Figures are relative goodput (1.0 = the job with no failures).
 
 ``--grid`` runs the GB200 NVL72 grid instead (issue 16: several stages per
@@ -125,7 +130,12 @@ def main() -> None:
     ap.add_argument("--sizes", default="1k,4k,32k")
     ap.add_argument("--failed", default="0.001,0.01")
     ap.add_argument("--kinds", default="nvl32,nvl72")
-    ap.add_argument("--policy", default="fixed", choices=["fixed", "elastic"])
+    ap.add_argument(
+        "--policy",
+        default=None,
+        choices=["fixed", "elastic"],
+        help="batch policy (default fixed; with --files, replaces the files' own)",
+    )
     ap.add_argument("--backends", default="cpsat,highs")
     ap.add_argument(
         "--files",
@@ -147,17 +157,24 @@ def main() -> None:
     for b in backends:
         head += [f"{b} rel", f"{b} bound", f"{b} gap", f"{b} status", f"{b} s", f"{b} cpu s"]
         head += [f"{b}/ntp"]
-    policy = "of each file" if args.files else args.policy
+    policy = args.policy or ("of each file" if args.files else "fixed")
     print(f"policy {policy}, time limit {args.time_limit:g} s (wall), threads 1")
     print("| " + " | ".join(head) + " |")
     print("|" + "---|" * len(head))
     if args.files:
         from ntp_opt import load_instance
 
-        todo = [lambda path=path: load_instance(path) for path in args.files.split(",")]
+        def load_file(path: str) -> Instance:
+            inst = load_instance(path)
+            if args.policy is None:
+                return inst
+            job = Job(**{**inst.job.model_dump(), "batch_policy": args.policy})
+            return inst.with_job(job)
+
+        todo = [lambda path=path: load_file(path) for path in args.files.split(",")]
     else:
         todo = [
-            lambda kind=kind, size=size, failed=failed: make(kind, size, failed, args.policy)
+            lambda kind=kind, size=size, failed=failed: make(kind, size, failed, policy)
             for size in args.sizes.split(",")
             for kind in args.kinds.split(",")
             for failed in (float(f) for f in args.failed.split(","))

@@ -110,6 +110,28 @@ def test_lp_relaxation_bounds_the_capacity(seed):
 
 
 @needs_colgen
+@pytest.mark.parametrize("seed", range(12))
+def test_mixed_relaxation_lies_between_the_capacity_and_the_lp(seed):
+    # integer replica counts, continuous configurations: a bound on C(theta') no
+    # weaker than the LP's, also when stopped by the node limit (its dual bound)
+    inst = exact_instance(seed)
+    prep = prepare(inst)
+    job = inst.job
+    for theta in (0.5 * job.seq_time_s, 1.5 * job.seq_time_s, 4.0 * job.seq_time_s):
+        cap = build_capacity(prep, theta, job.allowed)
+        if not cap.classes:
+            continue
+        sol = solve_program(cap.program, "cpsat")
+        assert sol.objective is not None
+        relaxed = search.lp_relaxation(cap.program)
+        mixed = search.lp_relaxation(cap.program, integer_from=cap.n_offset)
+        stopped = search.lp_relaxation(cap.program, integer_from=cap.n_offset, node_limit=1)
+        assert relaxed is not None and mixed is not None and stopped is not None
+        assert sol.objective - 1e-6 <= mixed <= relaxed + 1e-6
+        assert sol.objective - 1e-6 <= stopped <= relaxed + 1e-6
+
+
+@needs_colgen
 @pytest.mark.parametrize("seed", [4, 16, 38])
 def test_threshold_settled_by_lp_equals_brute_force(seed):
     # fixed batch: step times where the LP relaxation is below B are settled without

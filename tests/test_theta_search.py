@@ -40,6 +40,36 @@ def test_descent_equals_branch_and_bound_and_brute_force(seed: int) -> None:
     assert evaluate(inst, new.plan).feasible
 
 
+def _pause_warm_starts(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every warm start pauses the job: the descent raises the incumbent itself."""
+
+    def paused(instance: Instance, **_: object) -> Plan:
+        return Plan(instance.name, ())
+
+    for name in ("ntp_pw", "ntp", "dp_drop"):
+        monkeypatch.setattr(search.baselines, name, paused)
+
+
+def test_mixed_relaxation_equals_brute_force(monkeypatch: pytest.MonkeyPatch) -> None:
+    # the mixed relaxation (integer replica counts, continuous configurations),
+    # forced here onto every program the LP does not decide and stopped after one
+    # node, keeps the brute force's optimum and a valid bound
+    _pause_warm_starts(monkeypatch)
+    monkeypatch.setattr(search, "MIXED_MIN_VARS", 0)
+    monkeypatch.setattr(search, "MIXED_NODES", 1)
+    mixed = 0
+    for seed in range(24):
+        inst = _elastic(exact_instance(seed))
+        best, _ = brute_force(inst)
+        res = solve_exact(inst, "cpsat", time_limit=HANG_GUARD, log=True)
+        assert res.proven
+        mixed += any("mixed=" in line for line in res.log)
+        assert float(res.stats["goodput"]) == pytest.approx(best, rel=1e-5, abs=1e-9)
+        assert res.bound is not None and res.bound >= best * (1 - 1e-9)
+        assert evaluate(inst, res.plan).feasible
+    assert mixed >= 3  # (4 of the 24 when written)
+
+
 def _boosted(domains: int, fail: int, seed: int) -> Instance:
     g = topology.nvl32(domains, rack_power_factor=1.3)
     topology.fail_random(g, count=fail, seed=seed)
@@ -47,6 +77,39 @@ def _boosted(domains: int, fail: int, seed: int) -> Instance:
     dp = domains // 4
     job = Job(tp=32, pp=4, dp=dp, global_batch=16 * dp, batch_policy="elastic")
     return Instance(f"nvl32-{domains}-boost", g, job)
+
+
+def test_look_ahead_keeps_the_optimum(monkeypatch: pytest.MonkeyPatch) -> None:
+    # NVL32 with boost from a paused incumbent: the descent's look-ahead (a program
+    # for a level ahead of its turn) finds better plans; with it and without it
+    # the searches end at the same proven optimum
+    _pause_warm_starts(monkeypatch)
+    real = search._look_ahead
+    asked = found = 0
+
+    def spy(s, case, window, level, best, caps, stride):  # type: ignore[no-untyped-def]
+        nonlocal asked, found
+        before = s.evaluations
+        out = real(s, case, window, level, best, caps, stride)
+        asked += s.evaluations > before
+        found += out[1] == 2 * stride
+        return out
+
+    def off(s, case, window, level, best, caps, stride):  # type: ignore[no-untyped-def]
+        return best, search.LOOK_AHEAD
+
+    for seed in range(6):
+        inst = _boosted(8, 2, seed)
+        monkeypatch.setattr(search, "_look_ahead", spy)
+        on = solve_exact(inst, "cpsat", time_limit=HANG_GUARD)
+        monkeypatch.setattr(search, "_look_ahead", off)
+        without = solve_exact(inst, "cpsat", time_limit=HANG_GUARD)
+        assert on.proven and without.proven
+        g_on, g_off = float(on.stats["goodput"]), float(without.stats["goodput"])
+        assert g_on == pytest.approx(g_off, rel=2e-6)
+        assert on.bound is not None and on.bound >= g_off * (1 - 1e-9)
+        assert evaluate(inst, on.plan).feasible
+    assert asked >= 2 and found >= 1, (asked, found)
 
 
 @pytest.mark.parametrize("seed", [1])  # each seed costs about 9 CPU s
@@ -94,12 +157,7 @@ def test_descent_from_a_paused_incumbent_finds_the_optimum(
     # it can, and must still end at the brute force's optimum with a valid bound.
     inst = _elastic(exact_instance(seed))
     best, _ = brute_force(inst)
-
-    def paused(instance: Instance, **_: object) -> Plan:
-        return Plan(instance.name, ())
-
-    for name in ("ntp_pw", "ntp", "dp_drop"):
-        monkeypatch.setattr(search.baselines, name, paused)
+    _pause_warm_starts(monkeypatch)
     out = solve_exact(inst, "cpsat", time_limit=HANG_GUARD)
     assert out.proven
     assert float(out.stats["goodput"]) == pytest.approx(best, rel=1e-5, abs=1e-9)
