@@ -743,13 +743,18 @@ def _elastic(s: _Search, cases: list[tuple[tuple[int, ...], float]]) -> float:
     for i, (degrees, factor) in enumerate(cases):
         lo, hi = _theta_range(s.prep, degrees)
         most = min(big_b, job.replicas_max * min(job.local_batch_max, big_b))
-        if s.theta_search == "descent" and most / (hi * factor) <= s.best_value * (1 + REL_TOL):
+        if s.theta_search == "descent" and most / (hi * factor) < s.best_value * (1 + REL_TOL):
             # no program at the top of the range: above it G <= min(B, dp_max M) /
             # (hi factor), which the incumbent reaches, and the descent's first
             # program asks at once whether the largest level beats the incumbent
             c_max = 0
             up = most
             above = max(above, most / (hi * factor))
+            if s.keep_log:
+                s.log.append(
+                    f"theta'={hi:.9g} degrees={list(degrees)}: top of the range not solved "
+                    f"(G <= {most / (hi * factor):.9g} there)"
+                )
         else:
             c_max, up, _ = s.capacity(hi, degrees)
             if c_max < up:
