@@ -61,7 +61,8 @@ class Outcome:
         Extra counters the planner reports (e.g. ``evaluations``).
     layout
         ``plan`` in index space (``Layout.from_plan(instance, plan)``), when the
-        planner built it anyway; ``None`` otherwise (and without a plan).
+        planner provides it (the exact planner does for every plan it returns);
+        ``None`` otherwise (and without a plan).
     """
 
     plan: Plan | None

@@ -181,6 +181,12 @@ def lp_relaxation(
     return bound if math.isfinite(bound) else None
 
 
+def _floor_bound(relaxed: float) -> int:
+    """A relaxation's value rounded down to a bound on the integer ``C``, with the
+    slack :data:`LP_FLOOR_TOL` for the solver's tolerances."""
+    return math.floor(relaxed + LP_FLOOR_TOL * max(1.0, relaxed))
+
+
 @dataclass
 class _Search:
     prep: Prepared
@@ -348,7 +354,7 @@ class _Search:
         if relaxed is None:
             return None
         if descent:
-            floored = math.floor(relaxed + LP_FLOOR_TOL * max(1.0, relaxed))
+            floored = _floor_bound(relaxed)
         else:
             floored = math.floor(relaxed + LP_MARGIN) if relaxed < target - LP_MARGIN else target
         kind = "LP"
@@ -362,7 +368,7 @@ class _Search:
             )
             if relaxed is None:
                 return None
-            floored, kind = math.floor(relaxed + LP_FLOOR_TOL * max(1.0, relaxed)), "mixed"
+            floored, kind = _floor_bound(relaxed), "mixed"
         if floored >= target:
             return None
         self.evaluations += 1
