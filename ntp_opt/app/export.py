@@ -1003,6 +1003,7 @@ def export_megatron(
     placeholder_hosts: Sequence[str] = (),
     placeholder_gpus: int | None = None,
     inputs: Sequence[str | os.PathLike[str]] = (),
+    extra_files: Callable[[Export], dict[str, str]] | None = None,
 ) -> Export:
     """Write the files of :func:`megatron_export` into ``out_dir``.
 
@@ -1014,6 +1015,10 @@ def export_megatron(
         Output directory (created if missing).
     inputs
         Files the caller read (never overwritten).
+    extra_files
+        More files to write with them, made from the export (the Kubernetes
+        objects of :mod:`ntp_opt.app.export_k8s`); its errors stop the export
+        before any file is written.
 
     Returns
     -------
@@ -1023,7 +1028,7 @@ def export_megatron(
     Raises
     ------
     ntp_opt.validate.PlanError, MegatronError
-        As :func:`megatron_export`; nothing is written then.
+        As :func:`megatron_export` (and ``extra_files``); nothing is written then.
     """
     ex = megatron_export(
         instance,
@@ -1032,6 +1037,8 @@ def export_megatron(
         placeholder_hosts=placeholder_hosts,
         placeholder_gpus=placeholder_gpus,
     )
+    if extra_files is not None:
+        ex.files.update(extra_files(ex))
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     for stale in (TORCHRUN_HOSTS_NAME, TORCHRUN_NAME):

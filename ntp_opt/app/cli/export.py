@@ -17,6 +17,17 @@ def run(args: argparse.Namespace) -> int:
     from ntp_opt.planners.megatron import MegatronError
     from ntp_opt.rules.validate import PlanError
 
+    k8s = None
+    if args.to == "k8s":
+        from ntp_opt.app.export_k8s import K8sOptions
+
+        try:
+            k8s = K8sOptions.from_cli(
+                args.image, args.name, args.namespace, args.command, args.master_port
+            )
+        except ValueError as err:
+            print(f"ntp-opt: error: {err}", file=sys.stderr)
+            return 2
     instance = load_instance(args.instance)
     plan = load_plan(args.plan)
     hosts = [h for h in (args.placeholder_hosts or "").split(",") if h]
@@ -32,15 +43,29 @@ def run(args: argparse.Namespace) -> int:
             written = power_only(instance, plan, args.output, inputs=[args.plan, args.instance])
             print(f"wrote {', '.join(written)} in {args.output}")
             return 0
-        ex = export_megatron(
-            instance,
-            plan,
-            args.output,
-            reorder=args.reorder,
-            placeholder_hosts=hosts,
-            placeholder_gpus=args.placeholder_gpus,
-            inputs=[args.plan, args.instance],
-        )
+        if k8s is not None:
+            from ntp_opt.app.export_k8s import export_k8s
+
+            ex = export_k8s(
+                instance,
+                plan,
+                args.output,
+                k8s,
+                reorder=args.reorder,
+                placeholder_hosts=hosts,
+                placeholder_gpus=args.placeholder_gpus,
+                inputs=[args.plan, args.instance],
+            )
+        else:
+            ex = export_megatron(
+                instance,
+                plan,
+                args.output,
+                reorder=args.reorder,
+                placeholder_hosts=hosts,
+                placeholder_gpus=args.placeholder_gpus,
+                inputs=[args.plan, args.instance],
+            )
     except (PlanError, MegatronError) as err:
         violations = err.violations
         v = violations[0]
@@ -48,7 +73,13 @@ def run(args: argparse.Namespace) -> int:
         print(f"ntp-opt: error: {args.plan}: {v.rule}: {v.message}{more}", file=sys.stderr)
         return 2
     print(f"wrote {len(ex.files)} files in {args.output} (see {args.output}/LAUNCH.md)")
-    if ex.torchrun_note:
+    if k8s is not None:
+        from ntp_opt.app.export_k8s import K8S_NAME, k8s_notes
+
+        print(f"kubectl apply -f {args.output}/{K8S_NAME}")
+        for line in k8s_notes(instance, ex, k8s):
+            print(f"note: {line}")
+    elif ex.torchrun_note:
         print(f"note: {ex.torchrun_note}")
     return 0
 
@@ -59,10 +90,11 @@ def add_parser(sub: Any) -> None:
     x.add_argument("plan", help="plan file")
     x.add_argument(
         "--to",
-        choices=["megatron-ntp", "power-limits"],
+        choices=["megatron-ntp", "k8s", "power-limits"],
         required=True,
         help="megatron-ntp: Megatron-LM NTP config, launchers and power limits "
-        "(docs/export.md); power-limits: only the nvidia-smi scripts",
+        "(docs/export.md); k8s: the same plus Kubernetes objects (k8s.json: one "
+        "pinned Job per host); power-limits: only the nvidia-smi scripts",
     )
     x.add_argument("--instance", required=True, help="the plan's instance file")
     x.add_argument("-o", "--output", required=True, help="output directory")
@@ -87,5 +119,18 @@ def add_parser(sub: Any) -> None:
         type=int,
         metavar="N",
         help="GPUs per placeholder host (default: the most GPUs of one cluster host)",
+    )
+    k = x.add_argument_group("--to k8s (docs/export.md, Kubernetes)")
+    k.add_argument("--image", help="container image with PyTorch, Megatron-LM and the script")
+    k.add_argument("--name", default="ntp", help="object name prefix (DNS-1123 label; ntp)")
+    k.add_argument("--namespace", help="namespace written into every object")
+    k.add_argument(
+        "--command",
+        metavar="'CMD ARGS'",
+        help="training command, split like a shell would (default 'python "
+        "pretrain_gpt_ntp.py'); the flags of megatron-args.txt are appended",
+    )
+    k.add_argument(
+        "--master-port", type=int, default=29500, help="rendezvous port (MASTER_PORT; 29500)"
     )
     x.set_defaults(func=run)
