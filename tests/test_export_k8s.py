@@ -283,7 +283,8 @@ def test_h100_one_pinned_job_per_planned_host(
             j["spec"]["template"]["metadata"]["labels"].items() >= svc["spec"]["selector"].items()
         )
         assert all(LABEL_VALUE.match(v) for v in j["metadata"]["labels"].values())
-        assert {"name": "ntp", "configMap": {"name": cm["metadata"]["name"]}} in p["volumes"]
+        [vol] = [v for v in p["volumes"] if v["name"] == "ntp"]
+        assert vol["projected"]["sources"] == [{"configMap": {"name": cm["metadata"]["name"]}}]
         names.add(name)
     assert len(names) == len(jobs)
     assert svc["spec"]["clusterIP"] == "None" and svc["spec"]["publishNotReadyAddresses"]
@@ -305,7 +306,8 @@ STUB = r"""#!/bin/bash
     printf '%s=%s\n' "$v" "${!v-<unset>}"
   done
   printf 'ARGS=%s\n' "$*"
-} >"$STUB_OUT/rank-$RANK.env"
+} >"$STUB_OUT/.rank-$RANK"
+mv "$STUB_OUT/.rank-$RANK" "$STUB_OUT/rank-$RANK.env"  # whole or absent if the rank is stopped
 if [ "$RANK" = "${STUB_FAIL_RANK:-}" ]; then exit 7; fi
 """
 
@@ -319,13 +321,16 @@ def run_wrapper(
     nvidia_smi: str | None = None,
 ) -> tuple[subprocess.CompletedProcess[str], dict[int, dict[str, str]]]:
     """Run a pod's command as the Job gives it, on ``node``, with the ConfigMap's files."""
-    [cm] = items(doc, "ConfigMap")
+    cms = {cm["metadata"]["name"]: cm["data"] for cm in items(doc, "ConfigMap")}
     jobs = items(doc, "Job")
     job = next((j for j in jobs if pinned_node(j) == node), jobs[0])
     d = tmp / "ntp"
     d.mkdir()
-    for name, text in cm["data"].items():
-        (d / name).write_text(text)
+    [vol] = [v for v in pod(job)["volumes"] if v["name"] == "ntp"]
+    for src in vol["projected"]["sources"]:  # the projected volume: every ConfigMap in /ntp
+        for name, text in cms[src["configMap"]["name"]].items():
+            assert not (d / name).exists()
+            (d / name).write_text(text)
     out = tmp / "out"
     out.mkdir()
     (tmp / "bin").mkdir()
@@ -368,6 +373,50 @@ def test_wrapper_starts_the_ranks_of_its_node_bound_by_uuid(
         assert kv["MASTER_ADDR"] == "ntp-0-dgx-h100-02.ntp" and kv["MASTER_PORT"] == "29500"
         assert kv["ARGS"] == args
     assert "starting ranks 0 1 2 3 4 5 6 of world 32" in proc.stderr
+
+
+def test_large_tables_are_split_over_configmaps(tmp_path: Path) -> None:
+    inst = load_instance(ROOT / "instances/default.json")  # 4096 GPUs, 256 hosts
+    plan = solve(inst, "megatron-ntp-reordered").plan
+    spares = [f"spare-{i}" for i in range(32)]
+    limit = 40_000  # k8s-ranks.tsv holds about 65 kB, ranks.txt about 190 kB
+    ex = export_k8s(
+        inst,
+        plan,
+        tmp_path / "x",
+        K8sOptions(IMAGE, configmap_bytes=limit),
+        placeholder_hosts=spares,
+    )
+    doc = json.loads(ex.files[K8S_NAME])
+    assert manifest_errors(doc) == []
+    cms = items(doc, "ConfigMap")
+    names = [cm["metadata"]["name"] for cm in cms]
+    assert len(names) >= 3
+    for j in items(doc, "Job"):
+        [vol] = [v for v in pod(j)["volumes"] if v["name"] == "ntp"]
+        assert [s["configMap"]["name"] for s in vol["projected"]["sources"]] == names
+    files: dict[str, str] = {}
+    for cm in cms:
+        assert sum(len(k) + len(v.encode()) for k, v in cm["data"].items()) <= limit
+        assert not set(files) & set(cm["data"])
+        files.update(cm["data"])
+    parts = sorted((k for k in files if k.startswith("k8s-ranks.tsv.")), key=lambda k: int(k[14:]))
+    assert len(parts) >= 2 and "k8s-ranks.tsv" not in files
+    assert "".join(files[k] for k in parts) == ex.files["k8s-ranks.tsv"]
+    last = ex.rows[-1]  # a host whose lines come from the last part
+    proc, seen = run_wrapper(tmp_path, doc, last.host)
+    assert proc.returncode == 0, proc.stderr
+    assert sorted(seen) == [r.rank for r in ex.rows if r.host == last.host]
+    assert {kv["WORLD_SIZE"] for kv in seen.values()} == {str(len(ex.rows))}
+    with pytest.raises(MegatronError, match=r"k8s-launch\.sh needs"):
+        export_k8s(
+            inst,
+            plan,
+            tmp_path / "y",
+            K8sOptions(IMAGE, configmap_bytes=2000),
+            placeholder_hosts=spares,
+        )
+    assert not (tmp_path / "y").exists()
 
 
 def test_wrapper_binds_by_index_without_uuids(tmp_path: Path) -> None:

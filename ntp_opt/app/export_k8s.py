@@ -72,6 +72,7 @@ __all__ = [
     "LAUNCH_SCRIPT",
     "K8sHost",
     "K8sOptions",
+    "configmap_parts",
     "export_k8s",
     "k8s_files",
     "k8s_hosts",
@@ -88,8 +89,10 @@ K8S_LAUNCH_NAME = "k8s-launch.sh"
 MOUNT = "/ntp"
 #: The extended resource of NVIDIA's device plugin.
 GPU_RESOURCE = "nvidia.com/gpu"
-#: Kubernetes refuses objects above 1 MiB; the ConfigMap's data must leave room for its metadata.
+#: Kubernetes refuses objects above 1 MiB; a ConfigMap's data must leave room for its metadata.
 CONFIGMAP_LIMIT = 1_000_000
+#: Files that may be cut at line ends over several ConfigMaps.
+_SPLITTABLE = (K8S_RANKS_NAME, RANKS_NAME)
 #: A DNS-1123 label (object names, pod host names, namespaces), at most 63 characters.
 LABEL_RE = re.compile(r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?")
 #: A DNS-1123 subdomain (node names), at most 253 characters.
@@ -118,6 +121,9 @@ class K8sOptions:
         The training command; the wrapper appends the flags of ``megatron-args.txt``.
     master_port
         The rendezvous port (``MASTER_PORT``) on the pod of node rank 0.
+    configmap_bytes
+        Most bytes of files one ConfigMap holds; larger rank tables are split
+        over several (:func:`configmap_parts`).
 
     Raises
     ------
@@ -130,6 +136,7 @@ class K8sOptions:
     namespace: str | None = None
     command: tuple[str, ...] = ("python", "pretrain_gpt_ntp.py")
     master_port: int = 29500
+    configmap_bytes: int = CONFIGMAP_LIMIT
 
     def __post_init__(self) -> None:
         if not self.image or any(c.isspace() for c in self.image):
@@ -333,7 +340,7 @@ def _meta(name: str, options: K8sOptions, labels: dict[str, str] | None = None) 
     return meta
 
 
-def _job(h: K8sHost, master: str, options: K8sOptions, config_map: str) -> dict[str, Any]:
+def _job(h: K8sHost, master: str, options: K8sOptions, config_maps: list[str]) -> dict[str, Any]:
     labels = {"ntp-opt/node-rank": str(h.node_rank)}
     pod_labels = {**APP_LABEL, "app.kubernetes.io/instance": options.name, **labels}
     n_active = sum(r.active for r in h.rows)
@@ -380,7 +387,10 @@ def _job(h: K8sHost, master: str, options: K8sOptions, config_map: str) -> dict[
         "tolerations": [{"key": GPU_RESOURCE, "operator": "Exists", "effect": "NoSchedule"}],
         "containers": [container],
         "volumes": [
-            {"name": "ntp", "configMap": {"name": config_map}},
+            {
+                "name": "ntp",
+                "projected": {"sources": [{"configMap": {"name": n}} for n in config_maps]},
+            },
             {"name": "dshm", "emptyDir": {"medium": "Memory"}},
         ],
     }
@@ -403,17 +413,82 @@ def _job(h: K8sHost, master: str, options: K8sOptions, config_map: str) -> dict[
     }
 
 
+def configmap_parts(data: dict[str, str], limit: int) -> list[dict[str, str]]:
+    """The ConfigMaps' files: ``data`` packed into parts of at most ``limit`` bytes.
+
+    Files are kept whole while they fit; a rank table that does not (``k8s-ranks.tsv``,
+    ``ranks.txt``) is cut at line ends into ``NAME.1``, ``NAME.2``, ... (the
+    wrapper reads ``k8s-ranks.tsv`` and ``k8s-ranks.tsv.*``). Parts are filled
+    in order; the pods mount them all into one directory (a projected volume).
+
+    Parameters
+    ----------
+    data
+        File name -> text.
+    limit
+        Most bytes (names and texts, UTF-8) per part.
+
+    Returns
+    -------
+    list of dict
+        The parts, the first holding the first file.
+
+    Raises
+    ------
+    MegatronError
+        ``k8s-size`` when a single file that cannot be cut, or a single line,
+        exceeds ``limit``.
+    """
+    pieces: list[tuple[str, str]] = []
+    for name, text in data.items():
+        if len(name.encode()) + len(text.encode()) <= limit or name not in _SPLITTABLE:
+            pieces.append((name, text))
+            continue
+        chunk: list[str] = []
+        used = count = 0
+        room = limit - len(name.encode()) - 8  # the suffix ".NNNNNNN"
+        for line in text.splitlines(keepends=True):
+            n = len(line.encode())
+            if chunk and used + n > room:
+                count += 1
+                pieces.append((f"{name}.{count}", "".join(chunk)))
+                chunk, used = [], 0
+            chunk.append(line)
+            used += n
+        pieces.append((f"{name}.{count + 1}", "".join(chunk)))
+    parts: list[dict[str, str]] = [{}]
+    used = 0
+    for name, text in pieces:
+        n = len(name.encode()) + len(text.encode())
+        if n > limit:
+            raise MegatronError(
+                [
+                    Violation(
+                        "k8s-size",
+                        f"{name} needs {n} bytes in a ConfigMap, which holds at most {limit}",
+                    )
+                ]
+            )
+        if parts[-1] and used + n > limit:
+            parts.append({})
+            used = 0
+        parts[-1][name] = text
+        used += n
+    return parts
+
+
 def k8s_manifest(
     hosts: Sequence[K8sHost], data: dict[str, str], options: K8sOptions
 ) -> dict[str, Any]:
-    """The ``v1`` ``List`` of the Service, the ConfigMap and one Job per host.
+    """The ``v1`` ``List`` of the Service, the ConfigMaps and one Job per host.
 
     Parameters
     ----------
     hosts
         :func:`k8s_hosts`.
     data
-        The ConfigMap's files (name -> text).
+        The files every pod sees in ``/ntp`` (name -> text), split over
+        ConfigMaps ``NAME-config``, ``NAME-config-1``, ... by :func:`configmap_parts`.
     options
         The Kubernetes options.
 
@@ -421,8 +496,14 @@ def k8s_manifest(
     -------
     dict
         A JSON-ready object ``kubectl apply -f`` accepts.
+
+    Raises
+    ------
+    MegatronError
+        As :func:`configmap_parts`.
     """
-    config_map = f"{options.name}-config"
+    parts = configmap_parts(data, options.configmap_bytes)
+    names = [f"{options.name}-config" + (f"-{i}" if i else "") for i in range(len(parts))]
     master = f"{hosts[0].job}.{options.name}"
     selector = {**APP_LABEL, "app.kubernetes.io/instance": options.name}
     service = {
@@ -436,13 +517,11 @@ def k8s_manifest(
             "ports": [{"name": "rendezvous", "port": options.master_port, "protocol": "TCP"}],
         },
     }
-    cm = {
-        "apiVersion": "v1",
-        "kind": "ConfigMap",
-        "metadata": _meta(config_map, options),
-        "data": dict(data),
-    }
-    items = [service, cm, *(_job(h, master, options, config_map) for h in hosts)]
+    cms = [
+        {"apiVersion": "v1", "kind": "ConfigMap", "metadata": _meta(n, options), "data": part}
+        for n, part in zip(names, parts, strict=True)
+    ]
+    items = [service, *cms, *(_job(h, master, options, names) for h in hosts)]
     return {"apiVersion": "v1", "kind": "List", "items": items}
 
 
@@ -466,30 +545,17 @@ def k8s_files(instance: Instance, ex: Export, options: K8sOptions) -> dict[str, 
     Raises
     ------
     MegatronError
-        As :func:`k8s_hosts`, or ``k8s-size`` when the ConfigMap would exceed
-        :data:`CONFIGMAP_LIMIT` bytes.
+        As :func:`k8s_hosts` and :func:`configmap_parts`.
     """
     hosts = k8s_hosts(instance, ex, options)
     table = _ranks_table(hosts)
     data = {
         K8S_LAUNCH_NAME: LAUNCH_SCRIPT,
-        K8S_RANKS_NAME: table,
-        RANKS_NAME: ex.files[RANKS_NAME],
         CONFIG_NAME: ex.files[CONFIG_NAME],
         ARGS_NAME: ex.files[ARGS_NAME],
+        K8S_RANKS_NAME: table,
+        RANKS_NAME: ex.files[RANKS_NAME],
     }
-    size = sum(len(k.encode()) + len(v.encode()) for k, v in data.items())
-    if size > CONFIGMAP_LIMIT:
-        raise MegatronError(
-            [
-                Violation(
-                    "k8s-size",
-                    f"the ConfigMap would hold {size} bytes of {len(ex.rows)} ranks; "
-                    f"Kubernetes stores at most about {CONFIGMAP_LIMIT} "
-                    "(1 MiB per object)",
-                )
-            ]
-        )
     manifest = k8s_manifest(hosts, data, options)
     return {
         K8S_NAME: json.dumps(manifest, indent=1, ensure_ascii=True) + "\n",
@@ -598,7 +664,13 @@ if [ -z "${MASTER_ADDR:-}" ]; then echo "$me: MASTER_ADDR is not set" >&2; exit 
 port="${MASTER_PORT:-29500}"
 if [ "$#" -eq 0 ]; then echo "$me: no training command given" >&2; exit 2; fi
 table="$dir/k8s-ranks.tsv"
-if [ ! -r "$table" ]; then echo "$me: cannot read $table" >&2; exit 2; fi
+shopt -s nullglob
+parts=("$dir"/k8s-ranks.ts[v] "$dir"/k8s-ranks.tsv.*)
+shopt -u nullglob
+if [ "${#parts[@]}" -eq 0 ]; then echo "$me: no $table in $dir" >&2; exit 2; fi
+for f in "${parts[@]}"; do
+  if [ ! -r "$f" ]; then echo "$me: cannot read $f" >&2; exit 2; fi
+done
 world=0
 ranks=()
 devs=()
@@ -616,7 +688,7 @@ while IFS=$'\t' read -r r h v a _; do
     devs+=("$v")
     acts+=("$a")
   fi
-done <"$table"
+done < <(cat -- "${parts[@]}")
 if [ "${#ranks[@]}" -eq 0 ]; then
   printf '%s: node %q runs no rank: it is not in %s (%d ranks);' "$me" "$node" "$table" \
     "$world" >&2
