@@ -472,6 +472,45 @@ def test_wrapper_fails_with_its_ranks(
     assert "a rank exited with status 7" in proc.stderr
 
 
+def test_wrapper_stops_its_ranks_on_sigterm(
+    tmp_path: Path, h100_export: tuple[Path, dict[str, Any], Any]
+) -> None:
+    """Deleting the pod sends SIGTERM to the wrapper: it stops every rank and exits 143."""
+    _, doc, _ = h100_export
+    [cm] = items(doc, "ConfigMap")
+    d = tmp_path / "ntp"
+    d.mkdir()
+    for name, text in cm["data"].items():
+        (d / name).write_text(text)
+    stub = tmp_path / "sleeper.sh"
+    stub.write_text('#!/bin/sh\necho $$ > "$STUB_OUT/pid-$RANK"\nexec sleep 600\n')
+    stub.chmod(0o755)
+    env = {"NTP_NODE_NAME": "dgx-h100-07", "MASTER_ADDR": "x", "NTP_DNS_WAIT": "0"}
+    env.update(NTP_EXPORT_DIR=str(d), STUB_OUT=str(tmp_path), PATH="/usr/bin:/bin")
+    proc = subprocess.Popen(
+        ["bash", str(d / "k8s-launch.sh"), str(stub)], env=env, stderr=subprocess.PIPE, text=True
+    )
+    try:
+        pid_files = [tmp_path / f"pid-{r}" for r in range(16, 24)]  # replica 1, stage 0
+        started = False
+        for _ in range(6000):  # until every rank has written its pid (hang guard: 6000 polls)
+            if all(f.exists() and f.read_text().strip() for f in pid_files):
+                started = True
+                break
+            proc.poll()
+            assert proc.returncode is None, proc.stderr.read() if proc.stderr else ""
+            subprocess.run(["sleep", "0.01"], check=True)
+        assert started
+        proc.terminate()
+        assert proc.wait(timeout=120) == 143
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    for f in pid_files:
+        with pytest.raises(ProcessLookupError):
+            os.kill(int(f.read_text()), 0)
+
+
 def test_wrapper_checks_the_pods_gpus(
     tmp_path: Path, h100_export: tuple[Path, dict[str, Any], Any]
 ) -> None:

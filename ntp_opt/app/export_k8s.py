@@ -8,8 +8,9 @@
     A ``v1`` ``List`` to ``kubectl apply -f``: a headless ``Service`` (the
     pods' DNS names; ``MASTER_ADDR`` is the name of the pod of node rank 0),
     a ``ConfigMap`` (the wrapper, the rank tables, ``ntp_config.py``,
-    ``megatron-args.txt``) and one ``batch/v1`` ``Job`` per host that runs at
-    least one rank, active or placeholder (node rank = order of the host's
+    ``megatron-args.txt``; tables above 1 MiB are cut over several, see
+    :func:`configmap_parts`) and one ``batch/v1`` ``Job`` per host that runs
+    at least one rank, active or placeholder (node rank = order of the host's
     first rank). Each Job's pod is pinned to its node by node affinity on
     ``metadata.name`` (the node's name, which is the instance's host name
     when it was imported with ``ntp-opt import k8s``), tolerates the
@@ -728,6 +729,7 @@ echo "$me: node $node: starting ranks ${ranks[*]} of world $world ($n_active act
   "$n_idle placeholders); MASTER_ADDR=$MASTER_ADDR:$port" >&2
 export PYTHONPATH="$dir${PYTHONPATH:+:$PYTHONPATH}"
 pids=()
+trap 'kill "${pids[@]}" 2>/dev/null; wait; exit 143' TERM INT
 for i in "${!ranks[@]}"; do
   (
     export RANK="${ranks[i]}" WORLD_SIZE="$world" LOCAL_RANK=0 LOCAL_WORLD_SIZE=1
@@ -738,7 +740,6 @@ for i in "${!ranks[@]}"; do
   ) &
   pids+=("$!")
 done
-trap 'kill "${pids[@]}" 2>/dev/null; wait; exit 143' TERM INT
 status=0
 left="${#pids[@]}"
 while [ "$left" -gt 0 ]; do
