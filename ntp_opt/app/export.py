@@ -54,11 +54,17 @@ refused.
 from __future__ import annotations
 
 import ast
+import contextlib
+import errno
 import json
 import math
 import os
 import re
-from collections.abc import Callable, Hashable, Sequence
+import secrets
+import shutil
+import signal
+import stat
+from collections.abc import Callable, Hashable, Iterator, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -68,7 +74,7 @@ import numpy as np
 from ntp_opt.model.files import InputError
 from ntp_opt.model.instance import Instance
 from ntp_opt.model.plan import Plan, Replica, Stage
-from ntp_opt.model.safeio import atomic_write, check_target
+from ntp_opt.model.safeio import UnsafeTargetError, check_target
 from ntp_opt.planners.megatron import MegatronError, megatron_compatible, megatron_order
 from ntp_opt.rules.validate import Violation, check, evaluate
 
@@ -122,6 +128,7 @@ __all__ = [
     "megatron_export",
     "megatron_order",
     "power_commands",
+    "write_launch_set",
 ]
 
 
@@ -264,7 +271,14 @@ def gpu_hosts(instance: Instance) -> tuple[list[str], np.ndarray]:
         pos = count.get(int(a.gpu_tray[i]), 0)
         count[int(a.gpu_tray[i])] = pos + 1
         index = attrs.get("index")
-        dev = pos if index is None else int(index)
+        try:
+            dev = pos if index is None else int(index)
+        except (TypeError, ValueError):
+            dev = -1
+        if dev < 0:
+            problems.append(
+                Violation("megatron-hosts", f"GPU {gid!r}: device index {index!r} is not >= 0")
+            )
         if not HOST_RE.fullmatch(str(host)):
             problems.append(
                 Violation(
@@ -522,7 +536,7 @@ def megatron_export(
     MegatronError
         If Megatron-LM cannot run it as it is; the message names the limitation.
     """
-    plan = _exportable(instance, plan, reorder, placeholder_hosts)
+    plan = _exportable(instance, plan, reorder, placeholder_hosts, placeholder_gpus)
     job = instance.job
     big_t, n_pp, n_dp = job.tp, job.pp, len(plan.replicas)
     hosts, device = gpu_hosts(instance)
@@ -547,9 +561,47 @@ def megatron_export(
 
 
 def _exportable(
-    instance: Instance, plan: Plan, reorder: bool, placeholder_hosts: Sequence[str]
+    instance: Instance,
+    plan: Plan,
+    reorder: bool,
+    placeholder_hosts: Sequence[str],
+    placeholder_gpus: int | None,
 ) -> Plan:
-    """``plan`` (reordered if asked) once it passes the validator and Megatron's restrictions."""
+    """``plan`` (reordered if asked) once it passes the validator and Megatron's restrictions.
+
+    The counts are bounded first (nothing of their size is built before):
+    ``placeholder_gpus`` (1 .. :data:`MAX_PLACEHOLDER_GPUS`), the number of
+    ``placeholder_hosts`` (at most :data:`MAX_PLACEHOLDER_HOSTS`) and the
+    world, ``DP x PP x tp_base`` ranks (at most :data:`MAX_WORLD`).
+    """
+    if placeholder_gpus is not None and not 1 <= placeholder_gpus <= MAX_PLACEHOLDER_GPUS:
+        raise ValueError(
+            f"placeholder_gpus (--placeholder-gpus): must be 1 .. {MAX_PLACEHOLDER_GPUS} "
+            f"GPUs per placeholder host, got {placeholder_gpus}"
+        )
+    if len(placeholder_hosts) > MAX_PLACEHOLDER_HOSTS:
+        raise ValueError(
+            f"placeholder_hosts (--placeholder-hosts): at most {MAX_PLACEHOLDER_HOSTS} "
+            f"hosts, got {len(placeholder_hosts)}"
+        )
+    if len(placeholder_hosts) * (placeholder_gpus or 1) > MAX_WORLD:
+        raise ValueError(
+            f"placeholder_hosts x placeholder_gpus (--placeholder-hosts x --placeholder-gpus): "
+            f"{len(placeholder_hosts)} x {placeholder_gpus} placeholder GPUs, more than the "
+            f"largest world the export writes ({MAX_WORLD} ranks)"
+        )
+    world = len(plan.replicas) * instance.job.pp * instance.job.tp
+    if world > MAX_WORLD:
+        raise MegatronError(
+            [
+                Violation(
+                    "megatron-slots",
+                    f"the world of {len(plan.replicas)} DP x {instance.job.pp} PP x "
+                    f"{instance.job.tp} tp_base = {world} ranks is above the export's cap "
+                    f"of {MAX_WORLD}",
+                )
+            ]
+        )
     check(instance, plan)
     if reorder:
         plan = megatron_order(plan, instance.job.tp)
@@ -818,24 +870,33 @@ def power_commands(rows: Sequence[RankRow], restore: bool, tdp: dict[tuple[str, 
     return "\n".join(lines)
 
 
-def _config_module(ex: Export, instance_name: str) -> str:
+def _config_module(ex: Export) -> str:
+    """The text of ``ntp_config.py``: integers only, each written by ``int``; no names.
+
+    Nothing of the instance (its name, node ids, hosts) reaches the module, so
+    no name can break out of a docstring or a literal and run when the
+    training script imports it.
+    """
     kw = ex.ntp_kwargs
     lines = [
-        f'"""Megatron-LM NonuniformTPConfig for the ntp-opt plan of instance {instance_name!r}.',
+        '"""Megatron-LM NonuniformTPConfig for an ntp-opt plan (see ntp-opt-extras.json).',
         "",
         "Written by ntp-opt; the training script calls ntp_config() (see LAUNCH.md).",
         '"""',
         "",
         "NTP_CONFIG_KWARGS = {",
-        f'    "tp_base": {kw["tp_base"]},',
-        f'    "tp_spares": {kw["tp_spares"]},',
-        f'    "num_reduced_tp_dp_ranks": {kw["num_reduced_tp_dp_ranks"]},',
+        f'    "tp_base": {int(kw["tp_base"])},',
+        f'    "tp_spares": {int(kw["tp_spares"])},',
+        f'    "num_reduced_tp_dp_ranks": {int(kw["num_reduced_tp_dp_ranks"])},',
     ]
     if kw["non_active_ranks_per_dp"] is None:
         lines.append('    "non_active_ranks_per_dp": None,')
     else:
         lines.append('    "non_active_ranks_per_dp": {')
-        lines += [f"        {key!r}: {v!r}," for key, v in kw["non_active_ranks_per_dp"].items()]
+        for key, v in kw["non_active_ranks_per_dp"].items():
+            tup = ", ".join(str(int(x)) for x in key)
+            lst = ", ".join(str(int(x)) for x in v)
+            lines.append(f"        ({tup}): [{lst}],")
         lines.append("    },")
     lines += [
         "}",
@@ -849,6 +910,34 @@ def _config_module(ex: Export, instance_name: str) -> str:
         "",
     ]
     return "\n".join(lines)
+
+
+def md_code(text: str) -> str:
+    """``text`` as one Markdown inline code span that nothing in it can leave.
+
+    Characters that are not printable (line breaks, U+2028/U+2029, NUL, other
+    controls and format characters) are written as ``\\uXXXX`` escapes, so
+    the span stays on one line and cannot open or close a fence; the span's
+    backtick run is longer than any run of backticks inside.
+
+    Parameters
+    ----------
+    text
+        Any string (a user's instance name).
+
+    Returns
+    -------
+    str
+        The code span, backticks included.
+    """
+    shown = "".join(
+        c if c.isprintable() else (f"\\u{ord(c):04x}" if ord(c) <= 0xFFFF else f"\\U{ord(c):08x}")
+        for c in text
+    )
+    runs = [len(m) for m in re.findall("`+", shown)]
+    fence = "`" * (max(runs, default=0) + 1)
+    pad = " " if shown.startswith("`") or shown.endswith("`") or not shown.strip() else ""
+    return f"{fence}{pad}{shown}{pad}{fence}"
 
 
 BIND_SCRIPT = r"""#!/bin/sh
@@ -925,7 +1014,7 @@ def _launch_md(ex: Export, instance_name: str) -> str:
         f"{e['placeholder_ranks']} placeholder ranks that exit after the process groups "
         "are built."
     )
-    return f"""# Launching the ntp-opt plan of `{instance_name}` with Megatron-LM NTP
+    return f"""# Launching the ntp-opt plan of {md_code(instance_name)} with Megatron-LM NTP
 
 {world_line}
 Rank order `{RANK_ORDER}`: rank = tp + tp_base * (pp + PP * dp).
@@ -972,7 +1061,7 @@ def _files(instance: Instance, ex: Export) -> dict[str, str]:
     tdp = {(hosts[i], int(device[i])): math.floor(float(a.tdp[i]) + 1e-9) for i in range(a.n_gpus)}
     name = str(ex.extras["instance"])
     files = {
-        CONFIG_NAME: _config_module(ex, name),
+        CONFIG_NAME: _config_module(ex),
         ARGS_NAME: " ".join(ex.megatron_args) + "\n",
         RANKS_NAME: "\n".join(["# " + " ".join(COLUMNS), *(row.line() for row in ex.rows)]) + "\n",
         HOSTFILE_NAME: "".join(f"{row.host}\n" for row in ex.rows),
@@ -992,6 +1081,261 @@ def _files(instance: Instance, ex: Export) -> dict[str, str]:
 
 
 EXECUTABLE = (BIND_NAME, TORCHRUN_NAME, POWER_SET_NAME, POWER_RESTORE_NAME)
+#: Every name :func:`export_megatron` may write (a directory holding the sidecar of an
+#: export made before the manifest existed owns these).
+LAUNCH_NAMES = (
+    CONFIG_NAME,
+    ARGS_NAME,
+    RANKS_NAME,
+    HOSTFILE_NAME,
+    BIND_NAME,
+    TORCHRUN_HOSTS_NAME,
+    TORCHRUN_NAME,
+    POWER_SET_NAME,
+    POWER_RESTORE_NAME,
+    EXTRAS_NAME,
+    LAUNCH_NAME,
+)
+#: The manifest :func:`write_launch_set` leaves in the directory: the names it wrote.
+MANIFEST_NAME = ".ntp-opt-export.json"
+MANIFEST_FORMAT = "ntp-opt/launch-set@1"
+#: A file name of a launch set: one plain name, no path, not hidden or special.
+FILE_NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
+#: Caps on the export's counts (checked before anything is built).
+MAX_WORLD = 1 << 20
+MAX_PLACEHOLDER_GPUS = 1024
+MAX_PLACEHOLDER_HOSTS = 1 << 14
+
+
+def _previous_names(out: Path) -> set[str] | None:
+    """The names a previous export wrote into ``out`` (``None``: not an export).
+
+    Its manifest's list, or for an export made before manifests existed (its
+    sidecar is of :data:`EXTRAS_FORMAT`) :data:`LAUNCH_NAMES`.
+    """
+    try:
+        data = json.loads((out / MANIFEST_NAME).read_text())
+    except FileNotFoundError:
+        data = None
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError):
+        return None
+    if data is not None:
+        names = data.get("files") if isinstance(data, dict) else None
+        if data.get("format") != MANIFEST_FORMAT or not isinstance(names, list):
+            return None
+        return {n for n in names if isinstance(n, str) and FILE_NAME_RE.fullmatch(n)}
+    try:
+        extras = json.loads((out / EXTRAS_NAME).read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError):
+        return None
+    if isinstance(extras, dict) and extras.get("format") == EXTRAS_FORMAT:
+        return set(LAUNCH_NAMES)
+    return None
+
+
+def _fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _write_new(path: Path, data: bytes, mode: int) -> None:
+    """Create ``path`` (never existing: ``O_EXCL | O_NOFOLLOW``), write ``data``, fsync."""
+    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0)
+    fd = os.open(path, flags | getattr(os, "O_CLOEXEC", 0), mode)
+    try:
+        view = memoryview(data)
+        while view:
+            view = view[os.write(fd, view) :]
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _keep(src: Path, dst: Path) -> None:
+    """Carry a file of the old directory into the new one: a hard link, else a copy."""
+    try:
+        os.link(src, dst, follow_symlinks=False)
+    except OSError as err:
+        if stat.S_ISLNK(os.lstat(src).st_mode):
+            os.symlink(os.readlink(src), dst)
+        elif err.errno in (errno.EPERM, errno.EXDEV, errno.EMLINK, errno.ENOTSUP, errno.EACCES):
+            shutil.copy2(src, dst, follow_symlinks=False)
+        else:
+            raise
+
+
+@contextlib.contextmanager
+def _signals_held() -> Iterator[None]:
+    """SIGINT and SIGTERM wait (blocked, then delivered) while inside: the swap is not cut."""
+    if not hasattr(signal, "pthread_sigmask"):  # pragma: no cover - not POSIX
+        yield
+        return
+    held = {signal.SIGINT, signal.SIGTERM}
+    old = signal.pthread_sigmask(signal.SIG_BLOCK, held)
+    try:
+        yield
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, old)
+
+
+def write_launch_set(
+    files: dict[str, str],
+    target_dir: str | os.PathLike[str],
+    *,
+    inputs: Sequence[str | os.PathLike[str]] = (),
+    executable: Sequence[str] | None = None,
+    prune: bool = True,
+) -> list[str]:
+    """Write a set of launch files into ``target_dir`` all at once, or not at all.
+
+    Everything is checked before anything is touched; the files go to a new
+    directory next to the target (``.NAME.RANDOM.tmp``), are fsynced, and the
+    new directory replaces the target (the old one is renamed away, the new
+    one into place, then the old one is removed; SIGINT and SIGTERM wait
+    during the swap). An error, Ctrl-C or SIGTERM before the swap leaves the
+    target as it was and no temporary directory behind. The target keeps its
+    permission bits, a replaced file its own (scripts stay executable).
+
+    What happens to what is already in the target:
+
+    - files a previous export wrote there (listed in its manifest,
+      :data:`MANIFEST_NAME`) are replaced, or removed when the new set lacks
+      them (``prune``; with ``prune=False`` they are kept);
+    - any other regular file or symbolic link (the user's) is kept as it is
+      (hard-linked into the new directory, or copied where links fail);
+    - refused, before anything is written: a name of the new set that exists
+      and was not written by an export, is a symbolic link or a directory,
+      or is one of ``inputs``; a subdirectory or special file in the target;
+      a target that is a symbolic link or not a directory.
+
+    Parameters
+    ----------
+    files
+        File name (plain, ``[A-Za-z0-9][A-Za-z0-9._-]*``) -> text (UTF-8).
+    target_dir
+        The directory (created when missing, with its parents).
+    inputs
+        Files the command read (never replaced).
+    executable
+        Names written with mode ``0o777`` minus the umask (default: the names
+        ending in ``.sh``); the others get ``0o666`` minus the umask.
+    prune
+        Remove the previous export's files that ``files`` does not name.
+
+    Returns
+    -------
+    list of str
+        The names written (the keys of ``files``).
+
+    Raises
+    ------
+    UnsafeTargetError
+        When the target or one of its entries must not be replaced (nothing
+        is written).
+    OSError
+        When writing fails (disk full, no permission); it names the target,
+        which is untouched.
+    """
+    out = Path(os.path.abspath(target_dir))
+    names = list(files)
+    for name in names:
+        if not FILE_NAME_RE.fullmatch(name) or name == MANIFEST_NAME:
+            raise ValueError(f"launch file name {name!r} is not a plain file name")
+    runnable = {n for n in names if n.endswith(".sh")} if executable is None else set(executable)
+    payload = {name: files[name].encode() for name in names}
+    keep: list[str] = []
+    old_modes: dict[str, int] = {}
+    exists = os.path.lexists(out)
+    if exists:
+        st = os.lstat(out)
+        if stat.S_ISLNK(st.st_mode):
+            raise UnsafeTargetError(out, "refusing to write: the directory is a symbolic link")
+        if not stat.S_ISDIR(st.st_mode):
+            raise UnsafeTargetError(out, "refusing to write: the path is not a directory")
+        previous = _previous_names(out) or set()
+        previous.discard(MANIFEST_NAME)
+        for name in names:
+            old = check_target(out / name, inputs)
+            if old is None:
+                continue
+            if name not in previous:
+                raise UnsafeTargetError(
+                    out / name,
+                    "refusing to replace a file that no previous export wrote here: "
+                    "move it away or choose another output directory",
+                )
+            old_modes[name] = stat.S_IMODE(old.st_mode)
+        for entry in sorted(os.listdir(out)):
+            if entry in payload or entry == MANIFEST_NAME:
+                continue
+            if entry in previous and prune:
+                continue  # a file of the previous export the new one does not write
+            mode = os.lstat(out / entry).st_mode
+            if not (stat.S_ISREG(mode) or stat.S_ISLNK(mode)):
+                raise UnsafeTargetError(
+                    out / entry,
+                    "refusing to write the export here: the directory holds a subdirectory "
+                    "or special file (choose an empty directory or a previous export's)",
+                )
+            keep.append(entry)
+        owned = sorted(set(names) | (previous & set(keep)))
+    else:
+        owned = sorted(names)
+    manifest = json.dumps({"format": MANIFEST_FORMAT, "files": owned}, indent=1) + "\n"
+    tmp: Path | None = None
+    aside: Path | None = None
+    try:
+        try:
+            out.parent.mkdir(parents=True, exist_ok=True)
+            while True:
+                cand = out.parent / f".{out.name}.{secrets.token_hex(6)}.tmp"
+                try:
+                    os.mkdir(cand, 0o777)
+                    tmp = cand
+                    break
+                except FileExistsError:
+                    continue
+            for name in names:
+                mode = 0o777 if name in runnable else 0o666
+                _write_new(tmp / name, payload[name], mode)
+                if name in old_modes:  # a replaced file keeps its bits; scripts stay runnable
+                    keep_mode = old_modes[name]
+                    if name in runnable:
+                        keep_mode |= (keep_mode & 0o444) >> 2
+                    os.chmod(tmp / name, keep_mode)
+            for entry in keep:
+                _keep(out / entry, tmp / entry)
+            _write_new(tmp / MANIFEST_NAME, manifest.encode(), 0o666)
+            if exists:
+                os.chmod(tmp, stat.S_IMODE(os.lstat(out).st_mode))
+            _fsync_dir(tmp)
+        except OSError as err:
+            raise OSError(err.errno, err.strerror or str(err), str(out)) from None
+        with _signals_held():
+            if exists:
+                aside = out.parent / f".{out.name}.{secrets.token_hex(6)}.old"
+                os.rename(out, aside)
+                try:
+                    os.rename(tmp, out)
+                except BaseException:
+                    os.rename(aside, out)
+                    aside = None
+                    raise
+            else:
+                os.rename(tmp, out)
+            tmp = None
+            with contextlib.suppress(OSError):
+                _fsync_dir(out.parent)
+            if aside is not None:
+                shutil.rmtree(aside, ignore_errors=True)
+                aside = None
+    finally:
+        if tmp is not None:
+            shutil.rmtree(tmp, ignore_errors=True)
+    return names
 
 
 def export_megatron(
@@ -1004,14 +1348,16 @@ def export_megatron(
     placeholder_gpus: int | None = None,
     inputs: Sequence[str | os.PathLike[str]] = (),
 ) -> Export:
-    """Write the files of :func:`megatron_export` into ``out_dir``.
+    """Write the files of :func:`megatron_export` into ``out_dir`` (:func:`write_launch_set`).
 
     Parameters
     ----------
     instance, plan, reorder, placeholder_hosts, placeholder_gpus
         As for :func:`megatron_export`.
     out_dir
-        Output directory (created if missing).
+        Output directory (created if missing). A previous export there is
+        replaced as a whole (its ``torchrun.sh`` removed when the new export
+        has none); other files in it are kept.
     inputs
         Files the caller read (never overwritten).
 
@@ -1024,6 +1370,8 @@ def export_megatron(
     ------
     ntp_opt.validate.PlanError, MegatronError
         As :func:`megatron_export`; nothing is written then.
+    UnsafeTargetError, OSError
+        As :func:`write_launch_set`; the directory is then as it was.
     """
     ex = megatron_export(
         instance,
@@ -1032,19 +1380,7 @@ def export_megatron(
         placeholder_hosts=placeholder_hosts,
         placeholder_gpus=placeholder_gpus,
     )
-    out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    for stale in (TORCHRUN_HOSTS_NAME, TORCHRUN_NAME):
-        p = out / stale
-        if stale not in ex.files and p.is_file() and not p.is_symlink():
-            p.unlink()
-    inputs = list(inputs)
-    for name in ex.files:  # refuse before writing any file
-        check_target(out / name, inputs)
-    for name, text in ex.files.items():
-        atomic_write(out / name, text, inputs)
-        if name in EXECUTABLE:
-            os.chmod(out / name, 0o755)
+    write_launch_set(ex.files, out_dir, inputs=inputs, executable=EXECUTABLE)
     return ex
 
 
@@ -1350,9 +1686,8 @@ def power_only(
         for i in [a.gpu_index[g]]
     ]
     tdp = {(hosts[i], int(device[i])): math.floor(float(a.tdp[i]) + 1e-9) for i in range(a.n_gpus)}
-    out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    for name, restore in ((POWER_SET_NAME, False), (POWER_RESTORE_NAME, True)):
-        atomic_write(out / name, power_commands(rows, restore, tdp), inputs)
-        os.chmod(out / name, 0o755)
-    return [POWER_SET_NAME, POWER_RESTORE_NAME]
+    files = {
+        POWER_SET_NAME: power_commands(rows, False, tdp),
+        POWER_RESTORE_NAME: power_commands(rows, True, tdp),
+    }
+    return write_launch_set(files, out_dir, inputs=inputs, executable=tuple(files), prune=False)
