@@ -32,6 +32,12 @@ their types, and the files a launcher needs (``docs/export.md``):
 ``LAUNCH.md``
     The launch recipe with this export's numbers.
 
+:func:`write_launch_set` writes such a set all at once (a new directory
+swapped in; the user's own files in the target are kept). Only whitelisted
+names (:data:`HOST_RE`, :data:`ID_RE`) reach the scripts and tables;
+``ntp_config.py`` holds integers only and ``LAUNCH.md`` shows the instance
+name through :func:`md_code`.
+
 Layout. The rank order is Megatron's ``tp-cp-ep-pp-dp`` (``--use-tp-pp-dp-mapping``;
 for PP = 1 it equals the default ``tp-cp-ep-dp-pp``): ``rank = tp + T * (pp +
 PP * dp)``. Replica ``r`` of the plan is DP rank ``r`` (reduced replicas first),

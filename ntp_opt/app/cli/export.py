@@ -65,7 +65,13 @@ def add_parser(sub: Any) -> None:
         "(docs/export.md); power-limits: only the nvidia-smi scripts",
     )
     x.add_argument("--instance", required=True, help="the plan's instance file")
-    x.add_argument("-o", "--output", required=True, help="output directory")
+    x.add_argument(
+        "-o",
+        "--output",
+        required=True,
+        help="output directory, written all at once; a previous export there is replaced, "
+        "your own files in it are kept (docs/export.md, Writing the directory)",
+    )
     x.add_argument("--reorder", action="store_true", help="move reduced replicas first")
     x.add_argument(
         "--uniform-batch",
@@ -86,6 +92,6 @@ def add_parser(sub: Any) -> None:
         "--placeholder-gpus",
         type=int,
         metavar="N",
-        help="GPUs per placeholder host (default: the most GPUs of one cluster host)",
+        help="GPUs per placeholder host, 1..1024 (default: the most GPUs of one cluster host)",
     )
     x.set_defaults(func=run)
