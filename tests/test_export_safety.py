@@ -18,6 +18,7 @@ from __future__ import annotations
 import ast
 import errno
 import os
+import signal
 import stat
 import subprocess
 import sys
@@ -99,7 +100,11 @@ def _snapshot(folder: Path) -> dict[str, tuple[bytes, int]]:
 
 
 def _leftovers(parent: Path, name: str) -> list[str]:
-    return sorted(p.name for p in parent.iterdir() if p.name.startswith(f".{name}."))
+    """Staging directories left beside or inside ``parent / name``."""
+    found = [p.name for p in parent.iterdir() if p.name.startswith(f".{name}.")]
+    if (parent / name).is_dir():
+        found += [p.name for p in (parent / name).iterdir() if p.name.startswith(".ntp-opt-stage")]
+    return sorted(found)
 
 
 # --- item 5: nothing from an instance runs -------------------------------------------
@@ -380,12 +385,79 @@ def test_user_files_kept_stale_export_files_removed(tmp_path: Path) -> None:
     names = {p.name for p in out.iterdir()}
     assert TORCHRUN_NAME not in names and TORCHRUN_HOSTS_NAME not in names
     assert {"pretrain_gpt_ntp.py", "link.py", EXTRAS_NAME} <= names
-    # a subdirectory is not the export's to move: refused, nothing touched
+    # a subdirectory of the user's stays as it is
     (out / "data").mkdir()
+    (out / "data" / "x.bin").write_bytes(b"\0\1")
+    export_megatron(inst, _plan(inst), out)
+    assert (out / "data" / "x.bin").read_bytes() == b"\0\1"
+    assert _leftovers(tmp_path, "launch") == []
+
+
+def test_failed_commit_is_undone(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A rename that fails half-way through the commit: every file is put back."""
+    inst = _instance()
+    out = tmp_path / "launch"
+    export_megatron(inst, _plan(inst), out)
     before = _snapshot(out)
-    with pytest.raises(UnsafeTargetError, match="subdirectory"):
-        export_megatron(inst, _plan(inst), out)
-    assert _snapshot(out) == before and (out / "data").is_dir()
+    real = os.rename
+    calls: list[str] = []
+
+    def rename(src: Any, dst: Any) -> None:
+        calls.append(str(src))
+        if len(calls) == 7:  # three files moved out, three in: fail on the fourth
+            raise OSError(errno.EIO, os.strerror(errno.EIO))
+        real(src, dst)
+
+    other = Instance("other", inst.cluster, inst.job)
+    monkeypatch.setattr(export_mod.os, "rename", rename)
+    with pytest.raises(OSError) as err:
+        export_megatron(other, _plan(other), out)
+    monkeypatch.undo()
+    assert err.value.errno == errno.EIO and err.value.filename == str(out)
+    assert _snapshot(out) == before
+    assert _leftovers(tmp_path, "launch") == []
+
+
+def test_sigterm_waits_for_the_commit(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """SIGTERM arriving during the renames is delivered after them: the set is whole."""
+
+    class Stop(Exception):
+        pass
+
+    def stop(signum: int, frame: object) -> None:
+        raise Stop
+
+    inst = _instance()
+    out = tmp_path / "launch"
+    export_megatron(inst, _plan(inst), out)
+    real = os.rename
+    calls: list[int] = []
+
+    def rename(src: Any, dst: Any) -> None:
+        calls.append(1)
+        if len(calls) == 1:
+            os.kill(os.getpid(), signal.SIGTERM)
+        real(src, dst)
+
+    other = Instance("other", inst.cluster, inst.job)
+    previous = signal.signal(signal.SIGTERM, stop)
+    try:
+        monkeypatch.setattr(export_mod.os, "rename", rename)
+        with pytest.raises(Stop):
+            export_megatron(other, _plan(other), out)
+        monkeypatch.undo()
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+    assert len(calls) > 2  # the commit went on after the signal was sent
+    assert _snapshot(out) == _snapshot_of(megatron_export(other, _plan(other)).files, out)
+    assert _leftovers(tmp_path, "launch") == []
+
+
+def _snapshot_of(files: dict[str, str], out: Path) -> dict[str, tuple[bytes, int]]:
+    """``files`` as :func:`_snapshot` would see them in ``out`` (modes taken from disk)."""
+    snap = _snapshot(out)
+    want = {n: (t.encode(), snap[n][1]) for n, t in files.items() if n in snap}
+    return {**{n: v for n, v in snap.items() if n not in files}, **want}
 
 
 def test_old_export_without_manifest_is_still_a_previous_export(tmp_path: Path) -> None:

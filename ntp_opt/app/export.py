@@ -61,7 +61,6 @@ from __future__ import annotations
 
 import ast
 import contextlib
-import errno
 import json
 import math
 import os
@@ -70,6 +69,7 @@ import secrets
 import shutil
 import signal
 import stat
+import threading
 from collections.abc import Callable, Hashable, Iterator, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -1160,31 +1160,36 @@ def _write_new(path: Path, data: bytes, mode: int) -> None:
         os.close(fd)
 
 
-def _keep(src: Path, dst: Path) -> None:
-    """Carry a file of the old directory into the new one: a hard link, else a copy."""
-    try:
-        os.link(src, dst, follow_symlinks=False)
-    except OSError as err:
-        if stat.S_ISLNK(os.lstat(src).st_mode):
-            os.symlink(os.readlink(src), dst)
-        elif err.errno in (errno.EPERM, errno.EXDEV, errno.EMLINK, errno.ENOTSUP, errno.EACCES):
-            shutil.copy2(src, dst, follow_symlinks=False)
-        else:
-            raise
-
-
 @contextlib.contextmanager
 def _signals_held() -> Iterator[None]:
-    """SIGINT and SIGTERM wait (blocked, then delivered) while inside: the swap is not cut."""
-    if not hasattr(signal, "pthread_sigmask"):  # pragma: no cover - not POSIX
+    """SIGINT and SIGTERM wait while inside, then reach their handlers: the commit is whole.
+
+    Python-level (the handlers are swapped for one that notes the signal,
+    which is raised again on exit), so it holds whichever thread the kernel
+    picks; only in the main thread (elsewhere no handler can be swapped).
+    """
+    if threading.current_thread() is not threading.main_thread():
         yield
         return
-    held = {signal.SIGINT, signal.SIGTERM}
-    old = signal.pthread_sigmask(signal.SIG_BLOCK, held)
+    pending: list[int] = []
+
+    def note(signum: int, frame: object) -> None:
+        pending.append(signum)
+
+    previous: dict[int, Any] = {}
+    for held in (signal.SIGINT, signal.SIGTERM):
+        handler = signal.getsignal(held)
+        if handler is None or handler == signal.SIG_IGN:
+            continue
+        previous[held] = handler
+        signal.signal(held, note)
     try:
         yield
     finally:
-        signal.pthread_sigmask(signal.SIG_SETMASK, old)
+        for num, handler in previous.items():
+            signal.signal(num, handler)
+        for num in dict.fromkeys(pending):
+            signal.raise_signal(num)
 
 
 def write_launch_set(
@@ -1197,39 +1202,44 @@ def write_launch_set(
 ) -> list[str]:
     """Write a set of launch files into ``target_dir`` all at once, or not at all.
 
-    Everything is checked before anything is touched; the files go to a new
-    directory next to the target (``.NAME.RANDOM.tmp``), are fsynced, and the
-    new directory replaces the target (the old one is renamed away, the new
-    one into place, then the old one is removed; SIGINT and SIGTERM wait
-    during the swap). An error, Ctrl-C or SIGTERM before the swap leaves the
-    target as it was and no temporary directory behind. The target keeps its
-    permission bits, a replaced file its own (scripts stay executable).
+    Everything is checked before anything is touched, and every file is
+    written and fsynced in a staging directory first: a new target is built
+    beside it (``.NAME.RANDOM.tmp``) and renamed into place; in an existing
+    target the staging directory is ``.ntp-opt-stage.RANDOM`` inside it, and
+    the commit renames the old files out and the new ones in, with SIGINT and
+    SIGTERM held (delivered after it) and undone in reverse on any error. An
+    error (a full disk), Ctrl-C or SIGTERM therefore leaves the target as it
+    was and no staging directory behind (only ``kill -9`` during the renames
+    can leave a mix, with the old files in the staging directory). Replaced
+    files keep their permission bits (scripts stay executable); the target
+    directory itself is never replaced (its owner, group, mode stay).
 
     What happens to what is already in the target:
 
     - files a previous export wrote there (listed in its manifest,
-      :data:`MANIFEST_NAME`) are replaced, or removed when the new set lacks
-      them (``prune``; with ``prune=False`` they are kept);
-    - any other regular file or symbolic link (the user's) is kept as it is
-      (hard-linked into the new directory, or copied where links fail);
-    - refused, before anything is written: a name of the new set that exists
-      and was not written by an export, is a symbolic link or a directory,
-      or is one of ``inputs``; a subdirectory or special file in the target;
-      a target that is a symbolic link or not a directory.
+      :data:`MANIFEST_NAME`; for an export made before the manifest,
+      :data:`LAUNCH_NAMES` when its sidecar is of :data:`EXTRAS_FORMAT`) are
+      replaced, or removed when the new set lacks them (``prune``);
+    - everything else (the user's files and folders) is left alone;
+    - refused, before anything is written: a name of the new set that
+      exists but was not written by an export, is a symbolic link or a
+      directory, or is one of ``inputs``; a target that is a symbolic link
+      or not a directory.
 
     Parameters
     ----------
     files
-        File name (plain, ``[A-Za-z0-9][A-Za-z0-9._-]*``) -> text (UTF-8).
+        File name (plain, :data:`FILE_NAME_RE`) -> text (written as UTF-8).
     target_dir
         The directory (created when missing, with its parents).
     inputs
         Files the command read (never replaced).
     executable
-        Names written with mode ``0o777`` minus the umask (default: the names
+        Names created with mode ``0o777`` minus the umask (default: the names
         ending in ``.sh``); the others get ``0o666`` minus the umask.
     prune
-        Remove the previous export's files that ``files`` does not name.
+        Remove the previous export's files that ``files`` does not name
+        (``False``: keep them; they stay in the manifest).
 
     Returns
     -------
@@ -1243,7 +1253,7 @@ def write_launch_set(
         is written).
     OSError
         When writing fails (disk full, no permission); it names the target,
-        which is untouched.
+        which is as it was.
     """
     out = Path(os.path.abspath(target_dir))
     names = list(files)
@@ -1252,8 +1262,8 @@ def write_launch_set(
             raise ValueError(f"launch file name {name!r} is not a plain file name")
     runnable = {n for n in names if n.endswith(".sh")} if executable is None else set(executable)
     payload = {name: files[name].encode() for name in names}
-    keep: list[str] = []
     old_modes: dict[str, int] = {}
+    stale: list[str] = []
     exists = os.path.lexists(out)
     if exists:
         st = os.lstat(out)
@@ -1261,8 +1271,7 @@ def write_launch_set(
             raise UnsafeTargetError(out, "refusing to write: the directory is a symbolic link")
         if not stat.S_ISDIR(st.st_mode):
             raise UnsafeTargetError(out, "refusing to write: the path is not a directory")
-        previous = _previous_names(out) or set()
-        previous.discard(MANIFEST_NAME)
+        previous = (_previous_names(out) or set()) - {MANIFEST_NAME}
         for name in names:
             old = check_target(out / name, inputs)
             if old is None:
@@ -1274,74 +1283,82 @@ def write_launch_set(
                     "move it away or choose another output directory",
                 )
             old_modes[name] = stat.S_IMODE(old.st_mode)
-        for entry in sorted(os.listdir(out)):
-            if entry in payload or entry == MANIFEST_NAME:
+        for name in sorted(previous - set(names)):
+            try:
+                mode = os.lstat(out / name).st_mode
+            except FileNotFoundError:
                 continue
-            if entry in previous and prune:
-                continue  # a file of the previous export the new one does not write
-            mode = os.lstat(out / entry).st_mode
-            if not (stat.S_ISREG(mode) or stat.S_ISLNK(mode)):
-                raise UnsafeTargetError(
-                    out / entry,
-                    "refusing to write the export here: the directory holds a subdirectory "
-                    "or special file (choose an empty directory or a previous export's)",
-                )
-            keep.append(entry)
-        owned = sorted(set(names) | (previous & set(keep)))
+            if prune and stat.S_ISREG(mode):
+                check_target(out / name, inputs)
+                stale.append(name)
+        kept = {n for n in previous - set(names) - set(stale) if os.path.lexists(out / n)}
+        owned = sorted(set(names) | kept)
     else:
         owned = sorted(names)
     manifest = json.dumps({"format": MANIFEST_FORMAT, "files": owned}, indent=1) + "\n"
-    tmp: Path | None = None
-    aside: Path | None = None
+    stage: Path | None = None
     try:
         try:
-            out.parent.mkdir(parents=True, exist_ok=True)
+            parent = out if exists else out.parent
+            parent.mkdir(parents=True, exist_ok=True)
+            prefix = ".ntp-opt-stage." if exists else f".{out.name}."
+            suffix = "" if exists else ".tmp"
             while True:
-                cand = out.parent / f".{out.name}.{secrets.token_hex(6)}.tmp"
+                cand = parent / f"{prefix}{secrets.token_hex(6)}{suffix}"
                 try:
-                    os.mkdir(cand, 0o777)
-                    tmp = cand
+                    os.mkdir(cand, 0o700 if exists else 0o777)
+                    stage = cand
                     break
                 except FileExistsError:
                     continue
             for name in names:
-                mode = 0o777 if name in runnable else 0o666
-                _write_new(tmp / name, payload[name], mode)
+                _write_new(stage / name, payload[name], 0o777 if name in runnable else 0o666)
                 if name in old_modes:  # a replaced file keeps its bits; scripts stay runnable
-                    keep_mode = old_modes[name]
+                    mode = old_modes[name]
                     if name in runnable:
-                        keep_mode |= (keep_mode & 0o444) >> 2
-                    os.chmod(tmp / name, keep_mode)
-            for entry in keep:
-                _keep(out / entry, tmp / entry)
-            _write_new(tmp / MANIFEST_NAME, manifest.encode(), 0o666)
+                        mode |= (mode & 0o444) >> 2
+                    os.chmod(stage / name, mode)
+            _write_new(stage / MANIFEST_NAME, manifest.encode(), 0o666)
+            _fsync_dir(stage)
             if exists:
-                os.chmod(tmp, stat.S_IMODE(os.lstat(out).st_mode))
-            _fsync_dir(tmp)
+                os.mkdir(stage / "old", 0o700)
         except OSError as err:
             raise OSError(err.errno, err.strerror or str(err), str(out)) from None
         with _signals_held():
-            if exists:
-                aside = out.parent / f".{out.name}.{secrets.token_hex(6)}.old"
-                os.rename(out, aside)
-                try:
-                    os.rename(tmp, out)
-                except BaseException:
-                    os.rename(aside, out)
-                    aside = None
-                    raise
-            else:
-                os.rename(tmp, out)
-            tmp = None
+            try:
+                if exists:
+                    _commit(out, stage, [*names, MANIFEST_NAME], stale)
+                    shutil.rmtree(stage, ignore_errors=True)  # now the old files
+                else:
+                    os.rename(stage, out)
+            except OSError as err:
+                raise OSError(err.errno, err.strerror or str(err), str(out)) from None
+            stage = None
             with contextlib.suppress(OSError):
-                _fsync_dir(out.parent)
-            if aside is not None:
-                shutil.rmtree(aside, ignore_errors=True)
-                aside = None
+                _fsync_dir(out if exists else out.parent)
     finally:
-        if tmp is not None:
-            shutil.rmtree(tmp, ignore_errors=True)
+        if stage is not None:
+            shutil.rmtree(stage, ignore_errors=True)
     return names
+
+
+def _commit(out: Path, stage: Path, names: list[str], stale: list[str]) -> None:
+    """Move ``stage``'s files into ``out`` (old ones to ``stage/old``); undo all on error."""
+    done: list[tuple[Path, Path]] = []  # renames made, (from, to), undone in reverse
+    try:
+        for name in [*names, *stale]:
+            if os.path.lexists(out / name):
+                os.rename(out / name, stage / "old" / name)
+                done.append((out / name, stage / "old" / name))
+            if name in stale:
+                continue
+            os.rename(stage / name, out / name)
+            done.append((stage / name, out / name))
+    except BaseException:
+        for src, dst in reversed(done):
+            with contextlib.suppress(OSError):
+                os.rename(dst, src)
+        raise
 
 
 def export_megatron(
