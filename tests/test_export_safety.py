@@ -22,6 +22,7 @@ import signal
 import stat
 import subprocess
 import sys
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -40,10 +41,12 @@ from ntp_opt.app.export import (
     RANKS_NAME,
     TORCHRUN_HOSTS_NAME,
     TORCHRUN_NAME,
+    RankRow,
     export_megatron,
     import_megatron,
     md_code,
     megatron_export,
+    power_commands,
     power_only,
     write_launch_set,
 )
@@ -274,6 +277,40 @@ def test_hostile_names_through_files(tmp_path: Path, capsys: pytest.CaptureFixtu
             else:
                 assert status == 2 and not out.exists()
     assert not sentinel.exists()
+
+
+def test_power_scripts_take_only_whitelisted_hosts(tmp_path: Path) -> None:
+    """``power_commands`` itself refuses a host outside the whitelist (last gate)."""
+    row = RankRow(0, "h1", 0, "g", "d", 0, 0, 0, True, 1.2, 1200)
+    assert "h1)" in power_commands([row], False, {("h1", 0): 1000})
+    for bad in _hostile(tmp_path / SENTINEL):
+        with pytest.raises(MegatronError, match="megatron-hosts"):
+            power_commands([replace(row, host=bad)], False, {(bad, 0): 1000})
+    with pytest.raises(MegatronError, match="megatron-hosts"):
+        power_commands([replace(row, device=-1)], False, {("h1", -1): 1000})
+
+
+def test_power_only_ignores_ids_it_does_not_write(tmp_path: Path) -> None:
+    """GPU and domain ids never reach the power scripts: odd ids do not block them."""
+    sentinel = tmp_path / SENTINEL
+    rename = {"d0.t1.g0": f"$(touch {sentinel})", "d1": "a b"}
+    inst = Instance("odd", _graph(rename=rename), _instance().job)
+    out = tmp_path / "power"
+    power_only(inst, _plan(inst, rename), out)
+    env = _stub_path(tmp_path)
+    for host in ("d0.t0", "d0.t1"):
+        r = subprocess.run(
+            ["bash", str(out / POWER_SET_NAME)],
+            cwd=tmp_path,
+            env={**env, "NTP_HOST": host},
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        assert r.returncode == 0, r.stderr
+    assert not sentinel.exists()
+    # by hand: d0's three GPUs at power 1.2 of 1000 W; d0.t0.g0 is device 0 of d0.t0
+    assert "nvidia-smi -i 0 -pl 1200" in (tmp_path / "calls.log").read_text()
 
 
 def test_md_code_keeps_a_name_on_one_code_span() -> None:

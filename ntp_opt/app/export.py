@@ -61,6 +61,7 @@ from __future__ import annotations
 
 import ast
 import contextlib
+import errno
 import json
 import math
 import os
@@ -868,9 +869,10 @@ def power_commands(rows: Sequence[RankRow], restore: bool, tdp: dict[tuple[str, 
         'host="${NTP_HOST:-${SLURMD_NODENAME:-$(hostname -s)}}"',
         'case "$host" in',
     ]
+    _check_rows(rows, ids=False)
     for host in sorted(by_host):
         lines.append(f"{host})")
-        lines += [f"  nvidia-smi -i {d} -pl {w}" for d, w in sorted(by_host[host])]
+        lines += [f"  nvidia-smi -i {int(d)} -pl {int(w)}" for d, w in sorted(by_host[host])]
         lines.append("  ;;")
     lines += ["*) ;;", "esac", ""]
     return "\n".join(lines)
@@ -1061,7 +1063,43 @@ metrics); `ranks.txt` is the rank -> host, device, GPU table.
 """
 
 
+def _check_rows(rows: Sequence[RankRow], ids: bool = True) -> None:
+    """Every host and id a launcher file would carry passes its whitelist (else refused).
+
+    The last gate before text is generated: :data:`HOST_RE` for hosts, an int
+    ``>= 0`` for devices, :data:`ID_RE` for GPU and domain ids (with ``ids``;
+    the power scripts write no ids).
+    """
+    problems: list[Violation] = []
+    for row in rows:
+        if not (isinstance(row.host, str) and HOST_RE.fullmatch(row.host)):
+            problems.append(
+                Violation(
+                    "megatron-hosts",
+                    f"rank {row.rank}: host name {row.host!r} is not [A-Za-z0-9._-]",
+                )
+            )
+        if not (isinstance(row.device, int) and row.device >= 0):
+            problems.append(
+                Violation(
+                    "megatron-hosts", f"rank {row.rank}: device {row.device!r} is not an index"
+                )
+            )
+        for node in (row.gpu, row.domain) if ids else ():
+            if node is not None and not ID_RE.fullmatch(str(node)):
+                problems.append(
+                    Violation(
+                        "megatron-ids", f"rank {row.rank}: node id {node!r} cannot be written"
+                    )
+                )
+        if len(problems) >= 5:
+            break
+    if problems:
+        raise MegatronError(problems)
+
+
 def _files(instance: Instance, ex: Export) -> dict[str, str]:
+    _check_rows(ex.rows)
     a = instance.arrays
     hosts, device = gpu_hosts(instance)
     tdp = {(hosts[i], int(device[i])): math.floor(float(a.tdp[i]) + 1e-9) for i in range(a.n_gpus)}
@@ -1120,7 +1158,7 @@ def _previous_names(out: Path) -> set[str] | None:
     sidecar is of :data:`EXTRAS_FORMAT`) :data:`LAUNCH_NAMES`.
     """
     try:
-        data = json.loads((out / MANIFEST_NAME).read_text())
+        data = json.loads(_read_small(out / MANIFEST_NAME))
     except FileNotFoundError:
         data = None
     except (OSError, UnicodeDecodeError, json.JSONDecodeError):
@@ -1131,12 +1169,25 @@ def _previous_names(out: Path) -> set[str] | None:
             return None
         return {n for n in names if isinstance(n, str) and FILE_NAME_RE.fullmatch(n)}
     try:
-        extras = json.loads((out / EXTRAS_NAME).read_text())
+        extras = json.loads(_read_small(out / EXTRAS_NAME))
     except (OSError, UnicodeDecodeError, json.JSONDecodeError):
         return None
     if isinstance(extras, dict) and extras.get("format") == EXTRAS_FORMAT:
         return set(LAUNCH_NAMES)
     return None
+
+
+def _read_small(path: Path, limit: int = 1 << 20) -> str:
+    """The text of a regular file of at most ``limit`` bytes (else ``OSError``)."""
+    flags = os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_NONBLOCK", 0)
+    fd = os.open(path, flags | getattr(os, "O_CLOEXEC", 0))
+    with os.fdopen(fd, "rb") as fh:
+        if not stat.S_ISREG(os.fstat(fh.fileno()).st_mode):
+            raise OSError(errno.EINVAL, "not a regular file", str(path))
+        data = fh.read(limit + 1)
+    if len(data) > limit:
+        raise OSError(errno.EFBIG, "too large for a manifest", str(path))
+    return data.decode()
 
 
 def _fsync_dir(path: Path) -> None:
