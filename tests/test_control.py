@@ -174,6 +174,36 @@ def test_cli_sigterm_exact_keeps_best_plan(tmp_path: Path, policy: str) -> None:
     _sigint_cli(tmp_path, LONG, policy, "GATE:", 1, prefix=prefix, sig=signal.SIGTERM)
 
 
+def test_cli_compare_sigterm_prints_the_table() -> None:
+    """``compare`` under SIGTERM: the table with the best plan's figure, then exit 143."""
+    cmd = [sys.executable, "-c", GATED_EXACT_CLI, "compare", str(LONG), "--policies"]
+    cmd += ["optimal,ntp", "--time-limit", str(HANG_GUARD), "-q"]
+    proc = subprocess.Popen(
+        cmd, cwd=ROOT, env=ENV, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
+    try:
+        assert proc.stderr is not None
+        head = []
+        for line in proc.stderr:
+            head.append(line)
+            if line.startswith("GATE:"):
+                break
+        assert head and head[-1].startswith("GATE:"), "".join(head)
+        proc.send_signal(signal.SIGTERM)
+        stdout, stderr = proc.communicate(timeout=HANG_GUARD)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode == 143, stderr
+    assert "terminated: the best plan found so far is kept" in stderr
+    row = next(line for line in stdout.splitlines() if "default" in line)
+    cells = [c.strip() for c in row.replace("│", "|").split("|") if c.strip()]
+    assert cells[-2].endswith("*") and float(cells[-2][:-1]) > 0  # optimal's best, unproven
+    assert cells[-1] == "-"  # no further policy after the signal
+    assert "Traceback" not in stderr
+
+
 def test_cli_sigint_fast_returns_best_plan(tmp_path: Path) -> None:
     # the gate, not the instance's size, makes the signal land while fast runs
     _sigint_cli(tmp_path, LONG, "fast", "GATE:", 1, prefix=["-c", GATED_CLI])
