@@ -506,6 +506,23 @@ def test_old_export_without_manifest_is_still_a_previous_export(tmp_path: Path) 
     assert (out / MANIFEST_NAME).exists()
 
 
+@pytest.mark.parametrize(
+    "manifest",
+    [b"[1, 2]", b"{", b'{"format": "x", "files": ["ranks.txt"]}', b'{"files": 3}', b"\xff"],
+)
+def test_a_bad_manifest_makes_no_previous_export(tmp_path: Path, manifest: bytes) -> None:
+    """A manifest that is not ours owns nothing: the files it names are not replaced."""
+    inst = _instance()
+    out = tmp_path / "launch"
+    export_megatron(inst, _plan(inst), out)
+    (out / EXTRAS_NAME).unlink()  # no sidecar to fall back on either
+    (out / MANIFEST_NAME).write_bytes(manifest)
+    before = _snapshot(out)
+    with pytest.raises(UnsafeTargetError, match="no previous export"):
+        export_megatron(inst, _plan(inst), out)
+    assert _snapshot(out) == before and _leftovers(tmp_path, "launch") == []
+
+
 def test_power_limits_all_or_nothing(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     inst = _instance()
     out = tmp_path / "power"

@@ -32,8 +32,9 @@ their types, and the files a launcher needs (``docs/export.md``):
 ``LAUNCH.md``
     The launch recipe with this export's numbers.
 
-:func:`write_launch_set` writes such a set all at once (a new directory
-swapped in; the user's own files in the target are kept). Only whitelisted
+:func:`write_launch_set` writes such a set all at once (staged and
+fsynced, then committed by renames that are undone on any error; the user's
+own files in the target are left alone). Only whitelisted
 names (:data:`HOST_RE`, :data:`ID_RE`) reach the scripts and tables;
 ``ntp_config.py`` holds integers only and ``LAUNCH.md`` shows the instance
 name through :func:`md_code`.
@@ -1164,8 +1165,10 @@ def _previous_names(out: Path) -> set[str] | None:
     except (OSError, UnicodeDecodeError, json.JSONDecodeError):
         return None
     if data is not None:
-        names = data.get("files") if isinstance(data, dict) else None
-        if data.get("format") != MANIFEST_FORMAT or not isinstance(names, list):
+        if not isinstance(data, dict) or data.get("format") != MANIFEST_FORMAT:
+            return None
+        names = data.get("files")
+        if not isinstance(names, list):
             return None
         return {n for n in names if isinstance(n, str) and FILE_NAME_RE.fullmatch(n)}
     try:
