@@ -32,6 +32,13 @@ their types, and the files a launcher needs (``docs/export.md``):
 ``LAUNCH.md``
     The launch recipe with this export's numbers.
 
+:func:`write_launch_set` writes such a set all at once (staged and
+fsynced, then committed by renames that are undone on any error; the user's
+own files in the target are left alone). Only whitelisted
+names (:data:`HOST_RE`, :data:`ID_RE`) reach the scripts and tables;
+``ntp_config.py`` holds integers only and ``LAUNCH.md`` shows the instance
+name through :func:`md_code`.
+
 Layout. The rank order is Megatron's ``tp-cp-ep-pp-dp`` (``--use-tp-pp-dp-mapping``;
 for PP = 1 it equals the default ``tp-cp-ep-dp-pp``): ``rank = tp + T * (pp +
 PP * dp)``. Replica ``r`` of the plan is DP rank ``r`` (reduced replicas first),
@@ -54,11 +61,18 @@ refused.
 from __future__ import annotations
 
 import ast
+import contextlib
+import errno
 import json
 import math
 import os
 import re
-from collections.abc import Callable, Hashable, Sequence
+import secrets
+import shutil
+import signal
+import stat
+import threading
+from collections.abc import Callable, Hashable, Iterator, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -68,7 +82,7 @@ import numpy as np
 from ntp_opt.model.files import InputError
 from ntp_opt.model.instance import Instance
 from ntp_opt.model.plan import Plan, Replica, Stage
-from ntp_opt.model.safeio import atomic_write, check_target
+from ntp_opt.model.safeio import UnsafeTargetError, check_target
 from ntp_opt.planners.megatron import MegatronError, megatron_compatible, megatron_order
 from ntp_opt.rules.validate import Violation, check, evaluate
 
@@ -122,6 +136,7 @@ __all__ = [
     "megatron_export",
     "megatron_order",
     "power_commands",
+    "write_launch_set",
 ]
 
 
@@ -264,7 +279,14 @@ def gpu_hosts(instance: Instance) -> tuple[list[str], np.ndarray]:
         pos = count.get(int(a.gpu_tray[i]), 0)
         count[int(a.gpu_tray[i])] = pos + 1
         index = attrs.get("index")
-        dev = pos if index is None else int(index)
+        try:
+            dev = pos if index is None else int(index)
+        except (TypeError, ValueError):
+            dev = -1
+        if dev < 0:
+            problems.append(
+                Violation("megatron-hosts", f"GPU {gid!r}: device index {index!r} is not >= 0")
+            )
         if not HOST_RE.fullmatch(str(host)):
             problems.append(
                 Violation(
@@ -522,7 +544,7 @@ def megatron_export(
     MegatronError
         If Megatron-LM cannot run it as it is; the message names the limitation.
     """
-    plan = _exportable(instance, plan, reorder, placeholder_hosts)
+    plan = _exportable(instance, plan, reorder, placeholder_hosts, placeholder_gpus)
     job = instance.job
     big_t, n_pp, n_dp = job.tp, job.pp, len(plan.replicas)
     hosts, device = gpu_hosts(instance)
@@ -547,9 +569,47 @@ def megatron_export(
 
 
 def _exportable(
-    instance: Instance, plan: Plan, reorder: bool, placeholder_hosts: Sequence[str]
+    instance: Instance,
+    plan: Plan,
+    reorder: bool,
+    placeholder_hosts: Sequence[str],
+    placeholder_gpus: int | None,
 ) -> Plan:
-    """``plan`` (reordered if asked) once it passes the validator and Megatron's restrictions."""
+    """``plan`` (reordered if asked) once it passes the validator and Megatron's restrictions.
+
+    The counts are bounded first (nothing of their size is built before):
+    ``placeholder_gpus`` (1 .. :data:`MAX_PLACEHOLDER_GPUS`), the number of
+    ``placeholder_hosts`` (at most :data:`MAX_PLACEHOLDER_HOSTS`) and the
+    world, ``DP x PP x tp_base`` ranks (at most :data:`MAX_WORLD`).
+    """
+    if placeholder_gpus is not None and not 1 <= placeholder_gpus <= MAX_PLACEHOLDER_GPUS:
+        raise ValueError(
+            f"placeholder_gpus (--placeholder-gpus): must be 1 .. {MAX_PLACEHOLDER_GPUS} "
+            f"GPUs per placeholder host, got {placeholder_gpus}"
+        )
+    if len(placeholder_hosts) > MAX_PLACEHOLDER_HOSTS:
+        raise ValueError(
+            f"placeholder_hosts (--placeholder-hosts): at most {MAX_PLACEHOLDER_HOSTS} "
+            f"hosts, got {len(placeholder_hosts)}"
+        )
+    if len(placeholder_hosts) * (placeholder_gpus or 1) > MAX_WORLD:
+        raise ValueError(
+            f"placeholder_hosts x placeholder_gpus (--placeholder-hosts x --placeholder-gpus): "
+            f"{len(placeholder_hosts)} x {placeholder_gpus} placeholder GPUs, more than the "
+            f"largest world the export writes ({MAX_WORLD} ranks)"
+        )
+    world = len(plan.replicas) * instance.job.pp * instance.job.tp
+    if world > MAX_WORLD:
+        raise MegatronError(
+            [
+                Violation(
+                    "megatron-slots",
+                    f"the world of {len(plan.replicas)} DP x {instance.job.pp} PP x "
+                    f"{instance.job.tp} tp_base = {world} ranks is above the export's cap "
+                    f"of {MAX_WORLD}",
+                )
+            ]
+        )
     check(instance, plan)
     if reorder:
         plan = megatron_order(plan, instance.job.tp)
@@ -810,32 +870,42 @@ def power_commands(rows: Sequence[RankRow], restore: bool, tdp: dict[tuple[str, 
         'host="${NTP_HOST:-${SLURMD_NODENAME:-$(hostname -s)}}"',
         'case "$host" in',
     ]
+    _check_rows(rows, ids=False)
     for host in sorted(by_host):
         lines.append(f"{host})")
-        lines += [f"  nvidia-smi -i {d} -pl {w}" for d, w in sorted(by_host[host])]
+        lines += [f"  nvidia-smi -i {int(d)} -pl {int(w)}" for d, w in sorted(by_host[host])]
         lines.append("  ;;")
     lines += ["*) ;;", "esac", ""]
     return "\n".join(lines)
 
 
-def _config_module(ex: Export, instance_name: str) -> str:
+def _config_module(ex: Export) -> str:
+    """The text of ``ntp_config.py``: integers only, each written by ``int``; no names.
+
+    Nothing of the instance (its name, node ids, hosts) reaches the module, so
+    no name can break out of a docstring or a literal and run when the
+    training script imports it.
+    """
     kw = ex.ntp_kwargs
     lines = [
-        f'"""Megatron-LM NonuniformTPConfig for the ntp-opt plan of instance {instance_name!r}.',
+        '"""Megatron-LM NonuniformTPConfig for an ntp-opt plan (see ntp-opt-extras.json).',
         "",
         "Written by ntp-opt; the training script calls ntp_config() (see LAUNCH.md).",
         '"""',
         "",
         "NTP_CONFIG_KWARGS = {",
-        f'    "tp_base": {kw["tp_base"]},',
-        f'    "tp_spares": {kw["tp_spares"]},',
-        f'    "num_reduced_tp_dp_ranks": {kw["num_reduced_tp_dp_ranks"]},',
+        f'    "tp_base": {int(kw["tp_base"])},',
+        f'    "tp_spares": {int(kw["tp_spares"])},',
+        f'    "num_reduced_tp_dp_ranks": {int(kw["num_reduced_tp_dp_ranks"])},',
     ]
     if kw["non_active_ranks_per_dp"] is None:
         lines.append('    "non_active_ranks_per_dp": None,')
     else:
         lines.append('    "non_active_ranks_per_dp": {')
-        lines += [f"        {key!r}: {v!r}," for key, v in kw["non_active_ranks_per_dp"].items()]
+        for key, v in kw["non_active_ranks_per_dp"].items():
+            tup = ", ".join(str(int(x)) for x in key)
+            lst = ", ".join(str(int(x)) for x in v)
+            lines.append(f"        ({tup}): [{lst}],")
         lines.append("    },")
     lines += [
         "}",
@@ -849,6 +919,34 @@ def _config_module(ex: Export, instance_name: str) -> str:
         "",
     ]
     return "\n".join(lines)
+
+
+def md_code(text: str) -> str:
+    """``text`` as one Markdown inline code span that nothing in it can leave.
+
+    Characters that are not printable (line breaks, U+2028/U+2029, NUL, other
+    controls and format characters) are written as ``\\uXXXX`` escapes, so
+    the span stays on one line and cannot open or close a fence; the span's
+    backtick run is longer than any run of backticks inside.
+
+    Parameters
+    ----------
+    text
+        Any string (a user's instance name).
+
+    Returns
+    -------
+    str
+        The code span, backticks included.
+    """
+    shown = "".join(
+        c if c.isprintable() else (f"\\u{ord(c):04x}" if ord(c) <= 0xFFFF else f"\\U{ord(c):08x}")
+        for c in text
+    )
+    runs = [len(m) for m in re.findall("`+", shown)]
+    fence = "`" * (max(runs, default=0) + 1)
+    pad = " " if shown.startswith("`") or shown.endswith("`") or not shown.strip() else ""
+    return f"{fence}{pad}{shown}{pad}{fence}"
 
 
 BIND_SCRIPT = r"""#!/bin/sh
@@ -925,7 +1023,7 @@ def _launch_md(ex: Export, instance_name: str) -> str:
         f"{e['placeholder_ranks']} placeholder ranks that exit after the process groups "
         "are built."
     )
-    return f"""# Launching the ntp-opt plan of `{instance_name}` with Megatron-LM NTP
+    return f"""# Launching the ntp-opt plan of {md_code(instance_name)} with Megatron-LM NTP
 
 {world_line}
 Rank order `{RANK_ORDER}`: rank = tp + tp_base * (pp + PP * dp).
@@ -966,13 +1064,49 @@ metrics); `ranks.txt` is the rank -> host, device, GPU table.
 """
 
 
+def _check_rows(rows: Sequence[RankRow], ids: bool = True) -> None:
+    """Every host and id a launcher file would carry passes its whitelist (else refused).
+
+    The last gate before text is generated: :data:`HOST_RE` for hosts, an int
+    ``>= 0`` for devices, :data:`ID_RE` for GPU and domain ids (with ``ids``;
+    the power scripts write no ids).
+    """
+    problems: list[Violation] = []
+    for row in rows:
+        if not (isinstance(row.host, str) and HOST_RE.fullmatch(row.host)):
+            problems.append(
+                Violation(
+                    "megatron-hosts",
+                    f"rank {row.rank}: host name {row.host!r} is not [A-Za-z0-9._-]",
+                )
+            )
+        if not (isinstance(row.device, int) and row.device >= 0):
+            problems.append(
+                Violation(
+                    "megatron-hosts", f"rank {row.rank}: device {row.device!r} is not an index"
+                )
+            )
+        for node in (row.gpu, row.domain) if ids else ():
+            if node is not None and not ID_RE.fullmatch(str(node)):
+                problems.append(
+                    Violation(
+                        "megatron-ids", f"rank {row.rank}: node id {node!r} cannot be written"
+                    )
+                )
+        if len(problems) >= 5:
+            break
+    if problems:
+        raise MegatronError(problems)
+
+
 def _files(instance: Instance, ex: Export) -> dict[str, str]:
+    _check_rows(ex.rows)
     a = instance.arrays
     hosts, device = gpu_hosts(instance)
     tdp = {(hosts[i], int(device[i])): math.floor(float(a.tdp[i]) + 1e-9) for i in range(a.n_gpus)}
     name = str(ex.extras["instance"])
     files = {
-        CONFIG_NAME: _config_module(ex, name),
+        CONFIG_NAME: _config_module(ex),
         ARGS_NAME: " ".join(ex.megatron_args) + "\n",
         RANKS_NAME: "\n".join(["# " + " ".join(COLUMNS), *(row.line() for row in ex.rows)]) + "\n",
         HOSTFILE_NAME: "".join(f"{row.host}\n" for row in ex.rows),
@@ -991,7 +1125,293 @@ def _files(instance: Instance, ex: Export) -> dict[str, str]:
     return files
 
 
-EXECUTABLE = (BIND_NAME, TORCHRUN_NAME, POWER_SET_NAME, POWER_RESTORE_NAME)
+#: Every name :func:`export_megatron` may write (a directory holding the sidecar of an
+#: export made before the manifest existed owns these).
+LAUNCH_NAMES = (
+    CONFIG_NAME,
+    ARGS_NAME,
+    RANKS_NAME,
+    HOSTFILE_NAME,
+    BIND_NAME,
+    TORCHRUN_HOSTS_NAME,
+    TORCHRUN_NAME,
+    POWER_SET_NAME,
+    POWER_RESTORE_NAME,
+    EXTRAS_NAME,
+    LAUNCH_NAME,
+)
+#: The manifest :func:`write_launch_set` leaves in the directory: the names it wrote.
+MANIFEST_NAME = ".ntp-opt-export.json"
+MANIFEST_FORMAT = "ntp-opt/launch-set@1"
+#: A file name of a launch set: one plain name, no path, not hidden or special.
+FILE_NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
+#: Caps on the export's counts (checked before anything is built).
+MAX_WORLD = 1 << 20
+MAX_PLACEHOLDER_GPUS = 1024
+MAX_PLACEHOLDER_HOSTS = 1 << 14
+
+
+def _previous_names(out: Path) -> set[str] | None:
+    """The names a previous export wrote into ``out`` (``None``: not an export).
+
+    Its manifest's list, or for an export made before manifests existed (its
+    sidecar is of :data:`EXTRAS_FORMAT`) :data:`LAUNCH_NAMES`.
+    """
+    try:
+        data = json.loads(_read_small(out / MANIFEST_NAME))
+    except FileNotFoundError:
+        data = None
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError):
+        return None
+    if data is not None:
+        if not isinstance(data, dict) or data.get("format") != MANIFEST_FORMAT:
+            return None
+        names = data.get("files")
+        if not isinstance(names, list):
+            return None
+        return {n for n in names if isinstance(n, str) and FILE_NAME_RE.fullmatch(n)}
+    try:
+        extras = json.loads(_read_small(out / EXTRAS_NAME))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError):
+        return None
+    if isinstance(extras, dict) and extras.get("format") == EXTRAS_FORMAT:
+        return set(LAUNCH_NAMES)
+    return None
+
+
+def _read_small(path: Path, limit: int = 1 << 20) -> str:
+    """The text of a regular file of at most ``limit`` bytes (else ``OSError``)."""
+    flags = os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_NONBLOCK", 0)
+    fd = os.open(path, flags | getattr(os, "O_CLOEXEC", 0))
+    with os.fdopen(fd, "rb") as fh:
+        if not stat.S_ISREG(os.fstat(fh.fileno()).st_mode):
+            raise OSError(errno.EINVAL, "not a regular file", str(path))
+        data = fh.read(limit + 1)
+    if len(data) > limit:
+        raise OSError(errno.EFBIG, "too large for a manifest", str(path))
+    return data.decode()
+
+
+def _fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _write_new(path: Path, data: bytes, mode: int) -> None:
+    """Create ``path`` (never existing: ``O_EXCL | O_NOFOLLOW``), write ``data``, fsync."""
+    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0)
+    fd = os.open(path, flags | getattr(os, "O_CLOEXEC", 0), mode)
+    try:
+        view = memoryview(data)
+        while view:
+            view = view[os.write(fd, view) :]
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+@contextlib.contextmanager
+def _signals_held() -> Iterator[None]:
+    """SIGINT and SIGTERM wait while inside, then reach their handlers: the commit is whole.
+
+    Python-level (the handlers are swapped for one that notes the signal,
+    which is raised again on exit), so it holds whichever thread the kernel
+    picks; only in the main thread (elsewhere no handler can be swapped).
+    """
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    pending: list[int] = []
+
+    def note(signum: int, frame: object) -> None:
+        pending.append(signum)
+
+    previous: dict[int, Any] = {}
+    for held in (signal.SIGINT, signal.SIGTERM):
+        handler = signal.getsignal(held)
+        if handler is None or handler == signal.SIG_IGN:
+            continue
+        previous[held] = handler
+        signal.signal(held, note)
+    try:
+        yield
+    finally:
+        for num, handler in previous.items():
+            signal.signal(num, handler)
+        for num in dict.fromkeys(pending):
+            signal.raise_signal(num)
+
+
+def write_launch_set(
+    files: dict[str, str],
+    target_dir: str | os.PathLike[str],
+    *,
+    inputs: Sequence[str | os.PathLike[str]] = (),
+    executable: Sequence[str] | None = None,
+    prune: bool = True,
+) -> list[str]:
+    """Write a set of launch files into ``target_dir`` all at once, or not at all.
+
+    Everything is checked before anything is touched, and every file is
+    written and fsynced in a staging directory first: a new target is built
+    beside it (``.NAME.RANDOM.tmp``) and renamed into place; in an existing
+    target the staging directory is ``.ntp-opt-stage.RANDOM`` inside it, and
+    the commit renames the old files out and the new ones in, with SIGINT and
+    SIGTERM held (delivered after it) and undone in reverse on any error. An
+    error (a full disk), Ctrl-C or SIGTERM therefore leaves the target as it
+    was and no staging directory behind (only ``kill -9`` during the renames
+    can leave a mix, with the old files in the staging directory). Replaced
+    files keep their permission bits (scripts stay executable); the target
+    directory itself is never replaced (its owner, group, mode stay).
+
+    What happens to what is already in the target:
+
+    - files a previous export wrote there (listed in its manifest,
+      :data:`MANIFEST_NAME`; for an export made before the manifest,
+      :data:`LAUNCH_NAMES` when its sidecar is of :data:`EXTRAS_FORMAT`) are
+      replaced, or removed when the new set lacks them (``prune``);
+    - everything else (the user's files and folders) is left alone;
+    - refused, before anything is written: a name of the new set that
+      exists but was not written by an export, is a symbolic link or a
+      directory, or is one of ``inputs``; a target that is a symbolic link
+      or not a directory.
+
+    Parameters
+    ----------
+    files
+        File name (plain, :data:`FILE_NAME_RE`) -> text (written as UTF-8).
+    target_dir
+        The directory (created when missing, with its parents).
+    inputs
+        Files the command read (never replaced).
+    executable
+        Names created with mode ``0o777`` minus the umask (default: the names
+        ending in ``.sh``); the others get ``0o666`` minus the umask.
+    prune
+        Remove the previous export's files that ``files`` does not name
+        (``False``: keep them; they stay in the manifest).
+
+    Returns
+    -------
+    list of str
+        The names written (the keys of ``files``).
+
+    Raises
+    ------
+    UnsafeTargetError
+        When the target or one of its entries must not be replaced (nothing
+        is written).
+    OSError
+        When writing fails (disk full, no permission); it names the target,
+        which is as it was.
+    """
+    out = Path(os.path.abspath(target_dir))
+    names = list(files)
+    for name in names:
+        if not FILE_NAME_RE.fullmatch(name) or name == MANIFEST_NAME:
+            raise ValueError(f"launch file name {name!r} is not a plain file name")
+    runnable = {n for n in names if n.endswith(".sh")} if executable is None else set(executable)
+    payload = {name: files[name].encode() for name in names}
+    old_modes: dict[str, int] = {}
+    stale: list[str] = []
+    exists = os.path.lexists(out)
+    if exists:
+        st = os.lstat(out)
+        if stat.S_ISLNK(st.st_mode):
+            raise UnsafeTargetError(out, "refusing to write: the directory is a symbolic link")
+        if not stat.S_ISDIR(st.st_mode):
+            raise UnsafeTargetError(out, "refusing to write: the path is not a directory")
+        previous = (_previous_names(out) or set()) - {MANIFEST_NAME}
+        for name in names:
+            old = check_target(out / name, inputs)
+            if old is None:
+                continue
+            if name not in previous:
+                raise UnsafeTargetError(
+                    out / name,
+                    "refusing to replace a file that no previous export wrote here: "
+                    "move it away or choose another output directory",
+                )
+            old_modes[name] = stat.S_IMODE(old.st_mode)
+        for name in sorted(previous - set(names)):
+            try:
+                mode = os.lstat(out / name).st_mode
+            except FileNotFoundError:
+                continue
+            if prune and stat.S_ISREG(mode):
+                check_target(out / name, inputs)
+                stale.append(name)
+        kept = {n for n in previous - set(names) - set(stale) if os.path.lexists(out / n)}
+        owned = sorted(set(names) | kept)
+    else:
+        owned = sorted(names)
+    manifest = json.dumps({"format": MANIFEST_FORMAT, "files": owned}, indent=1) + "\n"
+    stage: Path | None = None
+    try:
+        try:
+            parent = out if exists else out.parent
+            parent.mkdir(parents=True, exist_ok=True)
+            prefix = ".ntp-opt-stage." if exists else f".{out.name}."
+            suffix = "" if exists else ".tmp"
+            while True:
+                cand = parent / f"{prefix}{secrets.token_hex(6)}{suffix}"
+                try:
+                    os.mkdir(cand, 0o700 if exists else 0o777)
+                    stage = cand
+                    break
+                except FileExistsError:
+                    continue
+            for name in names:
+                _write_new(stage / name, payload[name], 0o777 if name in runnable else 0o666)
+                if name in old_modes:  # a replaced file keeps its bits; scripts stay runnable
+                    mode = old_modes[name]
+                    if name in runnable:
+                        mode |= (mode & 0o444) >> 2
+                    os.chmod(stage / name, mode)
+            _write_new(stage / MANIFEST_NAME, manifest.encode(), 0o666)
+            _fsync_dir(stage)
+            if exists:
+                os.mkdir(stage / "old", 0o700)
+        except OSError as err:
+            raise OSError(err.errno, err.strerror or str(err), str(out)) from None
+        with _signals_held():
+            try:
+                if exists:
+                    _commit(out, stage, [*names, MANIFEST_NAME], stale)
+                    shutil.rmtree(stage, ignore_errors=True)  # now the old files
+                else:
+                    os.rename(stage, out)
+            except OSError as err:
+                raise OSError(err.errno, err.strerror or str(err), str(out)) from None
+            stage = None
+            with contextlib.suppress(OSError):
+                _fsync_dir(out if exists else out.parent)
+    finally:
+        if stage is not None:
+            shutil.rmtree(stage, ignore_errors=True)
+    return names
+
+
+def _commit(out: Path, stage: Path, names: list[str], stale: list[str]) -> None:
+    """Move ``stage``'s files into ``out`` (old ones to ``stage/old``); undo all on error."""
+    done: list[tuple[Path, Path]] = []  # renames made, (from, to), undone in reverse
+    try:
+        for name in [*names, *stale]:
+            if os.path.lexists(out / name):
+                os.rename(out / name, stage / "old" / name)
+                done.append((out / name, stage / "old" / name))
+            if name in stale:
+                continue
+            os.rename(stage / name, out / name)
+            done.append((stage / name, out / name))
+    except BaseException:
+        for src, dst in reversed(done):
+            with contextlib.suppress(OSError):
+                os.rename(dst, src)
+        raise
 
 
 def export_megatron(
@@ -1005,14 +1425,16 @@ def export_megatron(
     inputs: Sequence[str | os.PathLike[str]] = (),
     extra_files: Callable[[Export], dict[str, str]] | None = None,
 ) -> Export:
-    """Write the files of :func:`megatron_export` into ``out_dir``.
+    """Write the files of :func:`megatron_export` into ``out_dir`` (:func:`write_launch_set`).
 
     Parameters
     ----------
     instance, plan, reorder, placeholder_hosts, placeholder_gpus
         As for :func:`megatron_export`.
     out_dir
-        Output directory (created if missing).
+        Output directory (created if missing). A previous export there is
+        replaced as a whole (its ``torchrun.sh`` removed when the new export
+        has none); other files in it are kept.
     inputs
         Files the caller read (never overwritten).
     extra_files
@@ -1029,6 +1451,8 @@ def export_megatron(
     ------
     ntp_opt.validate.PlanError, MegatronError
         As :func:`megatron_export` (and ``extra_files``); nothing is written then.
+    UnsafeTargetError, OSError
+        As :func:`write_launch_set`; the directory is then as it was.
     """
     ex = megatron_export(
         instance,
@@ -1039,19 +1463,7 @@ def export_megatron(
     )
     if extra_files is not None:
         ex.files.update(extra_files(ex))
-    out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    for stale in (TORCHRUN_HOSTS_NAME, TORCHRUN_NAME):
-        p = out / stale
-        if stale not in ex.files and p.is_file() and not p.is_symlink():
-            p.unlink()
-    inputs = list(inputs)
-    for name in ex.files:  # refuse before writing any file
-        check_target(out / name, inputs)
-    for name, text in ex.files.items():
-        atomic_write(out / name, text, inputs)
-        if name in EXECUTABLE:
-            os.chmod(out / name, 0o755)
+    write_launch_set(ex.files, out_dir, inputs=inputs)
     return ex
 
 
@@ -1357,9 +1769,8 @@ def power_only(
         for i in [a.gpu_index[g]]
     ]
     tdp = {(hosts[i], int(device[i])): math.floor(float(a.tdp[i]) + 1e-9) for i in range(a.n_gpus)}
-    out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    for name, restore in ((POWER_SET_NAME, False), (POWER_RESTORE_NAME, True)):
-        atomic_write(out / name, power_commands(rows, restore, tdp), inputs)
-        os.chmod(out / name, 0o755)
-    return [POWER_SET_NAME, POWER_RESTORE_NAME]
+    files = {
+        POWER_SET_NAME: power_commands(rows, False, tdp),
+        POWER_RESTORE_NAME: power_commands(rows, True, tdp),
+    }
+    return write_launch_set(files, out_dir, inputs=inputs, executable=tuple(files), prune=False)

@@ -147,20 +147,52 @@ def sigint_sets(event: threading.Event) -> Iterator[None]:
     thread reads the signal wake-up file descriptor, so the event is set
     even while the main thread is blocked inside a solver's C++ code (where
     Python handlers cannot run); when another wake-up fd is already in use
-    (an asyncio loop) only the Python-level handler sets the event.
+    (an asyncio loop, or an enclosing :func:`signals_set`) only the
+    Python-level handler sets the event (the enclosing watcher sees the
+    signal too).
     """
+    with signals_set(event, (signal.SIGINT,)):
+        yield
+
+
+@contextlib.contextmanager
+def signals_set(
+    event: threading.Event, signals: tuple[int, ...] = (signal.SIGINT,)
+) -> Iterator[set[int]]:
+    """While inside, each of ``signals`` sets ``event`` instead of its usual action.
+
+    As :func:`sigint_sets` for several signals (the command line passes
+    SIGINT and SIGTERM, so that ``scancel`` or a pod's deletion keeps the
+    best plan as Ctrl-C does). A signal that is ignored is left alone.
+
+    Parameters
+    ----------
+    event
+        The cancel token to set.
+    signals
+        The signal numbers to catch.
+
+    Yields
+    ------
+    set of int
+        The signals received so far (filled while inside).
+    """
+    received: set[int] = set()
     if not _in_main_thread():
-        yield
+        yield received
         return
-    previous = signal.getsignal(signal.SIGINT)
-    if previous == signal.SIG_IGN:
-        yield
+    previous = {s: signal.getsignal(s) for s in signals}
+    caught = tuple(s for s in signals if previous[s] != signal.SIG_IGN)
+    if not caught:
+        yield received
         return
 
     def handler(signum: int, frame: object) -> None:
+        received.add(signum)
         event.set()
 
-    signal.signal(signal.SIGINT, handler)
+    for s in caught:
+        signal.signal(s, handler)
     reader, writer = socket.socketpair()
     reader.setblocking(True)
     writer.setblocking(False)
@@ -184,18 +216,21 @@ def sigint_sets(event: threading.Event) -> Iterator[None]:
                 return
             if not data:
                 return
-            if signal.SIGINT in data:
+            hit = [s for s in caught if s in data]
+            if hit:
+                received.update(hit)
                 event.set()
 
-    watcher = threading.Thread(target=watch, name="ntp_opt-sigint", daemon=True)
+    watcher = threading.Thread(target=watch, name="ntp_opt-signals", daemon=True)
     if watching:
         watcher.start()
     try:
-        yield
+        yield received
     finally:
         if watching:
             signal.set_wakeup_fd(-1)
-        signal.signal(signal.SIGINT, previous)
+        for s in caught:
+            signal.signal(s, previous[s])
         stop.set()
         with contextlib.suppress(OSError):
             writer.send(b"\0")  # wake the watcher up
@@ -216,4 +251,11 @@ def restore_sigint(previous: object) -> None:
         signal.signal(signal.SIGINT, previous)  # type: ignore[arg-type]
 
 
-__all__ = ["Callback", "Control", "SolveProgress", "restore_sigint", "sigint_sets"]
+__all__ = [
+    "Callback",
+    "Control",
+    "SolveProgress",
+    "restore_sigint",
+    "sigint_sets",
+    "signals_set",
+]

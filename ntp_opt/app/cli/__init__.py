@@ -122,7 +122,9 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     SIGTERM and SIGINT end the command cleanly (exit 143 / 130): the
     temporary file of a save in progress is removed, no output is left
-    half-written (``serve`` handles its own signals). A Ctrl-C that lands
+    half-written (``serve`` handles its own signals). During the search of
+    ``solve`` and ``compare`` both stop the search instead, and the best plan
+    found is still printed and written before that exit. A Ctrl-C that lands
     while the command is already cleaning up still exits 130, without a
     traceback.
     """

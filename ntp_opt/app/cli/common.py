@@ -5,7 +5,9 @@ from __future__ import annotations
 import argparse
 import contextlib
 import gc
+import signal
 import sys
+import threading
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, NoReturn
 
@@ -34,11 +36,42 @@ examples:
 
 #: Exit status after Ctrl-C (128 + SIGINT); the best plan found is still written.
 INTERRUPTED_EXIT = 130
+#: Exit status after SIGTERM (128 + SIGTERM: ``scancel``, Slurm's time limit, a pod's
+#: deletion); during a search the best plan found is still written, as after Ctrl-C.
+TERMINATED_EXIT = 143
 
 
 def interrupted_note() -> None:
     """Tell stderr that Ctrl-C stopped the search and the best plan found is kept."""
     print("ntp-opt: interrupted: the best plan found so far is kept", file=sys.stderr)
+
+
+@contextlib.contextmanager
+def stop_on_signals(cancel: threading.Event) -> Iterator[set[int]]:
+    """While inside, SIGINT and SIGTERM set ``cancel``: the search stops with its best plan.
+
+    Wrap a command's searches (``solve(..., cancel=cancel)``) in it; afterwards
+    :func:`stopped_status` gives the exit status. Outside it, SIGTERM ends the
+    command at once (:class:`Terminated`).
+
+    Yields
+    ------
+    set of int
+        The signals received (filled while inside).
+    """
+    from ntp_opt.model.control import signals_set
+
+    with signals_set(cancel, (signal.SIGINT, signal.SIGTERM)) as received:
+        yield received
+
+
+def stopped_status(received: set[int]) -> int:
+    """Print the note of a stopped search; its exit status (143 after SIGTERM, else 130)."""
+    if signal.SIGTERM in received:
+        print("ntp-opt: terminated: the best plan found so far is kept", file=sys.stderr)
+        return TERMINATED_EXIT
+    interrupted_note()
+    return INTERRUPTED_EXIT
 
 
 def make_console() -> Console:

@@ -12,10 +12,10 @@ from rich.console import Console
 from rich.table import Table
 
 from ntp_opt.app.cli.common import (
-    INTERRUPTED_EXIT,
     fmt,
-    interrupted_note,
     make_console,
+    stop_on_signals,
+    stopped_status,
 )
 from ntp_opt.model.files import (
     load_instance,
@@ -64,7 +64,7 @@ def run(args: argparse.Namespace) -> int:
         table.add_column(p, justify="right")
     cancel = threading.Event()
     above_one = False
-    with _progress_bar(args.quiet) as bar:
+    with stop_on_signals(cancel) as received, _progress_bar(args.quiet) as bar:
         task = bar.add_task("compare", total=len(args.instances) * len(policies))
         for path in args.instances:
             bar.update(task, description=f"{Path(path).name}: loading")
@@ -100,8 +100,7 @@ def run(args: argparse.Namespace) -> int:
             markup=False,
         )
     if cancel.is_set():
-        interrupted_note()
-        return INTERRUPTED_EXIT
+        return stopped_status(received)
     return 0
 
 

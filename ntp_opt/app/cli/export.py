@@ -97,7 +97,13 @@ def add_parser(sub: Any) -> None:
         "pinned Job per host); power-limits: only the nvidia-smi scripts",
     )
     x.add_argument("--instance", required=True, help="the plan's instance file")
-    x.add_argument("-o", "--output", required=True, help="output directory")
+    x.add_argument(
+        "-o",
+        "--output",
+        required=True,
+        help="output directory, written all at once; a previous export there is replaced, "
+        "your own files in it are kept (docs/export.md, Writing the directory)",
+    )
     x.add_argument("--reorder", action="store_true", help="move reduced replicas first")
     x.add_argument(
         "--uniform-batch",
@@ -118,7 +124,7 @@ def add_parser(sub: Any) -> None:
         "--placeholder-gpus",
         type=int,
         metavar="N",
-        help="GPUs per placeholder host (default: the most GPUs of one cluster host)",
+        help="GPUs per placeholder host, 1..1024 (default: the most GPUs of one cluster host)",
     )
     k = x.add_argument_group("--to k8s (docs/export.md, Kubernetes)")
     k.add_argument("--image", help="container image with PyTorch, Megatron-LM and the script")

@@ -14,12 +14,12 @@ from rich.console import Console
 from rich.table import Table
 
 from ntp_opt.app.cli.common import (
-    INTERRUPTED_EXIT,
     fmt,
     instance_line,
-    interrupted_note,
     loading,
     make_console,
+    stop_on_signals,
+    stopped_status,
 )
 from ntp_opt.model.files import (
     load_instance,
@@ -142,7 +142,7 @@ def run(args: argparse.Namespace) -> int:
         )
     rows = []
     cancel = threading.Event()
-    with _stream_log(args.log):
+    with _stream_log(args.log), stop_on_signals(cancel) as received:
         for name in policies:
             res = solve(
                 instance,
@@ -156,7 +156,7 @@ def run(args: argparse.Namespace) -> int:
                 con.print(f"{name}: {res.reason}", markup=False)
             rows.append((name, res))
             if cancel.is_set():
-                break  # Ctrl-C: no further policy
+                break  # Ctrl-C or SIGTERM: no further policy
     con.print(_summary_table(rows, instance))
     _explain_goodput(con, rows)
     _explain_expected(con, rows, instance)
@@ -167,8 +167,7 @@ def run(args: argparse.Namespace) -> int:
         save_plan(plan, args.output, inputs=[args.instance])
         con.print(f"wrote {args.output}")
     if cancel.is_set():
-        interrupted_note()
-        return INTERRUPTED_EXIT
+        return stopped_status(received)
     return 0
 
 
