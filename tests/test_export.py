@@ -46,6 +46,8 @@ from ntp_opt.model.job import Job
 from ntp_opt.model.plan import Plan, Replica, Stage
 from ntp_opt.planners.megatron import (
     MegatronError,
+    launch_batch,
+    launch_counts,
     megatron_compatible,
     megatron_order,
     solve_megatron,
@@ -606,6 +608,8 @@ def test_optimal_megatron_against_brute_force(
     assert res.plan is not None and res.objective is not None
     assert res.status == "optimal"
     assert res.objective == pytest.approx(want, rel=1e-5, abs=1e-12)
+    # the bound is a goodput of this instance (sequences/s), not of a derived one
+    assert res.bound is not None and res.bound == pytest.approx(want, rel=1e-5, abs=1e-12)
     assert evaluate(inst, res.plan).feasible
     if not res.plan.replicas:
         return
@@ -617,6 +621,21 @@ def test_optimal_megatron_against_brute_force(
     assert ex.megatron_args[ex.megatron_args.index("--micro-batch-size") + 1] == str(mbs)
     if boost == 0.0:
         assert all(st.power == 1.0 for r in res.plan.replicas for st in r.stages)
+
+
+def test_launch_batch() -> None:
+    fixed = Job(tp=4, pp=1, dp=4, dp_max=6, global_batch=24, max_local_batch=8)
+    # 24 = n b with b <= 8: n in {3, 4, 6} (b 8, 6, 4); n = 8, 12, 24 exceed dp_max
+    assert [launch_batch(fixed, n) for n in range(1, 8)] == [None, None, 8, 6, None, 4, None]
+    assert launch_counts(fixed) == [3, 4, 6]
+    mb4 = fixed.model_copy(update={"micro_batch": 4})  # 6 is not a multiple of 4
+    assert launch_counts(mb4) == [3, 6]
+    elastic = fixed.model_copy(update={"batch_policy": "elastic", "micro_batch": 3})
+    # b = 3 floor(min(8, 24 // n) / 3): n=1..3 -> 6, n=4 -> 6, n=5 (24//5=4) -> 3, n=6 -> 3
+    assert [launch_batch(elastic, n) for n in range(1, 8)] == [6, 6, 6, 6, 3, 3, None]
+    assert launch_counts(elastic) == [1, 2, 3, 4, 5, 6]
+    big = elastic.model_copy(update={"micro_batch": 9})  # above max_local_batch: none
+    assert launch_counts(big) == [] and launch_batch(big, 1) is None
 
 
 def _three_domains(global_batch: int, max_local_batch: int) -> Instance:
