@@ -227,6 +227,7 @@ class _Params:
     pmax: float
     idle: float
     rho: float
+    mbs: int
 
     def f(self, t: int) -> float:
         """Speed of degree ``t`` relative to ``T``: ``t eta(t) / (T eta(T))``."""
@@ -249,6 +250,7 @@ def _read_job(instance: Instance) -> _Params:
         pmax=1.0 + float(j.max_boost),
         idle=float(j.idle_power_fraction),
         rho=float(j.reshard_overhead),
+        mbs=int(j.micro_batch),
     )
 
 
@@ -452,11 +454,22 @@ class _Score:
 class _Scorer:
     """Exact best goodput of a structure over its batch vectors (see the module doc)."""
 
-    def __init__(self, p: _Params, budgets: np.ndarray, healthy_tdp: np.ndarray) -> None:
+    def __init__(
+        self, p: _Params, budgets: np.ndarray, healthy_tdp: np.ndarray, launchable: bool = False
+    ) -> None:
         self.p = p
         self.budgets = budgets
         self.healthy_tdp = healthy_tdp
         self.n_cons = len(budgets)
+        self.launchable = launchable
+
+    def vectors(self, n: int, same: tuple[bool, ...]) -> np.ndarray:
+        """The batch vectors of ``n`` replicas the policy (and ``launchable``) allows."""
+        p = self.p
+        bm = _batch_vectors_sym(n, p.mlb, p.B, p.fixed, same)
+        if self.launchable:  # one local batch, a multiple of the micro-batch
+            bm = bm[(bm == bm[:, :1]).all(axis=1) & (bm[:, 0] % p.mbs == 0)]
+        return bm
 
     def base(self, reps: Sequence[_ReplicaCand]) -> tuple[np.ndarray, np.ndarray] | None:
         """Per-stage watts per constraint and the headroom at ``pi = 1`` (None: infeasible)."""
@@ -490,7 +503,7 @@ class _Scorer:
     def best(self, reps: Sequence[_ReplicaCand], same: tuple[bool, ...]) -> _Score | None:
         """Best goodput of the structure ``reps`` over all its batch vectors."""
         p = self.p
-        bm = _batch_vectors_sym(len(reps), p.mlb, p.B, p.fixed, same)
+        bm = self.vectors(len(reps), same)
         if not len(bm):
             return None
         base = self.base(reps)
@@ -529,7 +542,7 @@ class _Scorer:
         when every ``pi_k <= P`` and every rack and site draw is within budget.
         """
         p = self.p
-        bm = _batch_vectors_sym(len(reps), p.mlb, p.B, p.fixed, same)
+        bm = self.vectors(len(reps), same)
         stages = [s for r in reps for s in r.stages]
         w = np.zeros((self.n_cons, len(stages)))
         for k, s in enumerate(stages):
@@ -586,6 +599,7 @@ def brute_force(
     reduce: bool = True,
     prune: bool = True,
     method: Literal["exact", "bisect"] = "exact",
+    launchable: bool = False,
 ) -> tuple[float, Plan]:
     """Optimal goodput and one optimal plan, by exhaustive enumeration.
 
@@ -601,6 +615,12 @@ def brute_force(
     method
         ``"exact"``: the closed-form optimal step time of each structure;
         ``"bisect"``: bisection on the power rules (slower; a cross-check).
+    launchable
+        Only plans Megatron-LM's NTP runtime can launch: the replicas below
+        ``T`` share one degree, and every replica takes the same local batch,
+        a multiple of ``job.micro_batch`` (the order of the replicas does not
+        change goodput). The reductions keep degrees and batches, and the
+        bound holds for every batch vector, so they stay valid.
 
     Returns
     -------
@@ -625,7 +645,7 @@ def brute_force(
         if x.healthy:
             healthy_tdp[rack_index[x.rack]] += x.tdp
             healthy_tdp[site] += x.tdp
-    scorer = _Scorer(p, budgets, healthy_tdp)
+    scorer = _Scorer(p, budgets, healthy_tdp, launchable)
     domain_classes: list[list[int]] = [[] for _ in cl.domains]
     for i, k in enumerate(classes):
         domain_classes[k.domain].append(i)
@@ -639,6 +659,8 @@ def brute_force(
     def visit() -> None:
         nonlocal best_g, best
         reps = [cands[i] for i in chosen]
+        if launchable and len({r.tp for r in reps if r.tp < p.T}) > 1:
+            return  # two reduced degrees: the runtime has one tp_spares
         if reduce:
             touched = {classes[i].domain for r in reps for i, _ in r.usage}
             usage = {i: used[i] for d in touched for i in domain_classes[d] if used[i]}

@@ -44,7 +44,14 @@ from ntp_opt.model.files import InputError, load_instance, save_instance, save_p
 from ntp_opt.model.instance import Instance
 from ntp_opt.model.job import Job
 from ntp_opt.model.plan import Plan, Replica, Stage
-from ntp_opt.planners.megatron import MegatronError, megatron_compatible, megatron_order
+from ntp_opt.planners.megatron import (
+    MegatronError,
+    launch_batch,
+    launch_counts,
+    megatron_compatible,
+    megatron_order,
+    solve_megatron,
+)
 from ntp_opt.rules.validate import PlanError, certified, evaluate
 from ntp_opt.solve import Result, solve
 
@@ -122,6 +129,8 @@ def test_hand_config(hand: Instance, tmp_path: Path) -> None:
         "1",
         "--global-batch-size",
         "8",
+        "--micro-batch-size",
+        "1",  # the job's default micro_batch
     ]
     e = ex.extras
     assert (e["world_size"], e["data_parallel_size"], e["local_batch"]) == (16, 2, 4)
@@ -409,7 +418,8 @@ def test_hosts_devices_and_power(tmp_path: Path) -> None:
     assert "node-b)\n  nvidia-smi -i 0 -pl 1000\n  nvidia-smi -i 1 -pl 1000\n  ;;" in restore
     hosts = (tmp_path / TORCHRUN_HOSTS_NAME).read_text().splitlines()[1:]
     assert hosts == ["0 node-a 1 0", "1 node-b 2 1", "2 spare 1 3", "3 node-c 2 4", "4 node-d 2 6"]
-    assert (tmp_path / ARGS_NAME).read_text().split()[-1] == "4"  # global batch 2 x 2
+    args = (tmp_path / ARGS_NAME).read_text().split()
+    assert args[args.index("--global-batch-size") + 1] == "4"  # global batch 2 x 2
     # power-limits alone, for any valid plan; this instance file has no host,
     # index or max_power_w attributes: hosts are trays, devices tray positions
     plain = Instance("boost", topology.build_cluster(2, 4, 2, 2), inst.job)
@@ -543,38 +553,167 @@ def test_optimal_megatron_hand() -> None:
     assert sorted(r.tp for r in meg.plan.replicas) == [2, 2]
 
 
-def _restricted(instance: Instance, t: int) -> Instance:
-    job = Job(**{**instance.job.model_dump(), "tp_allowed": (t, instance.job.tp)})
-    return Instance(instance.name, instance.cluster, job)
+#: (seed, policy, max_boost, stragglers, micro_batch) of the random brute-force cases
+LAUNCH_CASES = [
+    (0, "fixed", 0.3, 0, 1),
+    (1, "fixed", 0.0, 2, 1),
+    (2, "fixed", 0.3, 2, 1),
+    (3, "elastic", 0.3, 0, 1),
+    (4, "elastic", 0.0, 2, 1),
+    (5, "elastic", 0.3, 2, 2),
+    (6, "fixed", 0.3, 1, 2),
+]
 
 
-@pytest.mark.parametrize("seed", [0, 1, 2])
-def test_optimal_megatron_against_brute_force(seed: int) -> None:
-    # small clusters: 3 domains of 4 GPUs, 3 random failures, TP4 allowing 2 and 3
+def _launch_problems(inst: Instance, plan: Plan) -> list[str]:
+    """Megatron's restrictions ``plan`` breaks, but ``megatron-slots``: four TP2
+    replicas of TP4 need 16 slots on 12 GPUs, and the export puts the inactive
+    ranks on placeholder hosts."""
+    found = megatron_compatible(inst, plan, uniform_batch=True)
+    return [v.rule for v in found if v.rule != "megatron-slots"]
+
+
+@pytest.mark.parametrize(("seed", "policy", "boost", "stragglers", "mbs"), LAUNCH_CASES)
+def test_optimal_megatron_against_brute_force(
+    seed: int, policy: str, boost: float, stragglers: int, mbs: int, tmp_path: Path
+) -> None:
+    # 3 domains of 4 GPUs, 3 random failures, TP4 allowing 2 and 3, up to 4 replicas of
+    # at most 3 sequences, B = 6: fixed admits 2 x 3 and 3 x 2 (micro-batch 2: 3 x 2 only)
     inst = make_instance(
         domains=3,
         size=4,
         tray=2,
         failed=3,
+        stragglers=stragglers,
         seed=seed,
         name=f"bf{seed}",
         tp=4,
         tp_min=2,
         pp=1,
         dp=3,
+        dp_max=4,
         global_batch=6,
-        batch_policy="elastic",
+        max_local_batch=3,
+        batch_policy=policy,
+        max_boost=boost,
+        micro_batch=mbs,
     )
-    # the best Megatron plan is the best over its one reduced degree t
-    want = max(brute_force(_restricted(inst, t))[0] for t in (2, 3))
+    # the reference: every launchable plan (one reduced degree, one batch), enumerated
+    want, ref = brute_force(inst, launchable=True)
     free, _ = brute_force(inst)
+    assert want <= free * (1 + 1e-9)
+    if ref.replicas:  # the reference's own restriction, checked by the package's rules
+        assert _launch_problems(inst, megatron_order(ref, 4)) == []
     res = solve(inst, "optimal-megatron", time_limit=TL)
     assert res.plan is not None and res.objective is not None
     assert res.status == "optimal"
-    assert res.objective == pytest.approx(want, rel=1e-5)
-    assert res.objective <= free * (1 + 1e-6)
+    assert res.objective == pytest.approx(want, rel=1e-5, abs=1e-12)
+    # the bound is a goodput of this instance (sequences/s), not of a derived one
+    assert res.bound is not None and res.bound == pytest.approx(want, rel=1e-5, abs=1e-12)
     assert evaluate(inst, res.plan).feasible
-    assert megatron_compatible(inst, res.plan) == []
+    if not res.plan.replicas:
+        return
+    assert _launch_problems(inst, res.plan) == []
+    spares = [f"spare{i}" for i in range(8)]
+    ex = export_megatron(inst, res.plan, tmp_path, placeholder_hosts=spares)  # no equal_batch
+    b = res.plan.replicas[0].local_batch
+    assert b % mbs == 0 and ex.extras["local_batch"] == b
+    assert ex.megatron_args[ex.megatron_args.index("--micro-batch-size") + 1] == str(mbs)
+    if boost == 0.0:
+        assert all(st.power == 1.0 for r in res.plan.replicas for st in r.stages)
+
+
+def test_launch_batch() -> None:
+    fixed = Job(tp=4, pp=1, dp=4, dp_max=6, global_batch=24, max_local_batch=8)
+    # 24 = n b with b <= 8: n in {3, 4, 6} (b 8, 6, 4); n = 8, 12, 24 exceed dp_max
+    assert [launch_batch(fixed, n) for n in range(1, 8)] == [None, None, 8, 6, None, 4, None]
+    assert launch_counts(fixed) == [3, 4, 6]
+    mb4 = fixed.model_copy(update={"micro_batch": 4})  # 6 is not a multiple of 4
+    assert launch_counts(mb4) == [3, 6]
+    elastic = fixed.model_copy(update={"batch_policy": "elastic", "micro_batch": 3})
+    # b = 3 floor(min(8, 24 // n) / 3): n=1..3 -> 6, n=4 -> 6, n=5 (24//5=4) -> 3, n=6 -> 3
+    assert [launch_batch(elastic, n) for n in range(1, 8)] == [6, 6, 6, 6, 3, 3, None]
+    assert launch_counts(elastic) == [1, 2, 3, 4, 5, 6]
+    big = elastic.model_copy(update={"micro_batch": 9})  # above max_local_batch: none
+    assert launch_counts(big) == [] and launch_batch(big, 1) is None
+
+
+def _three_domains(global_batch: int, max_local_batch: int) -> Instance:
+    """d0: 4 healthy, d1: 3, d2: 2; T=4 allowing 3; fixed; no boost, rho=0; dp 3.
+
+    At most two replicas fit (one stage of degree >= 3 in d0 and in d1): TP4 on d0
+    (v=1) and TP3 on d1 (v=0.75). One local batch b: theta = b / 0.75, goodput
+    2 b / theta = 1.5 whatever b is; one replica alone: TP4 on d0, goodput 1.0.
+    """
+    g = topology.build_cluster(3, 4, 2, 2)
+    topology.fail_gpus(g, ["d1.t0.g0", "d2.t0.g0", "d2.t0.g1"])
+    job = Job(
+        tp=4,
+        tp_min=3,
+        pp=1,
+        dp=3,
+        global_batch=global_batch,
+        max_local_batch=max_local_batch,
+        batch_policy="fixed",
+        max_boost=0.0,
+        reshard_overhead=0.0,
+    )
+    return Instance(f"three-{global_batch}", g, job)
+
+
+def test_optimal_megatron_fixed_counts() -> None:
+    # B = 10, at most 5 each: two replicas of 5 (three would take 10/3)
+    res = solve(_three_domains(10, 5), "optimal-megatron", time_limit=TL)
+    assert res.status == "optimal" and res.plan is not None
+    assert res.objective == pytest.approx(1.5, rel=1e-6)
+    assert [r.local_batch for r in res.plan.replicas] == [5, 5]
+    assert res.plan.replicas[0].tp == 3  # reduced first
+    # B = 5, at most 5 each: 5 does not split over 2 replicas; one replica of 5
+    res = solve(_three_domains(5, 5), "optimal-megatron", time_limit=TL)
+    assert res.status == "optimal" and res.plan is not None
+    assert res.objective == pytest.approx(1.0, rel=1e-6)
+    assert [(r.tp, r.local_batch) for r in res.plan.replicas] == [(4, 5)]
+    # B = 9, at most 5 each: 3 x 3 needs a third replica that does not fit, 1 x 9 is
+    # above the cap: the job pauses. Free batches (5 + 4) would run at 9 / (4 / 0.75)
+    # = 1.6875 but cannot be launched.
+    inst = _three_domains(9, 5)
+    res = solve(inst, "optimal-megatron", time_limit=TL)
+    assert res.status == "optimal" and res.plan is not None and not res.plan.replicas
+    assert res.objective == 0.0 and res.bound == 0.0
+    old = solve_megatron(inst, one_batch=False)
+    assert old.plan is not None and old.stats["goodput"] == pytest.approx(1.6875, rel=1e-6)
+    assert [v.rule for v in megatron_compatible(inst, old.plan, uniform_batch=True)] == [
+        "megatron-batch"
+    ]
+    with pytest.raises(MegatronError, match="megatron-batch"):
+        equal_batch(inst, old.plan)
+
+
+def test_micro_batch(tmp_path: Path) -> None:
+    # fixed B = 12 over at most 2 replicas of 6: micro-batch 4 refuses 6 (2 x 6);
+    # one replica of 12 is above the cap: paused. Micro-batch 3 or 2 takes 2 x 6.
+    inst = _three_domains(12, 6)
+    for mbs, goodput in ((4, 0.0), (3, 1.5), (2, 1.5)):
+        job = inst.job.model_copy(update={"micro_batch": mbs})
+        res = solve(inst.with_job(job), "optimal-megatron", time_limit=TL)
+        assert res.status == "optimal" and res.objective == pytest.approx(goodput, abs=1e-9)
+    mb3 = inst.with_job(inst.job.model_copy(update={"micro_batch": 3}))
+    res = solve(mb3, "optimal-megatron", time_limit=TL)
+    assert res.plan is not None
+    ex = export_megatron(mb3, res.plan, tmp_path / "launch", placeholder_hosts=["p0"])
+    assert ex.megatron_args[-4:] == ["--global-batch-size", "12", "--micro-batch-size", "3"]
+    # a plan of two replicas of 6 with micro-batch 4 is refused by the export
+    mb4 = inst.with_job(inst.job.model_copy(update={"micro_batch": 4}))
+    rules = [v.rule for v in megatron_compatible(mb4, res.plan, uniform_batch=True)]
+    assert rules == ["megatron-micro-batch"]
+    with pytest.raises(MegatronError, match="megatron-micro-batch"):
+        export_megatron(mb4, res.plan, tmp_path / "refused", placeholder_hosts=["p0"])
+    # the field survives a file round trip; the default is not written
+    save_instance(mb3, tmp_path / "mb3.json")
+    assert load_instance(tmp_path / "mb3.json").job.micro_batch == 3
+    save_instance(inst, tmp_path / "mb1.json")
+    assert "micro_batch" not in json.loads((tmp_path / "mb1.json").read_text())["job"]
+    assert load_instance(tmp_path / "mb1.json").job.micro_batch == 1
 
 
 @pytest.mark.parametrize("name", ["tiny.json", "default.json"])

@@ -83,7 +83,12 @@ from ntp_opt.model.files import InputError
 from ntp_opt.model.instance import Instance
 from ntp_opt.model.plan import Plan, Replica, Stage
 from ntp_opt.model.safeio import UnsafeTargetError, check_target
-from ntp_opt.planners.megatron import MegatronError, megatron_compatible, megatron_order
+from ntp_opt.planners.megatron import (
+    MegatronError,
+    launch_batch,
+    megatron_compatible,
+    megatron_order,
+)
 from ntp_opt.rules.validate import Violation, check, evaluate
 
 #: ``format`` of the sidecar file.
@@ -403,8 +408,9 @@ def equal_batch(instance: Instance, plan: Plan, *, iterations: int = 50) -> Plan
     Megatron-LM gives every DP rank the same local batch ``b``. With one ``b``
     the step time is ``b / min_r v_r`` (times the resharding overhead), so the
     goodput ``R b / theta`` no longer depends on ``b`` but only on the slowest
-    replica: ``b`` is ``min(max_local_batch, B // R)`` under ``elastic`` and
-    ``B / R`` under ``fixed`` (which must divide and fit), and the power
+    replica: ``b`` is :func:`ntp_opt.megatron.launch_batch` (``elastic``: the
+    largest multiple of ``micro_batch`` up to ``min(max_local_batch, B // R)``;
+    ``fixed``: ``B / R``, which must divide, fit and be such a multiple), and the power
     multipliers are re-chosen to maximise the slowest replica's speed: the
     largest target speed (bisection, ``iterations`` steps) whose required
     multipliers -- per stage the smallest ``pi >= 1`` reaching it, within
@@ -430,7 +436,7 @@ def equal_batch(instance: Instance, plan: Plan, *, iterations: int = 50) -> Plan
     Raises
     ------
     MegatronError
-        When no equal local batch fits (``fixed`` policy).
+        When no equal local batch fits.
     ntp_opt.validate.PlanError
         If the plan breaks a rule of the model.
     """
@@ -439,20 +445,19 @@ def equal_batch(instance: Instance, plan: Plan, *, iterations: int = 50) -> Plan
     n = len(plan.replicas)
     if n == 0 or len({r.local_batch for r in plan.replicas}) == 1:
         return plan
-    if job.batch_policy == "fixed":
-        b, rest = divmod(job.global_batch, n)
-        if rest or b > job.local_batch_max:
-            raise MegatronError(
-                [
-                    Violation(
-                        "megatron-batch",
-                        f"the fixed global batch {job.global_batch} cannot be split equally "
-                        f"over {n} replicas with at most {job.local_batch_max} each",
-                    )
-                ]
-            )
-    else:
-        b = max(1, min(job.local_batch_max, job.global_batch // n))
+    equal = launch_batch(job, n)
+    if equal is None:
+        raise MegatronError(
+            [
+                Violation(
+                    "megatron-batch",
+                    f"the {job.batch_policy} global batch {job.global_batch} cannot be split "
+                    f"equally over {n} replicas with at most {job.local_batch_max} each, "
+                    f"a multiple of micro_batch {job.micro_batch}",
+                )
+            ]
+        )
+    b = equal
     policy = f"{plan.metrics.get('policy', 'plan')}+equal-batch"
     kept = Plan(plan.instance, tuple(replace(r, local_batch=b) for r in plan.replicas), {})
     best = kept.with_metrics(**check(instance, kept).as_metrics())
@@ -558,7 +563,7 @@ def megatron_export(
     extras = _extras(plan, n_pp, big_t, sum(n for _, n, _ in placeholders), torchrun_hosts, note)
     ex = Export(
         _ntp_kwargs(plan, big_t, n_pp),
-        _megatron_args(plan, n_pp, big_t),
+        _megatron_args(plan, n_pp, big_t, job.micro_batch),
         rows,
         extras,
         torchrun_hosts,
@@ -764,7 +769,7 @@ def _ntp_kwargs(plan: Plan, big_t: int, n_pp: int) -> dict[str, Any]:
     }
 
 
-def _megatron_args(plan: Plan, n_pp: int, big_t: int) -> list[str]:
+def _megatron_args(plan: Plan, n_pp: int, big_t: int, micro_batch: int) -> list[str]:
     """The Megatron-LM command-line flags the layout needs."""
     local = plan.replicas[0].local_batch
     args = [
@@ -774,6 +779,8 @@ def _megatron_args(plan: Plan, n_pp: int, big_t: int) -> list[str]:
         str(n_pp),
         "--global-batch-size",
         str(local * len(plan.replicas)),
+        "--micro-batch-size",
+        str(micro_batch),
     ]
     if n_pp > 1:
         args.append("--use-tp-pp-dp-mapping")
@@ -1044,8 +1051,8 @@ Rank order `{RANK_ORDER}`: rank = tp + tp_base * (pp + PP * dp).
    # NonuniformTPDistributedDataParallel(..., ntp_config=cfg)
    ```
 
-2. Megatron flags (`megatron-args.txt`): `{args}`, plus
-   `--micro-batch-size` dividing the local batch {e["local_batch"]} and the model's flags.
+2. Megatron flags (`megatron-args.txt`): `{args}`, plus the model's flags
+   (local batch {e["local_batch"]}).
 
 3. Power (as root, before the job; `power-restore.sh` after it):
    `srun --ntasks-per-node=1 sh power-limits.sh`

@@ -992,7 +992,10 @@ def instance_to_dict(instance: Instance) -> dict[str, Any]:
     if description is not None:
         data["description"] = description
     data["meta"] = meta
-    data["job"] = instance.job.model_dump(mode="json")
+    job = instance.job.model_dump(mode="json")
+    if job["micro_batch"] == 1:  # the default: files written before the field stay byte-equal
+        del job["micro_batch"]
+    data["job"] = job
     data["cluster"] = cluster
     return data
 

@@ -43,6 +43,10 @@ class Job(BaseModel):
     tp_allowed, tp_min, dp_max, max_local_batch, batch_policy, tp_efficiency,
     power_exponent, max_boost, idle_power_fraction, reshard_overhead
         See docs/model.md, spec section 2; defaults are filled in on construction.
+    micro_batch
+        Megatron-LM's ``--micro-batch-size`` (default 1): only the Megatron
+        planner (``optimal-megatron``) and the Megatron export use it; every
+        replica's local batch must then be a multiple of it.
 
     Examples
     --------
@@ -68,6 +72,7 @@ class Job(BaseModel):
     max_boost: float = Field(default=0.30, ge=0.0, le=10.0, allow_inf_nan=False)
     idle_power_fraction: float = Field(default=0.1, ge=0.0, le=1.0, allow_inf_nan=False)
     reshard_overhead: float = Field(default=0.01, ge=0.0, le=10.0, allow_inf_nan=False)
+    micro_batch: int = Field(default=1, ge=1, le=1_000_000_000)
 
     @model_validator(mode="after")
     def _fill_defaults(self) -> Job:

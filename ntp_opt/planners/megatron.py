@@ -17,19 +17,22 @@ Megatron-LM's NTP runtime (``megatron/core/distributed/nonuniform_tp.py``,
 * and every replica takes the same local batch (``megatron-batch``; checked
   when ``uniform_batch=True``, which the export always asks for): Megatron's
   micro-batch calculator gives every DP rank ``global_batch_size /
-  data_parallel_size`` sequences.
+  data_parallel_size`` sequences, a multiple of ``--micro-batch-size``
+  (``job.micro_batch``; ``megatron-micro-batch``, checked with it).
 
 Power multipliers are not a restriction: the runtime never sees them, the
 site's power manager applies them as per-GPU power limits (``docs/export.md``).
 
 :func:`megatron_compatible` lists the broken restrictions like
 :func:`ntp_opt.validate.validate` lists broken rules; :func:`megatron_order`
-moves the reduced replicas first; :func:`solve_megatron` is the exact planner
-behind ``solve(instance, "optimal-megatron")``.
+moves the reduced replicas first; :func:`launch_batch` is the one local batch
+of ``n`` replicas; :func:`solve_megatron` is the exact planner behind
+``solve(instance, "optimal-megatron")``, which plans under all of these.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import math
 import time
@@ -51,6 +54,7 @@ RULES: dict[str, str] = {
     "megatron-order": "a reduced replica comes after a full-TP one (reduced DP ranks come first)",
     "megatron-slots": "the dp x pp x tp_base ranks of the world need more GPU slots than exist",
     "megatron-batch": "local batches differ: Megatron gives every DP rank the same local batch",
+    "megatron-micro-batch": "the local batch is not a multiple of the job's micro_batch",
     "megatron-placeholders": "the inactive ranks find no GPU on a host without active ranks",
     "megatron-hosts": "a host name or device index cannot be written to a launcher file",
     "megatron-ids": "a node id cannot be written to the rank file",
@@ -82,7 +86,8 @@ def megatron_compatible(
     plan
         The plan.
     uniform_batch
-        Also require every replica to take the same local batch.
+        Also require every replica to take the same local batch, a multiple
+        of ``job.micro_batch``.
 
     Returns
     -------
@@ -141,6 +146,16 @@ def megatron_compatible(
                     "sequences (--equal-batch: one local batch for all, power re-balanced)",
                 )
             )
+        mbs = instance.job.micro_batch
+        off = [b for b in batches if b % mbs]
+        if off:
+            out.append(
+                Violation(
+                    "megatron-micro-batch",
+                    f"local batch {off[0]} is not a multiple of the job's micro_batch {mbs}: "
+                    "Megatron-LM needs global_batch_size divisible by micro-batch size x DP",
+                )
+            )
     return out
 
 
@@ -165,10 +180,150 @@ def megatron_order(plan: Plan, tp_base: int) -> Plan:
     return Plan(plan.instance, replicas, dict(plan.metrics))
 
 
+def launch_batch(job: Job, n: int) -> int | None:
+    """The one local batch Megatron-LM runs ``n`` replicas of ``job`` at, or ``None``.
+
+    Megatron gives every DP rank ``global_batch_size / data_parallel_size``
+    sequences, and that number must be a multiple of ``--micro-batch-size``
+    (``job.micro_batch``). Under ``fixed`` it is ``B / n``, which must divide,
+    fit in ``max_local_batch`` and be a multiple of the micro-batch; under
+    ``elastic`` it is the largest multiple of the micro-batch not above
+    ``min(max_local_batch, B // n)`` (the global batch closest to ``B``).
+
+    Parameters
+    ----------
+    job
+        The job.
+    n
+        Number of replicas (1 to ``dp_max``).
+
+    Returns
+    -------
+    int or None
+        The local batch, or ``None`` when ``n`` replicas cannot share one.
+    """
+    if not 1 <= n <= job.replicas_max:
+        return None
+    mbs = job.micro_batch
+    if job.batch_policy == "fixed":
+        b, rest = divmod(job.global_batch, n)
+        return b if rest == 0 and b <= job.local_batch_max and b % mbs == 0 else None
+    b = mbs * (min(job.local_batch_max, job.global_batch // n) // mbs)
+    return b if b >= mbs else None
+
+
+def launch_counts(job: Job) -> list[int]:
+    """Every number of replicas that :func:`launch_batch` gives a local batch, ascending.
+
+    Parameters
+    ----------
+    job
+        The job.
+
+    Returns
+    -------
+    list of int
+        Under ``elastic`` ``1 .. min(dp_max, B // micro_batch)`` (none when the
+        micro-batch exceeds ``max_local_batch``); under ``fixed`` the divisors
+        ``n`` of ``B`` that :func:`launch_batch` accepts.
+    """
+    if job.batch_policy == "elastic":
+        top = min(job.replicas_max, job.global_batch // job.micro_batch)
+        return list(range(1, top + 1)) if job.micro_batch <= job.local_batch_max else []
+    big_b = job.global_batch
+    divisors = set()
+    for i in range(1, math.isqrt(big_b) + 1):
+        if big_b % i == 0:
+            divisors |= {i, big_b // i}
+    return sorted(n for n in divisors if launch_batch(job, n) is not None)
+
+
 def _restricted(instance: Instance, degrees: tuple[int, ...]) -> Instance:
     """``instance`` whose job allows only ``degrees`` (compiled arrays shared)."""
     job = Job(**{**instance.job.model_dump(), "tp_allowed": degrees})
     return instance.with_job(job)
+
+
+def _one_batch(instance: Instance, degrees: tuple[int, ...], n: int) -> Instance:
+    """The derived instance of one local batch: ``degrees`` only, every batch 1.
+
+    With one local batch ``b`` the step time is ``b / min_r v_r`` times the
+    resharding factor, so goodput ``n min_r v_r / (1 + rho [...])`` does not
+    depend on ``b``, and the power rules do not read batches at all: the best
+    plan of ``n`` replicas at one batch is the best plan at batch 1. The
+    derived job keeps ``fixed`` (exactly ``n`` replicas) or ``elastic`` (up
+    to ``n``) with ``B = n`` and ``max_local_batch = 1``; ``dp``, ``c`` and so
+    the goodput units are the instance's own.
+    """
+    job = Job(
+        **{
+            **instance.job.model_dump(),
+            "tp_allowed": degrees,
+            "global_batch": n,
+            "max_local_batch": 1,
+        }
+    )
+    return instance.with_job(job)
+
+
+def _at_batch(plan: Plan, batch: int) -> Plan:
+    """``plan`` with every local batch set to ``batch`` (metrics dropped)."""
+    return Plan(
+        plan.instance, tuple(dataclasses.replace(r, local_batch=batch) for r in plan.replicas)
+    )
+
+
+@dataclasses.dataclass
+class _Sub:
+    """One sub-search: its degrees, its derived instance and an upper bound on its goodput."""
+
+    degrees: tuple[int, ...]
+    instance: Instance
+    count: int | None = None  # fixed, one batch: exactly this many replicas
+    cap: float = math.inf  # no plan of this sub-search beats it
+
+    def label(self) -> str:
+        n = "" if self.count is None else f", {self.count} replicas"
+        return f"degrees {list(self.degrees)}{n}"
+
+
+def _fastest(instance: Instance, degrees: tuple[int, ...]) -> float:
+    """Speed no replica of ``degrees`` exceeds: fastest GPU, largest boost, best degree."""
+    a = instance.arrays
+    job = instance.job
+    top = float(a.speed[a.healthy].max()) if a.healthy.any() else 0.0
+    f = max(job.tp_factor(t) for t in degrees)
+    return f * top * (1.0 + job.max_boost) ** job.power_exponent / job.seq_time_s
+
+
+def _subs(instance: Instance, one_batch: bool) -> tuple[list[_Sub], list[str]]:
+    """The sub-searches of :func:`solve_megatron`, and log lines for the ones left out."""
+    job = instance.job
+    big_t = job.tp
+    cands: list[tuple[int, ...]] = [(t, big_t) for t in reversed(job.allowed) if t < big_t]
+    if not cands:
+        cands = [(big_t,)]
+    if not one_batch:
+        return [_Sub(d, _restricted(instance, d)) for d in cands], []
+    counts = launch_counts(job)
+    if not counts:
+        return [], ["no number of replicas takes one local batch: paused"]
+    if job.batch_policy == "elastic":
+        return [_Sub(d, _one_batch(instance, d, counts[-1])) for d in cands], []
+    healthy = instance.arrays.healthy_in_domain()
+    subs: list[_Sub] = []
+    lines: list[str] = []
+    for d in cands:
+        # stages of degree >= min(d) a domain can hold: a count above this cannot fit
+        fit = int((healthy // min(d)).sum()) // job.pp
+        fast = _fastest(instance, d)
+        for n in reversed(counts):
+            if n > fit:
+                lines.append(f"degrees {list(d)}, {n} replicas: at most {fit} fit, skipped")
+                continue
+            subs.append(_Sub(d, _one_batch(instance, d, n), n, n * fast))
+    subs.sort(key=lambda sub: -sub.cap)  # stable: degrees largest first, then counts
+    return subs, lines
 
 
 def solve_megatron(
@@ -181,19 +336,35 @@ def solve_megatron(
     initial_plan: Plan | None = None,
     log: bool = False,
     control: Control | None = None,
+    one_batch: bool = True,
 ) -> Outcome:
     """The best plan Megatron-LM's NTP runtime can run (exact, per reduced degree).
 
-    For every allowed reduced degree ``t < T`` (largest first) the exact
-    search (:func:`ntp_opt.milp.search.solve_exact`) runs on the instance
-    with ``tp_allowed = {t, T}``; each search also covers the uniform plan
-    (degree ``T`` only). The best plan over all ``t`` is returned with its
-    reduced replicas first. Any plan the runtime can run has one reduced
-    degree, so it is a candidate of one of these searches: the largest of
-    their bounds bounds it, and the result is proven optimal when every search
-    is. The ``megatron-slots`` restriction is not modelled; a plan breaking it
-    would be reported by :func:`megatron_compatible` (it needs a world larger
-    than the cluster, which no instance of the library comes near).
+    Every plan the runtime can run has one reduced degree ``t < T``, its
+    reduced replicas first and one local batch ``b`` for all replicas
+    (:func:`launch_batch`: ``fixed`` ``n b = B``, ``elastic`` ``n b <= B``,
+    ``b`` a multiple of ``job.micro_batch`` and at most ``max_local_batch``).
+    With one ``b`` goodput is ``n min_r v_r / (1 + rho [...])`` whatever
+    ``b`` is, and power does not read batches, so the exact search
+    (:func:`ntp_opt.planners.exact.search.solve_exact`) runs on derived
+    instances with ``tp_allowed = {t, T}`` and every batch 1, for every
+    allowed ``t`` (largest first; each also covers the uniform plan):
+
+    * ``elastic``: one search per ``t`` with up to ``N`` replicas, ``N`` the
+      largest count :func:`launch_counts` allows;
+    * ``fixed``: one search per ``t`` and admissible count ``n`` (exactly
+      ``n`` replicas), largest upper bound ``n x`` (the fastest replica speed)
+      first; counts whose bound does not beat the best plan are skipped, and
+      so are counts needing more stages than the domains hold.
+
+    The best plan gets ``b = launch_batch(job, n)`` and its reduced replicas
+    first. The largest of the searches' bounds (goodput of the instance
+    itself: the derived jobs keep ``dp`` and ``c``) is a proven bound, and the
+    result is proven optimal when every search is. When no count is
+    admissible the job pauses (the empty plan, proven). The
+    ``megatron-slots`` restriction is not modelled; a plan breaking it would
+    be reported by :func:`megatron_compatible` (it needs a world larger than
+    the cluster, which no instance of the library comes near).
 
     Parameters
     ----------
@@ -208,12 +379,16 @@ def solve_megatron(
     threads, seed
         Passed to the backend.
     initial_plan
-        Warm start; used by the searches whose degrees it fits.
+        Warm start (its batches set to 1); used by the searches it fits.
     log
         Keep the search logs.
     control
         Progress reports and cancel token, passed to every search; once
-        cancelled, the remaining degrees are skipped.
+        cancelled, the remaining searches are skipped.
+    one_batch
+        Plan under one local batch (the default). ``False``: the earlier
+        planner, one search per reduced degree with free batches (plans may
+        need ``--equal-batch`` to export); kept for comparison.
 
     Returns
     -------
@@ -224,16 +399,18 @@ def solve_megatron(
     start = time.perf_counter()
     job = instance.job
     big_t = job.tp
-    cands: list[tuple[int, ...]] = [(t, big_t) for t in reversed(job.allowed) if t < big_t]
-    if not cands:
-        cands = [(big_t,)]
+    subs, lines = _subs(instance, one_batch)
     best: Outcome | None = None
+    best_value = 0.0
     bounds: list[float | None] = []
     proven = True
     hit = interrupted = False
     evaluations = 0
-    lines: list[str] = []
-    for i, degrees in enumerate(cands):
+    for i, sub in enumerate(subs):
+        if sub.cap <= best_value:  # no plan of this search beats the best one
+            bounds.append(sub.cap)
+            lines.append(f"{sub.label()}: bound {sub.cap:.9g} does not beat {best_value:.9g}")
+            continue
         if control is not None and control.cancelled and best is not None:
             interrupted, proven = True, False
             break
@@ -243,52 +420,54 @@ def solve_megatron(
             if left <= 0.05:
                 hit, proven = True, False
                 bounds.append(None)
-                lines.append(f"degrees {list(degrees)}: skipped, time limit reached")
+                lines.append(f"{sub.label()}: skipped, time limit reached")
                 continue
-            share = left / (len(cands) - i)
-        sub = _restricted(instance, degrees)
-        warm = [
-            p
-            for p in (initial_plan, best.plan if best is not None else None)
-            if p is not None and p.replicas and all(r.tp in degrees for r in p.replicas)
-        ]
+            share = left / sum(1 for s in subs[i:] if s.cap > best_value)
         out = solve_exact(
-            sub,
+            sub.instance,
             backend,
             time_limit=share,
             threads=threads,
             seed=seed,
-            initial_plan=warm[0] if warm else None,
+            initial_plan=_warm(sub, initial_plan, best, one_batch),
             log=log,
             control=control,
-            report_bounds=False,  # one degree's bound is no bound for all of them
+            report_bounds=False,  # one search's bound is no bound for all of them
         )
         evaluations += int(out.stats["evaluations"])
         bounds.append(out.bound)
         proven = proven and out.proven
         hit = hit or out.time_limit_hit
         lines.append(
-            f"degrees {list(degrees)}: goodput {out.stats['goodput']:.9g} bound {out.bound} "
+            f"{sub.label()}: goodput {out.stats['goodput']:.9g} bound {out.bound} "
             f"proven {out.proven}"
         )
         logger.info("optimal-megatron: %s", lines[-1])
         lines += [f"  {line}" for line in out.log]
         if best is None or out.stats["goodput"] > best.stats["goodput"]:
-            best = out
+            best, best_value = out, float(out.stats["goodput"])
         if out.interrupted:
             interrupted, proven = True, False
             break
-    if best is None:  # every search skipped: the time limit was too short
+    if best is None and subs:  # every search skipped: the time limit was too short
         from ntp_opt.planners.heuristics import ntp_pw
 
-        plan = ntp_pw(_restricted(instance, cands[0]))
-        ev = evaluate(instance, plan)
-        best = Outcome(plan, limit=Limit.TIME, stats={"goodput": ev.goodput, "evaluations": 0})
+        plan = ntp_pw(subs[0].instance, validate=False)
+        if not evaluate(subs[0].instance, plan).feasible:
+            plan = Plan(instance.name, ())
+        best = Outcome(plan, limit=Limit.TIME, stats={"goodput": 0.0, "evaluations": 0})
+    if best is None:  # nothing to search: no count takes one batch
+        best = Outcome(Plan(instance.name, ()), stats={"goodput": 0.0, "evaluations": 0})
     bound = None
-    if bounds and all(b is not None for b in bounds) and len(bounds) == len(cands):
-        bound = max(max(b for b in bounds if b is not None), best.stats["goodput"])
+    if all(b is not None for b in bounds) and len(bounds) == len(subs):
+        bound = max([b for b in bounds if b is not None] + [best.stats["goodput"]])
     assert best.plan is not None  # every search returns a plan
-    plan = megatron_order(best.plan, big_t).with_metrics(policy="optimal-megatron")
+    plan = best.plan
+    if one_batch and plan.replicas:
+        batch = launch_batch(job, len(plan.replicas))
+        assert batch is not None  # the derived job allows only admissible counts
+        plan = _at_batch(plan, batch)
+    plan = megatron_order(plan, big_t).with_metrics(policy="optimal-megatron")
     ev = evaluate(instance, plan)
     plan = plan.with_metrics(**ev.as_metrics())
     return Outcome(
@@ -299,3 +478,19 @@ def solve_megatron(
         log=tuple(lines),
         stats={"goodput": ev.goodput, "evaluations": evaluations},
     )
+
+
+def _warm(sub: _Sub, initial: Plan | None, best: Outcome | None, one_batch: bool) -> Plan | None:
+    """The first of ``initial`` and the best plan so far that fits ``sub`` (batches 1)."""
+    job = sub.instance.job
+    for p in (initial, best.plan if best is not None else None):
+        if p is None or not p.replicas or any(r.tp not in sub.degrees for r in p.replicas):
+            continue
+        if not one_batch:
+            return p
+        if len(p.replicas) > job.global_batch:
+            continue
+        if sub.count is not None and len(p.replicas) != sub.count:
+            continue
+        return _at_batch(p, 1)
+    return None
