@@ -364,7 +364,7 @@ def test_wrapper_starts_the_ranks_of_its_node_bound_by_uuid(
     uuids = xml_uuids(H100 / "nvidia-smi/dgx-h100-02.xml")
     devices = [0, 1, 2, 3, 4, 6, 7]  # the stage's GPUs by index; GPU 5 failed
     args = "--model-flag --tensor-model-parallel-size 8 --pipeline-model-parallel-size 2 "
-    args += "--global-batch-size 32 --use-tp-pp-dp-mapping"
+    args += "--global-batch-size 32 --micro-batch-size 1 --use-tp-pp-dp-mapping"
     for rank, dev in zip(range(7), devices, strict=True):
         kv = seen[rank]
         assert kv["CUDA_VISIBLE_DEVICES"] == uuids[dev]
