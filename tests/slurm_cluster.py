@@ -44,11 +44,23 @@ import socket
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
 #: Programs the cluster needs (Debian: slurmctld, slurmd, slurm-client, munge).
-PROGRAMS = ("munged", "munge", "unmunge", "slurmctld", "slurmd", "scontrol", "sinfo", "srun")
+PROGRAMS = (
+    "munged",
+    "munge",
+    "unmunge",
+    "slurmctld",
+    "slurmd",
+    "scontrol",
+    "sinfo",
+    "squeue",
+    "scancel",
+    "srun",
+)
 #: Debian packages that provide them.
 PACKAGES = "slurmctld slurmd slurm-client munge"
 #: Upper bound on readiness polls per wait (``POLL_S`` apart): a bound, not a tuned delay.
@@ -75,13 +87,21 @@ def _program(name: str) -> str:
     return found
 
 
-def _die_with_parent() -> None:
-    """In the child before exec: SIGTERM when the parent thread ends (Linux only)."""
+def _parent_death_signal() -> Callable[[], None] | None:
+    """A ``preexec_fn`` asking for SIGTERM when the parent thread ends (Linux), or ``None``.
+
+    ``prctl`` is looked up here, in the parent: the child, forked from a process
+    that may run other threads, only calls it.
+    """
     try:
-        libc = ctypes.CDLL(None, use_errno=True)
-        libc.prctl(1, signal.SIGTERM, 0, 0, 0)  # PR_SET_PDEATHSIG
+        prctl = ctypes.CDLL(None, use_errno=True).prctl
     except (OSError, AttributeError):
-        pass
+        return None
+
+    def preexec() -> None:
+        prctl(1, signal.SIGTERM, 0, 0, 0)  # PR_SET_PDEATHSIG
+
+    return preexec
 
 
 def free_ports(n: int) -> list[int]:
@@ -268,7 +288,7 @@ class SlurmCluster:
                 stderr=subprocess.STDOUT,
                 env=self.env(),
                 start_new_session=True,
-                preexec_fn=_die_with_parent if self.tie_to_parent else None,
+                preexec_fn=_parent_death_signal() if self.tie_to_parent else None,
             )
         finally:
             log.close()
@@ -377,8 +397,33 @@ class SlurmCluster:
         states = self.node_states()
         return all(states.get(n) == "idle" for n in self.all_nodes)
 
-    def start(self) -> None:
-        """Write the configuration and start munged, slurmctld and the slurmds; wait for idle."""
+    def start(self, attempts: int = 3) -> None:
+        """Write the configuration and start munged, slurmctld and the slurmds; wait for idle.
+
+        A port taken between :func:`free_ports` and the daemon's bind ("Address
+        already in use" in its log) starts everything again with new ports and a
+        new tag, up to ``attempts`` times; any other failure raises at once.
+
+        Raises
+        ------
+        ClusterError
+            When a daemon exits or is not ready after :data:`MAX_POLLS` polls
+            (the message ends with its log); the daemons started are stopped.
+        """
+        for attempt in range(attempts):
+            try:
+                self._start_once()
+                return
+            except ClusterError as err:
+                self.stop()
+                if attempt + 1 == attempts or "already in use" not in str(err):
+                    raise
+            for sub in ("state", "spool", "run"):
+                shutil.rmtree(self.root / sub, ignore_errors=True)
+            self.tag = "t" + secrets.token_hex(3)
+            self.pids, self._procs = {}, {}
+
+    def _start_once(self) -> None:
         self.write_config()
         self._save()
         self._spawn(
