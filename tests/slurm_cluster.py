@@ -339,6 +339,16 @@ class SlurmCluster:
         pid = self.pids.get(key)
         return pid is not None and self._ours(key, pid)
 
+    def _signal(self, key: str, sig: int) -> None:
+        try:
+            os.kill(self.pids[key], sig)
+        except ProcessLookupError:  # exited since the check
+            pass
+
+    def running(self) -> list[str]:
+        """The daemons of this cluster that still run (by the recorded process ids)."""
+        return [k for k in self.pids if self._alive(k)]
+
     def _log_tail(self, key: str) -> str:
         texts = []
         for name in (f"{key}.out", f"{key}.log"):
@@ -470,14 +480,16 @@ class SlurmCluster:
         for group in (order[:-2], order[-2:-1], order[-1:]):
             live = [k for k in group if k in self.pids and self._alive(k)]
             for k in live:
-                os.kill(self.pids[k], signal.SIGTERM)
+                self._signal(k, signal.SIGTERM)
             for _ in range(MAX_POLLS):
                 live = [k for k in live if self._alive(k)]
                 if not live:
                     break
                 time.sleep(POLL_S)
             for k in live:
-                os.kill(self.pids[k], signal.SIGKILL)
+                self._signal(k, signal.SIGKILL)
+                if k in self._procs:
+                    self._procs[k].wait(timeout=60)
         self.pids = {k: v for k, v in self.pids.items() if self._alive(k)}
         self._save()
 
@@ -492,10 +504,20 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--spares", type=int, default=1)
     args = ap.parse_args(argv)
     root = args.dir.resolve()
+    state = root / STATE_FILE
     if args.action == "stop":
+        if not state.exists():
+            print(
+                f"slurm_cluster.py: {state} does not exist: no cluster started there",
+                file=sys.stderr,
+            )
+            return 2
         SlurmCluster.load(root).stop()
         print(f"stopped the cluster in {root}")
         return 0
+    if state.exists() and (live := SlurmCluster.load(root).running()):
+        print(f"slurm_cluster.py: {root} runs {', '.join(live)}: stop it first", file=sys.stderr)
+        return 2
     if missing := missing_programs():
         print(f"missing: {' '.join(missing)}; install {PACKAGES}", file=sys.stderr)
         return 2
