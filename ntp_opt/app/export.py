@@ -19,9 +19,11 @@ their types, and the files a launcher needs (``docs/export.md``):
     global batch).
 ``ranks.txt``
     One line per global rank: host, device index, GPU, coordinates, power.
-``slurm-hostfile``, ``bind.sh``
+``slurm-hostfile``, ``bind.sh``, ``gpu-uuids.txt``
     ``SLURM_HOSTFILE`` for ``srun --distribution=arbitrary`` and the per-rank
-    wrapper that sets ``CUDA_VISIBLE_DEVICES`` (also used under torchrun).
+    wrapper that sets ``CUDA_VISIBLE_DEVICES`` (also used under torchrun): the
+    GPU's UUID from ``gpu-uuids.txt`` (written when the instance has UUIDs), else
+    its index with ``CUDA_DEVICE_ORDER=PCI_BUS_ID``.
 ``torchrun-hosts.tsv``, ``torchrun.sh``
     Per-host node rank, process count and first rank (only when every host's
     ranks are contiguous; otherwise :attr:`Export.torchrun_note` says why).
@@ -956,18 +958,33 @@ def md_code(text: str) -> str:
     return f"{fence}{pad}{shown}{pad}{fence}"
 
 
+#: The data file of ``bind.sh``: ``host device uuid`` of every GPU of the rank file whose
+#: UUID the instance knows (written only when there is one).
+UUIDS_NAME = "gpu-uuids.txt"
+#: What ``bind.sh`` accepts as a CUDA device UUID (``nvidia-smi -L``): ``GPU-<hex groups>``,
+#: ``MIG-<hex groups>`` or the older ``MIG-GPU-<uuid>/<gi>/<ci>``; nothing a shell or
+#: ``CUDA_VISIBLE_DEVICES`` (commas) would read otherwise.
+UUID_RE = re.compile(r"(?:GPU|MIG)-[0-9A-Za-z-]+(?:/[0-9]+/[0-9]+)?")
+
 BIND_SCRIPT = r"""#!/bin/sh
-# Written by ntp-opt. Per-rank wrapper: sets RANK, WORLD_SIZE, LOCAL_RANK=0 and
-# CUDA_VISIBLE_DEVICES=<the rank's device> from ranks.txt next to this script,
-# checks that the process runs on the planned host, then runs the command.
+# Written by ntp-opt. Per-rank wrapper: sets RANK, WORLD_SIZE, LOCAL_RANK=0 and the
+# rank's GPU from ranks.txt next to this script, checks that the process runs on
+# the planned host, then runs the command.
 #   srun:     SLURM_HOSTFILE=slurm-hostfile srun --distribution=arbitrary -n WORLD ./bind.sh CMD
 #   torchrun: torchrun ... --no-python ./bind.sh CMD   (via torchrun.sh)
+# The host is SLURMD_NODENAME under srun (the node name slurm-hostfile uses, also
+# when several nodes share one machine), else NTP_HOST (torchrun.sh sets it), else
+# `hostname -s`. CUDA_VISIBLE_DEVICES is the GPU's UUID when gpu-uuids.txt names
+# it, else its device index; CUDA_DEVICE_ORDER=PCI_BUS_ID makes an index mean
+# what it means to nvidia-smi (CUDA's default order is fastest first).
 set -e
 dir="$(cd "$(dirname "$0")" && pwd)"
-host="${NTP_HOST:-${SLURMD_NODENAME:-$(hostname -s)}}"
 if [ -n "${SLURM_PROCID:-}" ] && [ -z "${TORCHELASTIC_RUN_ID:-}" ]; then
   rank="$SLURM_PROCID"
+  host="${SLURMD_NODENAME:-}"
+  if [ -z "$host" ]; then echo "bind.sh: srun set no SLURMD_NODENAME" >&2; exit 1; fi
 else
+  host="${NTP_HOST:-$(hostname -s)}"
   first="$(awk -v h="$host" '$2 == h {print $4; exit}' "$dir/torchrun-hosts.tsv")"
   if [ -z "$first" ]; then echo "bind.sh: host $host is not in torchrun-hosts.tsv" >&2; exit 1; fi
   rank=$((first + ${LOCAL_RANK:?LOCAL_RANK not set}))
@@ -983,10 +1000,48 @@ fi
 if [ -n "${RANK:-}" ] && [ "$RANK" != "$rank" ]; then
   echo "bind.sh: warning: the launcher set RANK=$RANK, the plan says $rank; using $rank" >&2
 fi
+gpu="$dev"
+if [ -f "$dir/gpu-uuids.txt" ]; then
+  uuid="$(awk -v h="$want" -v d="$dev" '$1 == h && $2 == d {print $3; exit}' "$dir/gpu-uuids.txt")"
+  case "$uuid" in
+    "") ;;
+    *[!A-Za-z0-9/-]*) echo "bind.sh: gpu-uuids.txt: bad UUID for $want device $dev" >&2; exit 1 ;;
+    GPU-* | MIG-*) gpu="$uuid" ;;
+    *) echo "bind.sh: gpu-uuids.txt: bad UUID for $want device $dev" >&2; exit 1 ;;
+  esac
+fi
 export RANK="$rank" WORLD_SIZE="$(($(grep -vc '^#' "$dir/ranks.txt")))" LOCAL_RANK=0
-export CUDA_VISIBLE_DEVICES="$dev"
+export CUDA_VISIBLE_DEVICES="$gpu" CUDA_DEVICE_ORDER=PCI_BUS_ID
 exec "$@"
 """
+
+
+def _uuid_file(instance: Instance, rows: Sequence[RankRow]) -> str | None:
+    """``gpu-uuids.txt``: ``host device uuid`` per GPU of ``rows`` with a UUID, or ``None``.
+
+    Raises
+    ------
+    MegatronError
+        When a UUID is not of the form :data:`UUID_RE` (it would reach a shell).
+    """
+    g = instance.cluster
+    lines = []
+    for row in rows:
+        uuid = None if row.gpu is None else g.nodes[row.gpu].get("uuid")
+        if uuid is None:
+            continue
+        if not isinstance(uuid, str) or not UUID_RE.fullmatch(uuid):
+            raise MegatronError(
+                [
+                    Violation(
+                        "megatron-uuids",
+                        f"GPU {row.gpu}: uuid {str(uuid)[:80]!r} is not a CUDA device UUID "
+                        "(GPU-... or MIG-..., letters, digits and '-')",
+                    )
+                ]
+            )
+        lines.append(f"{row.host} {row.device} {uuid}\n")
+    return "".join(["# host device uuid\n", *lines]) if lines else None
 
 
 def _torchrun_script(hosts: list[tuple[int, str, int, int]], world: int) -> str:
@@ -1123,6 +1178,8 @@ def _files(instance: Instance, ex: Export) -> dict[str, str]:
         EXTRAS_NAME: json.dumps(ex.extras, indent=1, allow_nan=False) + "\n",
         LAUNCH_NAME: _launch_md(ex, name),
     }
+    if (uuids := _uuid_file(instance, ex.rows)) is not None:
+        files[UUIDS_NAME] = uuids
     if ex.torchrun_hosts is not None:
         files[TORCHRUN_HOSTS_NAME] = "".join(
             ["# node_rank host nproc first_rank\n"]
