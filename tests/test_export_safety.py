@@ -186,7 +186,7 @@ def _assert_inert(out: Path, tmp: Path, sentinel: Path) -> None:
         r = subprocess.run(
             ["bash", str(out / "bind.sh"), "true"],
             cwd=tmp,
-            env={**env, "NTP_HOST": host, "SLURM_PROCID": str(first)},
+            env={**env, "SLURMD_NODENAME": host, "SLURM_PROCID": str(first)},
             capture_output=True,
             text=True,
             timeout=60,
