@@ -490,8 +490,11 @@ def test_default_launch_files(tmp_path: Path) -> None:
             assert host == tray_of[gpu] and int(dev) == position[gpu]  # its planned host
             active_hosts.add(host)
             placed.add(gpu)
-        else:
-            assert gpu == "-" and host in spares  # default.json has no idle host
+        elif gpu == "-":  # a named placeholder host
+            assert host in spares
+        else:  # an idle healthy GPU of the cluster, on its own host
+            assert nodes[gpu]["state"] == "healthy" and gpu not in stage_of
+            assert host == tray_of[gpu] and int(dev) == position[gpu]
     assert placed == set(stage_of)  # every planned GPU has its rank
     assert not active_hosts & set(spares)
     # torchrun: node ranks in order, each host's ranks contiguous, same hosts
