@@ -181,7 +181,7 @@ def test_no_torchrun_when_an_idle_host_must_take_two_blocks_inactive_ranks() -> 
     assert "inactive ranks" in ex.torchrun_note and "srun" in ex.torchrun_note
 
 
-def test_named_hosts_only_when_the_cluster_has_too_few_free_gpus() -> None:
+def test_named_hosts_only_when_the_cluster_is_short_or_they_keep_torchrun() -> None:
     inst, plan = _dgx(2, ["d0.t0.g0", "d1.t0.g0"], [7, 7])  # no healthy GPU left
     with pytest.raises(MegatronError) as err:
         megatron_export(inst, plan)
@@ -192,10 +192,16 @@ def test_named_hosts_only_when_the_cluster_has_too_few_free_gpus() -> None:
         (7, "spare1", 0),
         (15, "spare2", 0),
     ]
-    # enough idle GPUs in the cluster: the named hosts stay unused
+    # node 2 idle: it takes rank 7 (rank 15 would break its run): spare1 keeps torchrun
     inst, plan = _dgx(3, ["d0.t0.g0", "d1.t0.g0"], [7, 7])
     ex = megatron_export(inst, plan, placeholder_hosts=["spare1"])
-    assert "spare1" not in {r.host for r in ex.rows}
+    assert [(r.rank, r.host) for r in ex.rows if not r.active] == [(7, "d2.t0"), (15, "spare1")]
+    assert ex.torchrun_hosts is not None
+    # node 1 has room for rank 7, the idle node 2 for rank 15: spare1 stays unused
+    inst, plan = _dgx(3, ["d0.t0.g0"], [7, 7])
+    ex = megatron_export(inst, plan, placeholder_hosts=["spare1"])
+    assert [(r.rank, r.host) for r in ex.rows if not r.active] == [(7, "d1.t0"), (15, "d2.t0")]
+    assert ex.torchrun_hosts is not None
 
 
 # --- the DGX H100 Kubernetes fixture --------------------------------------------------------

@@ -46,9 +46,9 @@ replica's stage still get the right active ranks.
 
 Inactive ranks must be launched (the world is ``DP * PP * T`` ranks; they exit
 once the groups exist). Each gets a healthy GPU of its own that no active rank
-uses, on any host of the cluster, and only when those are too few also on the
-``placeholder_hosts`` the caller names; without enough of them the export is
-refused. The placement keeps each host's ranks contiguous whenever it can
+uses, on any host of the cluster; the ``placeholder_hosts`` the caller names
+only when those are too few or when they keep every host's ranks contiguous;
+without enough of them the export is refused. The placement keeps each host's ranks contiguous whenever it can
 (torchrun); otherwise :attr:`Export.torchrun_note` says which host breaks it
 and why.
 """
@@ -503,7 +503,8 @@ def megatron_export(
     placeholder_hosts
         Host names outside the cluster that may run inactive ranks, used
         only when the cluster has fewer free healthy GPUs than inactive ranks
-        (naming a host that runs an active rank is refused).
+        or when they make every host's ranks contiguous (torchrun); naming a
+        host that runs an active rank is refused.
     placeholder_gpus
         Devices per placeholder host (default: the most GPUs any cluster host has).
 
@@ -640,6 +641,77 @@ class _Hosts:
         return out
 
 
+def _place_runs(
+    active: list[RankRow],
+    runs: list[tuple[int, int, int]],
+    free: dict[str, list[tuple[int, int | None]]],
+    cluster_hosts: set[str],
+    world: int,
+) -> tuple[list[tuple[int, str, int, int | None]], bool] | None:
+    """Ranks of the inactive ``runs`` on the ``free`` slots: ``(rank, host, device, GPU)``.
+
+    Each block's run goes, while the host keeps one contiguous run of ranks,
+    first to the host of the block's last active rank, its end to the host of
+    the next block's first rank, the rest to hosts without any rank (the
+    smallest that takes it whole; cluster hosts first); what is left takes any
+    free slot (cluster hosts first). Returns the placement and whether every
+    host's ranks are contiguous, or ``None`` when the slots are too few.
+    """
+    state = _Hosts(free)
+    host_of: dict[int, str] = {}
+    for row in active:
+        state.add_rank(row.host, row.rank)
+        host_of[row.rank] = row.host
+    fresh: list[dict[int, list[str]]] = [{}, {}]  # by free slots: cluster hosts, named hosts
+    for h, slots in free.items():
+        if slots and h not in state.count:
+            fresh[h not in cluster_hosts].setdefault(len(slots), []).append(h)
+
+    def take_fresh(length: int) -> str | None:
+        for tier in fresh:
+            if tier:
+                fits = [c for c in tier if c >= length]
+                c = min(fits) if fits else max(tier)
+                h = tier[c].pop(0)
+                if not tier[c]:
+                    del tier[c]
+                return h
+        return None
+
+    placed: list[tuple[int, str, int, int | None]] = []
+    deferred: list[int] = []
+    for first, n, _ in runs:
+        x, y = first, first + n
+        h1 = host_of[x - 1]  # the block's last active rank
+        p = min(len(free.get(h1, ())), y - x)
+        if p and state.keeps_contiguous(h1, x, x + p):
+            placed += state.place(h1, x, x + p)
+            x += p
+        h2 = host_of.get(y) if y < world else None  # the next block's first rank
+        if x < y and h2 is not None:
+            q = min(len(free.get(h2, ())), y - x)
+            if q and state.keeps_contiguous(h2, y - q, y):
+                placed += state.place(h2, y - q, y)
+                y -= q
+        while x < y:
+            fresh_host = take_fresh(y - x)
+            if fresh_host is None:
+                deferred += range(x, y)
+                break
+            k = min(len(free[fresh_host]), y - x)
+            placed += state.place(fresh_host, x, x + k)
+            x += k
+    order = [h for h in free if h in cluster_hosts] + [h for h in free if h not in cluster_hosts]
+    leftover = [(h, slot) for h in order for slot in free[h]]
+    if len(leftover) < len(deferred):
+        return None
+    for r, (h, (dev, gi)) in zip(deferred, leftover, strict=False):
+        free[h].remove((dev, gi))
+        state.add_rank(h, r)
+        placed.append((r, h, dev, gi))
+    return placed, all(state.gaps(h) == 0 for h in state.count)
+
+
 def _placeholder_rows(
     instance: Instance,
     plan: Plan,
@@ -652,13 +724,10 @@ def _placeholder_rows(
 ) -> list[RankRow]:
     """The rows of the inactive ranks, each on a healthy GPU no other rank uses.
 
-    Slots: the healthy GPUs no active rank uses, on any host of the cluster;
-    the named placeholder hosts only when those are too few. Each block's run
-    of inactive ranks goes, while the host keeps one contiguous run of ranks
-    (torchrun's numbering), first to the host of the block's last active rank,
-    its end to the host of the next block's first rank, the rest to hosts
-    without any rank (the smallest that takes it whole); what is left then
-    takes any free slot (srun only).
+    Slots: the healthy GPUs no active rank uses, on any host of the cluster
+    (:func:`_place_runs`). The named placeholder hosts are used only when those
+    are too few, or when with them every host's ranks are contiguous
+    (torchrun) and without them not.
     """
     a = instance.arrays
     big_t, n_pp, n_dp = instance.job.tp, instance.job.pp, len(plan.replicas)
@@ -677,84 +746,38 @@ def _placeholder_rows(
     extra_hosts = list(dict.fromkeys(h for h in placeholder_hosts if h not in cluster_hosts))
     per_host = max(np.bincount(a.gpu_tray).max(initial=1), 1)
     n_extra = int(placeholder_gpus if placeholder_gpus is not None else per_host)
-    named = cluster_free < need  # named hosts only when the cluster's free GPUs are too few
-    if named:
-        for h in extra_hosts:
-            free[h] = [(d, None) for d in range(n_extra)]
-    state = _Hosts(free)
-    host_of: dict[int, str] = {}
-    for row in active:
-        state.add_rank(row.host, row.rank)
-        host_of[row.rank] = row.host
-    # hosts without any rank, by free slots (graph order inside): cluster first, named after
-    fresh: list[dict[int, list[str]]] = [{}, {}]
-    for h, slots in free.items():
-        if slots and h not in used_hosts:
-            fresh[h not in cluster_hosts].setdefault(len(slots), []).append(h)
-
-    def take_fresh(length: int) -> str | None:
-        for tier in fresh:
-            if not tier:
-                continue
-            fits = [c for c in tier if c >= length]
-            c = min(fits) if fits else max(tier)
-            h = tier[c].pop(0)
-            if not tier[c]:
-                del tier[c]
-            return h
-        return None
-
-    placed: list[tuple[int, str, int, int | None]] = []
-    deferred: list[int] = []
     world = n_dp * n_pp * big_t
-    for first, n, _ in placeholders:
-        x, y = first, first + n
-        h1 = host_of[x - 1]  # the block's last active rank
-        p = min(len(free.get(h1, ())), y - x)
-        if p and state.keeps_contiguous(h1, x, x + p):
-            placed += state.place(h1, x, x + p)
-            x += p
-        if x < y and y < world:
-            h2 = host_of.get(y)  # the next block's first rank
-            q = min(len(free.get(h2, ())), y - x) if h2 is not None else 0
-            if h2 is not None and q and state.keeps_contiguous(h2, y - q, y):
-                placed += state.place(h2, y - q, y)
-                y -= q
-        while x < y:
-            fresh_host = take_fresh(y - x)
-            if fresh_host is None:
-                deferred += range(x, y)
-                break
-            k = min(len(free[fresh_host]), y - x)
-            placed += state.place(fresh_host, x, x + k)
-            x += k
-    order = [h for h in free if h in cluster_hosts] + [h for h in free if h not in cluster_hosts]
-    leftover = iter([(h, slot) for h in order for slot in free[h]])
-    for r in deferred:
-        nxt = next(leftover, None)
-        if nxt is None:
-            n_reduced = sum(rep.tp < big_t for rep in plan.replicas)
-            extra = len(extra_hosts) * n_extra
-            raise MegatronError(
-                [
-                    Violation(
-                        "megatron-placeholders",
-                        f"Megatron's helper launches all {world} ranks of the nominal world "
-                        f"(dp {n_dp} x pp {n_pp} x tp_base {big_t}); the {need} inactive ranks "
-                        f"of the {n_reduced} reduced replicas (tp_spares {_spares(plan, big_t)} "
-                        "per stage) each need a healthy GPU of their own, and the cluster has "
-                        f"{cluster_free} healthy GPUs no active rank uses"
-                        + (f" plus {extra} on the named placeholder hosts" if extra else "")
-                        + ": name (more) extra hosts with --placeholder-hosts",
-                    )
-                ]
-            )
-        h, (dev, gi) = nxt
-        free[h].remove((dev, gi))
-        state.add_rank(h, r)
-        placed.append((r, h, dev, gi))
+    best = None
+    for with_named in (False, True):
+        if with_named and not extra_hosts:
+            break
+        slots = {h: list(v) for h, v in free.items()}
+        if with_named:
+            slots.update({h: [(d, None) for d in range(n_extra)] for h in extra_hosts})
+        found = _place_runs(active, placeholders, slots, cluster_hosts, world)
+        if found is not None and (best is None or found[1]):
+            best = found
+        if best is not None and best[1]:
+            break
+    if best is None:
+        n_reduced = sum(rep.tp < big_t for rep in plan.replicas)
+        extra = len(extra_hosts) * n_extra
+        raise MegatronError(
+            [
+                Violation(
+                    "megatron-placeholders",
+                    f"Megatron's helper launches all {world} ranks of the nominal world "
+                    f"(dp {n_dp} x pp {n_pp} x tp_base {big_t}); the {need} inactive ranks "
+                    f"of the {n_reduced} reduced replicas (tp_spares {_spares(plan, big_t)} "
+                    "per stage) each need a healthy GPU of their own, and the cluster has "
+                    f"{cluster_free} healthy GPUs no active rank uses"
+                    + (f" plus {extra} on the named placeholder hosts" if extra else "")
+                    + ": name (more) extra hosts with --placeholder-hosts",
+                )
+            ]
+        )
     rows = []
-    for r, h, dev, gi in placed:
+    for r, h, dev, gi in best[0]:
         b, tp = divmod(r, big_t)
         dp, pp = divmod(b, n_pp)
         rows.append(

@@ -81,7 +81,7 @@ def add_parser(sub: Any) -> None:
         "--placeholder-hosts",
         metavar="H1,H2,...",
         help="hosts outside the cluster for the inactive (placeholder) ranks, used only when "
-        "the cluster has fewer free healthy GPUs than inactive ranks",
+        "the cluster has too few free healthy GPUs or when they keep torchrun possible",
     )
     x.add_argument(
         "--placeholder-gpus",
