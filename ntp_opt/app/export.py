@@ -48,8 +48,8 @@ Inactive ranks must be launched (the world is ``DP * PP * T`` ranks; they exit
 once the groups exist). Each gets a healthy GPU of its own that no active rank
 uses, on any host of the cluster; the ``placeholder_hosts`` the caller names
 only when those are too few or when they keep every host's ranks contiguous;
-without enough of them the export is refused. The placement keeps each host's ranks contiguous whenever it can
-(torchrun); otherwise :attr:`Export.torchrun_note` says which host breaks it
+without enough of them the export is refused. The placement keeps each host's
+ranks contiguous whenever it can (torchrun); otherwise :attr:`Export.torchrun_note` says which host breaks it
 and why.
 """
 
