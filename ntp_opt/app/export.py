@@ -49,8 +49,8 @@ once the groups exist). Each gets a healthy GPU of its own that no active rank
 uses, on any host of the cluster; the ``placeholder_hosts`` the caller names
 only when those are too few or when they keep every host's ranks contiguous;
 without enough of them the export is refused. The placement keeps each host's
-ranks contiguous whenever it can (torchrun); otherwise :attr:`Export.torchrun_note` says which host breaks it
-and why.
+ranks contiguous whenever it can (torchrun); otherwise
+:attr:`Export.torchrun_note` says which host breaks it and why.
 """
 
 from __future__ import annotations
