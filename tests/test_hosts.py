@@ -114,6 +114,19 @@ def test_nvl72_stages_packed_host_by_host_and_torchrun_launches() -> None:
     assert ex0.torchrun_hosts is None and "gaps" in ex0.torchrun_note
 
 
+def test_a_plan_breaking_gpu_rules_comes_back_unchanged() -> None:
+    inst, plan = _nvl72_tp16()
+    st0, st1, *rest = plan.replicas[0].stages
+    for bad in (
+        Stage("d0", (*st0.gpus[:-1], st1.gpus[0]), 1.0),  # a GPU twice
+        Stage("d0", (*st0.gpus[:-1], "no-such-gpu"), 1.0),  # an unknown GPU
+        Stage("d9", st0.gpus, 1.0),  # an unknown domain
+    ):
+        wrong = Plan(plan.instance, (Replica(14, 8, (bad, st1, *rest)),))
+        assert not evaluate(inst, wrong).feasible
+        assert pack_plan_hosts(inst, wrong) is wrong
+
+
 def test_packing_never_moves_gpus_of_trays_that_may_fail() -> None:
     inst, plan = _nvl72_tp16(risky=True)
     packed = pack_plan_hosts(inst, plan)

@@ -63,6 +63,19 @@ def host_splits(instance: Instance, layout: Layout) -> int:
     return int((np.bincount(trays) > 1).sum()) if len(trays) else 0
 
 
+def _well_formed(instance: Instance, layout: Layout) -> bool:
+    """Distinct known healthy GPUs, each in its stage's domain (else nothing moves)."""
+    a = instance.arrays
+    g = layout.gpus
+    if g.min() < 0 or g.max() >= a.n_gpus or layout.domain.min() < 0:
+        return False
+    if layout.degree.min() < 1 or layout.batch.min() < 1 or not np.isfinite(layout.power).all():
+        return False
+    if np.bincount(g, minlength=a.n_gpus).max() > 1 or not a.healthy[g].all():
+        return False
+    return bool((a.gpu_domain[g] == np.repeat(layout.domain, np.diff(layout.offsets))).all())
+
+
 def _fill(
     caps: Sequence[int], needs: Sequence[int], spares: Sequence[int]
 ) -> list[list[tuple[int, int]]]:
@@ -134,8 +147,9 @@ def pack_hosts(instance: Instance, layout: Layout) -> Layout:
     instance
         The instance the layout is for.
     layout
-        A layout whose GPUs are distinct, healthy GPUs of their stages' domains
-        (a valid plan's).
+        A layout (a plan's). Unless its GPUs are distinct, healthy GPUs of
+        their stages' domains, it is returned as it is (the validator reports
+        what is wrong).
 
     Returns
     -------
@@ -149,7 +163,7 @@ def pack_hosts(instance: Instance, layout: Layout) -> Layout:
     """
     a = instance.arrays
     n_st = layout.n_stages
-    if n_st == 0 or len(layout.gpus) == 0:
+    if n_st == 0 or len(layout.gpus) == 0 or not _well_formed(instance, layout):
         return layout
     sizes = np.diff(layout.offsets)
     owner = np.full(a.n_gpus, -1, dtype=np.int64)
@@ -247,7 +261,8 @@ def pack_plan_hosts(instance: Instance, plan: Plan) -> Plan:
     instance
         The instance.
     plan
-        A valid plan for ``instance``.
+        A plan for ``instance`` (one that breaks the model's GPU rules comes
+        back unchanged, for the validator to report).
 
     Returns
     -------
@@ -256,6 +271,6 @@ def pack_plan_hosts(instance: Instance, plan: Plan) -> Plan:
     """
     if not plan.replicas:
         return plan
-    layout = Layout.from_plan(instance, plan)
+    layout = Layout.from_plan(instance, plan, strict=False)  # a bad plan: unchanged
     packed = pack_hosts(instance, layout)
     return plan if packed is layout else packed.to_plan(instance)
