@@ -79,6 +79,44 @@ def test_packing_keeps_goodput_power_and_every_stage_s_kinds(data: st.DataObject
     assert host_splits(inst, pack_hosts(inst, lay)) <= host_splits(inst, lay)
 
 
+@settings(max_examples=60, deadline=None, suppress_health_check=list(HealthCheck))
+@given(data=st.data())
+def test_every_rank_on_a_healthy_gpu_of_its_own(data: st.DataObject) -> None:
+    inst = data.draw(instances())
+    plan = data.draw(valid_plans(inst, min_replicas=1))
+    spares = data.draw(st.sampled_from([[], ["spare1"], ["spare1", "spare2", "spare3"]]))
+    try:
+        ex = megatron_export(inst, plan, reorder=True, placeholder_hosts=spares)
+    except MegatronError as err:
+        rules = {v.rule for v in err.violations}
+        assert rules <= {"megatron-degrees", "megatron-batch", "megatron-placeholders"}
+        if "megatron-placeholders" in rules:  # only when the slots are really too few
+            a = inst.arrays
+            world = len(plan.replicas) * inst.job.pp * inst.job.tp
+            named = len(spares) * int(np.bincount(a.gpu_tray).max())
+            assert world > int(a.healthy.sum()) + named
+        return
+    a = inst.arrays
+    planned = {
+        g: (r, k)
+        for r, rep in enumerate(plan.replicas)
+        for k, s in enumerate(rep.stages)
+        for g in s.gpus
+    }
+    slots = set()
+    for row in ex.rows:
+        assert (row.host, row.device) not in slots  # never two ranks on one GPU
+        slots.add((row.host, row.device))
+        if row.gpu is None:
+            assert row.host in spares and not row.active
+        else:
+            assert a.healthy[a.gpu_index[row.gpu]]  # never a failed GPU
+            assert row.active == (row.gpu in planned)
+    if ex.torchrun_hosts is not None:  # each host's ranks one contiguous run
+        for _, host, n, first in ex.torchrun_hosts:
+            assert {r.host for r in ex.rows[first : first + n]} == {host}
+
+
 def _nvl72_tp16(risky: bool = False) -> tuple[Instance, Plan]:
     """One NVL72 rack (18 trays of 4), TP16 reducible to 14, PP4: one TP14 replica whose
     four stages take every fourth GPU (each stage touches 14 trays)."""
