@@ -82,9 +82,11 @@ def _fill(
     """Per host (index into ``caps``): ``(stage position, count)`` in fill order.
 
     Stages are filled in order, whole hosts first (largest first, then host
-    order); a stage's remainder goes to the smallest host that holds it and its
-    ``spares`` (else just it). The remainder host's leftover stays idle while
-    the group's slack allows, else the next stage starts on it.
+    order); a stage's remainder goes to a host whose leftover can stay idle
+    (within the group's slack), preferably one with room for the stage's
+    ``spares`` too, the smallest such. When every choice would leave more than
+    the slack, whole hosts summing exactly to the stage's size are taken if
+    there are such, else the next stage starts on the remainder host.
     """
     order = sorted(range(len(caps)), key=lambda h: (-caps[h], h))
     out: list[list[tuple[int, int]]] = [[] for _ in caps]
@@ -98,6 +100,14 @@ def _fill(
             out[h].append((s, take))
             need -= take
             carry = (h, left - take) if left > take else None
+        if need > 0 and carry is None:
+            exact = _exact_fit([caps[h] for h in free], need)
+            remainder = _greedy_leftover([caps[h] for h in free], need, spares[s], slack)
+            if exact is not None and remainder > slack:  # whole hosts instead of sharing one
+                for h in [free[j] for j in exact]:
+                    out[h].append((s, caps[h]))
+                free = [h for j, h in enumerate(free) if j not in set(exact)]
+                need = 0
         while need > 0:
             whole = next((h for h in free if caps[h] <= need), None)
             if whole is not None:
@@ -108,8 +118,7 @@ def _fill(
             fits = [h for h in free if caps[h] >= need]
             if not fits:  # cannot happen for a valid plan: keep the group as it is
                 raise ValueError("hosts too small")
-            both = [h for h in fits if caps[h] >= need + spares[s]]
-            h = min(both or fits, key=lambda h: (caps[h], h))
+            h = min(fits, key=lambda h: _remainder_key(caps[h], need, spares[s], slack, h))
             free.remove(h)
             out[h].append((s, need))
             left = caps[h] - need
@@ -119,6 +128,53 @@ def _fill(
             else:
                 slack -= left
     return out
+
+
+def _remainder_key(
+    cap: int, need: int, spares: int, slack: int, h: int
+) -> tuple[bool, bool, int, int]:
+    """Preference of a host for a stage's remainder (smallest first): its leftover can
+    stay idle, it has room for the stage's inactive ranks, it is small."""
+    return (cap - need > slack, cap < need + spares, cap, h)
+
+
+def _greedy_leftover(caps: list[int], need: int, spares: int, slack: int) -> int:
+    """GPUs the greedy fill of one stage leaves on its remainder host (``caps`` largest first)."""
+    rest = list(caps)
+    while need > 0:
+        whole = next((c for c in rest if c <= need), None)
+        if whole is None:
+            fits = [c for c in rest if c >= need]
+            if not fits:
+                return 0
+            return min(fits, key=lambda c: _remainder_key(c, need, spares, slack, 0)) - need
+        rest.remove(whole)
+        need -= whole
+    return 0
+
+
+def _exact_fit(caps: list[int], need: int) -> list[int] | None:
+    """Positions in ``caps`` of whole hosts summing to ``need`` exactly (largest first), or None."""
+    by_cap: dict[int, list[int]] = {}
+    for j, c in enumerate(caps):
+        by_cap.setdefault(c, []).append(j)
+    values = sorted(by_cap, reverse=True)
+    seen: set[tuple[int, int]] = set()
+
+    def search(i: int, left: int) -> list[int] | None:
+        if left == 0:
+            return []
+        if i == len(values) or (i, left) in seen:
+            return None
+        seen.add((i, left))
+        v = values[i]
+        for k in range(min(len(by_cap[v]), left // v), -1, -1):
+            found = search(i + 1, left - k * v)
+            if found is not None:
+                return by_cap[v][:k] + found
+        return None
+
+    return search(0, need)
 
 
 def _score(trays: np.ndarray, owner: np.ndarray, n_stages: int) -> tuple[int, int]:
