@@ -17,6 +17,7 @@ import time
 from dataclasses import dataclass
 
 from ntp_opt.model.control import Callback, Control, sigint_sets
+from ntp_opt.model.hosts import pack_plan_hosts
 from ntp_opt.model.instance import Instance
 from ntp_opt.model.plan import Plan
 from ntp_opt.planners.base import Limit, Outcome, Planner, PlannerSpec, RunOptions, Status
@@ -185,7 +186,11 @@ def solve(
     Returns
     -------
     Result
-        Its plan, if any, has passed :func:`ntp_opt.validate.check`.
+        Its plan, if any, has passed :func:`ntp_opt.validate.check`. Before the
+        check, the GPUs of each stage are re-dealt among interchangeable GPUs
+        of its domain, whole hosts first (:func:`ntp_opt.model.hosts.pack_hosts`:
+        goodput, power and expected goodput unchanged), so that launchers
+        that number each host's ranks contiguously (torchrun) can run it.
     """
     if time_limit is not None and not time_limit > 0:
         raise ValueError(f"time_limit must be positive, got {time_limit!r}")
@@ -252,6 +257,8 @@ def _solve(
             log=text,
         )
     status = Status.OPTIMAL if out.proven else Status.FEASIBLE
+    # interchangeable GPUs re-dealt host by host (goodput unchanged): torchrun-friendly
+    plan = pack_plan_hosts(instance, plan)
     evaluation = check(instance, plan)  # the one check: never trust a planner
     if spec.kind == "bounded" and bound is not None:
         if evaluation.goodput > bound * (1 + BOUND_TOL):  # a bug, never hidden

@@ -249,6 +249,9 @@ def test_order_error_and_reorder(hand: Instance) -> None:
     problems = megatron_compatible(hand, plan)
     assert [v.rule for v in problems] == ["megatron-order"]
     assert "replica 1" in problems[0].message
+    # the CLI option first, the function for Python callers
+    assert "export with --reorder" in problems[0].message
+    assert "ntp_opt.megatron.megatron_order" in problems[0].message
     with pytest.raises(MegatronError, match="megatron-order"):
         megatron_export(hand, plan)
     ex = megatron_export(hand, plan, reorder=True)
@@ -500,8 +503,11 @@ def test_default_launch_files(tmp_path: Path) -> None:
             assert host == tray_of[gpu] and int(dev) == position[gpu]  # its planned host
             active_hosts.add(host)
             placed.add(gpu)
-        else:
-            assert gpu == "-" and host in spares  # default.json has no idle host
+        elif gpu == "-":  # a named placeholder host
+            assert host in spares
+        else:  # an idle healthy GPU of the cluster, on its own host
+            assert nodes[gpu]["state"] == "healthy" and gpu not in stage_of
+            assert host == tray_of[gpu] and int(dev) == position[gpu]
     assert placed == set(stage_of)  # every planned GPU has its rank
     assert not active_hosts & set(spares)
     # torchrun: node ranks in order, each host's ranks contiguous, same hosts

@@ -7,8 +7,11 @@ by hand, never computed by the importer.
 from __future__ import annotations
 
 import json
+import os
 import re
 import shutil
+import subprocess
+import sys
 import uuid
 from pathlib import Path
 from typing import Any
@@ -999,3 +1002,54 @@ def test_docs_python_example_runs(monkeypatch: pytest.MonkeyPatch, capsys: Any) 
     assert last[0] == fixture_uuid("gb-001", 0)
     # at least the TP14 replica unboosted (14/16, 1 % resharding), at most no loss at all
     assert 14 / 16 / 1.01 - 1e-9 <= float(last[1]) <= 1.0
+
+
+def test_docs_gb200_transcript_runs(tmp_path: Path) -> None:
+    """The worked example of docs/import.md, run command by command (``/tmp/`` -> tmp_path):
+    the quoted output of ``validate``, ``export`` and ``head`` is what the commands print."""
+    doc = (Path(__file__).resolve().parent.parent / "docs" / "import.md").read_text()
+    start = doc.index("## Worked example")
+    block = re.search(r"```console\n(.*?)```", doc[start:], re.S)
+    assert block is not None
+    steps: list[tuple[str, list[str]]] = []  # (command, quoted output lines)
+    lines = block.group(1).splitlines()
+    i = 0
+    while i < len(lines):
+        line = lines[i]
+        if line.startswith("$ "):
+            cmd = line[2:]
+            while cmd.endswith("\\"):
+                i += 1
+                cmd = cmd[:-1] + " " + lines[i].strip()
+            steps.append((cmd, []))
+        else:
+            steps[-1][1].append(line)
+        i += 1
+    assert len(steps) == 8
+    bindir = tmp_path / "bin"
+    bindir.mkdir()
+    shim = bindir / "ntp-opt"
+    shim.write_text(f'#!/bin/sh\nexec "{sys.executable}" -m ntp_opt.app.cli "$@"\n')
+    shim.chmod(0o755)
+    root = Path(__file__).resolve().parent.parent
+    env = {
+        **os.environ,
+        "PATH": f"{bindir}{os.pathsep}{os.environ['PATH']}",
+        "PYTHONPATH": str(root),
+    }
+    out_dir = tmp_path / "out"
+    out_dir.mkdir()
+    cwd = root
+    for cmd, quoted in steps:
+        real = cmd.replace("/tmp/", f"{out_dir}/")
+        if real.startswith("cd "):
+            cwd = cwd / real[3:].strip()
+            continue
+        proc = subprocess.run(
+            real, shell=True, cwd=cwd, env=env, capture_output=True, text=True, check=False
+        )
+        assert proc.returncode == 0, f"{cmd}: {proc.stderr[-2000:]}"
+        words = cmd.split()
+        if words[0] == "head" or words[1] in ("validate", "export"):
+            got = proc.stdout.replace(f"{out_dir}/", "/tmp/").splitlines()
+            assert got == quoted, f"{cmd}"

@@ -54,10 +54,12 @@ always the last ``tp_spares``, so blocks whose ``(b, 0, 0)`` key names another
 replica's stage still get the right active ranks.
 
 Inactive ranks must be launched (the world is ``DP * PP * T`` ranks; they exit
-once the groups exist). Each gets a GPU of its own on a host that runs no
-active rank: healthy GPUs of idle hosts of the cluster, then the
-``placeholder_hosts`` the caller names; without enough of them the export is
-refused.
+once the groups exist). Each gets a healthy GPU of its own that no active rank
+uses, on any host of the cluster; the ``placeholder_hosts`` the caller names
+only when those are too few or when they keep every host's ranks contiguous;
+without enough of them the export is refused. The placement keeps each host's
+ranks contiguous whenever it can (torchrun); otherwise
+:attr:`Export.torchrun_note` says which host breaks it and why.
 """
 
 from __future__ import annotations
@@ -358,50 +360,44 @@ def _active_row(
 
 
 def _stage_order(
-    gpus: Sequence[int], hosts: list[str], device: np.ndarray, prev: set[str], nxt: set[str]
+    gpus: Sequence[int],
+    hosts: list[str],
+    device: np.ndarray,
+    prev: set[str],
+    nxt: set[str],
+    spare: set[str] | None = None,
 ) -> list[int]:
     """A stage's GPUs in local-rank order: grouped by host, each host's GPUs by device.
 
     Hosts shared with the previous block come first and hosts shared with the
     next block last, so that a host shared by consecutive blocks holds
-    consecutive ranks.
+    consecutive ranks; among the others, hosts in ``spare`` (with a free
+    healthy GPU) go last, so that the block's inactive ranks, which follow
+    its last active rank, can stay on the same host.
     """
     first: dict[str, int] = {}
     for i in gpus:
         first.setdefault(hosts[i], i)
 
-    def key(i: int) -> tuple[int, int, int]:
+    def key(i: int) -> tuple[int, int, int, int]:
         h = hosts[i]
         side = 0 if h in prev else (2 if h in nxt else 1)
-        return (side, first[h], int(device[i]))
+        return (side, int(side == 1 and spare is not None and h in spare), first[h], int(device[i]))
 
     return sorted(gpus, key=key)
 
 
-def _placeholder_pool(
-    instance: Instance,
-    used_hosts: set[str],
-    hosts: list[str],
-    device: np.ndarray,
-    placeholder_hosts: Sequence[str],
-    placeholder_gpus: int,
-) -> list[list[tuple[str, int, int | None]]]:
-    """GPUs for placeholder ranks, one list per host: ``(host, device, gpu index or None)``.
-
-    Healthy GPUs of cluster hosts that run no active rank (graph order), then
-    the named extra hosts with devices ``0 .. placeholder_gpus - 1``.
-    """
+def _free_slots(
+    instance: Instance, used: np.ndarray, hosts: list[str], device: np.ndarray
+) -> dict[str, list[tuple[int, int | None]]]:
+    """Healthy GPUs no active rank uses, per host (hosts in graph order): ``(device, index)``."""
     a = instance.arrays
-    by_host: dict[str, list[tuple[str, int, int | None]]] = {}
-    for i in range(a.n_gpus):
-        h = hosts[i]
-        if h in used_hosts or not a.healthy[i]:
-            continue
-        by_host.setdefault(h, []).append((h, int(device[i]), i))
-    pool = [sorted(v, key=lambda x: x[1]) for v in by_host.values()]
-    for h in placeholder_hosts:
-        pool.append([(h, d, None) for d in range(placeholder_gpus)])
-    return pool
+    out: dict[str, list[tuple[int, int | None]]] = {}
+    for i in np.flatnonzero(a.healthy & ~used).tolist():
+        out.setdefault(hosts[i], []).append((int(device[i]), i))
+    for v in out.values():
+        v.sort(key=lambda x: x[0])
+    return out
 
 
 def equal_batch(instance: Instance, plan: Plan, *, iterations: int = 50) -> Plan:
@@ -534,8 +530,10 @@ def megatron_export(
     reorder
         Move reduced replicas first (:func:`megatron_order`) before checking.
     placeholder_hosts
-        Host names outside the cluster (or idle in it) that may run the
-        inactive ranks, one contiguous run of ranks per host.
+        Host names outside the cluster that may run inactive ranks, used
+        only when the cluster has fewer free healthy GPUs than inactive ranks
+        or when they make every host's ranks contiguous (torchrun); naming a
+        host that runs an active rank is refused.
     placeholder_gpus
         Devices per placeholder host (default: the most GPUs any cluster host has).
 
@@ -655,6 +653,10 @@ def _active_rows(
     big_t, n_pp = instance.job.tp, instance.job.pp
     stage_gpus = [[a.gpu_index[g] for g in st.gpus] for rep in plan.replicas for st in rep.stages]
     stage_hosts = [{hosts[i] for i in s} for s in stage_gpus]
+    used = np.zeros(a.n_gpus, dtype=bool)
+    for s in stage_gpus:
+        used[s] = True
+    spare = {hosts[i] for i in np.flatnonzero(a.healthy & ~used).tolist()}
     rows: list[RankRow] = []
     placeholders: list[tuple[int, int, int]] = []  # (first rank, length, block)
     for r, rep in enumerate(plan.replicas):
@@ -662,12 +664,119 @@ def _active_rows(
             b = k + n_pp * r
             prev = stage_hosts[b - 1] if b > 0 else set()
             nxt = stage_hosts[b + 1] if b + 1 < len(stage_hosts) else set()
-            order = _stage_order(stage_gpus[b], hosts, device, prev, nxt)
+            order = _stage_order(stage_gpus[b], hosts, device, prev, nxt, spare)
             for j, i in enumerate(order):
                 rows.append(_active_row(instance, hosts, device, i, st, b * big_t + j, r, k, j))
             if rep.tp < big_t:
                 placeholders.append((b * big_t + rep.tp, big_t - rep.tp, b))
     return rows, placeholders
+
+
+class _Hosts:
+    """Ranks placed so far per host (span and count) and the free GPU slots left."""
+
+    def __init__(self, free: dict[str, list[tuple[int, int | None]]]) -> None:
+        self.free = free
+        self.lo: dict[str, int] = {}
+        self.hi: dict[str, int] = {}
+        self.count: dict[str, int] = {}
+
+    def add_rank(self, host: str, rank: int) -> None:
+        self.lo[host] = min(self.lo.get(host, rank), rank)
+        self.hi[host] = max(self.hi.get(host, rank), rank)
+        self.count[host] = self.count.get(host, 0) + 1
+
+    def gaps(self, host: str) -> int:
+        n = self.count.get(host, 0)
+        return self.hi[host] - self.lo[host] + 1 - n if n else 0
+
+    def keeps_contiguous(self, host: str, x: int, y: int) -> bool:
+        """Placing ranks ``x .. y-1`` on ``host`` adds no gap to its ranks."""
+        n = self.count.get(host, 0)
+        if n == 0:
+            return True
+        lo, hi = min(self.lo[host], x), max(self.hi[host], y - 1)
+        return hi - lo + 1 - (n + y - x) <= self.gaps(host)
+
+    def place(self, host: str, x: int, y: int) -> list[tuple[int, str, int, int | None]]:
+        """Ranks ``x .. y-1`` on the first free devices of ``host``."""
+        out = []
+        for r in range(x, y):
+            dev, gi = self.free[host].pop(0)
+            self.add_rank(host, r)
+            out.append((r, host, dev, gi))
+        return out
+
+
+def _place_runs(
+    active: list[RankRow],
+    runs: list[tuple[int, int, int]],
+    free: dict[str, list[tuple[int, int | None]]],
+    cluster_hosts: set[str],
+    world: int,
+) -> tuple[list[tuple[int, str, int, int | None]], bool] | None:
+    """Ranks of the inactive ``runs`` on the ``free`` slots: ``(rank, host, device, GPU)``.
+
+    Each block's run goes, while the host keeps one contiguous run of ranks,
+    first to the host of the block's last active rank, its end to the host of
+    the next block's first rank, the rest to hosts without any rank (the
+    smallest that takes it whole; cluster hosts first); what is left takes any
+    free slot (cluster hosts first). Returns the placement and whether every
+    host's ranks are contiguous, or ``None`` when the slots are too few.
+    """
+    state = _Hosts(free)
+    host_of: dict[int, str] = {}
+    for row in active:
+        state.add_rank(row.host, row.rank)
+        host_of[row.rank] = row.host
+    fresh: list[dict[int, list[str]]] = [{}, {}]  # by free slots: cluster hosts, named hosts
+    for h, slots in free.items():
+        if slots and h not in state.count:
+            fresh[h not in cluster_hosts].setdefault(len(slots), []).append(h)
+
+    def take_fresh(length: int) -> str | None:
+        for tier in fresh:
+            if tier:
+                fits = [c for c in tier if c >= length]
+                c = min(fits) if fits else max(tier)
+                h = tier[c].pop(0)
+                if not tier[c]:
+                    del tier[c]
+                return h
+        return None
+
+    placed: list[tuple[int, str, int, int | None]] = []
+    deferred: list[int] = []
+    for first, n, _ in runs:
+        x, y = first, first + n
+        h1 = host_of[x - 1]  # the block's last active rank
+        p = min(len(free.get(h1, ())), y - x)
+        if p and state.keeps_contiguous(h1, x, x + p):
+            placed += state.place(h1, x, x + p)
+            x += p
+        h2 = host_of.get(y) if y < world else None  # the next block's first rank
+        if x < y and h2 is not None:
+            q = min(len(free.get(h2, ())), y - x)
+            if q and state.keeps_contiguous(h2, y - q, y):
+                placed += state.place(h2, y - q, y)
+                y -= q
+        while x < y:
+            fresh_host = take_fresh(y - x)
+            if fresh_host is None:
+                deferred += range(x, y)
+                break
+            k = min(len(free[fresh_host]), y - x)
+            placed += state.place(fresh_host, x, x + k)
+            x += k
+    order = [h for h in free if h in cluster_hosts] + [h for h in free if h not in cluster_hosts]
+    leftover = [(h, slot) for h in order for slot in free[h]]
+    if len(leftover) < len(deferred):
+        return None
+    for r, (h, (dev, gi)) in zip(deferred, leftover, strict=False):
+        free[h].remove((dev, gi))
+        state.add_rank(h, r)
+        placed.append((r, h, dev, gi))
+    return placed, all(state.gaps(h) == 0 for h in state.count)
 
 
 def _placeholder_rows(
@@ -680,7 +789,13 @@ def _placeholder_rows(
     placeholder_hosts: Sequence[str],
     placeholder_gpus: int | None,
 ) -> list[RankRow]:
-    """The rows of the inactive ranks: one contiguous run per host without active ranks."""
+    """The rows of the inactive ranks, each on a healthy GPU no other rank uses.
+
+    Slots: the healthy GPUs no active rank uses, on any host of the cluster
+    (:func:`_place_runs`). The named placeholder hosts are used only when those
+    are too few, or when with them every host's ranks are contiguous
+    (torchrun) and without them not.
+    """
     a = instance.arrays
     big_t, n_pp, n_dp = instance.job.tp, instance.job.pp, len(plan.replicas)
     used_hosts = {row.host for row in active}
@@ -688,61 +803,65 @@ def _placeholder_rows(
         raise MegatronError(
             [Violation("megatron-hosts", f"placeholder hosts {bad[:3]} run active ranks")]
         )
+    used = np.zeros(a.n_gpus, dtype=bool)
+    for row in active:
+        used[a.gpu_index[row.gpu]] = True
+    free = _free_slots(instance, used, hosts, device)
+    cluster_free = sum(len(v) for v in free.values())
+    need = sum(n for _, n, _ in placeholders)
     cluster_hosts = set(hosts)
     extra_hosts = list(dict.fromkeys(h for h in placeholder_hosts if h not in cluster_hosts))
     per_host = max(np.bincount(a.gpu_tray).max(initial=1), 1)
-    pool = _placeholder_pool(
-        instance,
-        used_hosts,
-        hosts,
-        device,
-        extra_hosts,
-        int(placeholder_gpus if placeholder_gpus is not None else per_host),
-    )
-    need = sum(n for _, n, _ in placeholders)
-    rows: list[RankRow] = []
-    cursor = 0
-    for first, n, b in placeholders:
-        r, k = divmod(b, n_pp)
-        j = 0
-        while j < n:
-            if cursor >= len(pool):
-                have = sum(len(p) for p in pool)
-                n_reduced = sum(rep.tp < big_t for rep in plan.replicas)
-                raise MegatronError(
-                    [
-                        Violation(
-                            "megatron-placeholders",
-                            f"Megatron's helper launches all {n_dp * n_pp * big_t} ranks of the "
-                            f"nominal world (dp {n_dp} x pp {n_pp} x tp_base {big_t}); the {need} "
-                            f"inactive ranks of the {n_reduced} reduced replicas (tp_spares "
-                            f"{_spares(plan, big_t)} per stage) each need a GPU of their own on a "
-                            f"host without active ranks, one run of ranks per host, and "
-                            f"{len(pool)} such hosts ({have} GPUs) are not enough: name extra "
-                            "hosts with --placeholder-hosts",
-                        )
-                    ]
+    n_extra = int(placeholder_gpus if placeholder_gpus is not None else per_host)
+    world = n_dp * n_pp * big_t
+    best = None
+    for with_named in (False, True):
+        if with_named and not extra_hosts:
+            break
+        slots = {h: list(v) for h, v in free.items()}
+        if with_named:
+            slots.update({h: [(d, None) for d in range(n_extra)] for h in extra_hosts})
+        found = _place_runs(active, placeholders, slots, cluster_hosts, world)
+        if found is not None and (best is None or found[1]):
+            best = found
+        if best is not None and best[1]:
+            break
+    if best is None:
+        n_reduced = sum(rep.tp < big_t for rep in plan.replicas)
+        extra = len(extra_hosts) * n_extra
+        raise MegatronError(
+            [
+                Violation(
+                    "megatron-placeholders",
+                    f"Megatron's helper launches all {world} ranks of the nominal world "
+                    f"(dp {n_dp} x pp {n_pp} x tp_base {big_t}); the {need} inactive ranks "
+                    f"of the {n_reduced} reduced replicas (tp_spares {_spares(plan, big_t)} "
+                    "per stage) each need a healthy GPU of their own, and the cluster has "
+                    f"{cluster_free} healthy GPUs no active rank uses"
+                    + (f" plus {extra} on the named placeholder hosts" if extra else "")
+                    + ": name (more) extra hosts with --placeholder-hosts",
                 )
-            for host, dev, gi in pool[cursor]:
-                if j >= n:
-                    break
-                rows.append(
-                    RankRow(
-                        rank=first + j,
-                        host=host,
-                        device=dev,
-                        gpu=None if gi is None else a.gpu_ids[gi],
-                        domain=None if gi is None else a.domain_ids[a.gpu_domain[gi]],
-                        dp=r,
-                        pp=k,
-                        tp=(first + j) % big_t,
-                        active=False,
-                        power=None,
-                        power_w=None,
-                    )
-                )
-                j += 1
-            cursor += 1  # one run (or part of it) per host: ranks stay contiguous per host
+            ]
+        )
+    rows = []
+    for r, h, dev, gi in best[0]:
+        b, tp = divmod(r, big_t)
+        dp, pp = divmod(b, n_pp)
+        rows.append(
+            RankRow(
+                rank=r,
+                host=h,
+                device=dev,
+                gpu=None if gi is None else a.gpu_ids[gi],
+                domain=None if gi is None else a.domain_ids[a.gpu_domain[gi]],
+                dp=dp,
+                pp=pp,
+                tp=tp,
+                active=False,
+                power=None,
+                power_w=None,
+            )
+        )
     return rows
 
 
@@ -828,19 +947,42 @@ def _extras(
 
 
 def _torchrun_hosts(rows: list[RankRow]) -> tuple[list[tuple[int, str, int, int]] | None, str]:
-    """Per host ``(node_rank, host, nproc, first_rank)`` if every host's ranks are contiguous."""
-    spans: dict[str, list[int]] = {}
+    """Per host ``(node_rank, host, nproc, first_rank)`` if every host's ranks are contiguous.
+
+    Otherwise ``None`` and why: the first host whose ranks have gaps, what it
+    runs, and how many hosts are like it.
+    """
+    spans: dict[str, list[RankRow]] = {}
     for row in rows:
-        spans.setdefault(row.host, []).append(row.rank)
-    out = []
-    for host, ranks in spans.items():
-        if ranks[-1] - ranks[0] + 1 != len(ranks):
-            return None, (
-                f"no torchrun variant: host {host} holds ranks {ranks[0]}..{ranks[-1]} with "
-                "gaps (torchrun numbers each host's ranks contiguously); launch with srun"
+        spans.setdefault(row.host, []).append(row)
+    broken = [h for h, rs in spans.items() if rs[-1].rank - rs[0].rank + 1 != len(rs)]
+    if broken:
+        host = broken[0]
+        rs = spans[host]
+        blocks = list(dict.fromkeys((row.dp, row.pp) for row in rs))
+        inactive = list(dict.fromkeys((row.dp, row.pp) for row in rs if not row.active))
+        named = ", ".join(f"dp={d} pp={p}" for d, p in blocks[:4])
+        if inactive:
+            why = (
+                f"it runs ranks of {len(blocks)} TP groups ({named}"
+                f"{', ...' if len(blocks) > 4 else ''}), "
+                "inactive ranks among them: not enough free healthy GPUs next to their "
+                "groups (on the host of the group's last active rank, the host of the next "
+                "group's first rank, or a host running no rank) to keep every host's ranks "
+                "in one run"
             )
-        out.append((ranks[0], host, len(ranks)))
-    out.sort()
+        else:
+            why = (
+                f"its GPUs serve TP groups {named} that are not neighbours in the rank "
+                "order (rank = tp + tp_base * (pp + PP * dp))"
+            )
+        more = f" ({len(broken) - 1} more hosts like it)" if len(broken) > 1 else ""
+        return None, (
+            f"no torchrun variant: host {host} holds ranks {rs[0].rank}..{rs[-1].rank} with "
+            f"gaps{more}; {why}. torchrun numbers each host's ranks contiguously; launch with "
+            "srun (slurm-hostfile)"
+        )
+    out = sorted((rs[0].rank, h, len(rs)) for h, rs in spans.items())
     return [(n, h, c, f) for n, (f, h, c) in enumerate(out)], ""
 
 

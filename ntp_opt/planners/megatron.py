@@ -11,9 +11,11 @@ Megatron-LM's NTP runtime (``megatron/core/distributed/nonuniform_tp.py``,
   ``0 .. num_reduced_tp_dp_ranks - 1`` as the reduced ones
   (``megatron-order``),
 * the launcher can give each of the ``dp x pp x tp_base`` ranks of its world
-  a GPU slot: every TP group is launched with ``tp_base`` ranks and the
-  inactive ones exit after the process groups are built
-  (``megatron-slots``),
+  a GPU slot of its own: every TP group is launched with ``tp_base`` ranks and
+  the inactive ones exit after the process groups are built; the slots are
+  the healthy GPUs of the cluster (the plan's and the idle ones, on any host)
+  and the named placeholder hosts (``megatron-slots`` compares the world with
+  the cluster's GPUs; the export counts the slots, ``megatron-placeholders``),
 * and every replica takes the same local batch (``megatron-batch``; checked
   when ``uniform_batch=True``, which the export always asks for): Megatron's
   micro-batch calculator gives every DP rank ``global_batch_size /
@@ -52,10 +54,16 @@ RULES: dict[str, str] = {
     "megatron-empty": "the plan has no replicas: there is nothing to launch",
     "megatron-degrees": "reduced replicas run at more than one TP degree (one tp_spares)",
     "megatron-order": "a reduced replica comes after a full-TP one (reduced DP ranks come first)",
-    "megatron-slots": "the dp x pp x tp_base ranks of the world need more GPU slots than exist",
+    "megatron-slots": (
+        "the dp x pp x tp_base ranks of the world outnumber the cluster's GPUs (the export "
+        "counts the slots exactly: healthy GPUs of any host, then named placeholder hosts)"
+    ),
     "megatron-batch": "local batches differ: Megatron gives every DP rank the same local batch",
     "megatron-micro-batch": "the local batch is not a multiple of the job's micro_batch",
-    "megatron-placeholders": "the inactive ranks find no GPU on a host without active ranks",
+    "megatron-placeholders": (
+        "the inactive ranks find too few GPU slots: healthy GPUs no active rank uses "
+        "(on any host) plus the named placeholder hosts"
+    ),
     "megatron-hosts": "a host name or device index cannot be written to a launcher file",
     "megatron-ids": "a node id cannot be written to the rank file",
 }
@@ -119,7 +127,7 @@ def megatron_compatible(
                     "megatron-order",
                     f"replica {i} (TP{r.tp}) comes after full-TP replica {seen_full}: "
                     "num_reduced_tp_dp_ranks takes the first DP ranks as the reduced ones "
-                    "(reorder with ntp_opt.megatron.megatron_order)",
+                    "(export with --reorder; from Python, ntp_opt.megatron.megatron_order)",
                     replica=i,
                 )
             )
@@ -132,7 +140,8 @@ def megatron_compatible(
                 "megatron-slots",
                 f"the world has {len(plan.replicas)} x pp={instance.job.pp} x "
                 f"tp_base={big_t} = {world} ranks but the cluster has {n_gpus} GPUs: every "
-                "rank, inactive ones included, needs a GPU slot to be launched on",
+                "rank, inactive ones included, needs a GPU slot to be launched on (the "
+                "export can add hosts outside the cluster: --placeholder-hosts)",
             )
         )
     if uniform_batch:

@@ -118,7 +118,8 @@ def add_parser(sub: Any) -> None:
     x.add_argument(
         "--placeholder-hosts",
         metavar="H1,H2,...",
-        help="hosts outside the plan that may run the inactive (placeholder) ranks",
+        help="hosts outside the cluster for the inactive (placeholder) ranks, used only when "
+        "the cluster has too few free healthy GPUs or when they keep torchrun possible",
     )
     x.add_argument(
         "--placeholder-gpus",
