@@ -252,10 +252,10 @@ def test_h100_one_pinned_job_per_planned_host(
     [cm] = items(doc, "ConfigMap")
     jobs = items(doc, "Job")
     # the hosts the plan names, plus those the rank table gives the two placeholder ranks
+    # (free healthy GPUs of any host, planned ones included)
     planned = {"dgx-h100-02", "dgx-h100-06", "dgx-h100-07", "dgx-h100-08"}
     inactive_hosts = {r.host for r in ex.rows if not r.active}
     assert len([r for r in ex.rows if not r.active]) == 2
-    assert inactive_hosts.isdisjoint(planned)
     assert sorted(pinned_node(j) for j in jobs) == sorted(planned | inactive_hosts)
     ranks_by_host: dict[str, list[int]] = {}
     for r in ex.rows:
@@ -622,8 +622,8 @@ def _hostile_h100(tmp: Path, *, node: str | None = None, uuid: str | None = None
         ("dgx-06`touch PWNED`\n", None, "megatron-ids"),
         ("DGX_H100_06", None, "k8s-hosts"),
         ("dgx-06.", None, "k8s-hosts"),
-        (None, "GPU-$(touch PWNED)", "k8s-uuid"),
-        (None, "GPU-796c5264-a8d5-53d7-bffe-40012d2cc3b9\nrm -rf /", "k8s-uuid"),
+        (None, "GPU-$(touch PWNED)", "megatron-uuids"),
+        (None, "GPU-796c5264-a8d5-53d7-bffe-40012d2cc3b9\nrm -rf /", "megatron-uuids"),
     ],
 )
 def test_hostile_instances_are_refused_and_run_nothing(
@@ -693,7 +693,7 @@ def test_cli_options(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None
     assert code == 0
     out = capsys.readouterr().out
     assert "kubectl apply -f" in out and "MASTER_ADDR=llm-0-dgx-h100-02.llm" in out
-    assert "bound by GPU index, not UUID (dgx-h100-06, spare-01, dgx-h100-07 and 1 more)" in out
+    assert "3 host(s) bound by GPU index, not UUID (dgx-h100-06, dgx-h100-07, dgx-h100-08)" in out
     doc = json.loads((tmp_path / "out" / K8S_NAME).read_text())
     assert manifest_errors(doc) == []
     assert {it["metadata"]["namespace"] for it in doc["items"]} == {"train"}

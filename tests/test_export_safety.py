@@ -561,9 +561,9 @@ def test_counts_are_bounded_before_anything_is_built(
     option: str,
 ) -> None:
     def never(*args: Any, **kwargs: Any) -> None:
-        raise AssertionError("the placeholder pool was built")
+        raise AssertionError("the placeholder rows were built")
 
-    monkeypatch.setattr(export_mod, "_placeholder_pool", never)
+    monkeypatch.setattr(export_mod, "_placeholder_rows", never)
     inst = _instance()
     ipath, ppath = tmp_path / "i.json", tmp_path / "p.json"
     save_instance(inst, ipath)

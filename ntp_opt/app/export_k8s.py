@@ -98,10 +98,6 @@ _SPLITTABLE = (K8S_RANKS_NAME, RANKS_NAME)
 LABEL_RE = re.compile(r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?")
 #: A DNS-1123 subdomain (node names), at most 253 characters.
 SUBDOMAIN_RE = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*")
-#: An NVIDIA GPU UUID as ``nvidia-smi -q -x`` writes it.
-UUID_RE = re.compile(
-    r"GPU-[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}"
-)
 #: Labels every object carries (plus ``app.kubernetes.io/instance`` = the export's name).
 APP_LABEL = {"app.kubernetes.io/name": "ntp-opt"}
 
@@ -273,8 +269,9 @@ def k8s_hosts(instance: Instance, ex: Export, options: K8sOptions) -> list[K8sHo
     Raises
     ------
     MegatronError
-        When a host name is not a Kubernetes node name (``k8s-hosts``) or a
-        GPU's ``uuid`` attribute is not an NVIDIA GPU UUID (``k8s-uuid``).
+        When a host name is not a Kubernetes node name (``k8s-hosts``). A
+        GPU's ``uuid`` attribute is checked by the export itself
+        (``megatron-uuids``, :data:`ntp_opt.app.export.UUID_RE`).
     """
     problems: list[Violation] = []
     by_host: dict[str, list[RankRow]] = {}
@@ -294,13 +291,8 @@ def k8s_hosts(instance: Instance, ex: Export, options: K8sOptions) -> list[K8sHo
     for row in ex.rows:
         if row.gpu is None:
             continue
-        u = nodes[row.gpu].get("uuid")
-        if u is not None and not (isinstance(u, str) and UUID_RE.fullmatch(u)):
-            problems.append(
-                Violation("k8s-uuid", f"GPU {row.gpu!r}: uuid {u!r} is not an NVIDIA GPU UUID")
-            )
-            u = None
-        uuid[row.gpu] = u
+        u = nodes[row.gpu].get("uuid")  # checked by the export (megatron-uuids)
+        uuid[row.gpu] = u if isinstance(u, str) else None
     if problems:
         raise MegatronError(problems)
     gpus = pod_gpus(instance, ex)
