@@ -32,7 +32,7 @@ import time
 from pathlib import Path
 
 from ntp_opt import load_instance, solve
-from ntp_opt.app.export import equal_batch
+from ntp_opt.app.export import equal_batch, megatron_export
 from ntp_opt.model.instance import Instance
 from ntp_opt.planners.megatron import (
     MegatronError,
@@ -87,6 +87,33 @@ def _new(inst: Instance, res: Result) -> tuple[str, str]:
     return shape, f"{res.status}{gap}"
 
 
+def _exports(inst: Instance, res: Result) -> str:
+    """Whether the launchable plan exports as it is (no ``equal_batch``, no reorder).
+
+    ``yes`` when its inactive ranks find free healthy GPUs in the cluster,
+    ``torchrun`` added when every host's ranks are contiguous; otherwise the
+    number of GPU slots on named hosts it needs, checked by exporting with
+    that many (hosts of 8 GPUs).
+    """
+    plan = res.plan
+    if plan is None or not plan.replicas:
+        return "-"
+    try:
+        ex = megatron_export(inst, plan)
+    except MegatronError as e:
+        if [v.rule for v in e.violations] != ["megatron-placeholders"]:
+            return "no: " + ", ".join(v.rule for v in e.violations)
+        a = inst.arrays
+        big_t, n_pp = inst.job.tp, inst.job.pp
+        active = sum(n_pp * r.tp for r in plan.replicas)
+        inactive = sum(n_pp * (big_t - r.tp) for r in plan.replicas)
+        missing = inactive - (int(a.healthy.sum()) - active)
+        hosts = [f"spare{i:03d}" for i in range(-(-missing // 8))]
+        ex = megatron_export(inst, plan, placeholder_hosts=hosts, placeholder_gpus=8)
+        return f"{missing} slots on named hosts" + (", torchrun" if ex.torchrun_hosts else "")
+    return "yes" + (", torchrun" if ex.torchrun_hosts else "")
+
+
 def main() -> None:
     """Run the comparison and print the table."""
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -104,9 +131,9 @@ def main() -> None:
     print(
         "| instance | GPUs | failed | policy | B / max local | old optimal-megatron (free batches) "
         "| old + equal-batch | optimal-megatron (launchable) | replicas x batch | status "
-        "| optimal |"
+        "| exports as is | optimal |"
     )
-    print("|" + "---|" * 11)
+    print("|" + "---|" * 12)
     start = time.perf_counter()
     for path in files:
         inst = load_instance(path)
@@ -119,7 +146,7 @@ def main() -> None:
         print(
             f"| {s['name']} | {s['gpus']} | {s['failed']} | {job.batch_policy} "
             f"| {job.global_batch} / {job.local_batch_max} | {old} | {fixed} | {_fig(new)} "
-            f"| {shape} | {status} | {_fig(free)} |",
+            f"| {shape} | {status} | {_exports(inst, new)} | {_fig(free)} |",
             flush=True,
         )
     print(
