@@ -12,9 +12,8 @@ For every instance of the library (default ``instances/*.json`` and
 (``ntp``, ``ntp-pw``, ``fast``, ``optimal``, ``optimal-megatron``) is solved
 and its plan exported in memory (:func:`ntp_opt.export.megatron_export`,
 ``reorder=True``; with ``--spare-hosts N``, N named placeholder hosts
-``spare0000 ...`` of the cluster's largest host size). ``optimal-megatron`` plans go through
-:func:`ntp_opt.export.equal_batch` first (the planner does not plan one local
-batch yet). Each plan counts as one of:
+``spare0000 ...`` of the cluster's largest host size); ``optimal-megatron`` plans
+are exported as they are (one local batch). Each plan counts as one of:
 
 * ``torchrun``: exported, with torchrun files;
 * ``srun only``: exported, but some host's ranks are not contiguous;
@@ -38,7 +37,7 @@ from contextlib import redirect_stdout
 from pathlib import Path
 
 from ntp_opt import Instance, load_instance, solve
-from ntp_opt.export import MegatronError, equal_batch, megatron_export
+from ntp_opt.export import MegatronError, megatron_export
 
 ROOT = Path(__file__).resolve().parent.parent
 POLICIES = ("ntp", "ntp-pw", "fast", "optimal", "optimal-megatron")
@@ -87,11 +86,6 @@ def classify(
     if res.plan is None:
         return "skipped", "no plan"
     plan = res.plan
-    if policy == "optimal-megatron":
-        try:
-            plan = equal_batch(instance, plan)
-        except MegatronError as err:
-            return "not exportable", str(err.violations[0])
     try:
         ex = megatron_export(instance, plan, reorder=True, placeholder_hosts=spares)
     except MegatronError as err:
