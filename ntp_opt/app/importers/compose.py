@@ -220,18 +220,11 @@ class SmiHost:
     capped: list[tuple[float, float]] = dc_field(default_factory=list)
 
 
-_SOURCE_NAMES = {
-    "nvidia-smi": "nvidia-smi",
-    "hardware table": "the hardware table",
-    "--tdp-w": "--tdp-w",
-}
-
-
 @dataclass
 class _Power:
     tdp_w: float
     max_power_w: float | None
-    source: str
+    source: str  # "nvidia-smi", "the hardware table" or "--tdp-w"
     table_max_w: float | None = None  # the product's max limit, for XML without one
 
 
@@ -246,7 +239,7 @@ def _host_power(
         mx = found.max_power_w if found is not None else None
         return _Power(sibling.tdp_w, sibling.max_power_w, "nvidia-smi", mx), ""
     if found is not None:
-        return _Power(found.tdp_w, found.max_power_w, "hardware table"), ""
+        return _Power(found.tdp_w, found.max_power_w, "the hardware table"), ""
     if power is not None:
         return _Power(power.tdp_w, power.max_power_w or power.tdp_w, "--tdp-w"), ""
     if product:
@@ -454,7 +447,7 @@ def compose_cluster(
     G.add_nodes_from((d, {"kind": "domain", "size": n}) for d, n in domain_gpus.items())
     G.add_nodes_from(tray_rows)
     G.add_nodes_from(gpu_rows)
-    order = ("nvidia-smi", "hardware table", "--tdp-w")
+    order = ("nvidia-smi", "the hardware table", "--tdp-w")
     G.add_nodes_from(
         (
             r,
@@ -462,7 +455,7 @@ def compose_cluster(
                 "kind": "rack",
                 "power_budget_w": w,
                 "budget_source": f"{rack_kind[r]}; sum of its GPUs' tdp_w (from "
-                + ", ".join(_SOURCE_NAMES[x] for x in order if x in rack_from[r])
+                + ", ".join(x for x in order if x in rack_from[r])
                 + ")",
             },
         )

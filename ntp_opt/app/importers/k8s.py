@@ -87,6 +87,7 @@ MAX_NODES_JSON_BYTES = 256 * 1024**2
 MAX_K8S_NODES = 100_000
 _MAX_NAME = 253  # a node name is a DNS subdomain
 _MAX_VALUE = 63  # a label value
+_MAX_KEY = 253 + 1 + 63  # a label key: DNS-subdomain prefix, '/', name
 _CLIQUE = re.compile(r"^[^.\s]+\.[0-9]+$")
 _DIGITS = re.compile(r"^[0-9]{1,9}$")
 
@@ -103,15 +104,15 @@ def _label_path(i: int, key: str) -> str:
     return f'items[{i}].metadata.labels["{key}"]'
 
 
-def _int(value: Any, src: str, path: str, what: str = "GPU count") -> int:
+def _int(value: Any, src: str, path: str) -> int:
     if isinstance(value, int) and not isinstance(value, bool):
         n = value
     elif isinstance(value, str) and _DIGITS.match(value.strip()):
         n = int(value)
     else:
-        fail(src, f"expected a {what} (0 to {MAX_GPUS_PER_HOST}), got {show(value)}", path)
+        fail(src, f"expected a GPU count (0 to {MAX_GPUS_PER_HOST}), got {show(value)}", path)
     if n < 0 or n > MAX_GPUS_PER_HOST:
-        fail(src, f"{what} {n} out of range (0 to {MAX_GPUS_PER_HOST})", path)
+        fail(src, f"GPU count {n} out of range (0 to {MAX_GPUS_PER_HOST})", path)
     return n
 
 
@@ -221,6 +222,8 @@ def _racks(
 ) -> None:
     """Set each host's rack: ``rack_label``, else a :data:`RACK_LABELS` label, else per domain."""
     key = rack_label
+    if key is not None and not 0 < len(key) <= _MAX_KEY:
+        fail("--rack-label", f"a label key has 1 to {_MAX_KEY} characters, got {len(key)}")
     if key is None:
         key = next((k for k in RACK_LABELS if any(k in lab for _, lab in labels_of)), None)
     if key is None:

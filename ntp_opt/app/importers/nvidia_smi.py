@@ -27,10 +27,11 @@ Mapping, per GPU:
 
 The files are parsed with :mod:`defusedxml` (no entity expansion, no external
 references), after checks that bound time and memory: a regular file (a FIFO
-or device is refused before it is opened), at most :data:`MAX_XML_BYTES`, at
-most :data:`~ntp_opt.app.importers.compose.MAX_GPUS_PER_HOST` ``<gpu>``
-elements. Values are range-checked on the way in (``minor_number``, UUID,
-power limits), naming the file, the GPU and the field.
+or device is refused before it is opened), at most :data:`MAX_XML_BYTES` and
+:data:`MAX_XML_TAGS`, at most
+:data:`~ntp_opt.app.importers.compose.MAX_GPUS_PER_HOST` ``<gpu>`` elements.
+Values are range-checked on the way in (``minor_number``, UUID, power
+limits), naming the file, the GPU and the field.
 """
 
 from __future__ import annotations
@@ -58,7 +59,7 @@ __all__ = ["MAX_XML_BYTES", "MAX_XML_TAGS", "read_dir", "read_xml"]
 #: Largest nvidia-smi -q -x file accepted: an 8-GPU host writes 100-300 KB.
 MAX_XML_BYTES = 16 * 1024**2
 #: Most tags (``<`` bytes) accepted in one file: a real 8-GPU file has about 10,000;
-#: the cap bounds the parser's memory (about 60 MB at the cap) whatever the elements.
+#: the cap bounds the parser's memory (about 100 MB at the cap) whatever the elements.
 MAX_XML_TAGS = 1_000_000
 #: Largest device minor number accepted (the instance schema's bound on ``index``).
 MAX_MINOR = 1_000_000
@@ -99,7 +100,7 @@ def _count(t: str | None) -> int:
     """An error counter (0 when N/A or not a number; huge counts are capped, never lost)."""
     if t is None or not t.isdigit() or not t.isascii():
         return 0
-    return int(t[:18]) if len(t) <= 18 else 10**18
+    return int(t) if len(t) <= 18 else 10**18
 
 
 def _health(gpu: Any) -> list[str]:
@@ -321,7 +322,7 @@ def read_dir(
                     str(f),
                     f"{why}, but host {host} is usable ({h.where}): run nvidia-smi -q -x on "
                     f"{host} again and rewrite the file, or remove the file (its GPUs then "
-                    "take the hardware table's limits)",
+                    "take the hardware table's limits or --tdp-w)",
                 )
             if warn is not None:
                 warn(f"{f}: {why}; ignored: host {host} is {h.failed_reason}, its GPUs are failed")
