@@ -587,3 +587,61 @@ def test_import_k8s_takes_kubectl_output() -> None:
     assert sum(1 for _, k in G.nodes(data="kind") if k == "gpu") == 64
     with pytest.raises(InputError, match=r"^kubectl get nodes -o json: malformed JSON"):
         import_k8s(KubectlOutput(b"{", "kubectl get nodes -o json"), warn=quiet)
+
+
+def test_empty_xml_rule_holds_for_slurm_too(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    smi = tmp_path / "smi"
+    shutil.copytree(GB / "nvidia-smi", smi)
+    (smi / "gb-005.xml").write_text("")  # gb-005 is DOWN+NOT_RESPONDING: ssh wrote nothing
+    out = tmp_path / "gb.json"
+    argv = ["import", "slurm", "--topology", str(GB / "topology.yaml"), "--nodes"]
+    argv += [str(GB / "nodes.txt"), "--nvidia-smi", str(smi), "--job", str(GB / "job.json")]
+    rc, stdout, err = run([*argv, "-o", str(out)], capsys)
+    assert rc == 0, err
+    assert "gb-005.xml: empty file; ignored: host gb-005 is DOWN+NOT_RESPONDING in Slurm" in err
+    assert "144 GPUs (14 failed)" in stdout
+    (smi / "gb-004.xml").write_text("")  # gb-004 is usable
+    refused(
+        [*argv, "-o", str(out)],
+        out,
+        r"smi/gb-004\.xml: empty file, but host gb-004 is usable \(.*nodes\.txt:4\): run "
+        r"nvidia-smi -q -x on gb-004 again",
+        capsys,
+    )
+
+
+def test_xml_without_max_limit_of_an_unknown_product_is_not_boosted(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    smi = smi_copy(tmp_path)
+    f = smi / "dgx-h100-01.xml"
+    text = f.read_text().replace("NVIDIA H100 80GB HBM3", "NVIDIA A100-SXM4-80GB")
+    f.write_text(re.sub(r"<max_power_limit>[^<]*<", "<max_power_limit>N/A<", text))
+    nodes = nodes_json(tmp_path, no_product)
+    out = tmp_path / "h.json"
+    # dgx-h100-02's XML gives its power; the six hosts without XML need --tdp-w
+    refused(
+        k8s_argv(out, "--nvidia-smi", str(smi), nodes=nodes),
+        out,
+        r"items\[3\]: host dgx-h100-03: the power of its GPUs is not known: .*\(and 5 more",
+        capsys,
+    )
+    argv = k8s_argv(out, "--nvidia-smi", str(smi), "--tdp-w", "400", nodes=nodes)
+    rc, _, err = run(argv, capsys)
+    assert rc == 0, err
+    assert "nvidia-smi: 8 GPU(s) without a max power limit, of a product not in the hardware" in err
+    g = load_instance(out).cluster.nodes
+    assert (g["dgx-h100-01:gpu0"]["tdp_w"], g["dgx-h100-01:gpu0"]["max_power_w"]) == (700.0, 700.0)
+    assert (g["dgx-h100-03:gpu0"]["tdp_w"], g["dgx-h100-03:gpu0"]["max_power_w"]) == (400.0, 400.0)
+
+
+def test_rack_label_option_length(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    out = tmp_path / "h.json"
+    refused(
+        k8s_argv(out, "--rack-label", "k" * 318),
+        out,
+        r"--rack-label: a label key has 1 to 317 characters, got 318",
+        capsys,
+    )
