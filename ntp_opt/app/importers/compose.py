@@ -37,8 +37,8 @@ from typing import Any, NoReturn
 
 import networkx as nx
 
-from ntp_opt.model import hardware
-from ntp_opt.model.files import MAX_NODES, InputError
+from ntp_opt.model import files, hardware
+from ntp_opt.model.files import InputError
 
 __all__ = [
     "MAX_GPUS_PER_HOST",
@@ -474,11 +474,12 @@ def _check_sizes(hosts: list[Host]) -> None:
             fail(h.where, f"host {h.name}: {h.gpus} GPUs, expected 1 to {MAX_GPUS_PER_HOST}")
         total += h.gpus
     nodes = total + len(hosts) + len({h.domain for h in hosts}) + len({h.rack for h in hosts})
-    if nodes > MAX_NODES:
+    cap = files.MAX_NODES  # read at each call, as the loader does
+    if nodes > cap:
         fail(
             hosts[-1].where,
             f"the cluster would have {nodes} nodes ({total} GPUs on {len(hosts)} hosts, "
-            f"domains, racks): more than the {MAX_NODES} an instance file may hold",
+            f"domains, racks): more than the {cap} an instance file may hold",
         )
 
 
