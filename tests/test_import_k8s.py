@@ -7,6 +7,7 @@ and the documented caps, never computed by the importer.
 
 from __future__ import annotations
 
+import gzip
 import json
 import os
 import re
@@ -559,7 +560,15 @@ def test_nodes_json_caps(
         r"nodes\.json: file is \d+ bytes, more than 10000 bytes \(a node object takes",
         capsys,
     )
+    gz = tmp_path / "nodes.json.gz"  # compressed: the cap holds for the decompressed bytes
+    gz.write_bytes(gzip.compress((H100 / "nodes.json").read_bytes()))
+    assert gz.stat().st_size < 10_000
+    refused(
+        k8s_argv(out, nodes=gz), out, r"nodes\.json\.gz: decompresses to more than 10000", capsys
+    )
     monkeypatch.undo()
+    rc, _, err = run(k8s_argv(out, "--rack-label", "example.com/rack", nodes=gz), capsys)
+    assert rc == 0, err
     monkeypatch.setattr(k8s, "MAX_K8S_NODES", 8)  # the fixture has 9 nodes
     refused(k8s_argv(out), out, r"nodes\.json: items: 9 nodes, more than 8$", capsys)
 

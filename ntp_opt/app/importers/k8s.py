@@ -31,6 +31,8 @@ and a time limit for kubectl) and values are range-checked on the way in.
 
 from __future__ import annotations
 
+import gzip
+import io
 import os
 import re
 import selectors
@@ -38,6 +40,7 @@ import shutil
 import signal
 import subprocess
 import time
+import zlib
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -180,11 +183,10 @@ def read_nodes(
         src, raw = path.source, path.data
     else:
         src = str(Path(path))
-        raw = read_capped(
-            path,
-            MAX_NODES_JSON_BYTES,
-            " (a node object takes 5-40 KB; drop status.images with jq to shrink it)",
-        )
+        hint = " (a node object takes 5-40 KB; drop status.images with jq to shrink it)"
+        raw = read_capped(path, MAX_NODES_JSON_BYTES, hint)
+        if src.endswith(".gz"):
+            raw = _gunzip(raw, src, hint)
     data = parse_json(raw, src)
     del raw
     items = _items(data, src)
@@ -211,6 +213,18 @@ def read_nodes(
     if skipped:
         warn(f"{src}: {skipped} node(s) without GPUs left out")
     return hosts
+
+
+def _gunzip(raw: bytes, src: str, hint: str) -> bytes:
+    """``raw`` decompressed, at most :data:`MAX_NODES_JSON_BYTES` (a gzip bomb stops there)."""
+    try:
+        with gzip.GzipFile(fileobj=io.BytesIO(raw)) as fh:
+            out = fh.read(MAX_NODES_JSON_BYTES + 1)
+    except (OSError, EOFError, zlib.error) as err:
+        fail(src, f"cannot decompress: {err}")
+    if len(out) > MAX_NODES_JSON_BYTES:
+        fail(src, f"decompresses to more than {MAX_NODES_JSON_BYTES} bytes{hint}")
+    return out
 
 
 def _racks(
