@@ -23,6 +23,7 @@ from hypothesis import strategies as st
 from ntp_opt.app.cli import main
 from ntp_opt.app.importers import expand, import_k8s, import_slurm, read_nodes, read_topology
 from ntp_opt.app.importers.cli import load_job
+from ntp_opt.app.importers.compose import PowerDefault
 from ntp_opt.app.importers.hostlist import HostlistError
 from ntp_opt.app.importers.slurm import _failed_state, parse_gres
 from ntp_opt.model.files import InputError, load_instance, load_plan
@@ -245,16 +246,23 @@ def test_slurm_gb200_with_nvidia_smi() -> None:
 
 
 def test_slurm_without_nvidia_smi_and_conf_form() -> None:
+    # "gpu:4" names no product and block b01 has no XML: its power is not known, refused
+    with pytest.raises(
+        InputError, match=r"nodes\.txt:1: host gb-001: the power of its GPUs is not"
+    ):
+        import_slurm(GB / "topology.conf", GB / "nodes.txt", warn=quiet)
     warnings: list[str] = []
-    G = import_slurm(GB / "topology.conf", GB / "nodes.txt", warn=warnings.append)
+    power = PowerDefault(1100.0, 1150.0)
+    G = import_slurm(GB / "topology.conf", GB / "nodes.txt", warn=warnings.append, power=power)
     dead = {f"{h}:gpu{i}" for h in ("gb-005", "gb-012", "gb-023") for i in range(4)}
     assert failed(G) == dead
     gpus = gpus_of(G)
-    # "gpu:4" names no product: the documented default 1000 W, no max_power_w, one warning
-    assert gpus["gb-001:gpu0"]["tdp_w"] == 1000.0 and "max_power_w" not in gpus["gb-001:gpu0"]
-    assert sum("is not in the hardware table" in w for w in warnings) == 1
+    # --tdp-w / --max-power-w for the 17 hosts of unknown product, the table for gb200 ones
+    assert (gpus["gb-001:gpu0"]["tdp_w"], gpus["gb-001:gpu0"]["max_power_w"]) == (1100.0, 1150.0)
+    assert (gpus["gb-005:gpu0"]["tdp_w"], gpus["gb-005:gpu0"]["max_power_w"]) == (1200.0, 1200.0)
+    assert sum("--tdp-w 1100 W applies to the GPUs of 17 host(s)" in w for w in warnings) == 1
     assert (gpus["gb-020:gpu1"]["tdp_w"], gpus["gb-020:gpu1"]["max_power_w"]) == (1200.0, 1200.0)
-    Y = import_slurm(GB / "topology.yaml", GB / "nodes.txt", warn=quiet)
+    Y = import_slurm(GB / "topology.yaml", GB / "nodes.txt", warn=quiet, power=power)
     assert list(G.nodes(data=True)) == list(Y.nodes(data=True))
     assert set(G.edges) == set(Y.edges)
 
@@ -297,10 +305,13 @@ def test_k8s_h100_with_nvidia_smi() -> None:
     assert any("7 of 8 GPUs allocatable" in w for w in warnings)
 
 
-def test_k8s_zone_is_the_default_rack_and_taints_can_be_tolerated() -> None:
-    G = import_k8s(H100 / "nodes.json", warn=quiet)
-    assert kinds(G, "rack") == ["us-east-1a"]
-    assert G.nodes["us-east-1a"]["power_budget_w"] == 64 * 700
+def test_k8s_zone_is_never_the_default_rack_and_taints_can_be_tolerated() -> None:
+    warnings: list[str] = []
+    G = import_k8s(H100 / "nodes.json", warn=warnings.append)
+    # no rack label: one rack per NVLink domain (here per node), never the zone
+    assert kinds(G, "rack") == [f"{h}/nvlink/rack" for h in H100_HOSTS]
+    assert G.nodes["dgx-h100-01/nvlink/rack"]["power_budget_w"] == 8 * 700
+    assert any("topology.kubernetes.io/zone is not taken as a rack" in w for w in warnings)
     assert len(failed(G)) == 24
     T = import_k8s(
         H100 / "nodes.json", tolerate=("nvidia.com/gpu", "nvidia.com/gpu-health"), warn=quiet

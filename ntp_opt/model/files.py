@@ -147,6 +147,12 @@ class RackNode(_Strict):
     id: NodeId
     kind: Literal["rack"]
     power_budget_w: Finite | None = Field(default=None, ge=0.0, le=1e12)
+    budget_source: str | None = Field(
+        default=None,
+        min_length=1,
+        max_length=1000,
+        description="Where power_budget_w came from (written by ntp-opt import; shown by info).",
+    )
 
 
 class SwitchNode(_Strict):

@@ -43,7 +43,7 @@ _ALLOWED_KEYS = (
     ),
     frozenset({"id", "kind", "p_fail", "host"}),
     frozenset({"id", "kind", "size"}),
-    frozenset({"id", "kind", "power_budget_w"}),
+    frozenset({"id", "kind", "power_budget_w", "budget_source"}),
     frozenset({"id", "kind", "tier"}),
 )
 _REQUIRED_KEYS = (
@@ -330,6 +330,8 @@ def _compile(
         if "power_budget_w" in rk
         else np.full(len(racks), np.nan)
     )
+    if "budget_source" in rk:
+        _strings(_column(racks, "budget_source", None, rall), 1000)
     leaf = np.zeros(n_nodes, dtype=bool)
     tiers = _column(groups[_SWITCH], "tier", "leaf", keys[_SWITCH][1])
     _need(set(tiers) <= {"leaf", "spine"})

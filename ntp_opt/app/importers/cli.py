@@ -13,9 +13,16 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from ntp_opt.app.importers.k8s import DEFAULT_TOLERATED, import_k8s
+from ntp_opt.app.importers.compose import MAX_WATTS, PowerDefault
+from ntp_opt.app.importers.k8s import DEFAULT_TOLERATED, KubectlOutput, import_k8s, run_kubectl
 from ntp_opt.app.importers.slurm import import_slurm
-from ntp_opt.model.files import InputError, read_json, save_instance, validation_problems
+from ntp_opt.model.files import (
+    InputError,
+    check_cluster,
+    read_json,
+    save_instance,
+    validation_problems,
+)
 from ntp_opt.model.instance import Instance
 from ntp_opt.model.job import Job
 from ntp_opt.model.topology import TopologyError
@@ -56,8 +63,43 @@ def _warn(msg: str) -> None:
     print(f"ntp-opt: warning: {msg}", file=sys.stderr)
 
 
+def _watts(text: str) -> float:
+    """``--tdp-w`` / ``--max-power-w``: watts, 1 to :data:`MAX_WATTS`."""
+    try:
+        w = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected watts, got {text!r}") from None
+    if not 1.0 <= w <= MAX_WATTS:
+        raise argparse.ArgumentTypeError(f"must be 1 to {MAX_WATTS:g} W, got {text}")
+    return w
+
+
+def _seconds(text: str) -> float:
+    """``--kubectl-timeout``: seconds, more than 0 and at most a day."""
+    try:
+        t = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected seconds, got {text!r}") from None
+    if not 0 < t <= 86400:
+        raise argparse.ArgumentTypeError(f"must be more than 0 and at most 86400, got {text}")
+    return t
+
+
+def _power(args: argparse.Namespace) -> PowerDefault | None:
+    if args.max_power_w is not None and args.tdp_w is None:
+        raise InputError("--max-power-w", [("", "needs --tdp-w (the nominal power it bounds)")])
+    if args.tdp_w is None:
+        return None
+    if args.max_power_w is not None and args.max_power_w < args.tdp_w:
+        raise InputError(
+            "--max-power-w", [("", f"{args.max_power_w:g} W is below --tdp-w {args.tdp_w:g} W")]
+        )
+    return PowerDefault(args.tdp_w, args.max_power_w)
+
+
 def cmd_import(args: argparse.Namespace) -> int:
     """Run ``ntp-opt import``."""
+    power = _power(args)
     job = load_job(args.job)
     name = args.name or Path(args.output).name.split(".")[0]
     if args.source == "slurm":
@@ -68,26 +110,40 @@ def cmd_import(args: argparse.Namespace) -> int:
             name=name,
             warn=_warn,
             topology_name=args.topology_name,
+            power=power,
         )
         meta: dict[str, Any] = {"source": "slurm", "topology": args.topology}
+        meta["nodes"] = args.nodes
     else:
         tolerate = DEFAULT_TOLERATED + tuple(args.tolerate or ())
+        nodes: str | KubectlOutput = args.nodes
+        if args.context is not None and not args.live:
+            raise InputError("--context", [("", "only used with --live")])
+        if args.live:
+            nodes = run_kubectl(args.context, timeout=args.kubectl_timeout)
         graph = import_k8s(
-            args.nodes,
+            nodes,
             nvidia_smi=args.nvidia_smi,
             rack_label=args.rack_label,
             tolerate=tolerate,
             name=name,
             warn=_warn,
+            power=power,
         )
-        meta = {"source": "k8s"}
-    meta["nodes"] = args.nodes
+        meta = {"source": "k8s", "nodes": args.nodes}
+        if isinstance(nodes, KubectlOutput):
+            meta["nodes"] = nodes.source
     if args.nvidia_smi:
         meta["nvidia_smi"] = args.nvidia_smi
+    if power is not None:
+        meta["tdp_w_option"] = power.tdp_w
+        if power.max_power_w is not None:
+            meta["max_power_w_option"] = power.max_power_w
     try:
         instance = Instance(name, graph, job, meta, copy_graph=False)
     except TopologyError as err:  # the job does not fit the cluster the sources describe
         raise InputError(str(args.job), [("", p) for p in err.problems]) from None
+    check_cluster(graph, f"not written: {args.output}")  # never a file the loader refuses
     save_instance(instance, args.output)
     s = instance.summary()
     trays = sum(1 for _, k in graph.nodes(data="kind") if k == "tray")
@@ -111,6 +167,19 @@ def add_parser(sub: Any) -> None:
         )
         p.add_argument("--job", required=True, help="job file (the job object of an instance)")
         p.add_argument("--name", help="instance name (default: output file stem)")
+        p.add_argument(
+            "--tdp-w",
+            type=_watts,
+            metavar="W",
+            help="nominal power of GPUs of unknown product without nvidia-smi output "
+            "(otherwise refused)",
+        )
+        p.add_argument(
+            "--max-power-w",
+            type=_watts,
+            metavar="W",
+            help="largest power limit of those GPUs' boards (default: --tdp-w, no boost)",
+        )
         p.add_argument("-o", "--output", required=True, help="instance file to write")
         p.set_defaults(func=cmd_import)
 
@@ -121,8 +190,24 @@ def add_parser(sub: Any) -> None:
     common(s)
 
     k = src.add_parser("k8s", help="kubectl get nodes -o json")
-    k.add_argument("--nodes", required=True, help="kubectl get nodes -o json output")
-    k.add_argument("--rack-label", help="node label naming the rack (default: zone label)")
+    how = k.add_mutually_exclusive_group(required=True)
+    how.add_argument("--nodes", help="kubectl get nodes -o json output")
+    how.add_argument(
+        "--live", action="store_true", help="run kubectl get nodes -o json (kubectl on PATH)"
+    )
+    k.add_argument("--context", help="kubectl context for --live (default: the current one)")
+    k.add_argument(
+        "--kubectl-timeout",
+        type=_seconds,
+        default=60.0,
+        metavar="S",
+        help="seconds kubectl may take with --live (default 60)",
+    )
+    k.add_argument(
+        "--rack-label",
+        help="node label naming the rack (default: topology.kubernetes.io/rack or "
+        "cloud.google.com/gce-topology-subblock, else one rack per NVLink domain)",
+    )
     k.add_argument(
         "--tolerate",
         action="append",

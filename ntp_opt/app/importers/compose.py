@@ -15,13 +15,21 @@ that keep the real names:
 * domain id = the Slurm block name, the ``nvidia.com/gpu.clique`` label value,
   or ``"<host>/nvlink"`` for a Kubernetes node without a clique (one NVLink
   domain per host, as on DGX/HGX H100);
-* rack id = the rack label value, or ``"<domain>/rack"`` (one rack per domain).
+* rack id = the rack label value, or ``"<domain>/rack"`` (one rack per domain);
+  attribute ``budget_source`` says how the rack was formed and where its GPUs'
+  ``tdp_w`` came from (``ntp-opt info`` shows it).
 
-No switch nodes are written: neither source describes the scale-out fabric.
+Power is never guessed: a GPU's ``tdp_w`` comes from its ``nvidia-smi`` file (or
+a sibling GPU's on the same host), else from the hardware table for a known
+product, else from the ``--tdp-w`` option (:class:`PowerDefault`); with none of
+them the import is refused. No switch nodes are written: neither source
+describes the scale-out fabric.
 """
 
 from __future__ import annotations
 
+import os
+import stat
 from collections.abc import Callable
 from dataclasses import dataclass
 from dataclasses import field as dc_field
@@ -29,11 +37,30 @@ from typing import Any, NoReturn
 
 import networkx as nx
 
-from ntp_opt.model import hardware
+from ntp_opt.model import files, hardware
 from ntp_opt.model.files import InputError
-from ntp_opt.model.topology import DEFAULT_TDP_W
 
-__all__ = ["Host", "SmiGpu", "SmiHost", "Warn", "compose_cluster", "fail"]
+__all__ = [
+    "MAX_GPUS_PER_HOST",
+    "MAX_WATTS",
+    "Host",
+    "PowerDefault",
+    "SmiGpu",
+    "SmiHost",
+    "UnreadableInput",
+    "Warn",
+    "compose_cluster",
+    "fail",
+    "read_capped",
+    "show",
+]
+
+#: Most GPUs one host may have (scheduler count, XML file): a DGX/HGX host has 8,
+#: a GB200 tray 4; the cap keeps a hostile count from building millions of nodes.
+MAX_GPUS_PER_HOST = 1024
+#: Largest power limit accepted from any source, in watts (boards draw at most a
+#: few kW; the instance schema's own bound is 10^6 W).
+MAX_WATTS = 100_000.0
 
 Warn = Callable[[str], None]
 """Where importers report warnings (the CLI prints them to stderr)."""
@@ -54,6 +81,101 @@ def fail(where: str, msg: str, field_: str = "") -> NoReturn:
     raise InputError(where, [(field_, msg)])
 
 
+class UnreadableInput(InputError):
+    """An input file that is empty or cannot be read (the caller may only warn)."""
+
+
+_KINDS = (
+    (stat.S_ISDIR, "a directory"),
+    (stat.S_ISFIFO, "a FIFO"),
+    (stat.S_ISSOCK, "a socket"),
+    (stat.S_ISCHR, "a character device"),
+    (stat.S_ISBLK, "a block device"),
+)
+
+
+def _regular(mode: int, src: str) -> None:
+    if not stat.S_ISREG(mode):
+        kind = next((k for test, k in _KINDS if test(mode)), "not a file")
+        fail(src, f"not a regular file ({kind}): refused, reading it could block or never end")
+
+
+def read_capped(path: str | os.PathLike[str], max_bytes: int, hint: str = "") -> bytes:
+    """The bytes of a regular file of at most ``max_bytes`` bytes.
+
+    A FIFO, socket, device or directory is refused before it is opened (and
+    again on the opened descriptor, which is opened non-blocking, so that a
+    file swapped for a FIFO in between cannot block); the size is checked
+    before reading and while reading.
+
+    Parameters
+    ----------
+    path : str or path-like
+        The file.
+    max_bytes : int
+        Largest size accepted.
+    hint : str
+        Appended to the too-large message (what a real file weighs).
+
+    Returns
+    -------
+    bytes
+
+    Raises
+    ------
+    UnreadableInput
+        The file is empty (or only white space) or cannot be opened or read.
+    ntp_opt.files.InputError
+        Not a regular file, or too large.
+    """
+    src = str(path)
+    try:
+        _regular(os.stat(path).st_mode, src)
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
+    except OSError as err:
+        raise UnreadableInput(src, [("", f"cannot read file: {err.strerror}")]) from None
+    chunks: list[bytes] = []
+    total = 0
+    try:
+        st = os.fstat(fd)
+        _regular(st.st_mode, src)
+        too_big = f"more than {max_bytes} bytes{hint}"
+        if st.st_size > max_bytes:
+            fail(src, f"file is {st.st_size} bytes, {too_big}")
+        while chunk := os.read(fd, 1 << 20):
+            total += len(chunk)
+            if total > max_bytes:
+                fail(src, f"file grew to {too_big}")
+            chunks.append(chunk)
+    except OSError as err:
+        raise UnreadableInput(src, [("", f"cannot read file: {err.strerror}")]) from None
+    finally:
+        os.close(fd)
+    raw = b"".join(chunks)
+    if not raw.strip():
+        raise UnreadableInput(src, [("", "empty file")])
+    return raw
+
+
+def show(value: Any, limit: int = 60) -> str:
+    """``repr(value)`` cut to ``limit`` characters, for echoing untrusted values in messages."""
+    r = repr(value)
+    return r if len(r) <= limit else r[:limit] + "..."
+
+
+@dataclass(frozen=True)
+class PowerDefault:
+    """Power for GPUs whose limits neither ``nvidia-smi`` nor the hardware table give.
+
+    ``tdp_w`` (``--tdp-w``) is their nominal power and counts in their rack's
+    budget; ``max_power_w`` (``--max-power-w``, at least ``tdp_w``) the largest
+    limit their boards accept. Without ``max_power_w`` they are not boosted.
+    """
+
+    tdp_w: float
+    max_power_w: float | None = None
+
+
 @dataclass
 class Host:
     """One host as the scheduler describes it."""
@@ -69,6 +191,9 @@ class Host:
     fabric_domain: str | None = None
     aliases: tuple[str, ...] = ()
     domain_where: str = ""
+    rack_source: str = ""
+    """How ``rack`` was chosen (``"node label example.com/rack"``); empty for the
+    default ``"<domain>/rack"`` (one rack per NVLink domain)."""
 
 
 @dataclass
@@ -99,22 +224,27 @@ class SmiHost:
 class _Power:
     tdp_w: float
     max_power_w: float | None
+    source: str  # "nvidia-smi", "the hardware table" or "--tdp-w"
+    table_max_w: float | None = None  # the product's max limit, for XML without one
 
 
-def _product_power(product: str | None, host: str, warn: Warn, seen: set[str]) -> _Power:
+def _host_power(
+    h: Host, xml_gpus: list[SmiGpu], power: PowerDefault | None
+) -> tuple[_Power | None, str]:
+    """Limits for the host's GPUs without their own XML readings (None: unknown), and why."""
+    product = next((g.product for g in xml_gpus if g.product), None) or h.product
     found = hardware.lookup(product) if product else None
+    sibling = next((g for g in xml_gpus if g.tdp_w is not None), None)
+    if sibling is not None and sibling.tdp_w is not None:
+        mx = found.max_power_w if found is not None else None
+        return _Power(sibling.tdp_w, sibling.max_power_w, "nvidia-smi", mx), ""
     if found is not None:
-        return _Power(found.tdp_w, found.max_power_w)
-    key = product or ""
-    if key not in seen:
-        seen.add(key)
-        what = f"GPU product {product!r}" if product else "no GPU product"
-        warn(
-            f"{what} (first on host {host}) is not in the hardware table: tdp_w "
-            f"{DEFAULT_TDP_W:g} W and no max_power_w (the job's max_boost applies); give "
-            "--nvidia-smi output to read the real limits"
-        )
-    return _Power(DEFAULT_TDP_W, None)
+        return _Power(found.tdp_w, found.max_power_w, "the hardware table"), ""
+    if power is not None:
+        return _Power(power.tdp_w, power.max_power_w or power.tdp_w, "--tdp-w"), ""
+    if product:
+        return None, f"GPU product {show(product)} is not in the hardware table"
+    return None, "no GPU product is named (no nvidia-smi file, no product from the scheduler)"
 
 
 def _clash(
@@ -164,6 +294,7 @@ def compose_cluster(
     *,
     name: str,
     warn: Warn,
+    power: PowerDefault | None = None,
 ) -> nx.Graph:
     """Join the scheduler's hosts and the driver's GPUs into a cluster graph.
 
@@ -178,6 +309,9 @@ def compose_cluster(
         ``G.graph["name"]``.
     warn : callable
         Called with one message per warning.
+    power : PowerDefault, optional
+        Limits for GPUs whose power neither ``nvidia-smi`` nor the hardware table
+        gives (``--tdp-w``, ``--max-power-w``); without it such GPUs are refused.
 
     Returns
     -------
@@ -189,14 +323,20 @@ def compose_cluster(
     ntp_opt.files.InputError
         When the sources disagree: more GPUs in the XML than the scheduler counts,
         duplicate device indices, fabric cliques that contradict the scheduler's
-        domains, a node id used twice.
+        domains, a node id used twice; a host with more than
+        :data:`MAX_GPUS_PER_HOST` GPUs, more nodes than an instance file may hold,
+        or GPUs whose power is not known.
     """
     smi = smi or {}
-    seen_products: set[str] = set()
+    _check_sizes(hosts)
+    powers = _powers(hosts, smi, power, warn)
     G = nx.Graph()
     G.graph["name"] = name
     domain_gpus: dict[str, int] = {}
     rack_tdp: dict[str, float] = {}
+    rack_from: dict[str, set[str]] = {}
+    rack_kind: dict[str, str] = {}
+    no_max = 0
     _check_cliques(hosts, smi)
 
     gpu_rows: list[tuple[str, dict[str, Any]]] = []
@@ -225,19 +365,14 @@ def compose_cluster(
                 f"{h.name} are missing from the nvidia-smi output: GPU(s) "
                 f"{', '.join(map(str, missing_idx))} marked failed"
             )
-        product = next((g.product for g in xml_gpus if g.product), None) or h.product
-        table = _product_power(product, h.name, warn, seen_products)
-        sibling = next((g for g in xml_gpus if g.tdp_w is not None), None)
-        fallback = (
-            _Power(sibling.tdp_w, sibling.max_power_w)  # type: ignore[arg-type]
-            if sibling is not None
-            else table
-        )
+        fallback = powers[h.name]
         if h.failed_reason:
             warn(f"{h.where}: host {h.name} is {h.failed_reason}: its {h.gpus} GPUs are failed")
 
         indices = sorted([*by_index, *missing_idx]) if data is not None else list(range(h.gpus))
         tray_rows.append((h.name, {"kind": "tray", "p_fail": 0.0, "host": h.name}))
+        rack_kind.setdefault(h.rack, h.rack_source or "one rack per NVLink domain")
+        sources = rack_from.setdefault(h.rack, set())
         edges.append((h.name, h.domain))
         edges.append((h.name, h.rack))
         for i in indices:
@@ -250,10 +385,13 @@ def compose_cluster(
                         f"{sg.where}: GPU {i} of host {h.name} marked failed: "
                         + "; ".join(sg.failed)
                     )
+            own = sg is not None and sg.tdp_w is not None
             tdp = sg.tdp_w if sg is not None and sg.tdp_w is not None else fallback.tdp_w
-            mx = sg.max_power_w if sg is not None and sg.tdp_w is not None else fallback.max_power_w
-            if mx is None:
-                mx = table.max_power_w  # an XML without a max limit: the product's, if known
+            mx = sg.max_power_w if sg is not None and own else fallback.max_power_w
+            if mx is None:  # an XML without a max limit: the product's if known, else no boost
+                mx = fallback.table_max_w
+                no_max += mx is None
+            sources.add("nvidia-smi" if own else fallback.source)
             attrs: dict[str, Any] = {
                 "kind": "gpu",
                 "state": "failed" if failed else "healthy",
@@ -261,8 +399,7 @@ def compose_cluster(
                 "p_fail": 0.0,
                 "tdp_w": float(tdp),
             }
-            if mx is not None:
-                attrs["max_power_w"] = float(max(mx, tdp))
+            attrs["max_power_w"] = float(max(mx, tdp)) if mx is not None else float(tdp)
             attrs["host"] = h.name
             attrs["index"] = i
             if sg is not None and sg.uuid:
@@ -273,6 +410,11 @@ def compose_cluster(
             rack_tdp[h.rack] = rack_tdp.get(h.rack, 0.0) + float(tdp)
         domain_gpus[h.domain] = domain_gpus.get(h.domain, 0) + len(indices)
 
+    if no_max:
+        warn(
+            f"nvidia-smi: {no_max} GPU(s) without a max power limit, of a product not in "
+            "the hardware table: planned without boost (max_power_w = tdp_w)"
+        )
     ids: dict[str, str] = {}
 
     def claim(node: str, kind: str) -> None:
@@ -305,7 +447,80 @@ def compose_cluster(
     G.add_nodes_from((d, {"kind": "domain", "size": n}) for d, n in domain_gpus.items())
     G.add_nodes_from(tray_rows)
     G.add_nodes_from(gpu_rows)
-    G.add_nodes_from((r, {"kind": "rack", "power_budget_w": w}) for r, w in rack_tdp.items())
+    order = ("nvidia-smi", "the hardware table", "--tdp-w")
+    G.add_nodes_from(
+        (
+            r,
+            {
+                "kind": "rack",
+                "power_budget_w": w,
+                "budget_source": f"{rack_kind[r]}; sum of its GPUs' tdp_w (from "
+                + ", ".join(x for x in order if x in rack_from[r])
+                + ")",
+            },
+        )
+        for r, w in rack_tdp.items()
+    )
     G.add_edges_from(edges)
     G.graph["power_budget_w"] = float(sum(rack_tdp.values()))
     return G
+
+
+def _check_sizes(hosts: list[Host]) -> None:
+    """Refuse hosts with too many GPUs and clusters an instance file cannot hold."""
+    total = 0
+    for h in hosts:
+        if not 0 < h.gpus <= MAX_GPUS_PER_HOST:
+            fail(h.where, f"host {h.name}: {h.gpus} GPUs, expected 1 to {MAX_GPUS_PER_HOST}")
+        total += h.gpus
+    nodes = total + len(hosts) + len({h.domain for h in hosts}) + len({h.rack for h in hosts})
+    cap = files.MAX_NODES  # read at each call, as the loader does
+    if nodes > cap:
+        fail(
+            hosts[-1].where,
+            f"the cluster would have {nodes} nodes ({total} GPUs on {len(hosts)} hosts, "
+            f"domains, racks): more than the {cap} an instance file may hold",
+        )
+
+
+def _powers(
+    hosts: list[Host], smi: dict[str, SmiHost], power: PowerDefault | None, warn: Warn
+) -> dict[str, _Power]:
+    """Each host's limits for GPUs without their own XML readings; refuses unknown power."""
+    out: dict[str, _Power] = {}
+    unknown: list[tuple[Host, str]] = []
+    for h in hosts:
+        data = smi.get(h.name)
+        p, why = _host_power(h, data.gpus if data is not None else [], power)
+        if p is None:
+            unknown.append((h, why))
+        else:
+            out[h.name] = p
+    if unknown:
+        h, why = unknown[0]
+        more = f" (and {len(unknown) - 1} more host(s))" if len(unknown) > 1 else ""
+        fail(
+            h.where,
+            f"host {h.name}: the power of its GPUs is not known: {why}{more}; give "
+            "--nvidia-smi output for it, or --tdp-w W (and --max-power-w W) to state "
+            "the power of GPUs of unknown product",
+        )
+    if power is not None:
+        used = [n for n, p in out.items() if p.source == "--tdp-w"]
+        if used:
+            boost = (
+                f"--max-power-w {power.max_power_w:g} W"
+                if power.max_power_w is not None
+                else "no boost (no --max-power-w)"
+            )
+            warn(
+                f"--tdp-w {power.tdp_w:g} W applies to the GPUs of {len(used)} host(s) "
+                f"of unknown product ({', '.join(used[:3])}{' ...' if len(used) > 3 else ''}), "
+                f"{boost}; their racks' budgets count it"
+            )
+        else:
+            warn(
+                "--tdp-w / --max-power-w unused: the power of every GPU is known from "
+                "nvidia-smi or the hardware table"
+            )
+    return out

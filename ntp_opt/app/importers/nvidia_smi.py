@@ -26,7 +26,12 @@ Mapping, per GPU:
   agree with the scheduler's NVLink domain.
 
 The files are parsed with :mod:`defusedxml` (no entity expansion, no external
-references).
+references), after checks that bound time and memory: a regular file (a FIFO
+or device is refused before it is opened), at most :data:`MAX_XML_BYTES` and
+:data:`MAX_XML_TAGS`, at most
+:data:`~ntp_opt.app.importers.compose.MAX_GPUS_PER_HOST` ``<gpu>`` elements.
+Values are range-checked on the way in (``minor_number``, UUID, power
+limits), naming the file, the GPU and the field.
 """
 
 from __future__ import annotations
@@ -36,12 +41,31 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
-from ntp_opt.app.importers.compose import Host, SmiGpu, SmiHost, Warn, fail
+from ntp_opt.app.importers.compose import (
+    MAX_GPUS_PER_HOST,
+    MAX_WATTS,
+    Host,
+    SmiGpu,
+    SmiHost,
+    UnreadableInput,
+    Warn,
+    fail,
+    read_capped,
+    show,
+)
 
-__all__ = ["MAX_XML_BYTES", "read_dir", "read_xml"]
+__all__ = ["MAX_XML_BYTES", "MAX_XML_TAGS", "read_dir", "read_xml"]
 
-MAX_XML_BYTES = 64 * 1024**2
-_WATTS = re.compile(r"^\s*([0-9]+(?:\.[0-9]*)?)\s*W\s*$")
+#: Largest nvidia-smi -q -x file accepted: an 8-GPU host writes 100-300 KB.
+MAX_XML_BYTES = 16 * 1024**2
+#: Most tags (``<`` bytes) accepted in one file: a real 8-GPU file has about 10,000;
+#: the cap bounds the parser's memory (about 100 MB at the cap) whatever the elements.
+MAX_XML_TAGS = 1_000_000
+#: Largest device minor number accepted (the instance schema's bound on ``index``).
+MAX_MINOR = 1_000_000
+_WATTS = re.compile(r"^\s*([0-9]{1,12}(?:\.[0-9]{0,12})?)\s*W\s*$")
+_GPU_TAG = re.compile(rb"<gpu[\s/>]")
+_MAX_UUID = 200  # the instance schema's bound; characters are checked by the exports
 _NA = ("n/a", "[n/a]", "not supported", "[not supported]", "unknown error", "")
 _ZERO_UUID = re.compile(r"^[0-]+$")
 
@@ -63,19 +87,20 @@ def _watts(el: Any, tags: Iterable[str], src: str, xpath: str) -> float | None:
         if t.lower() in _NA:
             return None
         m = _WATTS.match(t)
-        if m is None or float(m.group(1)) <= 0:
-            fail(src, f"expected a power like '700.00 W', got {t!r}", f"{xpath}/{tag}")
-        return float(m.group(1))
+        if m is None:
+            fail(src, f"expected a power like '700.00 W', got {show(t)}", f"{xpath}/{tag}")
+        w = float(m.group(1))
+        if not 1.0 <= w <= MAX_WATTS:
+            fail(src, f"power {t} out of range (1 to {MAX_WATTS:g} W)", f"{xpath}/{tag}")
+        return w
     return None
 
 
 def _count(t: str | None) -> int:
-    if t is None:
+    """An error counter (0 when N/A or not a number; huge counts are capped, never lost)."""
+    if t is None or not t.isdigit() or not t.isascii():
         return 0
-    try:
-        return int(t)
-    except ValueError:
-        return 0
+    return int(t) if len(t) <= 18 else 10**18
 
 
 def _health(gpu: Any) -> list[str]:
@@ -126,9 +151,12 @@ def read_xml(path: str | Path) -> SmiHost:
 
     Raises
     ------
+    ntp_opt.app.importers.compose.UnreadableInput
+        The file is empty or cannot be read.
     ntp_opt.files.InputError
-        ``FILE: XPATH: message`` for malformed XML, a root that is not
-        ``nvidia_smi_log``, bad power values, or a max limit below the default.
+        ``FILE: XPATH: message`` for a file that is not a regular file or is too
+        large, malformed XML, a root that is not ``nvidia_smi_log``, too many
+        GPUs, out-of-range values, or a max limit below the default.
     """
     try:
         import defusedxml.ElementTree as DET
@@ -138,19 +166,21 @@ def read_xml(path: str | Path) -> SmiHost:
             "reading nvidia-smi XML needs defusedxml: pip install 'ntp-opt[import]'"
         ) from None
 
-    p = Path(path)
-    src = str(p)
+    src = str(Path(path))
+    raw = read_capped(path, MAX_XML_BYTES, " (nvidia-smi -q -x of an 8-GPU host: 100-300 KB)")
+    tags = raw.count(b"<")
+    if tags > MAX_XML_TAGS:
+        fail(src, f"{tags} tags, more than {MAX_XML_TAGS} (a real file has about 10,000)")
+    n_gpus = len(_GPU_TAG.findall(raw))
+    if n_gpus > MAX_GPUS_PER_HOST:
+        fail(src, f"{n_gpus} <gpu> elements, more than {MAX_GPUS_PER_HOST}")
     try:
-        size = p.stat().st_size
-        if size > MAX_XML_BYTES:
-            fail(src, f"file is {size} bytes, more than {MAX_XML_BYTES}")
-        root = DET.parse(str(p)).getroot()
+        root = DET.fromstring(raw)
     except DefusedXmlException as err:
         fail(src, f"refused XML construct: {err}")
     except DET.ParseError as err:
         fail(src, f"malformed XML: {err}")
-    except OSError as err:
-        fail(src, f"cannot read file: {err.strerror}")
+    del raw
     if root.tag != "nvidia_smi_log":
         fail(src, f"root element is <{root.tag}>, not <nvidia_smi_log> (nvidia-smi -q -x output)")
     gpus: list[SmiGpu] = []
@@ -160,10 +190,26 @@ def read_xml(path: str | Path) -> SmiHost:
         minor = _text(g, "minor_number")
         if minor is None:
             index = pos - 1
-        elif minor.isdigit():
+        elif minor.isascii() and minor.isdigit() and len(minor) <= 7 and int(minor) <= MAX_MINOR:
             index = int(minor)
         else:
-            fail(src, f"minor_number {minor!r} is not a number", f"{xpath}/minor_number")
+            fail(
+                src,
+                f"minor_number {show(minor)} is not a device number (0 to {MAX_MINOR})",
+                f"{xpath}/minor_number",
+            )
+        uuid = _text(g, "uuid")
+        if uuid is not None and len(uuid) > _MAX_UUID:
+            fail(
+                src,
+                f"GPU {pos}: uuid of {len(uuid)} characters, more than {_MAX_UUID}",
+                f"{xpath}/uuid",
+            )
+        product = _text(g, "product_name")
+        if product is not None and len(product) > 200:
+            fail(
+                src, f"GPU {pos}: product_name longer than 200 characters", f"{xpath}/product_name"
+            )
         pr = g.find("gpu_power_readings")
         if pr is None:
             pr = g.find("power_readings")
@@ -196,8 +242,8 @@ def read_xml(path: str | Path) -> SmiHost:
         gpus.append(
             SmiGpu(
                 index=index,
-                uuid=_text(g, "uuid"),
-                product=_text(g, "product_name"),
+                uuid=uuid,
+                product=product,
                 tdp_w=tdp,
                 max_power_w=mx,
                 clique=clique,
@@ -239,7 +285,9 @@ def read_dir(
     ------
     ntp_opt.files.InputError
         For a file whose stem is no known host (or alias), two files for one host,
-        or a GPU UUID found in two files (one of them is from another host).
+        a GPU UUID found in two files (one of them is from another host), or an
+        empty or unreadable file for a host the scheduler reports usable (for a
+        host it reports unusable, that is a warning and the file is ignored).
     """
     d = Path(directory)
     if not d.is_dir():
@@ -254,6 +302,7 @@ def read_dir(
     if not files:
         fail(str(d), "no *.xml file (expected one nvidia-smi -q -x file per host)")
     skipped: list[str] = []
+    by_name = {h.name: h for h in hosts}
     for f in files:
         host = names.get(f.stem)
         if host is None and f.stem in left_out:
@@ -263,7 +312,21 @@ def read_dir(
             fail(str(f), f"file for unknown host {f.stem!r}: not in the scheduler's topology")
         if host in out:
             fail(str(f), f"second file for host {host} (first: {out[host].path})")
-        data = read_xml(f)
+        try:
+            data = read_xml(f)
+        except UnreadableInput as err:
+            h = by_name[host]
+            why = err.problems[0][1]
+            if h.failed_reason is None:
+                fail(
+                    str(f),
+                    f"{why}, but host {host} is usable ({h.where}): run nvidia-smi -q -x on "
+                    f"{host} again and rewrite the file, or remove the file (its GPUs then "
+                    "take the hardware table's limits or --tdp-w)",
+                )
+            if warn is not None:
+                warn(f"{f}: {why}; ignored: host {host} is {h.failed_reason}, its GPUs are failed")
+            continue
         for g in data.gpus:
             if g.uuid is None:
                 continue

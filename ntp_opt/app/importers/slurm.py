@@ -33,7 +33,14 @@ from typing import Any
 
 import networkx as nx
 
-from ntp_opt.app.importers.compose import Host, SmiHost, Warn, compose_cluster, fail
+from ntp_opt.app.importers.compose import (
+    Host,
+    PowerDefault,
+    SmiHost,
+    Warn,
+    compose_cluster,
+    fail,
+)
 from ntp_opt.app.importers.hostlist import HostlistError, expand
 
 __all__ = ["Block", "SlurmNode", "import_slurm", "read_nodes", "read_topology"]
@@ -462,6 +469,7 @@ def import_slurm(
     name: str = "slurm",
     warn: Warn,
     topology_name: str | None = None,
+    power: PowerDefault | None = None,
 ) -> nx.Graph:
     """Build a cluster graph from Slurm's topology and node state (and nvidia-smi output).
 
@@ -479,6 +487,8 @@ def import_slurm(
         Receives one message per warning.
     topology_name : str, optional
         Block topology to use in a YAML file with several.
+    power : PowerDefault, optional
+        Power of GPUs of unknown product without XML (``--tdp-w``, ``--max-power-w``).
 
     Returns
     -------
@@ -532,4 +542,4 @@ def import_slurm(
         outside = {n.name for n in snodes if n.name not in in_blocks}
         outside |= {n.hostname for n in snodes if n.name not in in_blocks and n.hostname}
         smi = read_dir(nvidia_smi, hosts, warn=warn, left_out=frozenset(outside))
-    return compose_cluster(hosts, smi, name=name, warn=warn)
+    return compose_cluster(hosts, smi, name=name, warn=warn, power=power)
