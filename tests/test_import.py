@@ -21,7 +21,7 @@ from ntp_opt.app.cli import main
 from ntp_opt.app.importers import expand, import_k8s, import_slurm, read_nodes, read_topology
 from ntp_opt.app.importers.cli import load_job
 from ntp_opt.app.importers.hostlist import HostlistError
-from ntp_opt.app.importers.slurm import _failed_state, parse_gres
+from ntp_opt.app.importers.slurm import classify_state, parse_gres
 from ntp_opt.model.files import InputError, load_instance, load_plan
 from ntp_opt.model.instance import Instance
 from ntp_opt.model.plan import Plan, Replica, Stage
@@ -139,7 +139,9 @@ def test_gres_malformed() -> None:
     ],
 )
 def test_slurm_states(state: str, why: str | None) -> None:
-    assert _failed_state(state) == why
+    v = classify_state(state)
+    assert v.usable == (why is None)
+    assert [w.split(":")[0] for w in v.why.split("; ") if w] == (why.split("+") if why else [])
 
 
 def test_topology_yaml_and_conf_give_the_same_blocks() -> None:
@@ -548,7 +550,7 @@ CONF_CASES = [
     ),
     (
         "SwitchName=s0 Nodes=gb-[001-036]\n",
-        r"topology\.conf:1: SwitchName= is the topology/tree form",
+        r"topology\.conf:1: topology/tree says nothing about NVLink, and host gb-001 has 4 GPUs",
     ),
     (
         "BlockName=b01 Nodes=gb-[001-018] Speed=7\n",
