@@ -310,6 +310,9 @@ def scontrol(*args: str, timeout: float = SCONTROL_TIMEOUT_S) -> Source:
     exe = shutil.which("scontrol")
     if exe is None:
         fail(name, "scontrol is not on PATH (--live runs it; or give saved files)")
+    conf = os.environ.get("SLURM_CONF")
+    if conf and not os.path.isfile(conf):  # scontrol itself retries for a minute
+        fail(name, f"SLURM_CONF={conf} is not a file")
     try:
         proc = subprocess.Popen(
             [exe, *args],
