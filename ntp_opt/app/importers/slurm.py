@@ -71,7 +71,7 @@ MAX_INPUT_BYTES = 256 * 1024**2
 #: Largest ``topology.yaml`` (a real one is kilobytes; PyYAML reads about 1 MB/s).
 MAX_YAML_BYTES = 4 * 1024**2
 #: Most YAML aliases (``*name``) in one ``topology.yaml``.
-MAX_YAML_ALIASES = 1000
+MAX_YAML_ALIASES = 100
 #: Deepest YAML nesting (a topology.yaml nests 5 levels).
 MAX_YAML_DEPTH = 64
 #: Seconds a live ``scontrol`` may run.
@@ -275,9 +275,9 @@ def _read_text(path: Path | Source, limit: int = MAX_INPUT_BYTES) -> tuple[str, 
         if size > limit:
             fail(str(path), f"file is {size} bytes, more than {limit}")
         with path.open("rb") as fh:
-            data = fh.read(limit + 1)  # the file may have grown since stat
-        if len(data) > limit:
-            fail(str(path), f"file is more than {limit} bytes")
+            data = fh.read(size + 1)  # not limit + 1: read() allocates what it is asked
+        if len(data) > size:
+            fail(str(path), "file grew while being read")
         return data.decode("utf-8"), str(path)
     except UnicodeDecodeError as err:
         fail(str(path), f"not UTF-8 text: {err.reason}")
