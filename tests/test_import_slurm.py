@@ -356,7 +356,7 @@ def test_yaml_deep_nesting(tmp_path: Path) -> None:
 def test_yaml_size_cap(tmp_path: Path) -> None:
     p = tmp_path / "topology.yaml"
     p.write_text(YAML_HEAD + "      - block: b\n        nodes: n1\n" + "#" * slurm.MAX_YAML_BYTES)
-    with pytest.raises(InputError, match=r"topology\.yaml: topology\.yaml is \d+ characters, more"):
+    with pytest.raises(InputError, match=r"topology\.yaml: file is \d+ bytes, more than 1048576"):
         read_topology(p)
 
 
@@ -480,3 +480,21 @@ def test_output_onto_an_input_is_refused(
     assert err == [f"ntp-opt: error: {out}: refusing to write: the output is an input file of "
                    "this command"]  # fmt: skip
     assert out.read_bytes() == before
+
+
+# --- the recorded DGX tree (tests/fixtures/import/dgx-tree) ------------------------------
+
+
+def test_recorded_dgx_tree(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Real Slurm 22.05 output (the test cluster, names substituted): 4 DGX-like nodes."""
+    d = ROOT / "tests" / "fixtures" / "import" / "dgx-tree"
+    out = tmp_path / "dgx.json"
+    argv = ["import", "slurm", "--topology", str(d / "topology.txt"), "--nodes"]
+    assert main([*argv, str(d / "nodes.txt"), "--job", str(d / "job.json"), "-o", str(out)]) == 0
+    captured = capsys.readouterr()
+    assert "32 GPUs (16 failed) on 4 hosts, 4 NVLink domains, 2 racks" in captured.out
+    assert "host dgx-02 is DOWN in Slurm (DOWN: down)" in captured.err
+    assert "host dgx-04 is drained for a GPU reason ('GPU 3 Xid 79" in captured.err
+    inst = json.loads(out.read_text())
+    racks = {n["id"] for n in inst["cluster"]["nodes"] if n["kind"] == "rack"}
+    assert racks == {"nvl0", "nvl1"}
