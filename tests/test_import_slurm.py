@@ -154,9 +154,16 @@ def test_nvlink_is_refused_with_blocks(tmp_path: Path) -> None:
         ("SwitchName=s Switches=t\n", r":1: switch 's' lists an undefined switch 't'"),
         ("SwitchName=a Switches=b\nSwitchName=b Switches=a\n", r"is below itself"),
         ("SwitchName=s\n", r":1: switch 's' has neither Nodes= nor Switches="),
+        (
+            "SwitchName=l Nodes=dgx01\nSwitchName=a Switches=l\nSwitchName=b Switches=l\n",
+            r":3: switch 'l' is below both 'a' and 'b'",
+        ),
         ("SwitchName=s Nodes=dgx01\nSwitchName=s Nodes=dgx02\n", r":2: switch 's' defined twice"),
         ("SwitchName=s Nodes=dgx01 Speed=4\n", r"unknown parameter\(s\) on a switch line: speed"),
-        ("SwitchName=a Nodes=dgx01\nSwitchName=b Nodes=dgx01\n", r"also in switch 'a'"),
+        (
+            "SwitchName=a Nodes=dgx01\nSwitchName=b Nodes=dgx01\n",
+            r":2: host dgx01 of switch .b. is also in switch .a.",
+        ),
         ("SwitchName=a Nodes=dgx09\n", r":1: unknown host dgx09 in switch 'a'.*--future"),
         ("SwitchName=a Nodes=login1\n", r"topo\.txt: no GPU host in the topology"),
     ],
@@ -166,6 +173,14 @@ def test_bad_trees(text: str, pattern: str, tmp_path: Path) -> None:
     (tmp_path / "nodes.txt").write_text(dgx_nodes())
     with pytest.raises(InputError, match=pattern):
         import_slurm(tmp_path / "topo.txt", tmp_path / "nodes.txt", warn=quiet)
+
+
+def test_deep_switch_chain(tmp_path: Path) -> None:
+    """100,000 switches, each below the next: read without recursion."""
+    n = 100_000
+    lines = [f"SwitchName=s{i} Switches=s{i + 1}\n" for i in range(n)]
+    (tmp_path / "t.conf").write_text("".join(lines) + f"SwitchName=s{n} Nodes=dgx01\n")
+    assert [(b.name, b.hosts) for b in read_topology(tmp_path / "t.conf")] == [(f"s{n}", ["dgx01"])]
 
 
 # --- node states ----------------------------------------------------------------------

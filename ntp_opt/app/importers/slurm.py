@@ -577,34 +577,54 @@ def _conf_topology(src: str, text: str) -> list[Block]:
 def _leaves(switches: dict[str, tuple[str, list[str], list[str]]]) -> list[Block]:
     """The leaf switches of a tree and their hosts.
 
-    A leaf is a switch whose ``Nodes=`` are not under one of its child switches:
-    ``scontrol show topology`` prints an upper switch with every node below it
-    and its ``Switches=``; ``topology.conf`` gives leaves ``Nodes=`` only.
+    A host belongs to the lowest switch that lists it: ``scontrol show topology``
+    prints an upper switch with every node below it besides its ``Switches=``;
+    ``topology.conf`` gives the leaves ``Nodes=``. Linear in the listings: the
+    switches are numbered depth first (entry and exit), and "T is below S" is
+    two comparisons.
     """
-    below: dict[str, set[str]] = {}
-
-    def under(name: str, trail: tuple[str, ...]) -> set[str]:
-        if name in below:
-            return below[name]
-        where, nodes, kids = switches[name]
-        got = set(nodes)
+    parent: dict[str, str] = {}
+    for name, (where, _, kids) in switches.items():
         for k in kids:
             if k not in switches:
                 fail(where, f"switch {name!r} lists an undefined switch {k!r}")
-            if k in trail:
-                fail(where, f"switch {name!r} is below itself (through {k!r})")
-            got |= under(k, (*trail, k))
-        below[name] = got
-        return got
-
+            if k == name:
+                fail(where, f"switch {name!r} is below itself")
+            if parent.setdefault(k, name) != name:
+                fail(where, f"switch {k!r} is below both {parent[k]!r} and {name!r}")
+    tin: dict[str, int] = {}
+    tout: dict[str, int] = {}
+    clock = 0
+    for root in (s for s in switches if s not in parent):
+        tin[root] = clock = clock + 1
+        stack = [(root, iter(switches[root][2]))]
+        while stack:
+            s, kids = stack[-1]
+            k = next(kids, None)
+            if k is None:
+                tout[s] = clock = clock + 1
+                stack.pop()
+            elif k not in tin:
+                tin[k] = clock = clock + 1
+                stack.append((k, iter(switches[k][2])))
+    for name, (where, _, _) in switches.items():
+        if name not in tin:
+            fail(where, f"switch {name!r} is below itself (a cycle of Switches=)")
+    owner: dict[str, str] = {}
+    line = {name: i for i, name in enumerate(switches)}
+    for s in sorted(switches, key=tin.__getitem__, reverse=True):  # lower switches first
+        where, nodes, _ = switches[s]
+        for h in nodes:
+            t = owner.setdefault(h, s)
+            if t == s:
+                continue
+            if not (tin[s] < tin[t] and tout[t] < tout[s]):  # t is not below s
+                a, b = sorted((s, t), key=line.__getitem__)  # report at the later line
+                fail(switches[b][0], f"host {h} of switch {b!r} is also in switch {a!r} "
+                     f"({switches[a][0]})")  # fmt: skip
     out: list[Block] = []
-    for name, (where, nodes, kids) in switches.items():
-        inner: set[str] = set()
-        for k in kids:
-            if k not in switches:
-                fail(where, f"switch {name!r} lists an undefined switch {k!r}")
-            inner |= under(k, (name, k))
-        own = [h for h in nodes if h not in inner]
+    for name, (where, nodes, _) in switches.items():
+        own = [h for h in nodes if owner[h] == name]
         if own:
             out.append(Block(name, own, where, kind="switch"))
     return out
