@@ -599,8 +599,8 @@ def _leaves(switches: dict[str, tuple[str, list[str], list[str]]]) -> list[Block
         tin[root] = clock = clock + 1
         stack = [(root, iter(switches[root][2]))]
         while stack:
-            s, kids = stack[-1]
-            k = next(kids, None)
+            s, todo = stack[-1]
+            k = next(todo, None)
             if k is None:
                 tout[s] = clock = clock + 1
                 stack.pop()
