@@ -600,13 +600,13 @@ def _leaves(switches: dict[str, tuple[str, list[str], list[str]]]) -> list[Block
         stack = [(root, iter(switches[root][2]))]
         while stack:
             s, todo = stack[-1]
-            k = next(todo, None)
-            if k is None:
+            nxt = next(todo, None)
+            if nxt is None:
                 tout[s] = clock = clock + 1
                 stack.pop()
-            elif k not in tin:
-                tin[k] = clock = clock + 1
-                stack.append((k, iter(switches[k][2])))
+            elif nxt not in tin:
+                tin[nxt] = clock = clock + 1
+                stack.append((nxt, iter(switches[nxt][2])))
     for name, (where, _, _) in switches.items():
         if name not in tin:
             fail(where, f"switch {name!r} is below itself (a cycle of Switches=)")
