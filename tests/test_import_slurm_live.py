@@ -16,6 +16,7 @@ Without Slurm the tests skip, except with ``CI=true``, where they fail.
 
 from __future__ import annotations
 
+import getpass
 import json
 import os
 import time
@@ -189,11 +190,11 @@ def test_every_state_this_slurm_makes(
     c.run(*sbatch[:1], "-w", n[4], "--exclusive", *sbatch[1:])
     c.run(
         "scontrol", "create", "reservation", "reservationname=maint", "starttime=now",
-        "duration=120", "flags=maint", "users=root", f"nodes={n[5]}",
+        "duration=120", "flags=maint", f"users={getpass.getuser()}", f"nodes={n[5]}",
     )  # fmt: skip
     c.run(
         "scontrol", "create", "reservation", "reservationname=team", "starttime=now",
-        "duration=120", "users=root", f"nodes={n[8]}",
+        "duration=120", f"users={getpass.getuser()}", f"nodes={n[8]}",
     )  # fmt: skip
     c.run("scontrol", "update", f"nodename={n[7]}", "state=power_down", "reason=power saving")
     c.run("scontrol", "update", f"nodename={n[9]}", "state=down", "reason=cable")

@@ -274,11 +274,15 @@ def _read_text(path: Path | Source, limit: int = MAX_INPUT_BYTES) -> tuple[str, 
         size = path.stat().st_size
         if size > limit:
             fail(str(path), f"file is {size} bytes, more than {limit}")
-        with path.open("rb") as fh:
-            data = fh.read(size + 1)  # not limit + 1: read() allocates what it is asked
-        if len(data) > size:
-            fail(str(path), "file grew while being read")
-        return data.decode("utf-8"), str(path)
+        chunks: list[bytes] = []
+        total = 0
+        with path.open("rb") as fh:  # in chunks: a pipe (<(scontrol ...)) has no size
+            while chunk := fh.read(1 << 20):
+                total += len(chunk)
+                if total > limit:
+                    fail(str(path), f"more than {limit} bytes")
+                chunks.append(chunk)
+        return b"".join(chunks).decode("utf-8"), str(path)
     except UnicodeDecodeError as err:
         fail(str(path), f"not UTF-8 text: {err.reason}")
     except OSError as err:
