@@ -16,7 +16,13 @@ from pydantic import ValidationError
 
 from ntp_opt.app.importers.k8s import DEFAULT_TOLERATED, import_k8s
 from ntp_opt.app.importers.slurm import ALLOW_KINDS, NVLINK_CHOICES, Source, import_slurm, scontrol
-from ntp_opt.model.files import InputError, read_json, save_instance, validation_problems
+from ntp_opt.model.files import (
+    InputError,
+    check_cluster,
+    read_json,
+    save_instance,
+    validation_problems,
+)
 from ntp_opt.model.instance import Instance
 from ntp_opt.model.job import Job
 from ntp_opt.model.safeio import check_target
@@ -120,6 +126,10 @@ def cmd_import(args: argparse.Namespace) -> int:
         meta = {"source": "k8s", "nodes": args.nodes}
     if args.nvidia_smi:
         meta["nvidia_smi"] = args.nvidia_smi
+    try:  # what import writes must load (node cap, schema)
+        check_cluster(graph, args.output)
+    except InputError as err:
+        raise ValueError(f"not written: {str(err).splitlines()[0]}") from None
     try:
         instance = Instance(name, graph, job, meta, copy_graph=False)
     except TopologyError as err:  # the job does not fit the cluster the sources describe
