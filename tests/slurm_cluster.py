@@ -291,7 +291,7 @@ class SlurmCluster:
                 "SuspendProgram=/bin/true",
                 "ResumeProgram=/bin/true",
                 "SuspendTime=3600",
-                "SuspendTimeout=5",
+                "SuspendTimeout=2",
                 "ResumeTimeout=300",
             ]
         for name in self.all_nodes:
