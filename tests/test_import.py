@@ -164,7 +164,7 @@ def test_topology_yaml_choice_of_block_topology(tmp_path: Path) -> None:
         read_topology(p)
     assert read_topology(p, topology_name="a")[0].hosts == ["n1", "n2", "n5"]
     assert read_topology(p, topology_name="b")[0].hosts == ["m01", "m02", "m03"]
-    with pytest.raises(InputError, match="no block topology named 'c'"):
+    with pytest.raises(InputError, match="no block or tree topology named 'c'"):
         read_topology(p, topology_name="c")
     p.write_text(two.replace("- topology: b\n", "- topology: b\n  cluster_default: true\n"))
     assert [b.name for b in read_topology(p)] == ["y"]
@@ -573,7 +573,8 @@ YAML_CASES = [
         r"topology\.yaml:6: block 'b02' is empty",
     ),
     ("- topology: t\n  block: [\n", r"topology\.yaml:\d+: malformed YAML"),
-    ("- topology: t\n  tree:\n    switches: []\n", r"topology\.yaml:1: no topology with a 'block'"),
+    ("- topology: t\n  tree:\n    switches: []\n", r"topology\.yaml:3: tree: no switch"),
+    ("- topology: t\n  flat: true\n", r"topology\.yaml:1: no topology with a 'block' or 'tree'"),
     (
         "- topology: t\n  block:\n    blocks:\n      - block: b01\n        nodes: gb-[001-0x8]\n",
         r"topology\.yaml:5: bad hostlist",

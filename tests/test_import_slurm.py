@@ -111,6 +111,41 @@ def test_tree_scontrol_and_conf_agree(tmp_path: Path) -> None:
     ]
 
 
+TOPOLOGY_YAML = """\
+- topology: ib
+  cluster_default: true
+  tree:
+    switches:
+      - switch: spine
+        children: leaf[1-2]
+      - switch: leaf1
+        nodes: dgx[01-02]
+      - switch: leaf2
+        nodes: dgx[03-04],login1
+- topology: flat
+  flat: true
+"""
+
+
+def test_tree_from_topology_yaml(tmp_path: Path) -> None:
+    """topology.yaml's tree section (Slurm 24.11+) reads as topology.conf does."""
+    (tmp_path / "topology.yaml").write_text(TOPOLOGY_YAML)
+    (tmp_path / "b.conf").write_text(TOPOLOGY_CONF)
+    a, b = read_topology(tmp_path / "topology.yaml"), read_topology(tmp_path / "b.conf")
+    assert [(x.name, x.hosts, x.kind) for x in a] == [(x.name, x.hosts, x.kind) for x in b]
+    assert a[0].where.endswith("topology.yaml:7")
+    # a block topology beside the tree is preferred; --topology-name picks the tree
+    both = TOPOLOGY_YAML + "- topology: nvl\n  block:\n    blocks:\n      - block: b\n" \
+        "        nodes: dgx[01-04]\n"  # fmt: skip
+    (tmp_path / "topology.yaml").write_text(both)
+    assert [x.kind for x in read_topology(tmp_path / "topology.yaml")] == ["block"]
+    picked = read_topology(tmp_path / "topology.yaml", topology_name="ib")
+    assert [x.name for x in picked] == ["leaf1", "leaf2"]
+    (tmp_path / "topology.yaml").write_text(TOPOLOGY_YAML.replace("nodes: dgx[01-02]", "x: 1"))
+    with pytest.raises(InputError, match=r"topology\.yaml:7: switch 'leaf1' has neither"):
+        read_topology(tmp_path / "topology.yaml")
+
+
 def test_tree_nodes_on_an_upper_switch_form_their_own_leaf(tmp_path: Path) -> None:
     p = tmp_path / "t.conf"
     p.write_text("SwitchName=l1 Nodes=a[1-2]\nSwitchName=top Nodes=b1 Switches=l1\n")

@@ -5,7 +5,9 @@ Formats read (Slurm's man pages ``topology.yaml(5)``, ``topology.conf(5)``, ``sc
 * ``topology.yaml``: a list of topologies; the one with a ``block`` section
   (``block_sizes``, ``blocks: [{block: NAME, nodes: HOSTLIST}, ...]``) is used.
   With several block topologies, the one marked ``cluster_default: true``, or
-  the one named by ``topology_name``. Parsed with caps on size, aliases and
+  the one named by ``topology_name``; without a block topology, the ``tree``
+  one (``switches: [{switch: NAME, nodes: HOSTLIST, children: LIST}]``).
+  Parsed with caps on size, aliases and
   nesting (:data:`MAX_YAML_BYTES`, :data:`MAX_YAML_ALIASES`, :data:`MAX_YAML_DEPTH`).
 * ``topology.conf`` and ``scontrol show topology`` output: ``BlockName=NAME
   Nodes=HOSTLIST`` lines (topology/block; ``BlockSizes=``, and the
@@ -417,6 +419,41 @@ def _compose_yaml(src: str, text: str) -> Any:
         loader.dispose()
 
 
+def _yaml_tree(section: Any, mapping: Any, at: Any, budget: Budget) -> list[Block]:
+    """The leaf switches of a topology.yaml ``tree`` section (``switches: [{switch, children,
+    nodes}]``)."""
+    import yaml
+
+    tree = mapping(section, "tree")
+    items = tree.get("switches")
+    if not isinstance(items, yaml.SequenceNode):
+        fail(at(section), "tree: 'switches' must be a list")
+    switches: dict[str, tuple[str, list[str], list[str]]] = {}
+    for item in items.value:
+        sw = mapping(item, "switch entry")
+        name_node = sw.get("switch")
+        if not isinstance(name_node, yaml.ScalarNode) or not name_node.value:
+            fail(at(item), "switch entry without a 'switch' name")
+        name = str(name_node.value)
+        if name in switches:
+            fail(at(item), f"switch {name!r} defined twice (first at {switches[name][0]})")
+        lists: dict[str, list[str]] = {}
+        for key in ("nodes", "children"):
+            node = sw.get(key)
+            if node is None:
+                lists[key] = []
+            elif isinstance(node, yaml.ScalarNode):
+                lists[key] = _hosts(node.value, at(node), budget) if node.value.strip() else []
+            else:
+                fail(at(node), f"{key}: expected a hostlist string")
+        if not lists["nodes"] and not lists["children"]:
+            fail(at(item), f"switch {name!r} has neither nodes nor children")
+        switches[name] = (at(item), lists["nodes"], lists["children"])
+    if not switches:
+        fail(at(section), "tree: no switch")
+    return _leaves(switches)
+
+
 def _yaml_topology(src: str, text: str, topology_name: str | None) -> list[Block]:
     import yaml
 
@@ -438,37 +475,36 @@ def _yaml_topology(src: str, text: str, topology_name: str | None) -> list[Block
 
     if root is None or not isinstance(root, yaml.SequenceNode):
         fail(src if root is None else at(root), "expected a list of topologies")
-    candidates: list[tuple[str, bool, Any, Any]] = []
+    candidates: list[tuple[str, bool, Any, str]] = []
     for item in root.value:
         topo = mapping(item, "topology")
         name_node = topo.get("topology")
         tname = name_node.value if isinstance(name_node, yaml.ScalarNode) else "?"
-        if "block" in topo:
-            default = topo.get("cluster_default")
-            is_default = isinstance(default, yaml.ScalarNode) and default.value.lower() == "true"
-            candidates.append((tname, is_default, topo["block"], item))
+        default = topo.get("cluster_default")
+        is_default = isinstance(default, yaml.ScalarNode) and default.value.lower() == "true"
+        for kind in ("block", "tree"):
+            if kind in topo:
+                candidates.append((tname, is_default, topo[kind], kind))
     if not candidates:
-        fail(
-            at(root),
-            "no topology with a 'block' section (topology/block gives NVLink domains; "
-            "for topology/tree give topology.conf or scontrol show topology output)",
-        )
+        fail(at(root), "no topology with a 'block' or 'tree' section")
     if topology_name is not None:
         chosen = [c for c in candidates if c[0] == topology_name]
         if not chosen:
             names = ", ".join(c[0] for c in candidates)
-            fail(src, f"no block topology named {topology_name!r} (block topologies: {names})")
-    elif len(candidates) > 1:
-        chosen = [c for c in candidates if c[1]]
+            fail(src, f"no block or tree topology named {topology_name!r} (there are: {names})")
+    else:  # blocks are NVLink domains: preferred to a tree (the scale-out fabric)
+        kind = "block" if any(c[3] == "block" for c in candidates) else "tree"
+        pool = [c for c in candidates if c[3] == kind]
+        chosen = pool if len(pool) == 1 else [c for c in pool if c[1]]
         if len(chosen) != 1:
-            names = ", ".join(c[0] for c in candidates)
+            names = ", ".join(c[0] for c in pool)
             fail(
                 src,
-                f"several block topologies ({names}) and none is cluster_default: "
+                f"several {kind} topologies ({names}) and none is cluster_default: "
                 "choose one with --topology-name",
             )
-    else:
-        chosen = candidates
+    if chosen[0][3] == "tree":
+        return _yaml_tree(chosen[0][2], mapping, at, budget)
     block = mapping(chosen[0][2], "block")
     blocks_node = block.get("blocks")
     if not isinstance(blocks_node, yaml.SequenceNode):
