@@ -128,7 +128,7 @@ TOPOLOGY_YAML = """\
 
 
 def test_tree_from_topology_yaml(tmp_path: Path) -> None:
-    """topology.yaml's tree section (Slurm 24.11+) reads as topology.conf does."""
+    """topology.yaml's tree section (newer Slurm) reads as topology.conf does."""
     (tmp_path / "topology.yaml").write_text(TOPOLOGY_YAML)
     (tmp_path / "b.conf").write_text(TOPOLOGY_CONF)
     a, b = read_topology(tmp_path / "topology.yaml"), read_topology(tmp_path / "b.conf")
