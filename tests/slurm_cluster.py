@@ -132,6 +132,18 @@ class SlurmCluster:
         GPUs (``gpu`` gres) per node.
     spares
         GPU nodes outside the block.
+    leaves
+        Leaf switches the block nodes are spread over (``nvl0``, ``nvl1``, ...; in
+        order, as evenly as they divide); ``nvl0`` alone by default.
+    future
+        Nodes configured ``State=FUTURE`` (no slurmd; under a leaf ``fut0``).
+    short
+        The last ``short`` block nodes have one GPU less in ``gres.conf`` than
+        ``slurm.conf`` says: they register with fewer resources (a missing GPU).
+    admin
+        ``RebootProgram``, ``SuspendProgram`` and ``ResumeProgram`` are ``/bin/true``
+        (power saving after an hour idle): ``scontrol reboot`` and
+        ``state=power_down`` work without touching the machine.
     tag
         Random tag in the cluster's and nodes' names.
     pids, ports
@@ -146,6 +158,10 @@ class SlurmCluster:
     nodes: int = 4
     gpus: int = 4
     spares: int = 1
+    leaves: int = 1
+    future: int = 0
+    short: int = 0
+    admin: bool = False
     tag: str = field(default_factory=lambda: "t" + secrets.token_hex(3))
     pids: dict[str, int] = field(default_factory=dict)
     ports: dict[str, int] = field(default_factory=dict)
@@ -165,8 +181,25 @@ class SlurmCluster:
         return [f"{self.tag}s{i}" for i in range(1, self.spares + 1)]
 
     @property
+    def future_nodes(self) -> list[str]:
+        """Names of the ``State=FUTURE`` nodes (no slurmd)."""
+        return [f"{self.tag}f{i}" for i in range(1, self.future + 1)]
+
+    @property
     def all_nodes(self) -> list[str]:
+        """Every node that runs a slurmd."""
         return self.block_nodes + self.spare_nodes
+
+    def leaf_nodes(self) -> dict[str, list[str]]:
+        """Leaf switch name -> its block nodes (``nvl0`` ...)."""
+        n, k = len(self.block_nodes), max(1, self.leaves)
+        cuts = [n * i // k for i in range(k + 1)]
+        return {f"nvl{i}": self.block_nodes[cuts[i] : cuts[i + 1]] for i in range(k)}
+
+    @property
+    def short_nodes(self) -> list[str]:
+        """Block nodes whose gres.conf lacks one GPU."""
+        return self.block_nodes[len(self.block_nodes) - self.short :] if self.short else []
 
     @property
     def conf(self) -> Path:
@@ -252,24 +285,40 @@ class SlurmCluster:
             "KillWait=5",
             "MinJobAge=300",
         ]
+        if self.admin:
+            lines += [
+                "RebootProgram=/bin/true",
+                "SuspendProgram=/bin/true",
+                "ResumeProgram=/bin/true",
+                "SuspendTime=3600",
+                "SuspendTimeout=2",
+                "ResumeTimeout=300",
+            ]
         for name in self.all_nodes:
             lines.append(
                 f"NodeName={name} NodeHostname=localhost NodeAddr=127.0.0.1 "
                 f"Port={self.ports[name]} CPUs={self.gpus} Gres=gpu:{self.gpus} State=UNKNOWN"
             )
+        for name in self.future_nodes:
+            lines.append(f"NodeName={name} CPUs={self.gpus} Gres=gpu:{self.gpus} State=FUTURE")
         lines.append(f"PartitionName={self.tag} Nodes=ALL Default=YES MaxTime=INFINITE State=UP")
         (r / "etc" / "slurm.conf").write_text("\n".join(lines) + "\n")
         (r / "etc" / "plugstack.conf").write_text("")
         (r / "etc" / "cgroup.conf").write_text("")
         gres = ["AutoDetect=off"]
         last = self.gpus - 1
-        for name in self.all_nodes:
-            gres.append(f"NodeName={name} Name=gpu File={r}/dev/nvidia[0-{last}]")
+        for name in self.all_nodes + self.future_nodes:
+            top = last - 1 if name in self.short_nodes else last
+            gres.append(f"NodeName={name} Name=gpu File={r}/dev/nvidia[0-{top}]")
         (r / "etc" / "gres.conf").write_text("\n".join(gres) + "\n")
-        switches = [f"SwitchName=nvl0 Nodes={','.join(self.block_nodes)}"]
+        switches = [f"SwitchName={s} Nodes={','.join(n)}" for s, n in self.leaf_nodes().items()]
         if self.spare_nodes:
             switches.append(f"SwitchName=spare0 Nodes={','.join(self.spare_nodes)}")
-            switches.append("SwitchName=top Switches=nvl0,spare0")
+        if self.future_nodes:
+            switches.append(f"SwitchName=fut0 Nodes={','.join(self.future_nodes)}")
+        if len(switches) > 1:
+            names = ",".join(line.split()[0].split("=")[1] for line in switches)
+            switches.append(f"SwitchName=top Switches={names}")
         (r / "etc" / "topology.conf").write_text("\n".join(switches) + "\n")
 
     def write_block_topology(self, path: Path) -> None:
@@ -302,6 +351,10 @@ class SlurmCluster:
             "nodes": self.nodes,
             "gpus": self.gpus,
             "spares": self.spares,
+            "leaves": self.leaves,
+            "future": self.future,
+            "short": self.short,
+            "admin": self.admin,
             "pids": self.pids,
             "ports": self.ports,
         }
@@ -318,6 +371,10 @@ class SlurmCluster:
             nodes=state["nodes"],
             gpus=state["gpus"],
             spares=state["spares"],
+            leaves=state.get("leaves", 1),
+            future=state.get("future", 0),
+            short=state.get("short", 0),
+            admin=state.get("admin", False),
             tag=state["tag"],
             pids={k: int(v) for k, v in state["pids"].items()},
             ports={k: int(v) for k, v in state["ports"].items()},
@@ -404,8 +461,13 @@ class SlurmCluster:
         return states
 
     def _nodes_idle(self) -> bool:
+        """Every node idle; a ``short`` node registered (refused as invalid, not unknown)."""
         states = self.node_states()
-        return all(states.get(n) == "idle" for n in self.all_nodes)
+        short = set(self.short_nodes)
+        return all(
+            states.get(n) == "idle" if n not in short else states.get(n) in ("inval", "drained")
+            for n in self.all_nodes
+        )
 
     def start(self, attempts: int = 3) -> None:
         """Write the configuration and start munged, slurmctld and the slurmds; wait for idle.
@@ -502,6 +564,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--nodes", type=int, default=4)
     ap.add_argument("--gpus", type=int, default=4)
     ap.add_argument("--spares", type=int, default=1)
+    ap.add_argument("--leaves", type=int, default=1)
+    ap.add_argument("--future", type=int, default=0)
+    ap.add_argument("--short", type=int, default=0)
+    ap.add_argument("--admin", action="store_true")
     args = ap.parse_args(argv)
     root = args.dir.resolve()
     state = root / STATE_FILE
@@ -522,7 +588,16 @@ def main(argv: list[str] | None = None) -> int:
         print(f"missing: {' '.join(missing)}; install {PACKAGES}", file=sys.stderr)
         return 2
     root.mkdir(parents=True, exist_ok=True)
-    cluster = SlurmCluster(root, nodes=args.nodes, gpus=args.gpus, spares=args.spares)
+    cluster = SlurmCluster(
+        root,
+        nodes=args.nodes,
+        gpus=args.gpus,
+        spares=args.spares,
+        leaves=args.leaves,
+        future=args.future,
+        short=args.short,
+        admin=args.admin,
+    )
     t0 = time.monotonic()
     try:
         cluster.start()

@@ -25,7 +25,7 @@ from ntp_opt.app.importers import expand, import_k8s, import_slurm, read_nodes, 
 from ntp_opt.app.importers.cli import load_job
 from ntp_opt.app.importers.compose import PowerDefault
 from ntp_opt.app.importers.hostlist import HostlistError
-from ntp_opt.app.importers.slurm import _failed_state, parse_gres
+from ntp_opt.app.importers.slurm import classify_state, parse_gres
 from ntp_opt.model.files import InputError, load_instance, load_plan
 from ntp_opt.model.instance import Instance
 from ntp_opt.model.plan import Plan, Replica, Stage
@@ -143,7 +143,9 @@ def test_gres_malformed() -> None:
     ],
 )
 def test_slurm_states(state: str, why: str | None) -> None:
-    assert _failed_state(state) == why
+    v = classify_state(state)
+    assert v.usable == (why is None)
+    assert [w.split(":")[0] for w in v.why.split("; ") if w] == (why.split("+") if why else [])
 
 
 def test_topology_yaml_and_conf_give_the_same_blocks() -> None:
@@ -166,7 +168,7 @@ def test_topology_yaml_choice_of_block_topology(tmp_path: Path) -> None:
         read_topology(p)
     assert read_topology(p, topology_name="a")[0].hosts == ["n1", "n2", "n5"]
     assert read_topology(p, topology_name="b")[0].hosts == ["m01", "m02", "m03"]
-    with pytest.raises(InputError, match="no block topology named 'c'"):
+    with pytest.raises(InputError, match="no block or tree topology named 'c'"):
         read_topology(p, topology_name="c")
     p.write_text(two.replace("- topology: b\n", "- topology: b\n  cluster_default: true\n"))
     assert [b.name for b in read_topology(p)] == ["y"]
@@ -562,7 +564,7 @@ CONF_CASES = [
     ),
     (
         "SwitchName=s0 Nodes=gb-[001-036]\n",
-        r"topology\.conf:1: SwitchName= is the topology/tree form",
+        r"topology\.conf:1: topology/tree says nothing about NVLink, and host gb-001 has 4 GPUs",
     ),
     (
         "BlockName=b01 Nodes=gb-[001-018] Speed=7\n",
@@ -585,7 +587,8 @@ YAML_CASES = [
         r"topology\.yaml:6: block 'b02' is empty",
     ),
     ("- topology: t\n  block: [\n", r"topology\.yaml:\d+: malformed YAML"),
-    ("- topology: t\n  tree:\n    switches: []\n", r"topology\.yaml:1: no topology with a 'block'"),
+    ("- topology: t\n  tree:\n    switches: []\n", r"topology\.yaml:3: tree: no switch"),
+    ("- topology: t\n  flat: true\n", r"topology\.yaml:1: no topology with a 'block' or 'tree'"),
     (
         "- topology: t\n  block:\n    blocks:\n      - block: b01\n        nodes: gb-[001-0x8]\n",
         r"topology\.yaml:5: bad hostlist",

@@ -7,6 +7,7 @@ bad input raises :class:`ntp_opt.files.InputError` (exit 2, nothing written).
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from pathlib import Path
 from typing import Any
@@ -15,7 +16,7 @@ from pydantic import ValidationError
 
 from ntp_opt.app.importers.compose import MAX_WATTS, PowerDefault
 from ntp_opt.app.importers.k8s import DEFAULT_TOLERATED, KubectlOutput, import_k8s, run_kubectl
-from ntp_opt.app.importers.slurm import import_slurm
+from ntp_opt.app.importers.slurm import ALLOW_KINDS, NVLINK_CHOICES, Source, import_slurm, scontrol
 from ntp_opt.model.files import (
     InputError,
     check_cluster,
@@ -25,6 +26,7 @@ from ntp_opt.model.files import (
 )
 from ntp_opt.model.instance import Instance
 from ntp_opt.model.job import Job
+from ntp_opt.model.safeio import check_target
 from ntp_opt.model.topology import TopologyError
 
 
@@ -97,32 +99,66 @@ def _power(args: argparse.Namespace) -> PowerDefault | None:
     return PowerDefault(args.tdp_w, args.max_power_w)
 
 
+def _inputs(args: argparse.Namespace) -> list[str]:
+    """Every file the import reads (the output may be none of them)."""
+    files = [args.job, args.nodes, getattr(args, "topology", None)]
+    if args.nvidia_smi:
+        try:
+            with os.scandir(args.nvidia_smi) as entries:
+                files += [e.path for e in entries]
+        except OSError:
+            pass  # the reader reports an unreadable directory
+    return [f for f in files if f]
+
+
+def _slurm_sources(args: argparse.Namespace) -> tuple[str | Source, str | Source]:
+    """``(topology, nodes)``: the files given, or scontrol's output with ``--live``."""
+    if not args.live:
+        missing = [o for o, v in (("--topology", args.topology), ("--nodes", args.nodes)) if not v]
+        if missing:
+            raise ValueError(f"import slurm: {' and '.join(missing)} required (or --live)")
+        return args.topology, args.nodes
+    if args.nodes:
+        raise ValueError("import slurm: --live runs scontrol show node; --nodes is a saved file")
+    nodes = scontrol("show", "node", "--oneliner", "--future")
+    topology = args.topology or scontrol("show", "topology")
+    return topology, nodes
+
+
 def cmd_import(args: argparse.Namespace) -> int:
     """Run ``ntp-opt import``."""
+    inputs = _inputs(args)
+    check_target(args.output, inputs)  # refuse an unsafe output before any work
     power = _power(args)
     job = load_job(args.job)
     name = args.name or Path(args.output).name.split(".")[0]
     if args.source == "slurm":
+        topology, nodes = _slurm_sources(args)
         graph = import_slurm(
-            args.topology,
-            args.nodes,
+            topology,
+            nodes,
             nvidia_smi=args.nvidia_smi,
             name=name,
             warn=_warn,
             topology_name=args.topology_name,
+            nvlink=args.nvlink,
+            allow=tuple(args.allow or ()),
             power=power,
         )
-        meta: dict[str, Any] = {"source": "slurm", "topology": args.topology}
-        meta["nodes"] = args.nodes
+        meta: dict[str, Any] = {
+            "source": "slurm",
+            "topology": topology.name if isinstance(topology, Source) else topology,
+            "nodes": nodes.name if isinstance(nodes, Source) else nodes,
+        }
     else:
         tolerate = DEFAULT_TOLERATED + tuple(args.tolerate or ())
-        nodes: str | KubectlOutput = args.nodes
+        k8s_nodes: str | KubectlOutput = args.nodes
         if args.context is not None and not args.live:
             raise InputError("--context", [("", "only used with --live")])
         if args.live:
-            nodes = run_kubectl(args.context, timeout=args.kubectl_timeout)
+            k8s_nodes = run_kubectl(args.context, timeout=args.kubectl_timeout)
         graph = import_k8s(
-            nodes,
+            k8s_nodes,
             nvidia_smi=args.nvidia_smi,
             rack_label=args.rack_label,
             tolerate=tolerate,
@@ -131,8 +167,8 @@ def cmd_import(args: argparse.Namespace) -> int:
             power=power,
         )
         meta = {"source": "k8s", "nodes": args.nodes}
-        if isinstance(nodes, KubectlOutput):
-            meta["nodes"] = nodes.source
+        if isinstance(k8s_nodes, KubectlOutput):
+            meta["nodes"] = k8s_nodes.source
     if args.nvidia_smi:
         meta["nvidia_smi"] = args.nvidia_smi
     if power is not None:
@@ -144,7 +180,7 @@ def cmd_import(args: argparse.Namespace) -> int:
     except TopologyError as err:  # the job does not fit the cluster the sources describe
         raise InputError(str(args.job), [("", p) for p in err.problems]) from None
     check_cluster(graph, f"not written: {args.output}")  # never a file the loader refuses
-    save_instance(instance, args.output)
+    save_instance(instance, args.output, inputs=inputs)
     s = instance.summary()
     trays = sum(1 for _, k in graph.nodes(data="kind") if k == "tray")
     print(
@@ -183,10 +219,32 @@ def add_parser(sub: Any) -> None:
         p.add_argument("-o", "--output", required=True, help="instance file to write")
         p.set_defaults(func=cmd_import)
 
-    s = src.add_parser("slurm", help="topology/block + scontrol show node --oneliner")
-    s.add_argument("--topology", required=True, help="topology.yaml or topology.conf")
-    s.add_argument("--nodes", required=True, help="scontrol show node --oneliner output")
+    s = src.add_parser("slurm", help="topology/block or tree + scontrol show node --oneliner")
+    s.add_argument(
+        "--topology", help="topology.yaml, topology.conf or scontrol show topology output"
+    )
+    s.add_argument("--nodes", help="scontrol show node --oneliner output")
+    s.add_argument(
+        "--live",
+        action="store_true",
+        help="run scontrol show node/topology (the scontrol on PATH, SLURM_CONF) instead",
+    )
     s.add_argument("--topology-name", help="block topology to use (topology.yaml with several)")
+    s.add_argument(
+        "--nvlink",
+        choices=NVLINK_CHOICES,
+        help="tree topology: NVLink domain = each host, or each leaf switch (default: host "
+        "when every host has 8 GPUs, else required)",
+    )
+    s.add_argument(
+        "--allow",
+        action="append",
+        choices=list(ALLOW_KINDS),
+        metavar="KIND",
+        help="count nodes in this kind of state as usable: "
+        + "; ".join(f"{k}: {why}" for k, why in ALLOW_KINDS.items())
+        + " (repeatable)",
+    )
     common(s)
 
     k = src.add_parser("k8s", help="kubectl get nodes -o json")
