@@ -20,6 +20,7 @@ import pytest
 
 from ntp_opt.app.cli import main
 from ntp_opt.app.importers import slurm
+from ntp_opt.app.importers.compose import PowerDefault
 from ntp_opt.app.importers.hostlist import MAX_HOSTS, Budget, HostlistError, expand
 from ntp_opt.app.importers.slurm import (
     ALLOW_KINDS,
@@ -152,6 +153,10 @@ def test_tree_nodes_on_an_upper_switch_form_their_own_leaf(tmp_path: Path) -> No
     assert [(b.name, b.hosts) for b in read_topology(p)] == [("l1", ["a1", "a2"]), ("top", ["b1"])]
 
 
+#: Block b01 of the GB200 fixture names no GPU product without its XML files.
+GB200_POWER = PowerDefault(1200.0, 1200.0)
+
+
 def _gb200_tree(tmp_path: Path) -> tuple[Path, Path]:
     topo = tmp_path / "topology.conf"
     topo.write_text(
@@ -168,12 +173,12 @@ def test_tree_gb200_needs_a_choice(tmp_path: Path) -> None:
     topo, nodes = _gb200_tree(tmp_path)
     with pytest.raises(InputError, match=r"topology\.conf:1: topology/tree says nothing about "
                        r"NVLink, and host gb-001 has 4 GPUs.*--nvlink leaf"):  # fmt: skip
-        import_slurm(topo, nodes, warn=quiet)
-    G = import_slurm(topo, nodes, warn=quiet, nvlink="leaf")
+        import_slurm(topo, nodes, warn=quiet, power=GB200_POWER)
+    G = import_slurm(topo, nodes, warn=quiet, nvlink="leaf", power=GB200_POWER)
     k = _kinds(G)
     assert {d: v["size"] for d, v in k["domain"].items()} == {"rack1": 72, "rack2": 72}
     assert set(k["rack"]) == {"rack1/rack", "rack2/rack"}
-    H = import_slurm(topo, nodes, warn=quiet, nvlink="host")
+    H = import_slurm(topo, nodes, warn=quiet, nvlink="host", power=GB200_POWER)
     assert len(_kinds(H)["domain"]) == 36 and set(_kinds(H)["rack"]) == {"rack1", "rack2"}
 
 
@@ -539,7 +544,7 @@ def test_recorded_dgx_tree(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -
     """Real Slurm 22.05 output (the test cluster, names substituted): 4 DGX-like nodes."""
     d = ROOT / "tests" / "fixtures" / "import" / "dgx-tree"
     out = tmp_path / "dgx.json"
-    argv = ["import", "slurm", "--topology", str(d / "topology.txt"), "--nodes"]
+    argv = ["import", "slurm", "--topology", str(d / "topology.txt"), "--tdp-w", "700", "--nodes"]
     assert main([*argv, str(d / "nodes.txt"), "--job", str(d / "job.json"), "-o", str(out)]) == 0
     captured = capsys.readouterr()
     assert "32 GPUs (16 failed) on 4 hosts, 4 NVLink domains, 2 racks" in captured.out

@@ -104,7 +104,10 @@ def _import(tmp_path: Path, *extra: str) -> tuple[int, dict[str, object], str]:
     out = tmp_path / "inst.json"
     if out.exists():
         out.unlink()
-    code = main(["import", "slurm", *extra, "--job", str(job), "-o", str(out)])
+    # the test cluster's Gres has no GPU type: the power of its GPUs is given (700 W
+    # H100 boards), never guessed
+    power = ["--tdp-w", "700", "--max-power-w", "700"]
+    code = main(["import", "slurm", *extra, *power, "--job", str(job), "-o", str(out)])
     data = json.loads(out.read_text()) if out.exists() else {}
     return code, data, str(out)
 
