@@ -438,3 +438,91 @@ def test_bench_figures_are_labelled(tmp_path, monkeypatch):
     assert (tmp_path / "goodput.png").read_bytes()[:4] == b"\x89PNG"
     plt.close(good)
     plt.close(gap)
+
+
+# ------------------------------------------- NTP on the pictures, hostile input
+
+
+def _hostile_tiny(tmp: Path, **swap: str) -> tuple[Path, Path]:
+    """tiny.json and its plan with ids swapped: ``{"d0": "<!--<script>"}`` renames ``"d0"``."""
+    inst, plan = TINY.read_text(), TINY_PLAN.read_text()
+    for old, new in swap.items():
+        inst = inst.replace(json.dumps(old), json.dumps(new))
+        plan = plan.replace(json.dumps(old), json.dumps(new))
+    (tmp / "i.json").write_text(inst)
+    (tmp / "p.json").write_text(plan)
+    return tmp / "i.json", tmp / "p.json"
+
+
+def test_map_shows_trays_tp_and_dp_ranks(tiny):
+    # tiny: 6 trays of 2 GPUs; replica 0 on d2 at TP 4, replica 1 on d0 at TP 3
+    # (reduced, job.tp = 4): 3 reduced GPUs, one label per stage "0.0", "1.0"
+    inst, plan = tiny
+    fig, ax = plt.subplots(figsize=(11, 8))
+    nplot.plot_plan(inst, plan, ax=ax)
+    assert len(_by_gid(ax, "trays").get_paths()) == 6
+    assert len(_by_gid(ax, "reduced").get_paths()) == 3
+    assert sorted(t.get_text() for t in ax.texts if t.get_gid() == "dp_rank") == ["0.0", "1.0"]
+    assert "2 replicas (DP), TP 4, 1 reduced (TP 3 x 1)" in ax.get_title()
+    plt.close(fig)
+
+
+def test_cli_plot_reorder_draws_launch_dp_ranks(tmp_path):
+    # tiny-optimal lists the TP 4 replica first; --reorder (as export --reorder)
+    # makes the reduced TP 3 replica DP rank 0
+    def data(*extra):
+        out = tmp_path / "p.html"
+        assert main(["plot", str(TINY), str(TINY_PLAN), "-o", str(out), *extra]) == 0
+        text = out.read_text()
+        return json.loads(re.search(r'type="application/json">(.*?)</script>', text).group(1))
+
+    plain, reordered = data(), data("--reorder")
+    g = plain["gpu"]["id"].index("d0.t0.g1")
+    assert (plain["tp"], plain["gpu"]["rep"][g]) == ([4, 3], 1)
+    assert (reordered["tp"], reordered["gpu"]["rep"][g]) == ([3, 4], 0)
+    assert reordered["tp_summary"].startswith("2 replicas (DP), TP 4, 1 reduced (TP 3 x 1)")
+
+
+def test_html_escapes_script_in_data(tmp_path):
+    inst, plan = _hostile_tiny(tmp_path, d0="<!--<script>", r1="</script><b>x")
+    out = tmp_path / "p.html"
+    assert main(["plot", str(inst), str(plan), "-o", str(out)]) == 0
+    block = re.search(r'type="application/json">(.*?)</script>', out.read_text(), re.S).group(1)
+    assert "<" not in block and ">" not in block
+    data = json.loads(block)
+    assert data["racks"][0]["domains"][0]["id"] == "<!--<script>"
+    assert data["racks"][1]["id"] == "</script><b>x"
+
+
+def test_html_hostile_ids_in_chromium(chromium, tmp_path):
+    inst, plan = _hostile_tiny(tmp_path, d0="<!--<script>")
+    page = tmp_path / "p.html"
+    assert main(["plot", str(inst), str(plan), "-o", str(page)]) == 0
+    dom = _check_page(chromium, page, tmp_path, racks=3, rack_id="r0", gpus=4)
+    assert "domain &lt;!--&lt;script&gt; (4 GPUs in this rack)" in dom
+    # the rack's replicas as strips: r0 holds replica 1 (reduced, one dot), r2 replica 0
+    assert dom.count('class="share"') == 2 and dom.count('class="reduced"') == 1
+    assert dom.count('class="host"') == 2 and dom.count('class="tray"') == 2  # r0's 2 trays
+
+
+def test_plot_dollar_text_is_literal(tmp_path, capsys):
+    inst, plan = _hostile_tiny(tmp_path, tiny="$\\frac{$", r0="cost $5 and $6")
+    for suffix in ("svg", "png", "pdf"):
+        out = tmp_path / f"x.{suffix}"
+        assert main(["plot", str(inst), str(plan), "-o", str(out)]) == 0, capsys.readouterr()
+    fig = nplot.plan_figure(load_instance(inst), load_plan(plan))
+    svg = tmp_path / "text.svg"
+    with matplotlib.rc_context({"svg.fonttype": "none"}):  # text kept as text
+        fig.savefig(svg)
+    plt.close(fig)
+    text = svg.read_text()
+    assert "cost $5 and $6" in text and "$\\frac{$: 12 GPUs" in text
+
+
+def test_cli_plot_dpi_is_bounded(tmp_path, capsys):
+    out = tmp_path / "x.png"
+    assert main(["plot", str(TINY), str(TINY_PLAN), "-o", str(out), "--dpi", "6000"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("ntp-opt: error: --dpi 6000: must be 10 .. 600")
+    assert not out.exists()
+    assert main(["plot", str(TINY), str(TINY_PLAN), "-o", str(out), "--dpi", "600"]) == 0

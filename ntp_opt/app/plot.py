@@ -35,6 +35,7 @@ import colorsys
 import html
 import json
 import math
+from collections import Counter
 from collections.abc import Hashable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal
@@ -52,6 +53,7 @@ if TYPE_CHECKING:  # pragma: no cover
     from ntp_opt.workflows.simulate import SimResult
 
 __all__ = [
+    "FIGURE_SIZE_IN",
     "GPU_LEVEL_MAX",
     "PlanLayout",
     "plan_figure",
@@ -61,6 +63,7 @@ __all__ = [
     "plot_plan",
     "plot_rack_power",
     "replica_color",
+    "tp_summary",
 ]
 
 GPU_LEVEL_MAX = 4096
@@ -70,6 +73,8 @@ SPARE_COLOR = "#c8c8c8"
 FAILED_COLOR = "#ffffff"
 BOOST_EDGE = "#ff7f0e"
 MOVED_EDGE = "#d62fd6"
+FIGURE_SIZE_IN = (11, 10)
+"""Width and height of :func:`plan_figure` in inches."""
 LABEL_MAX = 64
 """Boost labels (watts) are written on the map only up to this many boosted stage parts."""
 
@@ -137,6 +142,11 @@ class PlanLayout:
         Role changed against ``diff`` (all False without it).
     n_stages
         Stages of every replica.
+    tp
+        TP degree of every replica (in plan order: replica ``r`` is DP rank ``r``).
+    tp_base
+        The job's nominal degree ``job.tp``; a replica with ``tp < tp_base``
+        is *reduced*.
     """
 
     replica: np.ndarray
@@ -148,6 +158,14 @@ class PlanLayout:
     boosted: np.ndarray
     moved: np.ndarray
     n_stages: tuple[int, ...]
+    tp: tuple[int, ...] = ()
+    tp_base: int = 0
+
+    @property
+    def reduced(self) -> np.ndarray:
+        """Per GPU: used by a replica running below ``tp_base``."""
+        tps = np.asarray((*self.tp, self.tp_base), dtype=np.int64)
+        return (self.replica >= 0) & (tps[self.replica] < self.tp_base)
 
     def color(self, g: int) -> str:
         """Fill colour of GPU ``g``."""
@@ -233,7 +251,34 @@ def plan_layout(instance: Instance, plan: Plan, diff: Plan | None = None) -> Pla
         boosted=(replica >= 0) & (mult > 1.0 + 1e-9),
         moved=moved,
         n_stages=tuple(len(rep.stages) for rep in plan.replicas),
+        tp=tuple(int(rep.tp) for rep in plan.replicas),
+        tp_base=int(instance.job.tp),
     )
+
+
+def tp_summary(plan: Plan, tp_base: int) -> str:
+    """One line on the TP degrees of a plan: ``8 replicas at TP 32, 3 reduced (TP 31 x 3)``.
+
+    Parameters
+    ----------
+    plan
+        The plan.
+    tp_base
+        The job's nominal degree ``job.tp``.
+
+    Returns
+    -------
+    str
+    """
+    n = plan.n_replicas
+    if n == 0:
+        return "no replica (paused)"
+    low = sorted((r.tp for r in plan.replicas if r.tp < tp_base), reverse=True)
+    text = f"{n} replica{'s' if n != 1 else ''} (DP), TP {tp_base}"
+    if not low:
+        return text + ", none reduced"
+    counts = ", ".join(f"TP {t} x {low.count(t)}" for t in sorted(set(low), reverse=True))
+    return text + f", {len(low)} reduced ({counts})"
 
 
 # ------------------------------------------------------------------ geometry
@@ -275,6 +320,19 @@ def _cross(x: float, y: float, w: float, h: float) -> list[list[tuple[float, flo
     return [[(x, y), (x + w, y + h)], [(x, y + h), (x + w, y)]]
 
 
+def _lit(text: str) -> str:
+    """``text`` as literal matplotlib text: a ``$`` never starts mathtext."""
+    return text.replace("$", r"\$")
+
+
+def _tray_shape(instance: Instance) -> tuple[int, int, int]:
+    """(GPU columns of a tray, rows of a tray, trays side by side) on the GPU map."""
+    a = instance.arrays
+    size = int(np.bincount(a.gpu_tray).max(initial=1)) if a.n_gpus else 1
+    width = min(size, 8)
+    return width, math.ceil(size / width), max(1, 8 // width)
+
+
 def plot_plan(
     instance: Instance,
     plan: Plan,
@@ -284,22 +342,24 @@ def plot_plan(
     level: Literal["auto", "gpu", "domain"] = "auto",
     legend: bool = True,
 ) -> Axes:
-    """Draw the rack x domain x GPU map of a plan.
+    """Draw the rack x domain x tray x GPU map of a plan.
 
     Parameters
     ----------
     instance
         The instance.
     plan
-        A plan for it.
+        A plan for it; replica ``r`` is drawn as DP rank ``r`` (reorder the
+        plan first, e.g. with :func:`ntp_opt.megatron.megatron_order`, to see
+        the ranks of a ``--reorder`` export).
     ax
         Axes to draw on (a new figure when ``None``).
     diff
         An earlier plan: GPUs that moved get a magenta edge (:func:`plan_layout`).
     level
-        ``"gpu"``: one square per GPU; ``"domain"``: one cell per domain part
-        of a rack (dominant replica's colour); ``"auto"``: ``"gpu"`` up to
-        :data:`GPU_LEVEL_MAX` GPUs.
+        ``"gpu"``: one square per GPU, trays (hosts) outlined; ``"domain"``:
+        one cell per domain part of a rack (dominant replica's colour);
+        ``"auto"``: ``"gpu"`` up to :data:`GPU_LEVEL_MAX` GPUs.
     legend
         Draw the legend (below the map).
 
@@ -307,37 +367,51 @@ def plot_plan(
     -------
     matplotlib.axes.Axes
         The axes; its collections carry gids ``"gpus"`` (or ``"domains"``),
-        ``"failed"`` (two segments per cross), ``"stragglers"``, ``"boosted"``
-        and ``"moved"``.
+        ``"trays"`` (one outline per tray, GPU level), ``"failed"`` (two
+        segments per cross), ``"stragglers"``, ``"boosted"``, ``"reduced"``
+        (a dot per GPU or cell of a reduced replica) and ``"moved"``. Every
+        text is literal (a ``$`` in a name is not mathtext).
     """
     plt = _pyplot()
     from matplotlib.collections import LineCollection, PatchCollection
-    from matplotlib.patches import Patch, Rectangle
+    from matplotlib.lines import Line2D
+    from matplotlib.patches import Circle, Patch, Rectangle
 
     if ax is None:
         _, ax = plt.subplots(figsize=(10, 6))
     a = instance.arrays
     lay = plan_layout(instance, plan, diff)
+    reduced = lay.reduced
     racks = _parts(instance)
     if level == "auto":
         level = "gpu" if a.n_gpus <= GPU_LEVEL_MAX else "domain"
     if level not in ("gpu", "domain"):
         raise ValueError(f"level must be 'auto', 'gpu' or 'domain', not {level!r}")
 
-    # Block sizes: a rack is a column of domain parts; a part is a grid of
-    # `per_row` GPUs per row (gpu level) or one cell (domain level).
-    per_row = 8
+    # Block sizes: a rack is a column of domain parts; at the GPU level a part
+    # is a grid of trays (each a tw x th block of GPU squares, `per` side by
+    # side), at the domain level one cell.
+    tw, th, per = _tray_shape(instance)
+    tgap, pgap = 0.3, 0.7
+
+    def part_trays(part: _Part) -> list[np.ndarray]:
+        gpus = part.gpus[np.argsort(a.gpu_tray[part.gpus], kind="stable")]
+        cut = np.flatnonzero(np.diff(a.gpu_tray[gpus])) + 1
+        return list(np.split(gpus, cut))
+
     if level == "gpu":
+        trays = [[part_trays(p) for p in parts] for parts in racks]
         heights = [
-            sum(math.ceil(len(p.gpus) / per_row) for p in parts) + 0.4 * max(0, len(parts) - 1)
-            for parts in racks
+            sum(math.ceil(len(t) / per) * (th + tgap) for t in rt) + pgap * max(0, len(rt) - 1)
+            for rt in trays
         ]
-        block_w = float(per_row)
+        block_w = per * tw + (per - 1) * tgap
     else:
+        trays = []
         heights = [float(len(parts)) for parts in racks]
         block_w = 1.0
     block_h = max(heights, default=1.0) or 1.0
-    gap = 0.25 * block_w if level == "domain" else 1.0
+    gap = 0.25 * block_w if level == "domain" else 2.0
     cols = _grid_cols(len(racks), block_w + gap, block_h + gap)
 
     rects: list[Rectangle] = []
@@ -346,38 +420,59 @@ def plot_plan(
     hatch_rects: list[Rectangle] = []
     boost_rects: list[Rectangle] = []
     moved_rects: list[Rectangle] = []
+    tray_rects: list[Rectangle] = []
+    part_rects: list[Rectangle] = []
+    dots: list[Circle] = []
     labels: list[tuple[float, float, str]] = []
+    ranks: list[tuple[float, float, str]] = []
+    rack_labels: list[tuple[float, float, str]] = []
+
+    def gpu_square(g: int, x: float, yy: float, seen: set[tuple[int, int, int]], pi: int) -> None:
+        rects.append(Rectangle((x + 0.05, yy + 0.05), 0.9, 0.9))
+        colors.append(lay.color(g))
+        if lay.state[g] == FAILED:
+            crosses.extend(_cross(x + 0.15, yy + 0.15, 0.7, 0.7))
+        if lay.straggler[g]:
+            hatch_rects.append(Rectangle((x + 0.05, yy + 0.05), 0.9, 0.9))
+        if reduced[g]:
+            dots.append(Circle((x + 0.78, yy + 0.78), 0.13))
+        if lay.moved[g]:
+            moved_rects.append(Rectangle((x + 0.1, yy + 0.1), 0.8, 0.8))
+        r, s = int(lay.replica[g]), int(lay.stage[g])
+        if r >= 0 and (r, s, pi) not in seen:  # first GPU of a stage in a domain part
+            seen.add((r, s, pi))
+            ranks.append((x + 0.5, yy + 0.5, f"{r}.{s}"))
+            if lay.boosted[g] and (r, s, -1) not in seen:
+                seen.add((r, s, -1))
+                labels.append((x + 0.5, yy + 0.5, f"{lay.watts[g]:.0f} W"))
+        if lay.boosted[g]:
+            boost_rects.append(Rectangle((x + 0.05, yy + 0.05), 0.9, 0.9))
+
+    seen: set[tuple[int, int, int]] = set()
+    pi = 0
     for ri, parts in enumerate(racks):
         x0 = (ri % cols) * (block_w + gap)
         y0 = (ri // cols) * (block_h + gap)
+        rack_labels.append((x0, y0, str(a.rack_ids[ri])))
         y = y0
-        if level == "gpu" and len(racks) <= 256:
-            ax.text(x0, y0 - 0.1, str(a.rack_ids[ri]), fontsize=5, va="bottom", gid="rack_label")
-        for part in parts:
+        for k_part, part in enumerate(parts):
             gpus = part.gpus
             if level == "gpu":
-                stage_seen: set[tuple[int, int]] = set()
-                for k, g in enumerate(gpus):
-                    x, yy = x0 + k % per_row, y + k // per_row
-                    rect = Rectangle((x + 0.05, yy + 0.05), 0.9, 0.9)
-                    rects.append(rect)
-                    colors.append(lay.color(int(g)))
-                    if lay.state[g] == FAILED:
-                        crosses += _cross(x + 0.15, yy + 0.15, 0.7, 0.7)
-                    if lay.straggler[g]:
-                        hatch_rects.append(Rectangle((x + 0.05, yy + 0.05), 0.9, 0.9))
-                    if lay.boosted[g]:
-                        boost_rects.append(Rectangle((x + 0.05, yy + 0.05), 0.9, 0.9))
-                        key = (int(lay.replica[g]), int(lay.stage[g]))
-                        if key not in stage_seen:
-                            stage_seen.add(key)
-                            labels.append((x + 0.5, yy + 0.5, f"{lay.watts[g]:.0f} W"))
-                    if lay.moved[g]:
-                        moved_rects.append(Rectangle((x + 0.1, yy + 0.1), 0.8, 0.8))
-                y += math.ceil(len(gpus) / per_row) + 0.4
+                pt = trays[ri][k_part]
+                h = math.ceil(len(pt) / per) * (th + tgap) - tgap
+                part_rects.append(Rectangle((x0 - 0.15, y - 0.15), block_w + 0.3, h + 0.3))
+                for t, tg in enumerate(pt):
+                    tx = x0 + (t % per) * (tw + tgap)
+                    ty = y + (t // per) * (th + tgap)
+                    tray_rects.append(
+                        Rectangle((tx, ty), min(len(tg), tw), math.ceil(len(tg) / tw))
+                    )
+                    for k, g in enumerate(tg):
+                        gpu_square(int(g), tx + k % tw, ty + k // tw, seen, pi)
+                pi += 1
+                y += h + tgap + pgap
             else:
-                rect = Rectangle((x0, y), 0.9, 0.9)
-                rects.append(rect)
+                rects.append(Rectangle((x0, y), 0.9, 0.9))
                 used = lay.replica[gpus]
                 used = used[used >= 0]
                 if len(used):
@@ -390,19 +485,33 @@ def plot_plan(
                 else:
                     colors.append(SPARE_COLOR)
                 if (lay.state[gpus] == FAILED).any():
-                    crosses += _cross(x0 + 0.1, y + 0.1, 0.7, 0.7)
+                    crosses.extend(_cross(x0 + 0.1, y + 0.1, 0.7, 0.7))
                 if lay.straggler[gpus].any():
                     hatch_rects.append(Rectangle((x0, y), 0.9, 0.9))
                 if lay.boosted[gpus].any():
                     boost_rects.append(Rectangle((x0, y), 0.9, 0.9))
+                if reduced[gpus].any():
+                    dots.append(Circle((x0 + 0.7, y + 0.7), 0.15))
                 if lay.moved[gpus].any():
                     moved_rects.append(Rectangle((x0 + 0.08, y + 0.08), 0.74, 0.74))
                 y += 1.0
 
+    small = len(rects) <= 1024
+    if part_rects:
+        pcol = PatchCollection(
+            part_rects, facecolors="#eef2f8", edgecolors="#9aa7bd", linewidths=0.5
+        )
+        pcol.set_gid("domain_parts")
+        ax.add_collection(pcol)
     cells = PatchCollection(rects, facecolors=colors, edgecolors="none", linewidths=0)
     cells.set_gid("gpus" if level == "gpu" else "domains")
     ax.add_collection(cells)
-    small = len(rects) <= 1024
+    if level == "gpu":
+        tcol = PatchCollection(
+            tray_rects, facecolors="none", edgecolors="#333333", linewidths=0.8 if small else 0.4
+        )
+        tcol.set_gid("trays")
+        ax.add_collection(tcol)
     hatch = PatchCollection(
         hatch_rects, facecolors="none", edgecolors="#333333", linewidths=0, hatch="////"
     )
@@ -418,29 +527,72 @@ def plot_plan(
     )
     moved.set_gid("moved")
     ax.add_collection(moved)
+    dcol = PatchCollection(dots, facecolors="black", edgecolors="white", linewidths=0.3)
+    dcol.set_gid("reduced")
+    ax.add_collection(dcol)
     cross = LineCollection(crosses, colors="black", linewidths=1.0 if small else 0.5)
     cross.set_gid("failed")
     ax.add_collection(cross)
-    if level == "gpu" and len(labels) <= LABEL_MAX:
-        for x, y, text in labels:
-            ax.text(x, y, text, fontsize=6, ha="left", va="center", color="black", gid="watts")
 
     rows = math.ceil(len(racks) / cols) if racks else 1
-    ax.set_xlim(-gap / 2, cols * (block_w + gap) - gap / 2)
+    width_units = cols * (block_w + gap)
+    ax.set_xlim(-gap / 2, width_units - gap / 2)
     ax.set_ylim(rows * (block_h + gap) - gap / 2, -gap / 2)  # rack 0 at the top left
     ax.set_aspect("equal")
+    # Text only where it fits: a map unit is about this many points wide.
+    unit_pt = 72 * ax.figure.get_figwidth() * ax.get_position().width / width_units
+    rack_pt = min(9.0, (block_w + gap) * unit_pt / max(3, *(len(t) for *_, t in rack_labels)) * 1.6)
+    if rack_pt >= 5:
+        for x, y, text in rack_labels:
+            ax.text(x, y - 0.2, _lit(text), fontsize=rack_pt, va="bottom", gid="rack_label")
+    cell_pt = unit_pt * 0.9
+    if level == "gpu" and cell_pt >= 9 and len(ranks) <= 512:
+        # DP rank.stage on the first GPU of every stage in a domain part
+        for x, y, text in ranks:
+            ax.text(
+                x,
+                y,
+                text,
+                fontsize=min(7.0, cell_pt / 2.2),
+                ha="center",
+                va="center",
+                gid="dp_rank",
+            )
+    if level == "gpu" and len(labels) <= LABEL_MAX and cell_pt >= 8:
+        for x, y, text in labels:
+            ax.text(
+                x,
+                y + 0.9,
+                text,
+                fontsize=6,
+                ha="left",
+                va="center",
+                color="black",
+                gid="watts",
+                bbox={"boxstyle": "square,pad=0.1", "fc": "white", "ec": "none", "alpha": 0.8},
+            )
     ax.set_xticks([])
     ax.set_yticks([])
     for side in ("top", "right", "bottom", "left"):
         ax.spines[side].set_visible(False)
-    ev_title = (
-        f"{instance.name}: {a.n_gpus:,} GPUs in {len(racks)} racks, {plan.n_replicas} replicas"
-        f" ({'one square per GPU' if level == 'gpu' else 'one cell per domain in a rack'})"
+    what = (
+        "one square per GPU, trays outlined" if level == "gpu" else "one cell per domain in a rack"
     )
-    ax.set_title(ev_title, fontsize=10)
+    ax.set_title(
+        _lit(
+            f"{instance.name}: {a.n_gpus:,} GPUs in {len(racks)} racks ({what})\n"
+            + tp_summary(plan, lay.tp_base)
+            + (f", PP {max(lay.n_stages)}" if lay.n_stages else "")
+        ),
+        fontsize=10,
+    )
     if legend:
+        watts = Counter(round(float(lay.watts[g])) for g in np.flatnonzero(lay.boosted))
+        boost_text = ", ".join(f"{w} W x {n}" for w, n in sorted(watts.items(), reverse=True)[:3])
+        if len(watts) > 3:
+            boost_text += ", ..."
         handles = [
-            Patch(facecolor=replica_color(0), label="replica (hue), stage (shade)"),
+            Patch(facecolor=replica_color(0), label="replica (hue), stage (shade); label DP.stage"),
             Patch(facecolor=SPARE_COLOR, label=f"spare ({int((lay.state == SPARE).sum())})"),
             Patch(
                 facecolor=FAILED_COLOR,
@@ -456,9 +608,21 @@ def plot_plan(
             Patch(
                 facecolor="white",
                 edgecolor=BOOST_EDGE,
-                label=f"boosted, W = tdp x multiplier ({int(lay.boosted.sum())})",
+                label=f"boosted ({int(lay.boosted.sum())} GPUs"
+                + (f": {boost_text})" if boost_text else ")"),
+            ),
+            Line2D(
+                [],
+                [],
+                marker="o",
+                ls="none",
+                color="black",
+                markersize=4,
+                label=f"reduced TP, below {lay.tp_base} ({int(reduced.sum())} GPUs)",
             ),
         ]
+        if level == "gpu":
+            handles.append(Patch(facecolor="none", edgecolor="#333333", label="tray (host)"))
         if diff is not None:
             handles.append(
                 Patch(
@@ -532,7 +696,7 @@ def plot_rack_power(instance: Instance, plan: Plan, ax: Axes | None = None) -> A
         fontsize=10,
     )
     if len(xs) <= 40:
-        ax.set_xticks(xs, [str(r) for r in a.rack_ids], rotation=90, fontsize=7)
+        ax.set_xticks(xs, [_lit(str(r)) for r in a.rack_ids], rotation=90, fontsize=7)
     ax.legend(fontsize=7, loc="lower right")
     return ax
 
@@ -618,7 +782,7 @@ def plan_figure(instance: Instance, plan: Plan, diff: Plan | None = None) -> Fig
     """
     plt = _pyplot()
     fig, (top, bottom) = plt.subplots(
-        2, 1, figsize=(11, 10), gridspec_kw={"height_ratios": [3.2, 1]}, layout="constrained"
+        2, 1, figsize=FIGURE_SIZE_IN, gridspec_kw={"height_ratios": [3.2, 1]}, layout="constrained"
     )
     plot_plan(instance, plan, ax=top, diff=diff)
     plot_rack_power(instance, plan, ax=bottom)
@@ -645,6 +809,11 @@ def _html_data(instance: Instance, plan: Plan, diff: Plan | None) -> dict[str, A
         "site_w": ev.site_power_w,
         "site_budget_w": a.site_budget,
         "diff": diff is not None,
+        "tp_summary": tp_summary(plan, lay.tp_base)
+        + (f", PP {max(lay.n_stages)}" if lay.n_stages else ""),
+        "tp": list(lay.tp),
+        "tp_base": lay.tp_base,
+        "trays": [ident(t) for t in a.tray_ids],
         "palette": palette,
         "spare": SPARE_COLOR,
         "failed_color": FAILED_COLOR,
@@ -659,6 +828,7 @@ def _html_data(instance: Instance, plan: Plan, diff: Plan | None) -> dict[str, A
             "watts": [round(float(x), 1) for x in lay.watts],
             "mult": [round(float(x), 4) for x in lay.multiplier],
             "moved": lay.moved.astype(int).tolist(),
+            "tray": a.gpu_tray.tolist(),
         },
         "racks": [
             {
@@ -724,7 +894,7 @@ function marks(g, x, y, s, parent, counts) {
   if (counts.failed) {
     el("path", {d: `M${x + s * .15} ${y + s * .15}L${x + s * .85} ${y + s * .85}` +
       `M${x + s * .85} ${y + s * .15}L${x + s * .15} ${y + s * .85}`,
-      stroke: "#000", "stroke-width": Math.max(1, s / 10)}, parent);
+      stroke: "#000", "stroke-width": g === null ? 1.5 : Math.max(1, s / 10)}, parent);
   }
   if (counts.straggler) el("rect", {x, y, width: s, height: s, fill: "url(#hatch)"}, parent);
   if (counts.boosted) el("rect", {x: x + 1, y: y + 1, width: s - 2, height: s - 2, fill: "none",
@@ -734,13 +904,14 @@ function marks(g, x, y, s, parent, counts) {
 }
 function rackStats(rack) {
   const st = {gpus: 0, used: 0, spare: 0, failed: 0, straggler: 0, boosted: 0, moved: 0,
-    reps: new Map()};
+    reps: new Map(), byRep: new Map()};
   for (const dom of rack.domains) for (const g of dom.gpus) {
     st.gpus++; st[STATE[G.state[g]]]++;
     if (G.speed[g] < 1) st.straggler++;
     if (G.rep[g] >= 0 && G.mult[g] > 1 + 1e-9) st.boosted++;
     if (G.moved[g]) st.moved++;
     if (G.rep[g] >= 0) {
+      st.byRep.set(G.rep[g], (st.byRep.get(G.rep[g]) || 0) + 1);
       const k = G.rep[g] + "," + G.stage[g];
       st.reps.set(k, (st.reps.get(k) || 0) + 1);
     }
@@ -749,7 +920,9 @@ function rackStats(rack) {
   for (const [k, c] of st.reps) if (c > n) { best = k; n = c; }
   st.fill = best === null ? (st.failed === st.gpus ? D.failed_color : D.spare)
     : D.palette[+best.split(",")[0]][+best.split(",")[1]];
-  st.replicas = new Set([...st.reps.keys()].map(k => k.split(",")[0])).size;
+  st.replicas = st.byRep.size;
+  st.shares = [...st.byRep.entries()].sort((p, q) => q[1] - p[1] || p[0] - q[0]);
+  st.reduced = st.shares.some(([r]) => D.tp[r] < D.tp_base);
   return st;
 }
 const tip = document.getElementById("tip");
@@ -759,18 +932,24 @@ function showTip(ev, text) {
   tip.style.top = (ev.clientY + 12) + "px";
 }
 function hideTip() { tip.style.display = "none"; }
-function gpuText(g) {
+function tpText(r) {
+  return `TP ${D.tp[r]}` + (D.tp[r] < D.tp_base ? ` (reduced from ${D.tp_base})` : "");
+}
+function gpuText(g, dom) {
   const r = G.rep[g];
-  return `GPU ${G.id[g]}\\nstate ${STATE[G.state[g]]}${G.speed[g] < 1 ? " (straggler)" : ""}` +
+  return `GPU ${G.id[g]}\\nhost (tray) ${D.trays[G.tray[g]]}\\ndomain ${dom}` +
+    `\\nstate ${STATE[G.state[g]]}${G.speed[g] < 1 ? " (straggler)" : ""}` +
     `\\nspeed ${G.speed[g]}` +
-    (r >= 0 ? `\\nreplica ${r}, stage ${G.stage[g]}\\npower ${fmt(G.watts[g])} W` +
+    (r >= 0 ? `\\nDP rank ${r}, stage (PP rank) ${G.stage[g]}, ${tpText(r)}` +
+      `\\npower ${fmt(G.watts[g])} W` +
       ` (x${G.mult[g]})` : `\\npower ${fmt(G.watts[g])} W`) +
     (D.diff ? `\\n${G.moved[g] ? "moved" : "unchanged"} vs old plan` : "");
 }
 function legend() {
   const items = [[D.palette.length ? D.palette[0][0] : D.spare, "replica (hue), stage (shade)"],
     [D.spare, "spare"], [D.failed_color, "failed (crossed)"], ["url", "straggler (hatched)"],
-    ["boost", "boosted (orange edge; W = tdp x multiplier)"]];
+    ["boost", "boosted (orange edge; W = tdp x multiplier)"],
+    ["dot", "reduced TP replica (black dot)"]];
   if (D.diff) items.push(["moved", "moved vs old plan (magenta edge)"]);
   const L = document.getElementById("legend");
   for (const [c, t] of items) {
@@ -779,6 +958,9 @@ function legend() {
       i.style.background = "repeating-linear-gradient(45deg,#333 0 1px,#fff 1px 4px)";
     }
     else if (c === "boost") i.style.border = "2px solid " + D.boost;
+    else if (c === "dot") {
+      i.style.background = "radial-gradient(circle,#000 0 3px,#fff 3.5px)";
+    }
     else if (c === "moved") i.style.border = "2px solid " + D.moved_color;
     else i.style.background = c;
     s.appendChild(i); s.appendChild(document.createTextNode(t)); L.appendChild(s);
@@ -797,16 +979,36 @@ function overview() {
     const grp = el("g", {"class": "rack", "data-rack": i}, svg);
     el("rect", {"class": "bg", x, y, width: size, height: size, fill: st.fill,
       stroke: "#999", "stroke-width": .5}, grp);
+    // one vertical strip per replica, as wide as its share of the rack's GPUs
+    let sx = x;
+    for (const [r, n] of st.shares) {
+      const w = size * n / st.gpus;
+      el("rect", {"class": "share", "data-rep": r, x: sx, y, width: w, height: size - 3,
+        fill: D.palette[r][0]}, grp);
+      if (D.tp[r] < D.tp_base && w >= 4) {
+        el("circle", {"class": "reduced", cx: sx + w / 2, cy: y + size * .25,
+          r: Math.max(1.5, Math.min(4, w / 4)), fill: "#000", stroke: "#fff",
+          "stroke-width": .5}, grp);
+      }
+      sx += w;
+    }
     // power bar along the bottom: draw / budget
     const frac = rack.budget > 0 ? Math.min(1, rack.power / rack.budget) : 0;
     el("rect", {x, y: y + size - 3, width: size * frac, height: 3,
       fill: rack.power > rack.budget * (1 + 1e-6) ? "#d62728" : "#333"}, grp);
     marks(null, x, y, size, grp, st);
+    if (size >= 30) {
+      const rl = el("text", {x: x + 2, y: y + 11, "font-size": 10, "class": "rack-id",
+        stroke: "#fff", "stroke-width": 2.5, "paint-order": "stroke"}, grp);
+      rl.textContent = rack.id;
+    }
     grp.addEventListener("mousemove", ev => showTip(ev,
       `rack ${rack.id}: ${st.gpus} GPUs in ${rack.domains.length} domain part(s)\\n` +
       `${st.used} used, ${st.spare} spare, ${st.failed} failed, ${st.straggler} stragglers\\n` +
-      `${st.replicas} replica(s), ${st.boosted} boosted GPUs` +
-      (D.diff ? `, ${st.moved} moved` : "") +
+      `${st.boosted} boosted GPUs` + (D.diff ? `, ${st.moved} moved` : "") +
+      `\\n${st.replicas} replica(s):` +
+      st.shares.slice(0, 8).map(([r, n]) => `\\n  DP rank ${r}: ${n} GPUs, ${tpText(r)}`).join("") +
+      (st.shares.length > 8 ? `\\n  ... ${st.shares.length - 8} more` : "") +
       `\\npower ${fmt(rack.power)} of ${fmt(rack.budget)} W\\nclick for its GPUs`));
     grp.addEventListener("mouseleave", hideTip);
     grp.addEventListener("click", () => { location.hash = "rack=" + encodeURIComponent(rack.id); });
@@ -826,38 +1028,64 @@ function detail(i) {
   t.textContent = `rack ${rack.id}: ${st.gpus} GPUs, power ${fmt(rack.power)} of ` +
     `${fmt(rack.budget)} W `;
   head.appendChild(t); head.appendChild(b); box.appendChild(head);
-  const s = 36, gap = 3, per = 16, lab = 110;
-  let rows = 0;
-  for (const dom of rack.domains) rows += Math.ceil(dom.gpus.length / per);
-  const svg = el("svg", {width: lab + per * (s + gap) + 4,
-    height: rows * (s + gap) + rack.domains.length * 8 + 4, id: "gpus"});
+  const s = 40, gap = 3, per = 16, line = 18;
+  // a domain: its full id on a line, then one row per tray (host), named
+  const blocks = rack.domains.map(dom => {
+    const byTray = new Map();
+    for (const g of dom.gpus) {
+      if (!byTray.has(G.tray[g])) byTray.set(G.tray[g], []);
+      byTray.get(G.tray[g]).push(g);
+    }
+    return {dom, trays: [...byTray.entries()]};
+  });
+  let lab = 60, height = 4;
+  for (const b of blocks) {
+    height += line;
+    for (const [t, gs] of b.trays) {
+      lab = Math.max(lab, 7 * String(D.trays[t]).length + 12);
+      height += Math.ceil(gs.length / per) * (s + gap) + 4;
+    }
+    height += 6;
+  }
+  const svg = el("svg", {width: lab + per * (s + gap) + 8, height, id: "gpus"});
   defs(svg);
   let y = 2;
-  for (const dom of rack.domains) {
-    const txt = el("text", {x: 0, y: y + s * .7, "font-size": 12}, svg);
-    txt.textContent = "domain " + dom.id;
-    dom.gpus.forEach((g, k) => {
-      const x = lab + (k % per) * (s + gap), yy = y + Math.floor(k / per) * (s + gap);
-      const grp = el("g", {"class": "gpu", "data-gpu": g}, svg);
-      el("rect", {x, y: yy, width: s, height: s, fill: color(g), stroke: "#999",
-        "stroke-width": .5}, grp);
-      marks(g, x, yy, s, grp, {failed: G.state[g] === 2, straggler: G.speed[g] < 1,
-        boosted: G.rep[g] >= 0 && G.mult[g] > 1 + 1e-9, moved: G.moved[g]});
-      if (G.rep[g] >= 0) {
-        const boosted = G.mult[g] > 1 + 1e-9;
-        const lt = el("text", {x: x + s / 2, y: yy + s * (boosted ? .42 : .6), "font-size": 9,
-          "text-anchor": "middle"}, grp);
-        lt.textContent = G.rep[g] + "." + G.stage[g];
-        if (boosted) {
-          const wt = el("text", {x: x + s / 2, y: yy + s * .8, "font-size": 8,
-            "text-anchor": "middle"}, grp);
-          wt.textContent = Math.round(G.watts[g]) + " W";
+  for (const {dom, trays} of blocks) {
+    const txt = el("text", {x: 0, y: y + 13, "font-size": 13, "font-weight": "bold",
+      "class": "domain"}, svg);
+    txt.textContent = `domain ${dom.id} (${dom.gpus.length} GPUs in this rack)`;
+    y += line;
+    for (const [t, gs] of trays) {
+      const rows = Math.ceil(gs.length / per);
+      el("rect", {x: lab - 3, y: y - 2, width: Math.min(gs.length, per) * (s + gap) + 3,
+        height: rows * (s + gap) + 1, fill: "none", stroke: "#333", "class": "tray"}, svg);
+      const tl = el("text", {x: 4, y: y + s * .6, "font-size": 12, "class": "host"}, svg);
+      tl.textContent = String(D.trays[t]);
+      gs.forEach((g, k) => {
+        const x = lab + (k % per) * (s + gap), yy = y + Math.floor(k / per) * (s + gap);
+        const grp = el("g", {"class": "gpu", "data-gpu": g}, svg);
+        el("rect", {x, y: yy, width: s, height: s, fill: color(g), stroke: "#999",
+          "stroke-width": .5}, grp);
+        const r = G.rep[g], boosted = r >= 0 && G.mult[g] > 1 + 1e-9;
+        marks(g, x, yy, s, grp, {failed: G.state[g] === 2, straggler: G.speed[g] < 1,
+          boosted, moved: G.moved[g]});
+        if (r >= 0) {
+          const lines = [`${r}.${G.stage[g]}`];
+          if (D.tp[r] < D.tp_base) lines.push(`tp${D.tp[r]}`);
+          if (boosted) lines.push(Math.round(G.watts[g]) + " W");
+          lines.forEach((text, n) => {
+            const lt = el("text", {x: x + s / 2, y: yy + 11 + n * 11, "font-size": 10,
+              "text-anchor": "middle", "font-weight": n === 1 && lines.length > 1 &&
+              text.startsWith("tp") ? "bold" : "normal"}, grp);
+            lt.textContent = text;
+          });
         }
-      }
-      grp.addEventListener("mousemove", ev => showTip(ev, gpuText(g)));
-      grp.addEventListener("mouseleave", hideTip);
-    });
-    y += Math.ceil(dom.gpus.length / per) * (s + gap) + 8;
+        grp.addEventListener("mousemove", ev => showTip(ev, gpuText(g, dom.id)));
+        grp.addEventListener("mouseleave", hideTip);
+      });
+      y += rows * (s + gap) + 4;
+    }
+    y += 6;
   }
   box.appendChild(svg);
 }
@@ -867,11 +1095,12 @@ function route() {
   detail(id === null ? -1 : D.racks.findIndex(r => r.id === id));
 }
 document.getElementById("title").textContent = `${D.name}: ${G.id.length.toLocaleString(
-  "en-US")} GPUs, ${D.racks.length} racks, ${D.palette.length} replicas`;
+  "en-US")} GPUs, ${D.racks.length} racks; ${D.tp_summary}`;
 document.getElementById("sub").textContent = (D.policy ? `policy ${D.policy}, ` : "") +
   `relative goodput ${D.relative_goodput.toFixed(4)}` + (D.feasible ? "" : " (INFEASIBLE plan)") +
   `, site power ${fmt(D.site_w)} of ${fmt(D.site_budget_w)} W. One square per rack ` +
-  "(colour: replica/stage holding most of its GPUs; bar: power / budget); click a rack.";
+  "(one strip per replica, as wide as its share of the rack's GPUs; bar: power / budget);" +
+  " click a rack. GPU labels: DP rank.stage, tpN when reduced, watts when boosted.";
 legend();
 overview();
 window.addEventListener("hashchange", route);
@@ -900,6 +1129,7 @@ def plan_html(instance: Instance, plan: Plan, diff: Plan | None = None) -> str:
         The page.
     """
     data = json.dumps(_html_data(instance, plan, diff), separators=(",", ":"))
-    # inside <script>, "</" must not appear literally
-    data = data.replace("</", "<\\/")
+    # Inside <script> no "<" may appear at all ("</script>", "<!--" would end
+    # or swallow the block): JSON reads the escapes back as the same text.
+    data = data.replace("<", "\\u003c").replace(">", "\\u003e").replace("&", "\\u0026")
     return _PAGE.replace("__TITLE__", html.escape(instance.name)).replace("__DATA__", data)

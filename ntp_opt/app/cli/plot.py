@@ -6,10 +6,14 @@ import argparse
 from pathlib import Path
 from typing import Any
 
+from ntp_opt.app.plot import FIGURE_SIZE_IN
 from ntp_opt.model.files import (
     load_instance,
     load_plan,
 )
+
+DPI_MIN, DPI_MAX = 10, 600
+"""Bounds of ``--dpi``: at 600 dpi the figure is 6,600 x 6,000 pixels (about 160 MB of RGBA)."""
 
 
 def run(args: argparse.Namespace) -> int:
@@ -24,8 +28,18 @@ def run(args: argparse.Namespace) -> int:
         raise ValueError(f"{out}: -o must end in .svg, .png, .pdf or .html")
     from ntp_opt.app.plot import plan_layout
 
+    if not DPI_MIN <= args.dpi <= DPI_MAX:
+        w, h = FIGURE_SIZE_IN
+        raise ValueError(
+            f"--dpi {args.dpi}: must be {DPI_MIN} .. {DPI_MAX} (the figure is {w} x {h} inches; "
+            f"{args.dpi} dpi would be {round(w * args.dpi):,} x {round(h * args.dpi):,} pixels)"
+        )
     instance = load_instance(args.instance)
     plan = load_plan(args.plan)
+    if args.reorder:
+        from ntp_opt.planners.megatron import megatron_order
+
+        plan = megatron_order(plan, instance.job.tp)
     diff = load_plan(args.diff) if args.diff is not None else None
     for file, p in ((args.plan, plan), (args.diff, diff)):
         try:
@@ -73,5 +87,16 @@ def add_parser(sub: Any) -> None:
         help="FILE.svg, FILE.png, FILE.pdf (matplotlib) or FILE.html (self-contained page)",
     )
     pl.add_argument("--diff", metavar="OLD_PLAN", help="earlier plan: mark the GPUs that moved")
-    pl.add_argument("--dpi", type=int, default=110, help="resolution of a .png (default 110)")
+    pl.add_argument(
+        "--dpi",
+        type=int,
+        default=110,
+        help=f"resolution of a .png ({DPI_MIN} .. {DPI_MAX}, default 110)",
+    )
+    pl.add_argument(
+        "--reorder",
+        action="store_true",
+        help="reduced replicas first, as `export --reorder` launches them: "
+        "the DP ranks drawn are then the launch files' ranks",
+    )
     pl.set_defaults(func=run)
