@@ -14,8 +14,11 @@ with an overview per rack and a drill-down to the domains and GPUs of a rack.
 
 What the map shows (``docs/plot.md``):
 
-- every GPU is a square, grouped by NVLink domain inside its rack; its colour
-  is its replica (hue) and pipeline stage (shade);
+- the title gives the degrees (DP, TP and the reduced replicas by degree, PP);
+- every GPU is a square, grouped by tray (host, outlined) and NVLink domain
+  inside its rack; its colour is its replica (hue) and pipeline stage
+  (shade); replica ``r`` is DP rank ``r`` (labelled ``r.stage`` where legible);
+- GPUs of a reduced replica (TP below ``job.tp``) carry a black dot;
 - failed GPUs are crossed, stragglers (``speed < 1``) hatched, healthy GPUs
   the plan does not use (spares) grey;
 - GPUs of a boosted stage (power multiplier above 1) have an orange edge and,
@@ -540,7 +543,8 @@ def plot_plan(
     ax.set_ylim(rows * (block_h + gap) - gap / 2, -gap / 2)  # rack 0 at the top left
     ax.set_aspect("equal")
     # Text only where it fits: a map unit is about this many points wide.
-    unit_pt = 72 * ax.figure.get_figwidth() * ax.get_position().width / width_units
+    fig_w = float(ax.get_figure(root=True).get_size_inches()[0])  # type: ignore[union-attr]
+    unit_pt = 72 * fig_w * ax.get_position().width / width_units
     rack_pt = min(9.0, (block_w + gap) * unit_pt / max(3, *(len(t) for *_, t in rack_labels)) * 1.6)
     if rack_pt >= 5:
         for x, y, text in rack_labels:
@@ -979,18 +983,24 @@ function overview() {
     const grp = el("g", {"class": "rack", "data-rack": i}, svg);
     el("rect", {"class": "bg", x, y, width: size, height: size, fill: st.fill,
       stroke: "#999", "stroke-width": .5}, grp);
-    // one vertical strip per replica, as wide as its share of the rack's GPUs
+    // one vertical strip per replica (replica by replica, its stages' shades),
+    // as wide as its share of the rack's GPUs; a dot on a reduced replica
     let sx = x;
-    for (const [r, n] of st.shares) {
-      const w = size * n / st.gpus;
-      el("rect", {"class": "share", "data-rep": r, x: sx, y, width: w, height: size - 3,
-        fill: D.palette[r][0]}, grp);
-      if (D.tp[r] < D.tp_base && w >= 4) {
-        el("circle", {"class": "reduced", cx: sx + w / 2, cy: y + size * .25,
-          r: Math.max(1.5, Math.min(4, w / 4)), fill: "#000", stroke: "#fff",
-          "stroke-width": .5}, grp);
+    for (const [r] of [...st.shares].sort((p, q) => p[0] - q[0])) {
+      const x1 = sx;
+      for (let k = 0; k < D.palette[r].length; k++) {
+        const n = st.reps.get(r + "," + k) || 0;
+        if (!n) continue;
+        const w = size * n / st.gpus;
+        el("rect", {"class": "share", "data-rep": r, x: sx, y, width: w, height: size - 3,
+          fill: D.palette[r][k]}, grp);
+        sx += w;
       }
-      sx += w;
+      if (D.tp[r] < D.tp_base && sx - x1 >= 4) {
+        el("circle", {"class": "reduced", cx: (x1 + sx) / 2, cy: y + size - 9,
+          r: Math.max(1.5, Math.min(4, (sx - x1) / 4)), fill: "#000", stroke: "#fff",
+          "stroke-width": 1}, grp);
+      }
     }
     // power bar along the bottom: draw / budget
     const frac = rack.budget > 0 ? Math.min(1, rack.power / rack.budget) : 0;
@@ -1018,7 +1028,14 @@ function overview() {
 function detail(i) {
   const box = document.getElementById("detail");
   box.textContent = "";
+  for (const r of document.querySelectorAll("rect.open")) r.remove();
   if (i < 0) return;
+  const bg = document.querySelector(`g[data-rack="${i}"] rect.bg`);
+  if (bg) {  // the opened rack, outlined in the overview
+    el("rect", {"class": "open", x: +bg.getAttribute("x") - 1.5, y: +bg.getAttribute("y") - 1.5,
+      width: +bg.getAttribute("width") + 3, height: +bg.getAttribute("height") + 3,
+      fill: "none", stroke: "#000", "stroke-width": 3}, bg.parentNode);
+  }
   const rack = D.racks[i], st = rackStats(rack);
   const head = document.createElement("div");
   head.innerHTML = "";
@@ -1112,11 +1129,13 @@ route();
 def plan_html(instance: Instance, plan: Plan, diff: Plan | None = None) -> str:
     """One self-contained HTML page showing a plan (no network access needed).
 
-    The page shows one square per rack (colour of the replica and stage
-    holding most of its GPUs, marks for failed, straggling, boosted and moved
-    GPUs, a bar for power against budget) and, on a click or with
-    ``#rack=ID`` in the address, the rack's domains and GPUs with tooltips
-    (GPU id, state, speed, replica, stage, power in watts).
+    The page shows one square per rack (one strip per replica as wide as its
+    share of the rack's GPUs, a dot on reduced replicas, marks for failed,
+    straggling, boosted and moved GPUs, a bar for power against budget) and,
+    on a click or with ``#rack=ID`` in the address, the rack's domains (full
+    ids) and trays (hosts, one row each) with tooltips (GPU id, host, state,
+    speed, DP rank, stage, TP degree, power in watts). Ids are data, never
+    markup: no ``<`` reaches the page inside the embedded JSON.
 
     Parameters
     ----------
