@@ -526,3 +526,55 @@ def test_cli_plot_dpi_is_bounded(tmp_path, capsys):
     assert len(err) == 1 and err[0].startswith("ntp-opt: error: --dpi 6000: must be 10 .. 600")
     assert not out.exists()
     assert main(["plot", str(TINY), str(TINY_PLAN), "-o", str(out), "--dpi", "600"]) == 0
+
+
+def test_html_rack_strips_are_replica_shares_in_chromium(chromium, tmp_path):
+    # one rack of two domains of 4 GPUs: replica 0 (TP 4) on domain 0, replica
+    # 1 (TP 3, reduced) on 3 GPUs of domain 1; the rack square (56 px) is split
+    # 4/8 and 3/8 -> strips 28 and 21 px wide, the reduced one dotted
+    inst = make_instance(
+        domains=2, size=4, tray=2, trays_per_rack=4, tp=4, pp=1, dp=2, global_batch=8, name="shares"
+    )
+    a = inst.arrays
+    assert len(a.rack_ids) == 1
+    gpus = [[a.gpu_ids[g] for g in a.domain_gpus[i]] for i in range(2)]
+    plan = Plan(
+        inst.name,
+        (
+            Replica(4, 4, (_stage(a.domain_ids[0], gpus[0]),)),
+            Replica(3, 4, (_stage(a.domain_ids[1], gpus[1][:3]),)),
+        ),
+    )
+    from ntp_opt.model.files import save_instance
+
+    plan = plan.with_metrics(**evaluate(inst, plan).as_metrics())
+    save_instance(inst, tmp_path / "i.json")
+    save_plan(plan, tmp_path / "p.json")
+    page = tmp_path / "p.html"
+    assert main(["plot", str(tmp_path / "i.json"), str(tmp_path / "p.json"), "-o", str(page)]) == 0
+    dom = _check_page(chromium, page, tmp_path, racks=1, rack_id=str(a.rack_ids[0]), gpus=8)
+    widths = sorted(float(w) for w in re.findall(r'class="share"[^>]*width="([0-9.]+)"', dom))
+    assert widths == [21, 28]
+    assert dom.count('class="reduced"') == 1
+    assert dom.count('class="host"') == 4  # 4 trays of 2 GPUs, one row each
+    assert "0 failed, 0 stragglers, 1 spare GPUs; no rack over budget" in dom
+
+
+def test_map_4k_texts_do_not_overlap():
+    # default.json: 4,096 GPUs, 3 boosted replicas; no two texts of the map
+    # (rack names, DP labels, watts) may overlap once drawn
+    from ntp_opt import solve
+
+    inst = load_instance(ROOT / "instances" / "default.json")
+    plan = solve(inst, "fast").plan
+    fig = nplot.plan_figure(inst, plan)
+    fig.canvas.draw()
+    ax = fig.axes[0]
+    boxes = [t.get_window_extent() for t in ax.texts if t.get_text()]
+    assert len([t for t in ax.texts if t.get_gid() == "rack_label"]) == 128
+    for i, b in enumerate(boxes):
+        for c in boxes[i + 1 :]:
+            assert not b.overlaps(c), (b, c)
+    legend = [t.get_text() for t in ax.get_legend().get_texts()]
+    assert any(t.startswith("boosted (") and " W x " in t for t in legend)
+    plt.close(fig)

@@ -854,7 +854,8 @@ _PAGE = """<!DOCTYPE html>
 <title>ntp-opt plot: __TITLE__</title>
 <style>
 body{font:13px system-ui,sans-serif;margin:12px;color:#222;background:#fff}
-h1{font-size:16px;margin:0 0 4px} .sub{color:#555;margin-bottom:8px}
+h1{font-size:16px;margin:0 0 4px} .sub{color:#555;margin-bottom:4px}
+#attention{font-weight:bold;margin-bottom:8px}
 #legend span{display:inline-block;margin-right:14px}
 #legend i{display:inline-block;width:12px;height:12px;vertical-align:-2px;margin-right:4px;
 border:1px solid #999}
@@ -864,7 +865,7 @@ svg{display:block} .rack{cursor:pointer} .rack:hover>rect.bg{stroke:#000;stroke-
 padding:4px 6px;font-size:12px;white-space:pre;display:none;z-index:9}
 button{font:inherit}
 </style></head><body>
-<h1 id="title"></h1><div class="sub" id="sub"></div>
+<h1 id="title"></h1><div class="sub" id="sub"></div><div id="attention"></div>
 <div id="legend"></div>
 <div id="overview"></div>
 <div id="detail"></div>
@@ -886,6 +887,8 @@ function color(g) {
   const r = G.rep[g];
   return r < 0 ? D.spare : D.palette[r][G.stage[g]];
 }
+const NAME_MAX = 40;  // longer host names are cut on the row label; tooltips give them whole
+function short(t) { return t.length > NAME_MAX ? t.slice(0, NAME_MAX - 1) + "\u2026" : t; }
 function fmt(x) { return Math.round(x).toLocaleString("en-US"); }
 function defs(svg) {
   const d = el("defs", {}, svg);
@@ -1059,7 +1062,7 @@ function detail(i) {
   for (const b of blocks) {
     height += line;
     for (const [t, gs] of b.trays) {
-      lab = Math.max(lab, 7 * String(D.trays[t]).length + 12);
+      lab = Math.max(lab, 7 * Math.min(String(D.trays[t]).length, NAME_MAX) + 12);
       height += Math.ceil(gs.length / per) * (s + gap) + 4;
     }
     height += 6;
@@ -1077,7 +1080,7 @@ function detail(i) {
       el("rect", {x: lab - 3, y: y - 2, width: Math.min(gs.length, per) * (s + gap) + 3,
         height: rows * (s + gap) + 1, fill: "none", stroke: "#333", "class": "tray"}, svg);
       const tl = el("text", {x: 4, y: y + s * .6, "font-size": 12, "class": "host"}, svg);
-      tl.textContent = String(D.trays[t]);
+      tl.textContent = short(String(D.trays[t]));
       gs.forEach((g, k) => {
         const x = lab + (k % per) * (s + gap), yy = y + Math.floor(k / per) * (s + gap);
         const grp = el("g", {"class": "gpu", "data-gpu": g}, svg);
@@ -1118,6 +1121,19 @@ document.getElementById("sub").textContent = (D.policy ? `policy ${D.policy}, ` 
   `, site power ${fmt(D.site_w)} of ${fmt(D.site_budget_w)} W. One square per rack ` +
   "(one strip per replica, as wide as its share of the rack's GPUs; bar: power / budget);" +
   " click a rack. GPU labels: DP rank.stage, tpN when reduced, watts when boosted.";
+// what needs a look, first: failures, stragglers, racks over budget
+(() => {
+  const n = [0, 0, 0];
+  G.state.forEach(s => n[s]++);
+  const slow = G.speed.filter(v => v < 1).length;
+  const over = D.racks.filter(r => r.power > r.budget * (1 + 1e-6)).map(r => r.id);
+  const a = document.getElementById("attention");
+  a.textContent = `${n[2]} failed, ${slow} stragglers, ${n[1]} spare GPUs; ` +
+    (over.length ? `${over.length} rack(s) over budget: ${over.slice(0, 10).join(", ")}` +
+      (over.length > 10 ? ", ..." : "") : "no rack over budget") +
+    (D.feasible ? "" : "; the plan is INFEASIBLE");
+  if (over.length || !D.feasible) a.style.color = "#b00";
+})();
 legend();
 overview();
 window.addEventListener("hashchange", route);
