@@ -260,7 +260,7 @@ def plan_layout(instance: Instance, plan: Plan, diff: Plan | None = None) -> Pla
 
 
 def tp_summary(plan: Plan, tp_base: int) -> str:
-    """One line on the TP degrees of a plan: ``8 replicas at TP 32, 3 reduced (TP 31 x 3)``.
+    """The degree line of the headers: ``8 replicas (DP), TP 32, 3 reduced (TP 31 x 3)``.
 
     Parameters
     ----------
@@ -545,7 +545,9 @@ def plot_plan(
     # Text only where it fits: a map unit is about this many points wide.
     fig_w = float(ax.get_figure(root=True).get_size_inches()[0])  # type: ignore[union-attr]
     unit_pt = 72 * fig_w * ax.get_position().width / width_units
-    rack_pt = min(9.0, (block_w + gap) * unit_pt / max(3, *(len(t) for *_, t in rack_labels)) * 1.6)
+    rack_pt = min(
+        9.0, (block_w + gap) * unit_pt / max([3, *(len(t) for *_, t in rack_labels)]) * 1.6
+    )
     if rack_pt >= 5:
         for x, y, text in rack_labels:
             ax.text(x, y - 0.2, _lit(text), fontsize=rack_pt, va="bottom", gid="rack_label")
@@ -929,7 +931,6 @@ function rackStats(rack) {
     : D.palette[+best.split(",")[0]][+best.split(",")[1]];
   st.replicas = st.byRep.size;
   st.shares = [...st.byRep.entries()].sort((p, q) => q[1] - p[1] || p[0] - q[0]);
-  st.reduced = st.shares.some(([r]) => D.tp[r] < D.tp_base);
   return st;
 }
 const tip = document.getElementById("tip");
@@ -1013,7 +1014,8 @@ function overview() {
     if (size >= 30) {
       const rl = el("text", {x: x + 2, y: y + 11, "font-size": 10, "class": "rack-id",
         stroke: "#fff", "stroke-width": 2.5, "paint-order": "stroke"}, grp);
-      rl.textContent = rack.id;
+      const fit = Math.floor((size - 4) / 6);  // characters that fit the square
+      rl.textContent = rack.id.length <= fit ? rack.id : rack.id.slice(0, fit - 1) + "\u2026";
     }
     grp.addEventListener("mousemove", ev => showTip(ev,
       `rack ${rack.id}: ${st.gpus} GPUs in ${rack.domains.length} domain part(s)\\n` +
@@ -1095,8 +1097,7 @@ function detail(i) {
           if (boosted) lines.push(Math.round(G.watts[g]) + " W");
           lines.forEach((text, n) => {
             const lt = el("text", {x: x + s / 2, y: yy + 11 + n * 11, "font-size": 10,
-              "text-anchor": "middle", "font-weight": n === 1 && lines.length > 1 &&
-              text.startsWith("tp") ? "bold" : "normal"}, grp);
+              "text-anchor": "middle", "font-weight": text.startsWith("tp") ? "bold" : "normal"}, grp);
             lt.textContent = text;
           });
         }
