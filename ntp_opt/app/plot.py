@@ -1097,7 +1097,8 @@ function detail(i) {
           if (boosted) lines.push(Math.round(G.watts[g]) + " W");
           lines.forEach((text, n) => {
             const lt = el("text", {x: x + s / 2, y: yy + 11 + n * 11, "font-size": 10,
-              "text-anchor": "middle", "font-weight": text.startsWith("tp") ? "bold" : "normal"}, grp);
+              "text-anchor": "middle",
+              "font-weight": text.startsWith("tp") ? "bold" : "normal"}, grp);
             lt.textContent = text;
           });
         }
