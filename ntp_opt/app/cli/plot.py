@@ -6,6 +6,7 @@ import argparse
 from pathlib import Path
 from typing import Any
 
+from ntp_opt.model.echo import echo
 from ntp_opt.model.files import (
     load_instance,
     load_plan,
@@ -55,7 +56,7 @@ def run(args: argparse.Namespace) -> int:
         fig.savefig(buf, format=kind, dpi=args.dpi)
         plt.close(fig)
         atomic_write(out, buf.getvalue(), inputs)
-    print(f"wrote {out}")
+    print(f"wrote {echo(out)}")
     return 0
 
 
