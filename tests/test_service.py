@@ -344,3 +344,77 @@ def test_oversize_is_413(client: httpx.Client) -> None:
 
     r = client.post("/solve", content=chunks(), headers={"content-type": "application/json"})
     assert r.status_code == 413
+
+
+# --- hostile requests (issue 33) --------------------------------------------------------
+
+
+def test_duplicate_keys_are_refused_as_in_files(client: httpx.Client, tiny: dict[str, Any]) -> None:
+    # "solver" twice: a parser keeping the last one would run ntp; none is guessed
+    body = json.dumps({"instance": tiny, "solver": "optimal"})[:-1] + ', "solver": "ntp"}'
+    r = client.post("/solve", content=body, headers={"content-type": "application/json"})
+    assert r.status_code == 400, r.text[:300]
+    assert r.json()["problems"] == [{"field": "body", "message": "duplicate key 'solver'"}]
+    # nested objects too (a GPU record's "speed" given twice)
+    text = json.dumps({"instance": tiny, "solver": "ntp"})
+    nested = text.replace('"kind": "gpu"', '"kind": "gpu", "kind": "gpu"', 1)
+    assert nested != text
+    r = client.post("/solve", content=nested, headers={"content-type": "application/json"})
+    assert r.status_code == 400
+    assert "duplicate key 'kind'" in r.json()["problems"][0]["message"]
+
+
+@pytest.mark.parametrize(
+    "media",
+    [
+        "text/plain",
+        "text/plain;charset=UTF-8",
+        "application/x-www-form-urlencoded",
+        "multipart/form-data; boundary=x",
+        None,
+    ],
+)
+def test_post_needs_content_type_json(
+    client: httpx.Client, tiny: dict[str, Any], media: str | None
+) -> None:
+    # what a web page can POST to a local port without a CORS preflight
+    body = json.dumps({"instance": tiny, "solver": "ntp"}).encode()
+    headers = {} if media is None else {"content-type": media}
+    r = client.post("/solve", content=body, headers=headers)
+    assert r.status_code == 415, r.text[:300]
+    assert r.json()["problems"][0]["field"] == "Content-Type"
+    ok = client.post(
+        "/solve", content=body, headers={"content-type": "application/json; charset=utf-8"}
+    )
+    assert ok.status_code == 200
+
+
+def test_replan_speed_below_the_file_minimum_is_422(
+    client: httpx.Client, tiny: dict[str, Any]
+) -> None:
+    plan = client.post("/solve", json={"instance": tiny, "solver": "ntp"}).json()["plan"]
+    gpu = plan["replicas"][0]["stages"][0]["gpus"][0]
+    body = {"instance": tiny, "plan": plan, "return_instance": True}
+    r = client.post(
+        "/replan", json={**body, "events": [{"kind": "speed", "nodes": [gpu], "speed": 1e-7}]}
+    )
+    assert r.status_code == 422, r.text[:300]
+    assert _problems(r) == ["events[0].speed"]
+    # the smallest speed of an instance file is accepted, and its instance reads back
+    r = client.post(
+        "/replan", json={**body, "events": [{"kind": "speed", "nodes": [gpu], "speed": 1e-6}]}
+    )
+    assert r.status_code == 200, r.text[:300]
+    back = instance_from_dict(r.json()["instance"])
+    assert back.arrays.speed.min() == pytest.approx(1e-6)
+
+
+def test_error_bodies_are_printable_and_short(client: httpx.Client, tiny: dict[str, Any]) -> None:
+    # an unknown field named with escape sequences and a megabyte of text
+    evil = "\x1b]0;owned\x07\x1b[2J" + "x" * 1_000_000
+    r = client.post("/solve", json={"instance": tiny, evil: 1})
+    assert r.status_code == 422
+    for p in r.json()["problems"]:
+        for text in (p["field"], p["message"]):
+            assert text.isprintable() and len(text) <= 600, text[:100]
+    assert r.json()["problems"][0]["field"].startswith("\\x1b]0;owned\\x07\\x1b[2Jxxx")

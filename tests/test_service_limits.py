@@ -29,6 +29,8 @@ from hypothesis import strategies as st
 from ntp_opt.app.proctree import alive, descendants, status_kb
 
 ROOT = Path(__file__).resolve().parent.parent
+#: The header every POST of these tests sends (the service refuses other bodies: 415).
+JSON = {"content-type": "application/json"}
 HANG_GUARD = 60.0  # seconds: only to fail instead of hanging
 
 
@@ -213,21 +215,21 @@ def test_item5_cases_are_4xx(
         inst["job"]["global_batch"] = inst["job"]["max_local_batch"] = 10**9
         r = c.post("/solve", json={"instance": inst, "solver": "optimal"})
         assert r.status_code == 422 and _fields(r) == ["instance.job.global_batch"]
-        r = c.post("/validate", content=b"[" * 100_000 + b"]" * 100_000)
+        r = c.post("/validate", content=b"[" * 100_000 + b"]" * 100_000, headers=JSON)
         assert r.status_code == 400
 
 
 def test_endpoint_body_cap(server: Server) -> None:
     cap = 6 * 1024**2
     with server.client() as c:
-        r = c.post("/validate", content=b" " * (cap + 1))
+        r = c.post("/validate", content=b" " * (cap + 1), headers=JSON)
         assert r.status_code == 413
 
         def chunks() -> Iterator[bytes]:  # no Content-Length: counted while reading
             for _ in range(cap // 65536 + 2):
                 yield b" " * 65536
 
-        r = c.post("/validate", content=chunks())
+        r = c.post("/validate", content=chunks(), headers=JSON)
         assert r.status_code == 413
 
 
@@ -238,7 +240,7 @@ def test_body_needing_more_than_the_worker_budget_is_413(server: Server) -> None
     nodes = b"".join(node % i for i in range(5 * 1024**2 // len(node % 0)))
     body = b'{"plan":{},"instance":{"cluster":{"nodes":[' + nodes[:-1] + b"]}}}"
     with server.client() as c:
-        r = c.post("/validate", content=body)
+        r = c.post("/validate", content=body, headers=JSON)
         assert r.status_code == 413, r.text[:300]
         assert "memory" in r.json()["error"]
         assert c.get("/health").status_code == 200
@@ -266,7 +268,8 @@ def test_busy_slots_get_503_before_the_body_is_read(server: Server) -> None:
 
 
 def test_slow_body_is_dropped(server: Server) -> None:
-    head = b"POST /validate HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Length: 100\r\n\r\n"
+    head = b"POST /validate HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Length: 100\r\n"
+    head += b"Content-Type: application/json\r\n\r\n"
     sock = _raw(server.port, head + b'{"instance"')
     try:
         answer = _read_all(sock)  # returns when the server closes the connection
@@ -294,7 +297,7 @@ def test_bounded_rss_under_concurrent_validates(tmp_path: Path) -> None:
 
         def one() -> None:
             with s.client() as c:
-                statuses.append(c.post("/validate", content=body).status_code)
+                statuses.append(c.post("/validate", content=body, headers=JSON).status_code)
 
         threads = [threading.Thread(target=one) for _ in range(20)]
         for t in threads:

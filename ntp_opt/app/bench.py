@@ -51,7 +51,9 @@ from rich.progress import (
 )
 
 from ntp_opt.app.best_known import md_cell
+from ntp_opt.app.cli.common import MAX_LINE
 from ntp_opt.app.runs import OnFinish, OnStart, Todo, check_planner, run_steps, timeout_row, utc_now
+from ntp_opt.model.echo import echo
 from ntp_opt.model.safeio import atomic_append, atomic_write, check_target, locked
 
 logger = logging.getLogger(__name__)
@@ -364,7 +366,7 @@ def _run_locked(
     for row in read_rows(results, problems):
         done.setdefault(row["key"], row)
     for line in problems:
-        print(f"ntp-opt bench: warning: {line}", file=sys.stderr)
+        print(f"ntp-opt bench: warning: {echo(line, MAX_LINE)}", file=sys.stderr)
     wanted = [(run_key(f, p, s), f, p, s) for f in files for p in planners for s in seeds]
     todo = [Todo(*w) for w in dict((w[0], w) for w in wanted).values() if w[0] not in done]
 

@@ -23,7 +23,8 @@ needs more gets 413) and is killed at its deadline (the solve's time limit
 plus a grace, or ``request_timeout``); SIGTERM kills every worker and the
 server exits within seconds. The ``Host`` header must name an allowed host
 (loopback names by default), against DNS rebinding. Bad input gets 400
-(malformed JSON) or 422 (schema, NaN/Infinity, topology or semantic
+(malformed JSON, a key given twice), 415 (a body not sent as
+``Content-Type: application/json``) or 422 (schema, NaN/Infinity, topology or semantic
 problems), each problem naming its field. FastAPI and uvicorn are optional
 dependencies: ``pip install 'ntp-opt[serve]'``.
 """
@@ -56,17 +57,21 @@ from starlette.requests import ClientDisconnect
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from ntp_opt import __version__
+from ntp_opt.model.echo import echo
 from ntp_opt.model.files import (
+    DuplicateKeyError,
     InputError,
     InstanceFile,
     PlanFile,
     instance_from_dict,
     instance_to_dict,
     plan_from_dict,
+    unique_object,
 )
 from ntp_opt.model.files import plan_to_dict as _plan_to_dict
 from ntp_opt.model.instance import Instance
 from ntp_opt.model.plan import Plan
+from ntp_opt.model.topology.attrs import SPEED_MIN
 from ntp_opt.planners.megatron import MegatronError
 from ntp_opt.rules.validate import PlanError, Violation, evaluate
 from ntp_opt.solve import PLANNERS, solve
@@ -167,7 +172,11 @@ class EventData(_Body):
     kind: Literal["fail", "repair", "speed"]
     nodes: list[str | int] = Field(min_length=1, description="GPU or tray ids")
     speed: float | None = Field(
-        default=None, gt=0.0, le=1.0, allow_inf_nan=False, description="speed events only"
+        default=None,
+        ge=SPEED_MIN,
+        le=1.0,
+        allow_inf_nan=False,
+        description="speed events only",
     )
 
 
@@ -357,8 +366,19 @@ class _Reject(Exception):
         self.problems = problems or []
 
 
+#: Characters of an error message or field name in an error body (echoes are cut).
+MAX_MESSAGE = 500
+
+
 def _error_body(error: str, problems: list[tuple[str, str]] | None = None) -> dict[str, Any]:
-    return {"error": error, "problems": [{"field": f, "message": m} for f, m in problems or []]}
+    """An error body; every text printable (a dashboard shows it) and cut at :data:`MAX_MESSAGE`."""
+    return {
+        "error": echo(error, MAX_MESSAGE),
+        "problems": [
+            {"field": echo(f, MAX_MESSAGE), "message": echo(m, MAX_MESSAGE)}
+            for f, m in problems or []
+        ],
+    }
 
 
 def _error(
@@ -408,7 +428,15 @@ _MAX_INT = 2**63 - 1
 def _parse_body(body: bytes) -> Any:
     """JSON with every non-finite number and out-of-range integer named by its path."""
     try:
-        data = json.loads(body, parse_constant=_NotFinite, parse_float=_parse_float)
+        data = json.loads(
+            body,
+            parse_constant=_NotFinite,
+            parse_float=_parse_float,
+            object_pairs_hook=unique_object,
+        )
+    except DuplicateKeyError as err:  # which one counts is not for the server to guess
+        key = echo(err.args[0], 100)
+        raise _Reject(400, "malformed JSON", [("body", f"duplicate key {key!r}")]) from None
     except RecursionError:
         raise _Reject(400, "malformed JSON", [("body", "nested too deeply")]) from None
     except UnicodeDecodeError as err:
@@ -885,6 +913,7 @@ def create_app(
         responses={
             400: {"model": ErrorResponse, "description": "malformed JSON or Host header"},
             408: {"model": ErrorResponse, "description": "body not received in time"},
+            415: {"model": ErrorResponse, "description": "Content-Type not application/json"},
             413: {"model": ErrorResponse, "description": "body or memory need too large"},
             422: {"model": ErrorResponse, "description": "invalid input; problems name fields"},
             503: {"model": ErrorResponse, "description": "busy (Retry-After) or deadline"},
@@ -961,6 +990,16 @@ class _Service:
     async def run(self, endpoint: str, request: Request, timeout: float | None = None) -> Response:
         """Admit the request, read its body and compute ``endpoint`` in a worker process."""
         limits, pool = self.limits, self.pool
+        media = request.headers.get("content-type")
+        if (media or "").split(";")[0].strip().lower() != "application/json":
+            # a web page may POST text/plain, forms or a typeless body to a local
+            # port without asking first (no CORS preflight); JSON needs the header
+            got = "none" if media is None else repr(echo(media, 100))
+            return _error(
+                415,
+                "the body must be JSON sent as Content-Type: application/json",
+                [("Content-Type", f"expected application/json, got {got}")],
+            )
         cap = limits.endpoint_body_bytes
         declared = request.headers.get("content-length")
         if declared is not None and declared.isdigit() and int(declared) > cap:

@@ -39,6 +39,7 @@ from ntp_opt.model.plan import Plan, Replica, Stage
 from ntp_opt.model.records import compile_records
 from ntp_opt.model.safeio import atomic_open
 from ntp_opt.model.topology import DEFAULT_TDP_W, TopologyError
+from ntp_opt.model.topology.attrs import SPEED_MAX, SPEED_MIN
 
 if TYPE_CHECKING:
     import networkx as nx
@@ -89,7 +90,7 @@ class GpuNode(_Strict):
     id: NodeId
     kind: Literal["gpu"]
     state: Literal["healthy", "failed"] = "healthy"
-    speed: Finite = Field(default=1.0, ge=1e-6, le=1000.0)
+    speed: Finite = Field(default=1.0, ge=SPEED_MIN, le=SPEED_MAX)
     p_fail: Finite = Field(default=0.0, ge=0.0, le=1.0)
     tdp_w: Finite = Field(default=DEFAULT_TDP_W, ge=1.0, le=1e6)
     max_power_w: Finite | None = Field(
@@ -362,17 +363,24 @@ class _Scan:
         return all(chunk.find(b'"', at, at + width) >= 0 for at in range(first, last, width))
 
 
-class _DuplicateKey(ValueError):
-    pass
+class DuplicateKeyError(ValueError):
+    """A JSON object names a key twice (its first argument is the key)."""
 
 
-def _object(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+def unique_object(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    """``object_pairs_hook`` of ``json.loads`` that refuses a key given twice.
+
+    Raises
+    ------
+    DuplicateKeyError
+        Naming the first repeated key.
+    """
     obj = dict(pairs)
     if len(obj) != len(pairs):
         seen: set[str] = set()
         for k, _ in pairs:
             if k in seen:
-                raise _DuplicateKey(k)
+                raise DuplicateKeyError(k)
             seen.add(k)
     return obj
 
@@ -435,9 +443,9 @@ def _parse(raw: bytes, source: str) -> Any:
 
     try:
         data = json.loads(
-            text, parse_constant=constant, parse_float=number, object_pairs_hook=_object
+            text, parse_constant=constant, parse_float=number, object_pairs_hook=unique_object
         )
-    except _DuplicateKey as err:
+    except DuplicateKeyError as err:
         raise InputError(source, [("", f"duplicate key {err.args[0]!r}")]) from None
     except json.JSONDecodeError as err:
         raise InputError(

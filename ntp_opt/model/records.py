@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from ntp_opt.model.instance import ClusterArrays
+from ntp_opt.model.topology.attrs import SPEED_MAX, SPEED_MIN
 
 if TYPE_CHECKING:
     import networkx as nx
@@ -303,7 +304,7 @@ def _compile(
             healthy[at] = False
     else:
         healthy = np.ones(n, dtype=bool)
-    speed = _number_column(gpus, keys[_GPU], "speed", 1.0, 1e-6, 1000.0)
+    speed = _number_column(gpus, keys[_GPU], "speed", 1.0, SPEED_MIN, SPEED_MAX)
     p_fail = _number_column(gpus, keys[_GPU], "p_fail", 0.0, 0.0, 1.0)
     tdp = _number_column(gpus, keys[_GPU], "tdp_w", 1000.0, 1.0, 1e6)
     if "max_power_w" in gk:

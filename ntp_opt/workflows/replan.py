@@ -56,6 +56,7 @@ import numpy as np
 from ntp_opt.model.instance import Instance
 from ntp_opt.model.layout import SLOT, Layout
 from ntp_opt.model.plan import Plan, Replica
+from ntp_opt.model.topology.attrs import SPEED_MIN
 from ntp_opt.planners.exact.bounds import (
     DomainRows,
     DualPoints,
@@ -88,7 +89,8 @@ class ClusterEvent:
         GPU or tray ids (a tray stands for all of its GPUs); a single id
         (``ClusterEvent("fail", "d2.t0.g0")``) stands for a one-element tuple.
     speed
-        The new speed, in (0, 1], for ``"speed"`` events only.
+        The new speed, from :data:`~ntp_opt.model.topology.attrs.SPEED_MIN` (the
+        smallest an instance file holds) to 1, for ``"speed"`` events only.
     """
 
     kind: EventKind
@@ -105,8 +107,10 @@ class ClusterEvent:
         if not self.nodes:
             raise ValueError("an event needs at least one GPU or tray")
         if self.kind == "speed":
-            if self.speed is None or not (0.0 < float(self.speed) <= 1.0):
-                raise ValueError(f"a speed event needs speed in (0, 1], got {self.speed!r}")
+            if self.speed is None or not (SPEED_MIN <= float(self.speed) <= 1.0):
+                raise ValueError(
+                    f"a speed event needs speed in [{SPEED_MIN:g}, 1], got {self.speed!r}"
+                )
         elif self.speed is not None:
             raise ValueError(f"only speed events carry a speed ({self.kind} event has one)")
 

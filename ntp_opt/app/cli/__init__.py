@@ -23,8 +23,10 @@ from ntp_opt.app.cli.common import (
     INTERRUPTED_EXIT,
     Parser,
     Terminated,
+    error_line,
     error_text,
     loading,
+    named_stdout,
     on_sigterm,
     validation_text,
 )
@@ -152,7 +154,8 @@ def _run(argv: Sequence[str] | None) -> int:
     if args.command != "serve" and threading.current_thread() is threading.main_thread():
         previous = signal.signal(signal.SIGTERM, on_sigterm)
     try:
-        status: int = args.func(args)
+        with named_stdout():
+            status: int = args.func(args)
         return status
     except BrokenPipeError:
         # the reader went away (`ntp-opt schema instance | head`): stop quietly, and
@@ -169,15 +172,14 @@ def _run(argv: Sequence[str] | None) -> int:
             first = f"invalid cluster topology: {err.problems[0] if err.problems else err}"
         n = len(err.problems)
         more = f" (and {n - 1} more problem{'s' if n > 2 else ''})" if n > 1 else ""
-        print(f"ntp-opt: error: {first}{more}", file=sys.stderr)
+        print(f"{error_line(first)}{more}", file=sys.stderr)
         return 2
     except ValidationError as err:  # a model built from flags: no pydantic URLs
-        print(f"ntp-opt: error: {validation_text(err)}", file=sys.stderr)
+        print(error_line(validation_text(err)), file=sys.stderr)
         return 2
     except (ValueError, KeyError, OSError) as err:
-        lines = error_text(err).splitlines() or [type(err).__name__]
-        more = f" (and {len(lines) - 1} more lines)" if len(lines) > 1 else ""
-        print(f"ntp-opt: error: {lines[0]}{more}", file=sys.stderr)  # always one line
+        text = error_text(err) or type(err).__name__
+        print(error_line(text), file=sys.stderr)  # always one printable line
         return 2
     except KeyboardInterrupt:
         print("ntp-opt: interrupted", file=sys.stderr)

@@ -8,6 +8,7 @@ from typing import Any, Literal
 
 from rich.console import Console
 
+from ntp_opt.model.echo import echo
 from ntp_opt.solve import POLICIES
 
 
@@ -40,7 +41,7 @@ def run(args: argparse.Namespace) -> int:
         best_known=None,
     )
     print(summary(rows))
-    print(f"wrote {Path(args.output) / 'results.jsonl'}, summary.md and plots")
+    print(f"wrote {echo(Path(args.output) / 'results.jsonl')}, summary.md and plots")
     if best_known is not None:
         for table, changes in update_best_known(rows, best_known).items():
             print(f"{table}: {len(changes)} improvement{'s' if len(changes) != 1 else ''}")

@@ -9,14 +9,15 @@ from pathlib import Path
 from typing import Any
 
 from rich.console import Console
-from rich.table import Table
 
 from ntp_opt.app.cli.common import (
+    fitted_tables,
     fmt,
     make_console,
     stop_on_signals,
     stopped_status,
 )
+from ntp_opt.model.echo import echo
 from ntp_opt.model.files import (
     load_instance,
 )
@@ -56,24 +57,19 @@ def run(args: argparse.Namespace) -> int:
     unknown = [p for p in policies if p not in PLANNERS]
     if unknown:
         raise ValueError(f"unknown policies {unknown}; known: {', '.join(PLANNERS)}")
-    table = Table(title="relative goodput (1.0 = no failures)", title_justify="left")
-    table.add_column("instance")
-    table.add_column("GPUs", justify="right")
-    table.add_column("failed", justify="right")
-    for p in policies:
-        table.add_column(p, justify="right")
+    cells: list[list[str]] = []
     cancel = threading.Event()
     above_one = False
     with stop_on_signals(cancel) as received, _progress_bar(args.quiet) as bar:
         task = bar.add_task("compare", total=len(args.instances) * len(policies))
         for path in args.instances:
-            bar.update(task, description=f"{Path(path).name}: loading")
+            bar.update(task, description=f"{echo(Path(path).name, 60)}: loading")
             start = time.perf_counter()
             instance = load_instance(path)
             load_s = time.perf_counter() - start
             values = []
             for p in policies:
-                bar.update(task, description=f"{Path(path).name}: {p}")
+                bar.update(task, description=f"{echo(Path(path).name, 60)}: {p}")
                 res = solve(instance, p, time_limit=args.time_limit, cancel=cancel)
                 mark = "" if res.status != "feasible" or p not in EXACT_NAMES else "*"
                 values.append(fmt(res.relative_objective) + mark)
@@ -83,12 +79,16 @@ def run(args: argparse.Namespace) -> int:
                     break
             values += ["-"] * (len(policies) - len(values))
             s = instance.summary()
-            table.add_row(s["name"], str(s["gpus"]), str(s["failed"]), *values)
+            cells.append([echo(s["name"]), *values, str(s["gpus"]), str(s["failed"])])
             if args.verbose:
-                con.print(f"{path}: loaded in {load_s:.2f} s")
+                con.print(f"{echo(path)}: loaded in {load_s:.2f} s")
             if cancel.is_set():
                 break
-    con.print(table)
+    # instance and policies first; GPUs and failed move below when the terminal is narrow
+    headers = ["instance", *policies, "GPUs", "failed"]
+    title = "relative goodput (1.0 = no failures)"
+    for table in fitted_tables(title, headers, cells, con.width, 1 + len(policies)):
+        con.print(table)
     con.print(
         "* exact planner: best plan found, not proven optimal "
         "(time limit, Ctrl-C, or outside its exact scope: see docs/milp.md and `solve --log`)"

@@ -9,6 +9,7 @@ from typing import Any
 from ntp_opt.app.cli.common import (
     make_console,
 )
+from ntp_opt.model.echo import echo
 from ntp_opt.model.files import (
     load_instance,
     load_plan,
@@ -35,7 +36,7 @@ def _print_eval(ev: Evaluation, as_json: bool) -> None:
     )
     con.print(f"site power: {ev.site_power_w / 1e3:.3f} kW")
     for v in ev.violations:
-        con.print(f"  {v}")
+        con.print(f"  {echo(v, None)}")
 
 
 def run(args: argparse.Namespace) -> int:

@@ -6,6 +6,8 @@ import argparse
 import sys
 from typing import Any
 
+from ntp_opt.app.cli.common import error_line
+from ntp_opt.model.echo import echo
 from ntp_opt.model.files import (
     load_instance,
     load_plan,
@@ -26,7 +28,7 @@ def run(args: argparse.Namespace) -> int:
                 args.image, args.name, args.namespace, args.command, args.master_port
             )
         except ValueError as err:
-            print(f"ntp-opt: error: {err}", file=sys.stderr)
+            print(error_line(str(err)), file=sys.stderr)
             return 2
     instance = load_instance(args.instance)
     plan = load_plan(args.plan)
@@ -41,7 +43,7 @@ def run(args: argparse.Namespace) -> int:
             )
         if args.to == "power-limits":
             written = power_only(instance, plan, args.output, inputs=[args.plan, args.instance])
-            print(f"wrote {', '.join(written)} in {args.output}")
+            print(f"wrote {echo(', '.join(written))} in {echo(args.output)}")
             return 0
         if k8s is not None:
             from ntp_opt.app.export_k8s import export_k8s
@@ -70,17 +72,18 @@ def run(args: argparse.Namespace) -> int:
         violations = err.violations
         v = violations[0]
         more = f" (and {len(violations) - 1} more)" if len(violations) > 1 else ""
-        print(f"ntp-opt: error: {args.plan}: {v.rule}: {v.message}{more}", file=sys.stderr)
+        print(error_line(f"{args.plan}: {v.rule}: {v.message}") + more, file=sys.stderr)
         return 2
-    print(f"wrote {len(ex.files)} files in {args.output} (see {args.output}/LAUNCH.md)")
+    out = echo(args.output)
+    print(f"wrote {len(ex.files)} files in {out} (see {out}/LAUNCH.md)")
     if k8s is not None:
         from ntp_opt.app.export_k8s import K8S_NAME, k8s_notes
 
-        print(f"kubectl apply -f {args.output}/{K8S_NAME}")
+        print(f"kubectl apply -f {out}/{K8S_NAME}")
         for line in k8s_notes(instance, ex, k8s):
-            print(f"note: {line}")
+            print(f"note: {echo(line, None)}")
     elif ex.torchrun_note:
-        print(f"note: {ex.torchrun_note}")
+        print(f"note: {echo(ex.torchrun_note, None)}")
     return 0
 
 

@@ -13,6 +13,7 @@ from ntp_opt.app.cli.common import (
     validation_text,
 )
 from ntp_opt.model import files, hardware, topology
+from ntp_opt.model.echo import echo
 from ntp_opt.model.files import (
     InputError,
     save_instance,
@@ -113,7 +114,7 @@ def run(args: argparse.Namespace) -> int:
     save_instance(instance, args.output)
     s = instance.summary()
     make_console().print(
-        f"wrote {args.output}: {s['gpus']} GPUs ({s['failed']} failed, {s['stragglers']} "
+        f"wrote {echo(args.output)}: {s['gpus']} GPUs ({s['failed']} failed, {s['stragglers']} "
         f"stragglers), {s['domains']} domains, job TP{job.tp} x PP{job.pp} x DP{job.dp}, "
         f"B={job.global_batch} ({job.batch_policy})"
     )

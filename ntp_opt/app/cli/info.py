@@ -6,9 +6,11 @@ import argparse
 from typing import Any
 
 from ntp_opt.app.cli.common import (
+    MAX_LINE,
     instance_line,
     make_console,
 )
+from ntp_opt.model.echo import echo
 from ntp_opt.model.files import (
     load_instance,
 )
@@ -29,7 +31,7 @@ def run(args: argparse.Namespace) -> int:
         f"  site budget {a.site_budget / 1e3:.1f} kW, GPU TDP total {a.tdp.sum() / 1e3:.1f} kW"
     )
     for line in _budget_lines(instance):
-        con.print(line)
+        con.print(echo(line, MAX_LINE))
     limited = int((a.max_power < a.tdp * (1 + job.max_boost)).sum())
     if limited:
         fixed = int((instance.max_multiplier <= 1.0).sum())

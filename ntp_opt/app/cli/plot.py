@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Any
 
 from ntp_opt.app.plot import FIGURE_SIZE_IN
+from ntp_opt.model.echo import echo
 from ntp_opt.model.files import (
     load_instance,
     load_plan,
@@ -69,7 +70,7 @@ def run(args: argparse.Namespace) -> int:
         fig.savefig(buf, format=kind, dpi=args.dpi)
         plt.close(fig)
         atomic_write(out, buf.getvalue(), inputs)
-    print(f"wrote {out}")
+    print(f"wrote {echo(out)}")
     return 0
 
 

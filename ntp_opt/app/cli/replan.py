@@ -10,6 +10,7 @@ from typing import Any
 from ntp_opt.app.cli.common import (
     make_console,
 )
+from ntp_opt.model.echo import echo
 from ntp_opt.model.files import (
     InputError,
     load_instance,
@@ -138,8 +139,9 @@ def run(args: argparse.Namespace) -> int:
         raise ValueError(f"{where}: {err}") from None
     con = make_console()
     con.print(
-        f"{instance.name}: kept the {out.choice} plan, {out.moved} GPUs move; relative goodput "
-        f"{out.relative_goodput:.6f} (local {out.local_goodput * _rel(instance):.6f}"
+        f"{echo(instance.name)}: kept the {out.choice} plan, {out.moved} GPUs move; "
+        f"relative goodput {out.relative_goodput:.6f} "
+        f"(local {out.local_goodput * _rel(instance):.6f}"
         + (
             f", global {out.global_goodput * _rel(instance):.6f} moving {out.global_moved}"
             if out.global_goodput is not None
@@ -165,15 +167,15 @@ def run(args: argparse.Namespace) -> int:
         )
     if args.output:
         save_plan(out.plan, args.output, inputs=inputs)
-        con.print(f"wrote {args.output}")
+        con.print(f"wrote {echo(args.output)}")
     if args.instance_out:
         save_instance(out.instance, args.instance_out, inputs=inputs)
-        con.print(f"wrote {args.instance_out}")
+        con.print(f"wrote {echo(args.instance_out)}")
     elif args.output:
         con.print(
-            f"note: {args.output} is a plan for the cluster after the events: validate or "
+            f"note: {echo(args.output)} is a plan for the cluster after the events: validate or "
             "evaluate it against that instance, which --instance-out FILE writes "
-            f"({args.instance} does not know about the events)",
+            f"({echo(args.instance)} does not know about the events)",
             markup=False,
         )
     return 0

@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import argparse
-import sys
 from typing import Any
+
+from ntp_opt.app.cli.common import warn
 
 
 def run(args: argparse.Namespace) -> int:
@@ -13,7 +14,7 @@ def run(args: argparse.Namespace) -> int:
     except ImportError as err:
         raise ValueError(f"serve needs {err.name}: pip install 'ntp-opt[serve]'") from None
     if args.host not in ("127.0.0.1", "localhost", "::1"):
-        print(f"ntp-opt: warning: listening on {args.host}, not loopback", file=sys.stderr)
+        warn(f"listening on {args.host}, not loopback")
     from ntp_opt.app.service import DEFAULT_ALLOWED_HOSTS, Limits
 
     if not 0 <= args.port <= 65535:

@@ -5,6 +5,8 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
+from ntp_opt.app.cli.common import MAX_LINE
+from ntp_opt.model.echo import echo
 from ntp_opt.model.files import (
     load_instance,
     load_plan,
@@ -18,13 +20,13 @@ def run(args: argparse.Namespace) -> int:
     ev = evaluate(instance, plan)
     if ev.feasible:
         print(
-            f"{args.plan}: valid plan for {instance.name} "
+            f"{echo(args.plan)}: valid plan for {echo(instance.name)} "
             f"(relative goodput {ev.relative_goodput:.6f})"
         )
         return 0
-    print(f"{args.plan}: {len(ev.violations)} violation(s):")
+    print(f"{echo(args.plan)}: {len(ev.violations)} violation(s):")
     for v in ev.violations:
-        print(f"  {v}")
+        print(f"  {echo(v, MAX_LINE)}")
     return 1
 
 

@@ -8,12 +8,12 @@ from __future__ import annotations
 
 import argparse
 import os
-import sys
 from pathlib import Path
 from typing import Any
 
 from pydantic import ValidationError
 
+from ntp_opt.app.cli.common import warn
 from ntp_opt.app.importers.compose import MAX_WATTS, PowerDefault
 from ntp_opt.app.importers.k8s import DEFAULT_TOLERATED, KubectlOutput, import_k8s, run_kubectl
 from ntp_opt.app.importers.slurm import ALLOW_KINDS, NVLINK_CHOICES, Source, import_slurm, scontrol
@@ -62,7 +62,7 @@ def load_job(path: str | Path) -> Job:
 
 
 def _warn(msg: str) -> None:
-    print(f"ntp-opt: warning: {msg}", file=sys.stderr)
+    warn(msg)
 
 
 def _watts(text: str) -> float:

@@ -8,6 +8,12 @@ import numbers
 DEFAULT_TDP_W: float = 1000.0
 """Default GPU thermal design power in watts."""
 
+SPEED_MIN: float = 1e-6
+"""Smallest relative speed of a GPU (files, re-planning events, the service)."""
+
+SPEED_MAX: float = 1000.0
+"""Largest relative speed of a GPU in an instance file."""
+
 NIC_GBPS_PER_GPU: float = 400.0
 """Scale-out bandwidth per GPU (one 400 Gb/s NIC per GPU) used for domain-leaf edges."""
 
