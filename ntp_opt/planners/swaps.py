@@ -27,6 +27,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ntp_opt.model.instance import Instance
+from ntp_opt.model.layout import Layout
 from ntp_opt.model.plan import Plan, Replica, Stage
 from ntp_opt.rules.goodput import split_batch
 from ntp_opt.rules.tolerances import ABS_NOISE, IMPROVE_TOL
@@ -37,12 +38,76 @@ class _Slot:
     domain: int
     gpus: np.ndarray  # GPU indices, fastest first
     speeds: np.ndarray  # their speeds, descending
+    table: np.ndarray  # ``s(t)`` per allowed degree, -inf where the slot is too small
 
 
-def _slots(instance: Instance, plan: Plan) -> tuple[list[list[_Slot]], list[_Slot]]:
-    """Slots of every replica's stages, and one slot per unused domain."""
+def _slots(
+    instance: Instance, plan: Plan, layout: Layout | None = None
+) -> tuple[list[list[_Slot]], list[_Slot]]:
+    """Slots of every replica's stages, and one slot per unused domain.
+
+    ``layout``: the plan's :class:`~ntp_opt.model.layout.Layout`, when known:
+    the same slots, read from its arrays with every slot's GPUs sorted at
+    once (by slot, speed descending, then their order: the stage's own GPUs
+    in plan order, then the domain's unused ones). Without it, the plan's
+    node ids are read and each slot is sorted on its own
+    (:func:`_slots_of_plan`, the reference the tests compare with).
+    """
+    if layout is None:
+        return _slots_of_plan(instance, plan)
+    a = instance.arrays
+    used = np.zeros(a.n_gpus, dtype=bool)
+    used[layout.gpus] = True
+    free = a.healthy & ~used
+    n_stages = layout.n_stages
+    stages_in = np.bincount(layout.domain, minlength=a.n_domains)
+    has_free = np.bincount(a.gpu_domain[free], minlength=a.n_domains) > 0
+    spare_d = np.flatnonzero((stages_in == 0) & has_free).tolist()
+    # slots: the stages (layout order), then the spare domains
+    doms = layout.domain.tolist() + spare_d
+    parts = [layout.gpus]
+    owners = [np.repeat(np.arange(n_stages, dtype=np.int64), np.diff(layout.offsets))]
+    single = np.flatnonzero((stages_in[layout.domain] == 1) & has_free[layout.domain]).tolist()
+    for k, d in [(k, doms[k]) for k in single] + [(n_stages + j, d) for j, d in enumerate(spare_d)]:
+        members = a.domain_gpus[d]
+        extra = members[free[members]]
+        parts.append(extra)
+        owners.append(np.full(len(extra), k, dtype=np.int64))
+    flat = np.concatenate(parts)
+    owner = np.concatenate(owners)
+    speed = a.speed[flat]
+    order = np.lexsort((np.arange(len(flat)), -speed, owner))
+    flat, speed = flat[order], speed[order]
+    sizes = np.bincount(owner, minlength=len(doms))
+    starts = np.concatenate(([0], np.cumsum(sizes)[:-1]))
+    degrees = np.array(instance.job.allowed, dtype=np.int64)
+    fits = degrees[None, :] <= sizes[:, None]
+    at = np.where(fits, starts[:, None] + degrees[None, :] - 1, 0)
+    tables = np.where(fits, speed[at] if len(speed) else 0.0, -np.inf)
+    bounds = np.concatenate((starts, [len(flat)])).tolist()
+    slots = [
+        _Slot(d, flat[bounds[k] : bounds[k + 1]], speed[bounds[k] : bounds[k + 1]], tables[k])
+        for k, d in enumerate(doms)
+    ]
+    reps: list[list[_Slot]] = [[] for _ in plan.replicas]
+    for k, r in enumerate(layout.replica.tolist()):
+        reps[r].append(slots[k])
+    return reps, slots[n_stages:]
+
+
+def _table(degrees: np.ndarray, speeds: np.ndarray) -> np.ndarray:
+    """``s(t)`` per allowed degree from a slot's speeds (descending), -inf where too small."""
+    out = np.full(len(degrees), -np.inf)
+    ok = degrees <= len(speeds)
+    out[ok] = speeds[degrees[ok] - 1]
+    return out
+
+
+def _slots_of_plan(instance: Instance, plan: Plan) -> tuple[list[list[_Slot]], list[_Slot]]:
+    """:func:`_slots` from the plan's node ids, one slot at a time."""
     a = instance.arrays
     index = a.gpu_index
+    degrees = np.array(instance.job.allowed, dtype=np.int64)
     used = np.zeros(a.n_gpus, dtype=bool)
     stages_in: dict[int, int] = {}
     for rep in plan.replicas:
@@ -58,7 +123,7 @@ def _slots(instance: Instance, plan: Plan) -> tuple[list[list[_Slot]], list[_Slo
             members = a.domain_gpus[d]
             g = np.concatenate([own, members[free[members]]])
         g = g[np.argsort(-a.speed[g], kind="stable")]
-        return _Slot(d, g, a.speed[g])
+        return _Slot(d, g, a.speed[g], _table(degrees, a.speed[g]))
 
     reps = [
         [
@@ -93,14 +158,6 @@ class _Search:
         self.reps = reps
         self.spare = spare
 
-    def table(self, slot: _Slot) -> np.ndarray:
-        """``f(t) * s(t)`` per allowed degree (-inf where the slot is too small)."""
-        n = len(slot.speeds)
-        out = np.full(len(self.degrees), -np.inf)
-        ok = self.degrees <= n
-        out[ok] = slot.speeds[self.degrees[ok] - 1]
-        return out
-
     def best(self, tables: np.ndarray) -> tuple[int, float]:
         """Degree and power-1 speed (``f(t) * min s``) of a replica from its slot tables."""
         worst = tables.min(axis=0) * self.factor
@@ -118,7 +175,13 @@ class _Search:
 
 
 def improve(
-    instance: Instance, plan: Plan, focus: set[int], *, rounds: int = 3, top: int = 6
+    instance: Instance,
+    plan: Plan,
+    focus: set[int],
+    *,
+    rounds: int = 3,
+    top: int = 6,
+    layout: Layout | None = None,
 ) -> Plan | None:
     """Improve ``plan`` by re-degree and swap moves around the ``focus`` replicas.
 
@@ -134,6 +197,10 @@ def improve(
         Most moves accepted.
     top
         Candidates per round scored with the exact batch split.
+    layout
+        The plan's :class:`~ntp_opt.model.layout.Layout`, when the caller has
+        it (re-planning does): the slots are read from its arrays, not from
+        the plan's node ids. The result is the same.
 
     Returns
     -------
@@ -143,10 +210,10 @@ def improve(
     """
     if not plan.replicas or not focus:
         return None
-    reps, spare = _slots(instance, plan)
+    reps, spare = _slots(instance, plan, layout)
     s = _Search(instance, reps, spare)
-    tables = [np.array([s.table(x) for x in r]) for r in reps]
-    spare_tab = [s.table(x) for x in spare]
+    tables = [np.array([x.table for x in r]) for r in reps]
+    spare_tab = [x.table.copy() for x in spare]
     cur = [s.best(t) for t in tables]
     tps = [t for t, _ in cur]
     speeds = [v for _, v in cur]
@@ -228,6 +295,8 @@ def _plan(
     if split is None:
         return None
     replicas = []
+    ids = a.gpu_ids.__getitem__
+    domain_ids = a.domain_ids
     for r, b in zip(keep, split.batches, strict=True):
         if b <= 0:
             continue
@@ -237,7 +306,7 @@ def _plan(
                 tp=t,
                 local_batch=int(b),
                 stages=tuple(
-                    Stage(a.domain_ids[x.domain], tuple(a.gpu_ids[g] for g in x.gpus[:t]), 1.0)
+                    Stage(domain_ids[x.domain], tuple(map(ids, x.gpus[:t].tolist())), 1.0)
                     for x in reps[r]
                 ),
             )

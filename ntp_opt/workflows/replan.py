@@ -501,8 +501,14 @@ def _step(
     check_mode: str,
     want_bound: bool,
     start: float,
+    legacy: bool = False,
 ) -> Replanned:
-    """Re-plan ``state`` after ``evs`` (module docstring); the new state rides along."""
+    """Re-plan ``state`` after ``evs`` (module docstring); the new state rides along.
+
+    ``legacy``: the swap plan made and checked as before issue 30 (its slots
+    read from node ids, re-boosted by :func:`reboost` and checked twice): the
+    same result, slower; kept to measure the difference and to test it.
+    """
     instance, plan = state.instance, state.plan
     new_inst = _apply(state.base or instance, evs, state.trays)
     a = instance.arrays
@@ -547,6 +553,7 @@ def _step(
         "local": (local, local_ev.goodput, moved_by(local, local_lay))
     }
     evals = {"local": local_ev}
+    layouts: dict[str, Layout] = {}  # of the other options, where known
 
     def settled() -> bool:
         best = max(v for _, v, _ in options.values())
@@ -564,8 +571,8 @@ def _step(
             for r, rep in enumerate(local.replicas)
             if any(a.domain_index[st.domain] in touched for st in rep.stages)
         }
-        better = improve(new_inst, local, focus)
-        if better is not None:
+        better = improve(new_inst, local, focus, layout=None if legacy else local_lay)
+        if better is not None and legacy:  # the code before issue 30 (measurements)
             better = reboost(new_inst, better)
             ev = evaluate(new_inst, better)
             if ev.feasible:
@@ -574,6 +581,24 @@ def _step(
                     better.with_metrics(**ev.as_metrics()),
                     ev.goodput,
                     moved_by(better),
+                )
+        elif better is not None:
+            # :func:`reboost` with one layout and one full check: the boosted plan
+            # when the validator accepts it, else the plan as improved
+            swap, swap_lay = better, Layout.from_plan(new_inst, better)
+            got = reboost_layout(new_inst, swap, swap_lay) if swap.replicas else None
+            boost_ev = None if got is None else evaluate(new_inst, got.plan)
+            if got is not None and boost_ev is not None and boost_ev.feasible:
+                (swap, swap_lay), ev = got, boost_ev
+            else:
+                ev = evaluate(new_inst, swap)
+            if ev.feasible:
+                evals["swap"] = ev
+                layouts["swap"] = swap_lay
+                options["swap"] = (
+                    swap.with_metrics(**ev.as_metrics()),
+                    ev.goodput,
+                    moved_by(swap, swap_lay),
                 )
     if mode == "global" or (mode == "auto" and not settled()):
         from ntp_opt.planners.fast import plan_fast
@@ -603,6 +628,8 @@ def _step(
     chosen = chosen.with_metrics(**ev.as_metrics(), policy=f"replan-{choice}", moved=moved, **extra)
     if choice == "local":
         lay = Layout(**{**local_lay.__dict__, "metrics": dict(chosen.metrics)})
+    elif choice in layouts:
+        lay = Layout(**{**layouts[choice].__dict__, "metrics": dict(chosen.metrics)})
     else:
         lay = Layout.from_plan(new_inst, chosen)
     logger.info(
@@ -735,6 +762,7 @@ class Replanner:
         self.mode = mode
         self.check = check
         self.bound = (mode == "auto") if bound is None else bound
+        self._legacy = False  # the swap plan as before issue 30 (same result; tests, timing)
         state = PlanState.checked(instance, plan)
         if self.bound:  # the multipliers and rows the events' bounds start from
             rows = domain_rows(instance)
@@ -775,6 +803,7 @@ class Replanner:
             check_mode=self.check,
             want_bound=self.bound,
             start=start,
+            legacy=self._legacy,
         )
         if commit:
             assert out.state is not None
