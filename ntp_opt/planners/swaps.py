@@ -23,6 +23,8 @@ to 1 by the search; the caller re-applies boosts
 from __future__ import annotations
 
 from dataclasses import dataclass
+from operator import itemgetter
+from typing import Any
 
 import numpy as np
 
@@ -294,21 +296,21 @@ def _plan(
     split = split_batch(job, [speeds[r] / job.seq_time_s for r in keep], [tps[r] for r in keep])
     if split is None:
         return None
-    replicas = []
-    ids = a.gpu_ids.__getitem__
+    kept = [(r, int(b)) for r, b in zip(keep, split.batches, strict=True) if b > 0]
+    # every stage's GPU ids in one lookup, then sliced per stage
+    parts = [x.gpus[: tps[r]] for r, _ in kept for x in reps[r]]
+    flat = np.concatenate(parts).tolist() if parts else []
+    names: tuple[Any, ...] = (
+        itemgetter(*flat)(a.gpu_ids) if len(flat) > 1 else tuple(a.gpu_ids[g] for g in flat)
+    )
     domain_ids = a.domain_ids
-    for r, b in zip(keep, split.batches, strict=True):
-        if b <= 0:
-            continue
+    replicas = []
+    pos = 0
+    for r, b in kept:
         t = tps[r]
-        replicas.append(
-            Replica(
-                tp=t,
-                local_batch=int(b),
-                stages=tuple(
-                    Stage(domain_ids[x.domain], tuple(map(ids, x.gpus[:t].tolist())), 1.0)
-                    for x in reps[r]
-                ),
-            )
-        )
+        stages = []
+        for x in reps[r]:
+            stages.append(Stage(domain_ids[x.domain], names[pos : pos + t], 1.0))
+            pos += t
+        replicas.append(Replica(tp=t, local_batch=b, stages=tuple(stages)))
     return Plan(plan.instance, tuple(replicas), {"policy": "swaps"})

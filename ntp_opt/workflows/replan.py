@@ -583,15 +583,16 @@ def _step(
                     moved_by(better),
                 )
         elif better is not None:
-            # :func:`reboost` with one layout and one full check: the boosted plan
-            # when the validator accepts it, else the plan as improved
+            # :func:`reboost` on one layout, checked once in index space (the
+            # validator's figures; ``check="full"`` adds the validator): the
+            # boosted plan when it passes, else the plan as improved
             swap, swap_lay = better, Layout.from_plan(new_inst, better)
             got = reboost_layout(new_inst, swap, swap_lay) if swap.replicas else None
-            boost_ev = None if got is None else evaluate(new_inst, got.plan)
+            boost_ev = None if got is None else _evaluate(new_inst, *got, check_mode)
             if got is not None and boost_ev is not None and boost_ev.feasible:
                 (swap, swap_lay), ev = got, boost_ev
             else:
-                ev = evaluate(new_inst, swap)
+                ev = _evaluate(new_inst, swap, swap_lay, check_mode)
             if ev.feasible:
                 evals["swap"] = ev
                 layouts["swap"] = swap_lay
