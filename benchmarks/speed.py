@@ -289,6 +289,100 @@ def _replan_rows(name: str, instance: Instance, modes: tuple[str, ...], n: int) 
     return rows
 
 
+CHAIN_EVENTS = 10
+"""Single-GPU failures per chain in the ``replan`` section's chain table (issue 30)."""
+
+
+def _chain_rows(name: str, instance: Instance, n: int, seeds: tuple[int, ...] = (7, 8)) -> str:
+    """One row of the chain table: ``n`` committed single-GPU failures per seed.
+
+    Two runners replay the same chain, event by event: one as before issue 30
+    (the swap plan made from node ids, re-boosted and checked twice: the
+    runner's legacy switch), one now; they must return the same plans.
+    """
+    import statistics
+
+    import numpy as np
+
+    from ntp_opt.workflows.replan import ClusterEvent, Replanner
+
+    plan, _ = plan_fast(instance)
+    times: dict[bool, list[float]] = {True: [], False: []}
+    paths: dict[str, int] = {}
+    for seed in seeds:
+        runners = {legacy: Replanner(instance, plan) for legacy in (True, False)}
+        runners[True]._legacy = True  # the swap plan as before (same result)
+        rng = np.random.default_rng(seed)
+        a = instance.arrays
+        for _ in range(n):
+            used = np.zeros(a.n_gpus, dtype=bool)
+            used[runners[False].state.layout.gpus] = True
+            ev = ClusterEvent("fail", a.gpu_ids[int(rng.choice(np.flatnonzero(used)))])
+            outs = {}
+            for legacy in (True, False):
+                cpu = time.process_time()
+                outs[legacy] = runners[legacy].replan([ev])
+                times[legacy].append(1000 * (time.process_time() - cpu))
+            if outs[True].plan != outs[False].plan or outs[True].choice != outs[False].choice:
+                raise RuntimeError(f"{name}: the legacy and current re-plans differ")
+            path = f"{outs[False].bound_kind} bound, {outs[False].choice}"
+            paths[path] = paths.get(path, 0) + 1
+
+    def stats(xs: list[float]) -> str:
+        xs = sorted(xs)
+        p90 = xs[min(len(xs) - 1, round(0.9 * (len(xs) - 1)))]
+        return f"{statistics.median(xs):.1f} / {p90:.1f} / {xs[-1]:.1f}"
+
+    kinds = ", ".join(f"{k}: {v}" for k, v in sorted(paths.items()))
+    row = (
+        f"| {name} | {instance.job.batch_policy} | {instance.arrays.n_gpus:,} "
+        f"| {stats(times[True])} | {stats(times[False])} | {kinds} |"
+    )
+    print(row, flush=True)
+    return row
+
+
+def chain_rows(ctx: Context) -> list[str]:
+    """The chain table: committed single-GPU failures, before and after issue 30."""
+    from large import build
+
+    head = [
+        "| instance | batch | GPUs | before: median / p90 / max ms "
+        "| now: median / p90 / max ms | events by path |",
+        "|---|---|---|---|---|---|",
+    ]
+    print("\n".join(head), flush=True)
+    gpus = 4096 if ctx.quick else 32768
+    rows = [
+        _chain_rows(
+            f"NVL32 (`large.py`) {gpus}",
+            build("nvl32", gpus, "elastic", 1e-3, "generous", seed=1),
+            CHAIN_EVENTS,
+        )
+    ]
+    paper = HERE.parent / "instances" / "paper-nvl32-32k-0.1pct.json.gz"
+    if not ctx.quick and paper.exists():
+        inst = load_instance(paper)
+        rows.append(_chain_rows(paper.name.removesuffix(".json.gz"), inst, CHAIN_EVENTS))
+        fixed = inst.with_job(inst.job.model_copy(update={"batch_policy": "fixed"}))
+        rows.append(
+            _chain_rows(f"{paper.name.removesuffix('.json.gz')} (fixed)", fixed, CHAIN_EVENTS)
+        )
+    return [
+        "### Chains of single-GPU failures (issue 30)",
+        "",
+        f"CPU ms per event, {CHAIN_EVENTS} used GPUs failing one after the other (each "
+        "re-plan committed), two seeds, from the running `fast` plan, `auto` mode; "
+        "*before*: the swap plan as before issue 30 (the runner's legacy switch, same "
+        "plans, interleaved event by event in the same run); the paths say which bound "
+        "decided and which plan was kept.",
+        "",
+        *head,
+        *rows,
+        "",
+    ]
+
+
 def replan_section(ctx: Context) -> list[str]:
     """Re-planning one event with a :class:`~ntp_opt.workflows.replan.Replanner`."""
     sys.path.insert(0, str(HERE))
@@ -323,6 +417,7 @@ def replan_section(ctx: Context) -> list[str]:
         *head,
         *rows,
         "",
+        *chain_rows(ctx),
     ]
 
 
