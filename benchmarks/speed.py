@@ -42,6 +42,12 @@ Sections (``SECTIONS``; one function each, returning Markdown lines):
   32k and 128k files of ``instances/large/`` (``"local"`` mode only: their
   ``fast`` plans are further from the bound than the tolerance, so ``"auto"``
   falls back to a global plan after every event).
+  Then the chain table (issue 30): 10 used GPUs failing one after the other
+  (committed), two seeds, on the 32k NVL32 cluster (``--quick``: 4k) and on
+  ``instances/paper-nvl32-32k-0.1pct.json.gz`` as bundled (elastic) and with
+  a fixed batch: median, p90 and max CPU ms now and as before issue 30 (the
+  runner's legacy switch, same plans, interleaved in the same run), and how
+  many events each path took (which bound decided, which plan was kept).
 
 * ``cli``: per instance, ``ntp-opt solve FILE --policy fast -o plan.json`` end
   to end in a subprocess (CPU: its user + system time; peak RSS: its

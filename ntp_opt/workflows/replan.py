@@ -38,6 +38,9 @@ The local plan is made and checked in index space, on the running plan's
 plan it is given in full; a :class:`Replanner` keeps that check, the layout
 and the bound's multipliers (:class:`PlanState`) from one event to the next
 and updates the bound instead of searching it (``Replanned.bound_kind``).
+The swap plan is made from the local plan's layout
+(:func:`~ntp_opt.planners.swaps.improve`'s ``layout``), re-boosted on its own
+layout and checked once in index space, like the local plan.
 """
 
 from __future__ import annotations
@@ -693,10 +696,11 @@ def replan(
         ``"auto"`` (module docstring), ``"local"`` (recourse only) or
         ``"global"`` (always the aligned global plan).
     check
-        How the local plan is checked: ``"incremental"`` (default: every rule
-        on the layout's arrays, :func:`ntp_opt.rules.validate.evaluate_layout`)
-        or ``"full"`` (also the full validator, which must agree figure for
-        figure). The swap and global plans always go through the full one.
+        How the local and swap plans are checked: ``"incremental"``
+        (default: every rule on the layout's arrays,
+        :func:`ntp_opt.rules.validate.evaluate_layout`) or ``"full"`` (also
+        the full validator, which must agree figure for figure). The global
+        plan always goes through the full one.
     bound
         Compute the bound (default). ``False`` skips it where no decision
         needs it (``mode="local"`` or ``"global"``): ``Replanned.bound`` is
