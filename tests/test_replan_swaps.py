@@ -26,6 +26,7 @@ from ntp_opt.rules.validate import evaluate
 from ntp_opt.workflows.incremental import recourse_layout
 from ntp_opt.workflows.replan import ClusterEvent, Replanner, apply_events
 
+from . import swaps_reference
 from .strategies import instances, valid_plans
 
 INSTANCES = Path(__file__).resolve().parent.parent / "instances"
@@ -59,11 +60,38 @@ def test_improve_from_the_layout_equals_improve_from_node_ids(inst, data):
     mask = a.healthy & ~new.arrays.healthy
     local, lay = recourse_layout(new, plan, Layout.from_plan(inst, plan), mask)
     focus = set(data.draw(st.lists(st.integers(0, max(0, len(local.replicas) - 1)), max_size=3)))
-    ref = improve(new, local, focus)
-    got = improve(new, local, focus, layout=lay)
-    assert (got is None) == (ref is None)
-    if got is not None:
-        assert got.replicas == ref.replicas and got.metrics == ref.metrics
+    ref = swaps_reference.improve(new, local, focus)
+    for got in (improve(new, local, focus), improve(new, local, focus, layout=lay)):
+        assert (got is None) == (ref is None)
+        if got is not None:
+            assert got.replicas == ref.replicas and got.metrics == ref.metrics
+
+
+@pytest.mark.parametrize("gpus", [2048, 4096])
+def test_improve_equals_the_reference_on_large_chains(gpus):
+    """Many candidate moves (128 replicas of 8 stages at 4k): the same plan."""
+    inst = nvl32(gpus, 5)
+    plan = solve(inst, "fast").plan
+    assert plan is not None
+    rng = np.random.default_rng(gpus)
+    a = inst.arrays
+    layout = Layout.from_plan(inst, plan)
+    made = 0
+    for _ in range(4):
+        used = np.flatnonzero(np.isin(np.arange(a.n_gpus), layout.gpus) & a.healthy)
+        gone = a.gpu_ids[int(rng.choice(used))]
+        new = apply_events(inst, [ClusterEvent("fail", gone)])
+        mask = inst.arrays.healthy & ~new.arrays.healthy
+        local, lay = recourse_layout(new, plan, layout, mask)
+        focus = {int(lay.replica[np.flatnonzero(lay.domain == a.gpu_domain[a.gpu_index[gone]])[0]])}
+        ref = swaps_reference.improve(new, local, focus)
+        got = improve(new, local, focus, layout=lay)
+        assert (got is None) == (ref is None)
+        if got is not None:
+            made += 1
+            assert got.replicas == ref.replicas and got.metrics == ref.metrics
+        inst, plan, layout, a = new, local, lay, new.arrays
+    assert made  # the search moved something
 
 
 SWAPLESS = {"dgx-1k-0.4pct-fixed", "nvl72-576-tp36-0.4pct-elastic"}

@@ -22,7 +22,9 @@ to 1 by the search; the caller re-applies boosts
 
 from __future__ import annotations
 
+import heapq
 from dataclasses import dataclass
+from itertools import repeat
 from operator import itemgetter
 from typing import Any
 
@@ -231,21 +233,43 @@ def improve(
         f = s.factor
         sp_tab = np.array(spare_tab) if spare_tab else np.zeros((0, len(f)))
         for a_i in sorted(focus):
-            for i in range(big.shape[1]):
-                rest_a = ex[a_i, i]  # (degrees,)
-                va = (np.minimum(rest_a, big) * f).max(axis=2)  # A gets slot (b, j)
-                vb = (np.minimum(ex, big[a_i, i]) * f).max(axis=2)  # b gets A's slot i
-                gain = va + vb - cur_v[a_i] - cur_v[:, None]
-                gain[a_i, :] = -np.inf
-                for b_i, j in zip(*np.nonzero(gain > ABS_NOISE), strict=True):
-                    cands.append((-float(gain[b_i, j]), "swap", a_i, i, int(b_i), int(j)))
-                if len(sp_tab):
-                    vs = (np.minimum(rest_a, sp_tab) * f).max(axis=1) - cur_v[a_i]
-                    for j in np.nonzero(vs > ABS_NOISE)[0]:
-                        cands.append((-float(vs[j]), "spare", a_i, i, -1, int(j)))
-        cands.sort()
+            # every slot i of A against every slot (b, j) at once: A gets (b, j)
+            # and b gets A's slot i (element for element the same numbers as
+            # one slot at a time)
+            rest = ex[a_i]  # (pp, degrees): min over A's other stages
+            va = (np.minimum(rest[:, None, None, :], big[None]) * f).max(axis=3)
+            vb = (np.minimum(ex[None], big[a_i][:, None, None, :]) * f).max(axis=3)
+            gain = va + vb - cur_v[a_i] - cur_v[None, :, None]  # (pp, replicas, pp)
+            gain[:, a_i, :] = -np.inf
+            ii, bb, jj = np.nonzero(gain > ABS_NOISE)
+            cands.extend(
+                zip(
+                    (-gain[ii, bb, jj]).tolist(),
+                    repeat("swap"),
+                    repeat(a_i),
+                    ii.tolist(),
+                    bb.tolist(),
+                    jj.tolist(),
+                    strict=False,
+                )
+            )
+            if len(sp_tab):
+                vs = (np.minimum(rest[:, None, :], sp_tab[None]) * f).max(axis=2) - cur_v[a_i]
+                ii, jj = np.nonzero(vs > ABS_NOISE)
+                cands.extend(
+                    zip(
+                        (-vs[ii, jj]).tolist(),
+                        repeat("spare"),
+                        repeat(a_i),
+                        ii.tolist(),
+                        repeat(-1),
+                        jj.tolist(),
+                        strict=False,
+                    )
+                )
+        # the best ``top`` in sorted order (``heapq.nsmallest`` is ``sorted()[:top]``)
         best_move = None
-        for _, kind, a_i, i, b_i, j in cands[:top]:
+        for _, kind, a_i, i, b_i, j in heapq.nsmallest(top, cands):
             new_t, new_v = list(tps), list(speeds)
             ta = tables[a_i]
             if kind == "swap":
