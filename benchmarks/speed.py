@@ -45,9 +45,9 @@ Sections (``SECTIONS``; one function each, returning Markdown lines):
   Then the chain table (issue 30): 10 used GPUs failing one after the other
   (committed), two seeds, on the 32k NVL32 cluster (``--quick``: 4k) and on
   ``instances/paper-nvl32-32k-0.1pct.json.gz`` as bundled (elastic) and with
-  a fixed batch: median, p90 and max CPU ms now and as before issue 30 (the
-  runner's legacy switch, same plans, interleaved in the same run), and how
-  many events each path took (which bound decided, which plan was kept).
+  a fixed batch: median, p90 and max CPU ms, and how many events each path
+  took (which bound decided, which plan was kept). ``benchmarks/replan_chains.py``
+  runs the same chains against an older revision in the same process.
 
 * ``cli``: per instance, ``ntp-opt solve FILE --policy fast -o plan.json`` end
   to end in a subprocess (CPU: its user + system time; peak RSS: its
@@ -300,12 +300,7 @@ CHAIN_EVENTS = 10
 
 
 def _chain_rows(name: str, instance: Instance, n: int, seeds: tuple[int, ...] = (7, 8)) -> str:
-    """One row of the chain table: ``n`` committed single-GPU failures per seed.
-
-    Two runners replay the same chain, event by event: one as before issue 30
-    (the swap plan made from node ids, re-boosted and checked twice: the
-    runner's legacy switch), one now; they must return the same plans.
-    """
+    """One row of the chain table: ``n`` committed single-GPU failures per seed."""
     import statistics
 
     import numpy as np
@@ -313,49 +308,39 @@ def _chain_rows(name: str, instance: Instance, n: int, seeds: tuple[int, ...] = 
     from ntp_opt.workflows.replan import ClusterEvent, Replanner
 
     plan, _ = plan_fast(instance)
-    times: dict[bool, list[float]] = {True: [], False: []}
+    times: list[float] = []
     paths: dict[str, int] = {}
     for seed in seeds:
-        runners = {legacy: Replanner(instance, plan) for legacy in (True, False)}
-        runners[True]._legacy = True  # the swap plan as before (same result)
+        runner = Replanner(instance, plan)
         rng = np.random.default_rng(seed)
         a = instance.arrays
         for _ in range(n):
             used = np.zeros(a.n_gpus, dtype=bool)
-            used[runners[False].state.layout.gpus] = True
+            used[runner.state.layout.gpus] = True
             ev = ClusterEvent("fail", a.gpu_ids[int(rng.choice(np.flatnonzero(used)))])
-            outs = {}
-            for legacy in (True, False):
-                cpu = time.process_time()
-                outs[legacy] = runners[legacy].replan([ev])
-                times[legacy].append(1000 * (time.process_time() - cpu))
-            if outs[True].plan != outs[False].plan or outs[True].choice != outs[False].choice:
-                raise RuntimeError(f"{name}: the legacy and current re-plans differ")
-            path = f"{outs[False].bound_kind} bound, {outs[False].choice}"
+            cpu = time.process_time()
+            out = runner.replan([ev])
+            times.append(1000 * (time.process_time() - cpu))
+            path = f"{out.bound_kind} bound, {out.choice}"
             paths[path] = paths.get(path, 0) + 1
-
-    def stats(xs: list[float]) -> str:
-        xs = sorted(xs)
-        p90 = xs[min(len(xs) - 1, round(0.9 * (len(xs) - 1)))]
-        return f"{statistics.median(xs):.1f} / {p90:.1f} / {xs[-1]:.1f}"
-
+    times.sort()
+    p90 = times[min(len(times) - 1, round(0.9 * (len(times) - 1)))]
     kinds = ", ".join(f"{k}: {v}" for k, v in sorted(paths.items()))
     row = (
         f"| {name} | {instance.job.batch_policy} | {instance.arrays.n_gpus:,} "
-        f"| {stats(times[True])} | {stats(times[False])} | {kinds} |"
+        f"| {statistics.median(times):.1f} / {p90:.1f} / {times[-1]:.1f} | {kinds} |"
     )
     print(row, flush=True)
     return row
 
 
 def chain_rows(ctx: Context) -> list[str]:
-    """The chain table: committed single-GPU failures, before and after issue 30."""
+    """The chain table: committed single-GPU failures (issue 30)."""
     from large import build
 
     head = [
-        "| instance | batch | GPUs | before: median / p90 / max ms "
-        "| now: median / p90 / max ms | events by path |",
-        "|---|---|---|---|---|---|",
+        "| instance | batch | GPUs | median / p90 / max ms | events by path |",
+        "|---|---|---|---|---|",
     ]
     print("\n".join(head), flush=True)
     gpus = 4096 if ctx.quick else 32768
@@ -378,10 +363,9 @@ def chain_rows(ctx: Context) -> list[str]:
         "### Chains of single-GPU failures (issue 30)",
         "",
         f"CPU ms per event, {CHAIN_EVENTS} used GPUs failing one after the other (each "
-        "re-plan committed), two seeds, from the running `fast` plan, `auto` mode; "
-        "*before*: the swap plan as before issue 30 (the runner's legacy switch, same "
-        "plans, interleaved event by event in the same run); the paths say which bound "
-        "decided and which plan was kept.",
+        "re-plan committed), two seeds, from the running `fast` plan, `auto` mode; the "
+        "paths say which bound decided and which plan was kept (against an older "
+        "revision: `benchmarks/replan_chains.py`).",
         "",
         *head,
         *rows,
