@@ -508,9 +508,10 @@ def _step(
 ) -> Replanned:
     """Re-plan ``state`` after ``evs`` (module docstring); the new state rides along.
 
-    ``legacy``: the swap plan made and checked as before issue 30 (its slots
-    read from node ids, re-boosted by :func:`reboost` and checked twice): the
-    same result, slower; kept to measure the difference and to test it.
+    ``legacy``: the swap plan re-boosted and checked as before issue 30 (its
+    slots read from the plan's node ids, re-boosted by :func:`reboost`,
+    checked twice by the full validator, its layout rebuilt): the same
+    result, slower; kept for the tests that compare the two.
     """
     instance, plan = state.instance, state.plan
     new_inst = _apply(state.base or instance, evs, state.trays)
@@ -575,7 +576,7 @@ def _step(
             if any(a.domain_index[st.domain] in touched for st in rep.stages)
         }
         better = improve(new_inst, local, focus, layout=None if legacy else local_lay)
-        if better is not None and legacy:  # the code before issue 30 (measurements)
+        if better is not None and legacy:  # as before issue 30 (tests compare)
             better = reboost(new_inst, better)
             ev = evaluate(new_inst, better)
             if ev.feasible:
@@ -767,7 +768,7 @@ class Replanner:
         self.mode = mode
         self.check = check
         self.bound = (mode == "auto") if bound is None else bound
-        self._legacy = False  # the swap plan as before issue 30 (same result; tests, timing)
+        self._legacy = False  # the swap plan checked as before issue 30 (tests compare)
         state = PlanState.checked(instance, plan)
         if self.bound:  # the multipliers and rows the events' bounds start from
             rows = domain_rows(instance)
