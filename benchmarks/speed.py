@@ -42,6 +42,12 @@ Sections (``SECTIONS``; one function each, returning Markdown lines):
   32k and 128k files of ``instances/large/`` (``"local"`` mode only: their
   ``fast`` plans are further from the bound than the tolerance, so ``"auto"``
   falls back to a global plan after every event).
+  Then the chain table (issue 30): 10 used GPUs failing one after the other
+  (committed), two seeds, on the 32k NVL32 cluster (``--quick``: 4k) and on
+  ``instances/paper-nvl32-32k-0.1pct.json.gz`` as bundled (elastic) and with
+  a fixed batch: median, p90 and max CPU ms, and how many events each path
+  took (which bound decided, which plan was kept). ``benchmarks/replan_chains.py``
+  runs the same chains against an older revision in the same process.
 
 * ``cli``: per instance, ``ntp-opt solve FILE --policy fast -o plan.json`` end
   to end in a subprocess (CPU: its user + system time; peak RSS: its
@@ -289,6 +295,84 @@ def _replan_rows(name: str, instance: Instance, modes: tuple[str, ...], n: int) 
     return rows
 
 
+CHAIN_EVENTS = 10
+"""Single-GPU failures per chain in the ``replan`` section's chain table (issue 30)."""
+
+
+def _chain_rows(name: str, instance: Instance, n: int, seeds: tuple[int, ...] = (7, 8)) -> str:
+    """One row of the chain table: ``n`` committed single-GPU failures per seed."""
+    import statistics
+
+    import numpy as np
+
+    from ntp_opt.workflows.replan import ClusterEvent, Replanner
+
+    plan, _ = plan_fast(instance)
+    times: list[float] = []
+    paths: dict[str, int] = {}
+    for seed in seeds:
+        runner = Replanner(instance, plan)
+        rng = np.random.default_rng(seed)
+        a = instance.arrays
+        for _ in range(n):
+            used = np.zeros(a.n_gpus, dtype=bool)
+            used[runner.state.layout.gpus] = True
+            ev = ClusterEvent("fail", a.gpu_ids[int(rng.choice(np.flatnonzero(used)))])
+            cpu = time.process_time()
+            out = runner.replan([ev])
+            times.append(1000 * (time.process_time() - cpu))
+            path = f"{out.bound_kind} bound, {out.choice}"
+            paths[path] = paths.get(path, 0) + 1
+    times.sort()
+    p90 = times[min(len(times) - 1, round(0.9 * (len(times) - 1)))]
+    kinds = ", ".join(f"{k}: {v}" for k, v in sorted(paths.items()))
+    row = (
+        f"| {name} | {instance.job.batch_policy} | {instance.arrays.n_gpus:,} "
+        f"| {statistics.median(times):.1f} / {p90:.1f} / {times[-1]:.1f} | {kinds} |"
+    )
+    print(row, flush=True)
+    return row
+
+
+def chain_rows(ctx: Context) -> list[str]:
+    """The chain table: committed single-GPU failures (issue 30)."""
+    from large import build
+
+    head = [
+        "| instance | batch | GPUs | median / p90 / max ms | events by path |",
+        "|---|---|---|---|---|",
+    ]
+    print("\n".join(head), flush=True)
+    gpus = 4096 if ctx.quick else 32768
+    rows = [
+        _chain_rows(
+            f"NVL32 (`large.py`) {gpus}",
+            build("nvl32", gpus, "elastic", 1e-3, "generous", seed=1),
+            CHAIN_EVENTS,
+        )
+    ]
+    paper = HERE.parent / "instances" / "paper-nvl32-32k-0.1pct.json.gz"
+    if not ctx.quick and paper.exists():
+        inst = load_instance(paper)
+        rows.append(_chain_rows(paper.name.removesuffix(".json.gz"), inst, CHAIN_EVENTS))
+        fixed = inst.with_job(inst.job.model_copy(update={"batch_policy": "fixed"}))
+        rows.append(
+            _chain_rows(f"{paper.name.removesuffix('.json.gz')} (fixed)", fixed, CHAIN_EVENTS)
+        )
+    return [
+        "### Chains of single-GPU failures (issue 30)",
+        "",
+        f"CPU ms per event, {CHAIN_EVENTS} used GPUs failing one after the other (each "
+        "re-plan committed), two seeds, from the running `fast` plan, `auto` mode; the "
+        "paths say which bound decided and which plan was kept (against an older "
+        "revision: `benchmarks/replan_chains.py`).",
+        "",
+        *head,
+        *rows,
+        "",
+    ]
+
+
 def replan_section(ctx: Context) -> list[str]:
     """Re-planning one event with a :class:`~ntp_opt.workflows.replan.Replanner`."""
     sys.path.insert(0, str(HERE))
@@ -323,6 +407,7 @@ def replan_section(ctx: Context) -> list[str]:
         *head,
         *rows,
         "",
+        *chain_rows(ctx),
     ]
 
 

@@ -22,11 +22,16 @@ to 1 by the search; the caller re-applies boosts
 
 from __future__ import annotations
 
+import heapq
 from dataclasses import dataclass
+from itertools import repeat
+from operator import itemgetter
+from typing import Any
 
 import numpy as np
 
 from ntp_opt.model.instance import Instance
+from ntp_opt.model.layout import Layout
 from ntp_opt.model.plan import Plan, Replica, Stage
 from ntp_opt.rules.goodput import split_batch
 from ntp_opt.rules.tolerances import ABS_NOISE, IMPROVE_TOL
@@ -37,12 +42,76 @@ class _Slot:
     domain: int
     gpus: np.ndarray  # GPU indices, fastest first
     speeds: np.ndarray  # their speeds, descending
+    table: np.ndarray  # ``s(t)`` per allowed degree, -inf where the slot is too small
 
 
-def _slots(instance: Instance, plan: Plan) -> tuple[list[list[_Slot]], list[_Slot]]:
-    """Slots of every replica's stages, and one slot per unused domain."""
+def _slots(
+    instance: Instance, plan: Plan, layout: Layout | None = None
+) -> tuple[list[list[_Slot]], list[_Slot]]:
+    """Slots of every replica's stages, and one slot per unused domain.
+
+    ``layout``: the plan's :class:`~ntp_opt.model.layout.Layout`, when known:
+    the same slots, read from its arrays with every slot's GPUs sorted at
+    once (by slot, speed descending, then their order: the stage's own GPUs
+    in plan order, then the domain's unused ones). Without it, the plan's
+    node ids are read and each slot is sorted on its own
+    (:func:`_slots_of_plan`, the reference the tests compare with).
+    """
+    if layout is None:
+        return _slots_of_plan(instance, plan)
+    a = instance.arrays
+    used = np.zeros(a.n_gpus, dtype=bool)
+    used[layout.gpus] = True
+    free = a.healthy & ~used
+    n_stages = layout.n_stages
+    stages_in = np.bincount(layout.domain, minlength=a.n_domains)
+    has_free = np.bincount(a.gpu_domain[free], minlength=a.n_domains) > 0
+    spare_d = np.flatnonzero((stages_in == 0) & has_free).tolist()
+    # slots: the stages (layout order), then the spare domains
+    doms = layout.domain.tolist() + spare_d
+    parts = [layout.gpus]
+    owners = [np.repeat(np.arange(n_stages, dtype=np.int64), np.diff(layout.offsets))]
+    single = np.flatnonzero((stages_in[layout.domain] == 1) & has_free[layout.domain]).tolist()
+    for k, d in [(k, doms[k]) for k in single] + [(n_stages + j, d) for j, d in enumerate(spare_d)]:
+        members = a.domain_gpus[d]
+        extra = members[free[members]]
+        parts.append(extra)
+        owners.append(np.full(len(extra), k, dtype=np.int64))
+    flat = np.concatenate(parts)
+    owner = np.concatenate(owners)
+    speed = a.speed[flat]
+    order = np.lexsort((np.arange(len(flat)), -speed, owner))
+    flat, speed = flat[order], speed[order]
+    sizes = np.bincount(owner, minlength=len(doms))
+    starts = np.concatenate(([0], np.cumsum(sizes)[:-1]))
+    degrees = np.array(instance.job.allowed, dtype=np.int64)
+    fits = degrees[None, :] <= sizes[:, None]
+    at = np.where(fits, starts[:, None] + degrees[None, :] - 1, 0)
+    tables = np.where(fits, speed[at] if len(speed) else 0.0, -np.inf)
+    bounds = np.concatenate((starts, [len(flat)])).tolist()
+    slots = [
+        _Slot(d, flat[bounds[k] : bounds[k + 1]], speed[bounds[k] : bounds[k + 1]], tables[k])
+        for k, d in enumerate(doms)
+    ]
+    reps: list[list[_Slot]] = [[] for _ in plan.replicas]
+    for k, r in enumerate(layout.replica.tolist()):
+        reps[r].append(slots[k])
+    return reps, slots[n_stages:]
+
+
+def _table(degrees: np.ndarray, speeds: np.ndarray) -> np.ndarray:
+    """``s(t)`` per allowed degree from a slot's speeds (descending), -inf where too small."""
+    out = np.full(len(degrees), -np.inf)
+    ok = degrees <= len(speeds)
+    out[ok] = speeds[degrees[ok] - 1]
+    return out
+
+
+def _slots_of_plan(instance: Instance, plan: Plan) -> tuple[list[list[_Slot]], list[_Slot]]:
+    """:func:`_slots` from the plan's node ids, one slot at a time."""
     a = instance.arrays
     index = a.gpu_index
+    degrees = np.array(instance.job.allowed, dtype=np.int64)
     used = np.zeros(a.n_gpus, dtype=bool)
     stages_in: dict[int, int] = {}
     for rep in plan.replicas:
@@ -58,7 +127,7 @@ def _slots(instance: Instance, plan: Plan) -> tuple[list[list[_Slot]], list[_Slo
             members = a.domain_gpus[d]
             g = np.concatenate([own, members[free[members]]])
         g = g[np.argsort(-a.speed[g], kind="stable")]
-        return _Slot(d, g, a.speed[g])
+        return _Slot(d, g, a.speed[g], _table(degrees, a.speed[g]))
 
     reps = [
         [
@@ -93,14 +162,6 @@ class _Search:
         self.reps = reps
         self.spare = spare
 
-    def table(self, slot: _Slot) -> np.ndarray:
-        """``f(t) * s(t)`` per allowed degree (-inf where the slot is too small)."""
-        n = len(slot.speeds)
-        out = np.full(len(self.degrees), -np.inf)
-        ok = self.degrees <= n
-        out[ok] = slot.speeds[self.degrees[ok] - 1]
-        return out
-
     def best(self, tables: np.ndarray) -> tuple[int, float]:
         """Degree and power-1 speed (``f(t) * min s``) of a replica from its slot tables."""
         worst = tables.min(axis=0) * self.factor
@@ -118,7 +179,13 @@ class _Search:
 
 
 def improve(
-    instance: Instance, plan: Plan, focus: set[int], *, rounds: int = 3, top: int = 6
+    instance: Instance,
+    plan: Plan,
+    focus: set[int],
+    *,
+    rounds: int = 3,
+    top: int = 6,
+    layout: Layout | None = None,
 ) -> Plan | None:
     """Improve ``plan`` by re-degree and swap moves around the ``focus`` replicas.
 
@@ -134,6 +201,10 @@ def improve(
         Most moves accepted.
     top
         Candidates per round scored with the exact batch split.
+    layout
+        The plan's :class:`~ntp_opt.model.layout.Layout`, when the caller has
+        it (re-planning does): the slots are read from its arrays, not from
+        the plan's node ids. The result is the same.
 
     Returns
     -------
@@ -143,10 +214,10 @@ def improve(
     """
     if not plan.replicas or not focus:
         return None
-    reps, spare = _slots(instance, plan)
+    reps, spare = _slots(instance, plan, layout)
     s = _Search(instance, reps, spare)
-    tables = [np.array([s.table(x) for x in r]) for r in reps]
-    spare_tab = [s.table(x) for x in spare]
+    tables = [np.array([x.table for x in r]) for r in reps]
+    spare_tab = [x.table.copy() for x in spare]
     cur = [s.best(t) for t in tables]
     tps = [t for t, _ in cur]
     speeds = [v for _, v in cur]
@@ -162,21 +233,43 @@ def improve(
         f = s.factor
         sp_tab = np.array(spare_tab) if spare_tab else np.zeros((0, len(f)))
         for a_i in sorted(focus):
-            for i in range(big.shape[1]):
-                rest_a = ex[a_i, i]  # (degrees,)
-                va = (np.minimum(rest_a, big) * f).max(axis=2)  # A gets slot (b, j)
-                vb = (np.minimum(ex, big[a_i, i]) * f).max(axis=2)  # b gets A's slot i
-                gain = va + vb - cur_v[a_i] - cur_v[:, None]
-                gain[a_i, :] = -np.inf
-                for b_i, j in zip(*np.nonzero(gain > ABS_NOISE), strict=True):
-                    cands.append((-float(gain[b_i, j]), "swap", a_i, i, int(b_i), int(j)))
-                if len(sp_tab):
-                    vs = (np.minimum(rest_a, sp_tab) * f).max(axis=1) - cur_v[a_i]
-                    for j in np.nonzero(vs > ABS_NOISE)[0]:
-                        cands.append((-float(vs[j]), "spare", a_i, i, -1, int(j)))
-        cands.sort()
+            # every slot i of A against every slot (b, j) at once: A gets (b, j)
+            # and b gets A's slot i (element for element the same numbers as
+            # one slot at a time)
+            rest = ex[a_i]  # (pp, degrees): min over A's other stages
+            va = (np.minimum(rest[:, None, None, :], big[None]) * f).max(axis=3)
+            vb = (np.minimum(ex[None], big[a_i][:, None, None, :]) * f).max(axis=3)
+            gain = va + vb - cur_v[a_i] - cur_v[None, :, None]  # (pp, replicas, pp)
+            gain[:, a_i, :] = -np.inf
+            ii, bb, jj = np.nonzero(gain > ABS_NOISE)
+            cands.extend(
+                zip(
+                    (-gain[ii, bb, jj]).tolist(),
+                    repeat("swap"),
+                    repeat(a_i),
+                    ii.tolist(),
+                    bb.tolist(),
+                    jj.tolist(),
+                    strict=False,
+                )
+            )
+            if len(sp_tab):
+                vs = (np.minimum(rest[:, None, :], sp_tab[None]) * f).max(axis=2) - cur_v[a_i]
+                ii, jj = np.nonzero(vs > ABS_NOISE)
+                cands.extend(
+                    zip(
+                        (-vs[ii, jj]).tolist(),
+                        repeat("spare"),
+                        repeat(a_i),
+                        ii.tolist(),
+                        repeat(-1),
+                        jj.tolist(),
+                        strict=False,
+                    )
+                )
+        # the best ``top`` in sorted order (``heapq.nsmallest`` is ``sorted()[:top]``)
         best_move = None
-        for _, kind, a_i, i, b_i, j in cands[:top]:
+        for _, kind, a_i, i, b_i, j in heapq.nsmallest(top, cands):
             new_t, new_v = list(tps), list(speeds)
             ta = tables[a_i]
             if kind == "swap":
@@ -227,19 +320,21 @@ def _plan(
     split = split_batch(job, [speeds[r] / job.seq_time_s for r in keep], [tps[r] for r in keep])
     if split is None:
         return None
+    kept = [(r, int(b)) for r, b in zip(keep, split.batches, strict=True) if b > 0]
+    # every stage's GPU ids in one lookup, then sliced per stage
+    parts = [x.gpus[: tps[r]] for r, _ in kept for x in reps[r]]
+    flat = np.concatenate(parts).tolist() if parts else []
+    names: tuple[Any, ...] = (
+        itemgetter(*flat)(a.gpu_ids) if len(flat) > 1 else tuple(a.gpu_ids[g] for g in flat)
+    )
+    domain_ids = a.domain_ids
     replicas = []
-    for r, b in zip(keep, split.batches, strict=True):
-        if b <= 0:
-            continue
+    pos = 0
+    for r, b in kept:
         t = tps[r]
-        replicas.append(
-            Replica(
-                tp=t,
-                local_batch=int(b),
-                stages=tuple(
-                    Stage(a.domain_ids[x.domain], tuple(a.gpu_ids[g] for g in x.gpus[:t]), 1.0)
-                    for x in reps[r]
-                ),
-            )
-        )
+        stages = []
+        for x in reps[r]:
+            stages.append(Stage(domain_ids[x.domain], names[pos : pos + t], 1.0))
+            pos += t
+        replicas.append(Replica(tp=t, local_batch=b, stages=tuple(stages)))
     return Plan(plan.instance, tuple(replicas), {"policy": "swaps"})

@@ -38,6 +38,9 @@ The local plan is made and checked in index space, on the running plan's
 plan it is given in full; a :class:`Replanner` keeps that check, the layout
 and the bound's multipliers (:class:`PlanState`) from one event to the next
 and updates the bound instead of searching it (``Replanned.bound_kind``).
+The swap plan is made from the local plan's layout
+(:func:`~ntp_opt.planners.swaps.improve`'s ``layout``), re-boosted on its own
+layout and checked once in index space, like the local plan.
 """
 
 from __future__ import annotations
@@ -505,8 +508,15 @@ def _step(
     check_mode: str,
     want_bound: bool,
     start: float,
+    legacy: bool = False,
 ) -> Replanned:
-    """Re-plan ``state`` after ``evs`` (module docstring); the new state rides along."""
+    """Re-plan ``state`` after ``evs`` (module docstring); the new state rides along.
+
+    ``legacy``: the swap plan re-boosted and checked as before issue 30 (its
+    slots read from the plan's node ids, re-boosted by :func:`reboost`,
+    checked twice by the full validator, its layout rebuilt): the same
+    result, slower; kept for the tests that compare the two.
+    """
     instance, plan = state.instance, state.plan
     new_inst = _apply(state.base or instance, evs, state.trays)
     a = instance.arrays
@@ -551,6 +561,7 @@ def _step(
         "local": (local, local_ev.goodput, moved_by(local, local_lay))
     }
     evals = {"local": local_ev}
+    layouts: dict[str, Layout] = {}  # of the other options, where known
 
     def settled() -> bool:
         best = max(v for _, v, _ in options.values())
@@ -568,8 +579,8 @@ def _step(
             for r, rep in enumerate(local.replicas)
             if any(a.domain_index[st.domain] in touched for st in rep.stages)
         }
-        better = improve(new_inst, local, focus)
-        if better is not None:
+        better = improve(new_inst, local, focus, layout=None if legacy else local_lay)
+        if better is not None and legacy:  # as before issue 30 (tests compare)
             better = reboost(new_inst, better)
             ev = evaluate(new_inst, better)
             if ev.feasible:
@@ -578,6 +589,25 @@ def _step(
                     better.with_metrics(**ev.as_metrics()),
                     ev.goodput,
                     moved_by(better),
+                )
+        elif better is not None:
+            # :func:`reboost` on one layout, checked once in index space (the
+            # validator's figures; ``check="full"`` adds the validator): the
+            # boosted plan when it passes, else the plan as improved
+            swap, swap_lay = better, Layout.from_plan(new_inst, better)
+            got = reboost_layout(new_inst, swap, swap_lay) if swap.replicas else None
+            boost_ev = None if got is None else _evaluate(new_inst, *got, check_mode)
+            if got is not None and boost_ev is not None and boost_ev.feasible:
+                (swap, swap_lay), ev = got, boost_ev
+            else:
+                ev = _evaluate(new_inst, swap, swap_lay, check_mode)
+            if ev.feasible:
+                evals["swap"] = ev
+                layouts["swap"] = swap_lay
+                options["swap"] = (
+                    swap.with_metrics(**ev.as_metrics()),
+                    ev.goodput,
+                    moved_by(swap, swap_lay),
                 )
     if mode == "global" or (mode == "auto" and not settled()):
         from ntp_opt.planners.fast import plan_fast
@@ -607,6 +637,8 @@ def _step(
     chosen = chosen.with_metrics(**ev.as_metrics(), policy=f"replan-{choice}", moved=moved, **extra)
     if choice == "local":
         lay = Layout(**{**local_lay.__dict__, "metrics": dict(chosen.metrics)})
+    elif choice in layouts:
+        lay = Layout(**{**layouts[choice].__dict__, "metrics": dict(chosen.metrics)})
     else:
         lay = Layout.from_plan(new_inst, chosen)
     logger.info(
@@ -669,10 +701,11 @@ def replan(
         ``"auto"`` (module docstring), ``"local"`` (recourse only) or
         ``"global"`` (always the aligned global plan).
     check
-        How the local plan is checked: ``"incremental"`` (default: every rule
-        on the layout's arrays, :func:`ntp_opt.rules.validate.evaluate_layout`)
-        or ``"full"`` (also the full validator, which must agree figure for
-        figure). The swap and global plans always go through the full one.
+        How the local and swap plans are checked: ``"incremental"``
+        (default: every rule on the layout's arrays,
+        :func:`ntp_opt.rules.validate.evaluate_layout`) or ``"full"`` (also
+        the full validator, which must agree figure for figure). The global
+        plan always goes through the full one.
     bound
         Compute the bound (default). ``False`` skips it where no decision
         needs it (``mode="local"`` or ``"global"``): ``Replanned.bound`` is
@@ -739,6 +772,7 @@ class Replanner:
         self.mode = mode
         self.check = check
         self.bound = (mode == "auto") if bound is None else bound
+        self._legacy = False  # the swap plan checked as before issue 30 (tests compare)
         state = PlanState.checked(instance, plan)
         if self.bound:  # the multipliers and rows the events' bounds start from
             rows = domain_rows(instance)
@@ -779,6 +813,7 @@ class Replanner:
             check_mode=self.check,
             want_bound=self.bound,
             start=start,
+            legacy=self._legacy,
         )
         if commit:
             assert out.state is not None

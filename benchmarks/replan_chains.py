@@ -1,0 +1,156 @@
+"""Chains of single-GPU failures re-planned by a ``Replanner``: an older revision against now.
+
+Usage::
+
+    python benchmarks/replan_chains.py --rev cfeee58           # 32k, 2 seeds x 10 events
+    python benchmarks/replan_chains.py --rev cfeee58 --quick   # 4k
+
+The package of revision ``--rev`` (``git archive``) is imported next to the
+working tree's, under another name, so both run in one process: each event is
+re-planned by the old code, then by the new, one after the other (the same
+machine load for both). Every event must give the same plan, choice and
+migration. Per instance: median, p90 and max CPU ms per event (each re-plan
+committed, ``auto`` mode), and how many events took each path (which bound
+decided, which plan was kept). Instances: the NVL32 cluster of
+``benchmarks/large.py`` (elastic), and ``instances/paper-nvl32-32k-0.1pct``
+as bundled (elastic) and with a fixed batch (issue 30).
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import io
+import re
+import statistics
+import subprocess
+import sys
+import tarfile
+import tempfile
+import time
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+import numpy as np
+
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parent
+
+
+def old_package(rev: str, into: Path) -> ModuleType:
+    """``ntp_opt`` of ``rev``, importable as ``ntp_opt_base`` (its imports renamed)."""
+    blob = subprocess.run(
+        ["git", "archive", rev, "ntp_opt"], cwd=ROOT, check=True, capture_output=True
+    ).stdout
+    with tarfile.open(fileobj=io.BytesIO(blob)) as tar:
+        tar.extractall(into, filter="data")
+    src = into / "ntp_opt"
+    for path in src.rglob("*.py"):
+        text = path.read_text()
+        path.write_text(re.sub(r"\bntp_opt\b", "ntp_opt_base", text))
+    src.rename(into / "ntp_opt_base")
+    sys.path.insert(0, str(into))
+    return importlib.import_module("ntp_opt_base")
+
+
+def instances(pkg: str, quick: bool) -> list[tuple[str, Any]]:
+    """The chains' instances, built by package ``pkg`` (as ``large.build`` does)."""
+    topology = importlib.import_module(f"{pkg}.model.topology")
+    top = importlib.import_module(pkg)
+    files = importlib.import_module(f"{pkg}.model.files")
+    gpus = 4096 if quick else 32768
+    g = topology.nvl32(gpus // 32, rack_power_factor=1.3)
+    job = top.Job(
+        tp=32,
+        tp_allowed=(28, 30, 32),
+        pp=8,
+        dp=gpus // 256,
+        global_batch=gpus // 16,
+        batch_policy="elastic",
+    )
+    topology.fail_random(g, fraction=1e-3, seed=1)
+    topology.add_stragglers(g, count=gpus // 4096, speed=(0.7, 0.95), seed=2)
+    out = [(f"NVL32 (`large.py`) {gpus}", top.Instance("nvl32", g, job, {}, copy_graph=False))]
+    if not quick:
+        paper = files.load_instance(ROOT / "instances" / "paper-nvl32-32k-0.1pct.json.gz")
+        out.append(("paper-nvl32-32k-0.1pct", paper))
+        fixed = paper.with_job(paper.job.model_copy(update={"batch_policy": "fixed"}))
+        out.append(("paper-nvl32-32k-0.1pct (fixed)", fixed))
+    return out
+
+
+def shape(plan: Any) -> tuple[Any, ...]:
+    """A plan as plain tuples (the two packages' classes differ)."""
+    return tuple(
+        (rep.tp, rep.local_batch, tuple((st.domain, st.gpus, st.power) for st in rep.stages))
+        for rep in plan.replicas
+    )
+
+
+def stats(xs: list[float]) -> str:
+    xs = sorted(xs)
+    p90 = xs[min(len(xs) - 1, round(0.9 * (len(xs) - 1)))]
+    return f"{statistics.median(xs):.1f} / {p90:.1f} / {xs[-1]:.1f}"
+
+
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--rev", required=True, help="the older revision (git)")
+    ap.add_argument("--quick", action="store_true", help="4k GPUs only")
+    ap.add_argument("--events", type=int, default=10, help="failures per chain")
+    ap.add_argument("--seeds", type=int, nargs="+", default=[7, 8])
+    args = ap.parse_args(argv)
+    with tempfile.TemporaryDirectory() as tmp:
+        old_package(args.rev, Path(tmp))
+        sides = {
+            "before": ("ntp_opt_base", instances("ntp_opt_base", args.quick)),
+            "now": ("ntp_opt", instances("ntp_opt", args.quick)),
+        }
+        print(
+            "| instance | batch | GPUs | before: median / p90 / max ms "
+            "| now: median / p90 / max ms | events by path |\n|---|---|---|---|---|---|",
+            flush=True,
+        )
+        for k, (name, inst) in enumerate(sides["now"][1]):
+            runs = {}
+            for side, (pkg, insts) in sides.items():
+                fast = importlib.import_module(f"{pkg}.planners.fast")
+                replan = importlib.import_module(f"{pkg}.workflows.replan")
+                runs[side] = (replan, insts[k][1], fast.plan_fast(insts[k][1])[0])
+            if shape(runs["before"][2]) != shape(runs["now"][2]):
+                raise SystemExit(f"{name}: the two revisions' fast plans differ")
+            times: dict[str, list[float]] = {"before": [], "now": []}
+            paths: dict[str, int] = {}
+            for seed in args.seeds:
+                runners = {s: m.Replanner(i, p) for s, (m, i, p) in runs.items()}
+                rng = np.random.default_rng(seed)
+                a = inst.arrays
+                for _ in range(args.events):
+                    used = np.zeros(a.n_gpus, dtype=bool)
+                    used[runners["now"].state.layout.gpus] = True
+                    gpu = a.gpu_ids[int(rng.choice(np.flatnonzero(used)))]
+                    outs = {}
+                    for side, (mod, _, _) in runs.items():
+                        cpu = time.process_time()
+                        outs[side] = runners[side].replan([mod.ClusterEvent("fail", gpu)])
+                        times[side].append(1000 * (time.process_time() - cpu))
+                    old, new = outs["before"], outs["now"]
+                    if (shape(old.plan), old.choice, old.moved) != (
+                        shape(new.plan),
+                        new.choice,
+                        new.moved,
+                    ):
+                        raise SystemExit(f"{name}: the revisions re-plan {gpu!r} differently")
+                    path = f"{new.bound_kind} bound, {new.choice}"
+                    paths[path] = paths.get(path, 0) + 1
+            kinds = ", ".join(f"{p}: {c}" for p, c in sorted(paths.items()))
+            print(
+                f"| {name} | {inst.job.batch_policy} | {inst.arrays.n_gpus:,} "
+                f"| {stats(times['before'])} | {stats(times['now'])} | {kinds} |",
+                flush=True,
+            )
+
+
+if __name__ == "__main__":
+    main()
