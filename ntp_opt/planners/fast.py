@@ -50,8 +50,10 @@ from ntp_opt.planners.heuristics import (
     pack,
     packing_replicas,
     split_packing,
+    trim_packed,
     used_mask,
 )
+from ntp_opt.rules.goodput import BatchSplit
 from ntp_opt.rules.power import boost_floor_stages, can_boost, headroom, over_budget
 from ntp_opt.rules.tolerances import BUDGET_SLACK
 from ntp_opt.rules.validate import certified
@@ -258,7 +260,11 @@ def _score(
 
 
 def _to_plan(instance: Instance, c: Candidate) -> Plan:
-    replicas = packing_replicas(instance, c.packing, c.powers, c.batches)
+    powers = c.powers
+    if c.goodput > 0 and not bool((powers == 1.0).all()):
+        theta = float(sum(c.batches)) / c.goodput
+        powers = trim_packed(instance, c.packing, powers, BatchSplit(c.batches, theta, c.goodput))
+    replicas = packing_replicas(instance, c.packing, powers, c.batches)
     return Plan(instance.name, replicas, {"policy": "fast", "candidate": c.name})
 
 
