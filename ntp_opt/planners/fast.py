@@ -228,6 +228,78 @@ def fit_by_degree(instance: Instance, packing: Packing, kept: Packing) -> Packin
     return fitted if fits_at_power_one(instance, used_mask(instance, fitted)) else None
 
 
+def replicas_needed(instance: Instance) -> int:
+    """Fewest replicas that can carry the batch: ``ceil(B / max_local_batch)`` under
+    the ``fixed`` policy, 1 under ``elastic``."""
+    job = instance.job
+    if job.batch_policy != "fixed":
+        return 1
+    return -(-job.global_batch // job.local_batch_max)
+
+
+def count_fit_table(instance: Instance) -> SlotTable | None:
+    """The paper's slots, with domains cut into more, smaller stages until ``pp`` times
+    :func:`replicas_needed` slots exist; ``None`` when the paper's slots suffice.
+
+    A domain of ``h`` healthy GPUs cut into ``k`` stages runs them at the largest
+    allowed degree ``t_k`` with ``k t_k <= h``, the GPUs left over raising as many
+    of them as they can to ``T`` (then one to the largest degree the rest allows).
+    The extra stages are taken where ``t_k`` is largest (fewest GPUs given up),
+    domain by domain in index order on ties. Without it ``fast`` would pause a
+    ``fixed`` job whose full and reduced slots are too few while smaller stages
+    fit (a domain of 28 healthy GPUs under TP 16 holds one TP16 stage, or two TP14).
+    """
+    job = instance.job
+    need = replicas_needed(instance) * job.pp
+    base = domain_slot_table(instance, reduced=True)
+    if len(base) >= need or need > min(job.replicas_max, job.global_batch) * job.pp:
+        return None
+    g, counts, first = fastest_first(instance)
+    big_t, t_min = job.tp, min(job.allowed)
+    have = np.bincount(base.domain, minlength=len(counts))
+    extra: list[tuple[int, int, int]] = []  # (-t_k, k, domain)
+    for d, h in enumerate(counts.tolist()):
+        for k in range(int(have[d]) + 1, h // t_min + 1):
+            t_k = job.largest_allowed(h // k)
+            if t_k is None:
+                break
+            extra.append((-t_k, k, d))
+    if len(base) + len(extra) < need:
+        return None  # no cut gives enough stages
+    extra.sort()
+    cut = have.copy()
+    for _, k, d in extra[: need - len(base)]:
+        cut[d] = max(cut[d], k)
+    changed = np.flatnonzero(cut > have)
+    keep = ~np.isin(base.domain, changed)
+    doms, rows, degs = [base.domain[keep]], [base.gpus[keep]], [base.degree[keep]]
+    for d in changed.tolist():
+        h, k = int(counts[d]), int(cut[d])
+        t_k = job.largest_allowed(h // k) or t_min
+        degree = [t_k] * k
+        spare = h - k * t_k
+        for j in range(k):
+            up = job.largest_allowed(min(big_t, t_k + spare)) or t_k
+            spare -= up - t_k
+            degree[j] = up
+        gpus = np.full((k, big_t), -1, dtype=np.int64)
+        at = int(first[d])
+        for j, t in enumerate(degree):
+            gpus[j, :t] = g[at : at + t]
+            at += t
+        doms.append(np.full(k, d, dtype=np.int64))
+        rows.append(gpus)
+        degs.append(np.array(degree, dtype=np.int64))
+    domain = np.concatenate(doms)
+    order = np.argsort(domain, kind="stable")
+    return SlotTable.build(
+        instance.arrays.speed,
+        domain[order],
+        np.concatenate(degs)[order],
+        np.concatenate(rows)[order],
+    )
+
+
 def _names(name: str, kinds: tuple[str, ...]) -> list[str]:
     return [f"{name}+{b}" if b else name for b in kinds]
 
@@ -321,6 +393,9 @@ def candidates(instance: Instance, *, cancel: threading.Event | None = None) -> 
         return cancel is not None and cancel.is_set() and bool(out)
 
     # scored in the same order as ever, so that ties go the same way
+    recut = count_fit_table(instance)
+    if recut is not None:
+        makers["count-fit"] = lambda: pack(instance, recut)
     for name, make in makers.items():
         if stop():
             break

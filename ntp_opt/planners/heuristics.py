@@ -283,7 +283,7 @@ def pack(instance: Instance, table: SlotTable, by_value: bool = False) -> Packin
         order = np.lexsort((idx, -table.degree, -(factor * fast)))
     else:
         order = np.lexsort((idx, -fast, -table.degree))
-    n = min(job.replicas_max, n_slots // job.pp)
+    n = min(job.replicas_max, n_slots // job.pp, job.global_batch)  # a sequence each
     members = order[: n * job.pp].reshape(n, job.pp)
     tp = table.degree[members].min(axis=1) if n else np.zeros(0, dtype=np.int64)
     return Packing(table, members, tp)
