@@ -111,7 +111,7 @@ def ref_pack(instance: Instance, slots: list[Slot], by_value: bool) -> Groups:
     else:
         order = sorted(range(len(slots)), key=lambda i: (-slots[i].degree, -v[i], i))
     groups = []
-    for r in range(min(job.replicas_max, len(slots) // job.pp)):
+    for r in range(min(job.replicas_max, len(slots) // job.pp, job.global_batch)):
         members = [slots[i] for i in order[r * job.pp : (r + 1) * job.pp]]
         groups.append((min(s.degree for s in members), members))
     return groups

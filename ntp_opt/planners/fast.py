@@ -237,9 +237,10 @@ def replicas_needed(instance: Instance) -> int:
     return -(-job.global_batch // job.local_batch_max)
 
 
-def count_fit_table(instance: Instance) -> SlotTable | None:
+def count_fit_table(instance: Instance, replicas: int | None = None) -> SlotTable | None:
     """The paper's slots, with domains cut into more, smaller stages until ``pp`` times
-    :func:`replicas_needed` slots exist; ``None`` when the paper's slots suffice.
+    ``replicas`` (default :func:`replicas_needed`) slots exist; ``None`` when the
+    paper's slots suffice.
 
     A domain of ``h`` healthy GPUs cut into ``k`` stages runs them at the largest
     allowed degree ``t_k`` with ``k t_k <= h``, the GPUs left over raising as many
@@ -250,10 +251,17 @@ def count_fit_table(instance: Instance) -> SlotTable | None:
     fit (a domain of 28 healthy GPUs under TP 16 holds one TP16 stage, or two TP14).
     """
     job = instance.job
-    need = replicas_needed(instance) * job.pp
-    base = domain_slot_table(instance, reduced=True)
-    if len(base) >= need or need > min(job.replicas_max, job.global_batch) * job.pp:
+    want = replicas_needed(instance) if replicas is None else replicas
+    need = want * job.pp
+    if want <= 0 or need > min(job.replicas_max, job.global_batch) * job.pp:
         return None
+    a = instance.arrays
+    healthy = np.bincount(a.gpu_domain[a.healthy], minlength=a.n_domains)
+    lookup = np.array([job.largest_allowed(r) or 0 for r in range(job.tp)], dtype=np.int64)
+    rest = lookup[healthy % job.tp]
+    if int((healthy // job.tp).sum() + np.count_nonzero(rest)) >= need:
+        return None  # the paper's slots (domain_slot_table) suffice: the usual case
+    base = domain_slot_table(instance, reduced=True)
     g, counts, first = fastest_first(instance)
     big_t, t_min = job.tp, min(job.allowed)
     have = np.bincount(base.domain, minlength=len(counts))
@@ -264,8 +272,10 @@ def count_fit_table(instance: Instance) -> SlotTable | None:
             if t_k is None:
                 break
             extra.append((-t_k, k, d))
-    if len(base) + len(extra) < need:
+    if len(base) + len(extra) < need and replicas is None:
         return None  # no cut gives enough stages
+    if not extra:
+        return None
     extra.sort()
     cut = have.copy()
     for _, k, d in extra[: need - len(base)]:
@@ -393,9 +403,16 @@ def candidates(instance: Instance, *, cancel: threading.Event | None = None) -> 
         return cancel is not None and cancel.is_set() and bool(out)
 
     # scored in the same order as ever, so that ties go the same way
+    # too few slots for the replicas the batch needs, or for as many as may run
+    job = instance.job
     recut = count_fit_table(instance)
     if recut is not None:
         makers["count-fit"] = lambda: pack(instance, recut)
+    most = min(job.replicas_max, job.global_batch)
+    if most > replicas_needed(instance):
+        more = count_fit_table(instance, most)
+        if more is not None:
+            makers["count-max"] = lambda: pack(instance, more)
     for name, make in makers.items():
         if stop():
             break
