@@ -13,6 +13,10 @@ Candidates (each packed by sorted grouping, see ``docs/milp.md``):
   ``f(t) * slowest speed``: a straggler is left out as a spare when a
   smaller degree on faster GPUs is worth more, which the paper's heuristic
   never does;
+* ``count-fit`` and ``count-max`` (only when the paper's slots are too few for
+  the replicas a ``fixed`` batch needs, or for as many as may run): domains
+  cut into more, smaller stages (:func:`count_fit_table`), so that ``fast``
+  does not pause a job that smaller stages can run;
 
 each also in a *degree-fit* variant when the budgets force replicas out
 (:func:`fit_power_by_degree`: one replica fewer dropped, degrees lowered
@@ -20,7 +24,9 @@ instead), and each without power boost, with the boost of
 :func:`ntp_opt.baselines.ntp_pw`
 (slow replicas lifted to nominal speed, cheapest first) and with
 :func:`boost_floor` (every replica lifted to the highest common speed).
-Deterministic: no randomness, ties broken by index.
+The winner's multipliers are lowered to what its batch split uses
+(:func:`ntp_opt.planners.heuristics.trim_packed`): the same goodput, no power
+spent for nothing. Deterministic: no randomness, ties broken by index.
 """
 
 from __future__ import annotations
@@ -402,7 +408,6 @@ def candidates(instance: Instance, *, cancel: threading.Event | None = None) -> 
     def stop() -> bool:
         return cancel is not None and cancel.is_set() and bool(out)
 
-    # scored in the same order as ever, so that ties go the same way
     # too few slots for the replicas the batch needs, or for as many as may run
     job = instance.job
     recut = count_fit_table(instance)
@@ -413,6 +418,7 @@ def candidates(instance: Instance, *, cancel: threading.Event | None = None) -> 
         more = count_fit_table(instance, most)
         if more is not None:
             makers["count-max"] = lambda: pack(instance, more)
+    # scored in the same order as ever, so that ties go the same way
     for name, make in makers.items():
         if stop():
             break
