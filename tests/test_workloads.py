@@ -7,6 +7,7 @@ import dataclasses
 import itertools
 import math
 
+import numpy as np
 import pytest
 from pydantic import ValidationError
 
@@ -401,12 +402,27 @@ def test_deterministic_with_seed() -> None:
     assert one.plan.serving == two.plan.serving
 
 
-def test_stragglers_give_a_valid_unproven_plan() -> None:
+def test_stragglers_give_a_valid_plan_and_a_real_bound() -> None:
+    """With stragglers the bound comes from the instance with every healthy GPU at the
+    fastest speed: a real bound (never a gap of 0 by default), and ``optimal`` only
+    when the plan reaches it."""
     inst = make_instance(domains=4, size=8, tray=4, stragglers=3, tp=8, pp=1, dp=3, global_batch=6)
     multi = MultiInstance(inst, Workloads(serving=(CHAT,)))
     res = solve_multi(multi, time_limit=TL)
-    assert res.plan is not None and res.status == "feasible" and res.reason
-    assert evaluate_multi(multi, res.plan).feasible
+    assert res.plan is not None and evaluate_multi(multi, res.plan).feasible
+    assert res.bound is not None and res.objective is not None and res.gap is not None
+    assert res.bound >= res.objective * (1 - 1e-9)
+    # the lifted instance is at least as good: its best plan is no better than the bound
+    a = inst.arrays
+    lifted = MultiInstance(
+        inst.with_health(speed=np.where(a.healthy, a.speed[a.healthy].max(), a.speed)),
+        multi.workloads,
+    )
+    top = solve_multi(lifted, time_limit=TL)
+    assert top.objective is not None and top.objective <= res.bound * (1 + 1e-9)
+    assert (res.status == "optimal") == (res.gap <= 1e-6)
+    if res.status != "optimal":
+        assert res.reason
 
 
 def test_infeasible_minimum_share() -> None:

@@ -146,7 +146,7 @@ def main(argv: list[str] | None = None) -> int:
                     f"| {kind} ({multi.instance.arrays.n_gpus}) | {failed} ({fraction:.1%}) "
                     f"| {load:g} | {static_w:.4f}{'' if st.feasible else ' (breaks a min share)'} "
                     f"| {split.objective:.4f} | {full.objective:.4f} | {ratio:.4f} "
-                    f"| {full.status} ({0.0 if gap is None else gap:.1e}) "
+                    f"| {full.status} ({'no bound' if gap is None else f'{gap:.1e}'}) "
                     f"| {st.idle_healthy} / {full.evaluation.idle_healthy} "
                     f"| {_shares(full.evaluation)} | {full.runtime_s:.1f} |"
                 )

@@ -630,15 +630,20 @@ def solve_multi(
     value = ev.weighted_goodput
     reason = None
     if not exact:
-        reason = "stragglers: training takes each domain's fastest GPUs (not proven optimal)"
-        bound = math.inf
+        # the program takes each domain's fastest GPUs: its bound holds for that model
+        # only. Every healthy GPU lifted to the fastest speed gives an instance on which
+        # each plan here is feasible and at least as good: its bound holds here.
+        bound = _lifted_bound(multi, deadline, seed, threads, backend, share_domains)
+        if math.isinf(bound):
+            reason = "stragglers: training takes each domain's fastest GPUs (no bound)"
     # optimal up to the model's rounding (serving throughput in 1e-6 of demand)
     proven = (
         (not timed_out)
-        and (not unproven)
-        and exact
+        and ((exact and not unproven) or (not exact and not math.isinf(bound)))
         and bound <= value * (1 + REL_TOL) + resolution + BOUND_ABS_SLACK
     )
+    if not exact and not proven and not math.isinf(bound):
+        reason = "stragglers: bound from every healthy GPU at the fastest speed"
     if timed_out:
         reason = "time limit"
     final_bound = None if math.isinf(bound) else max(bound, value)
@@ -657,6 +662,39 @@ def solve_multi(
         reason=reason,
         log=tuple(log),
     )
+
+
+def _lifted_bound(
+    multi: MultiInstance,
+    deadline: float | None,
+    seed: int,
+    threads: int,
+    backend: str,
+    share_domains: bool,
+) -> float:
+    """An upper bound on ``multi``'s weighted goodput from the same instance with every
+    healthy GPU at the fastest healthy speed (no straggler: the program is exact there,
+    and speeds only add goodput); ``inf`` when it cannot be had in the time left."""
+    inst = multi.instance
+    a = inst.arrays
+    top = float(a.speed[a.healthy].max()) if a.healthy.any() else 1.0
+    remaining = None if deadline is None else deadline - time.perf_counter()
+    if remaining is not None and remaining <= 0.01:
+        return math.inf
+    lifted = MultiInstance(
+        inst.with_health(speed=np.where(a.healthy, top, a.speed)), multi.workloads
+    )
+    got = solve_multi(
+        lifted,
+        time_limit=remaining,
+        seed=seed,
+        threads=threads,
+        backend=backend,
+        share_domains=share_domains,
+    )
+    if got.status == MultiStatus.INFEASIBLE:
+        return 0.0
+    return math.inf if got.bound is None else float(got.bound)
 
 
 def gpus_by_owner(plan: MultiPlan) -> dict[str, int]:

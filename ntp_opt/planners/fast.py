@@ -13,6 +13,10 @@ Candidates (each packed by sorted grouping, see ``docs/milp.md``):
   ``f(t) * slowest speed``: a straggler is left out as a spare when a
   smaller degree on faster GPUs is worth more, which the paper's heuristic
   never does;
+* ``count-fit`` and ``count-max`` (only when the paper's slots are too few for
+  the replicas a ``fixed`` batch needs, or for as many as may run): domains
+  cut into more, smaller stages (:func:`count_fit_table`), so that ``fast``
+  does not pause a job that smaller stages can run;
 
 each also in a *degree-fit* variant when the budgets force replicas out
 (:func:`fit_power_by_degree`: one replica fewer dropped, degrees lowered
@@ -20,7 +24,9 @@ instead), and each without power boost, with the boost of
 :func:`ntp_opt.baselines.ntp_pw`
 (slow replicas lifted to nominal speed, cheapest first) and with
 :func:`boost_floor` (every replica lifted to the highest common speed).
-Deterministic: no randomness, ties broken by index.
+The winner's multipliers are lowered to what its batch split uses
+(:func:`ntp_opt.planners.heuristics.trim_packed`): the same goodput, no power
+spent for nothing. Deterministic: no randomness, ties broken by index.
 """
 
 from __future__ import annotations
@@ -50,8 +56,10 @@ from ntp_opt.planners.heuristics import (
     pack,
     packing_replicas,
     split_packing,
+    trim_packed,
     used_mask,
 )
+from ntp_opt.rules.goodput import BatchSplit
 from ntp_opt.rules.power import boost_floor_stages, can_boost, headroom, over_budget
 from ntp_opt.rules.tolerances import BUDGET_SLACK
 from ntp_opt.rules.validate import certified
@@ -226,6 +234,88 @@ def fit_by_degree(instance: Instance, packing: Packing, kept: Packing) -> Packin
     return fitted if fits_at_power_one(instance, used_mask(instance, fitted)) else None
 
 
+def replicas_needed(instance: Instance) -> int:
+    """Fewest replicas that can carry the batch: ``ceil(B / max_local_batch)`` under
+    the ``fixed`` policy, 1 under ``elastic``."""
+    job = instance.job
+    if job.batch_policy != "fixed":
+        return 1
+    return -(-job.global_batch // job.local_batch_max)
+
+
+def count_fit_table(instance: Instance, replicas: int | None = None) -> SlotTable | None:
+    """The paper's slots, with domains cut into more, smaller stages until ``pp`` times
+    ``replicas`` (default :func:`replicas_needed`) slots exist; ``None`` when the
+    paper's slots suffice.
+
+    A domain of ``h`` healthy GPUs cut into ``k`` stages runs them at the largest
+    allowed degree ``t_k`` with ``k t_k <= h``, the GPUs left over raising as many
+    of them as they can to ``T`` (then one to the largest degree the rest allows).
+    The extra stages are taken where ``t_k`` is largest (fewest GPUs given up),
+    domain by domain in index order on ties. Without it ``fast`` would pause a
+    ``fixed`` job whose full and reduced slots are too few while smaller stages
+    fit (a domain of 28 healthy GPUs under TP 16 holds one TP16 stage, or two TP14).
+    """
+    job = instance.job
+    want = replicas_needed(instance) if replicas is None else replicas
+    need = want * job.pp
+    if want <= 0 or need > min(job.replicas_max, job.global_batch) * job.pp:
+        return None
+    a = instance.arrays
+    healthy = np.bincount(a.gpu_domain[a.healthy], minlength=a.n_domains)
+    lookup = np.array([job.largest_allowed(r) or 0 for r in range(job.tp)], dtype=np.int64)
+    rest = lookup[healthy % job.tp]
+    if int((healthy // job.tp).sum() + np.count_nonzero(rest)) >= need:
+        return None  # the paper's slots (domain_slot_table) suffice: the usual case
+    base = domain_slot_table(instance, reduced=True)
+    g, counts, first = fastest_first(instance)
+    big_t, t_min = job.tp, min(job.allowed)
+    have = np.bincount(base.domain, minlength=len(counts))
+    extra: list[tuple[int, int, int]] = []  # (-t_k, k, domain)
+    for d, h in enumerate(counts.tolist()):
+        for k in range(int(have[d]) + 1, h // t_min + 1):
+            t_k = job.largest_allowed(h // k)
+            if t_k is None:
+                break
+            extra.append((-t_k, k, d))
+    if len(base) + len(extra) < need and replicas is None:
+        return None  # no cut gives enough stages
+    if not extra:
+        return None
+    extra.sort()
+    cut = have.copy()
+    for _, k, d in extra[: need - len(base)]:
+        cut[d] = max(cut[d], k)
+    changed = np.flatnonzero(cut > have)
+    keep = ~np.isin(base.domain, changed)
+    doms, rows, degs = [base.domain[keep]], [base.gpus[keep]], [base.degree[keep]]
+    for d in changed.tolist():
+        h, k = int(counts[d]), int(cut[d])
+        t_k = job.largest_allowed(h // k) or t_min
+        degree = [t_k] * k
+        spare = h - k * t_k
+        for j in range(k):
+            up = job.largest_allowed(min(big_t, t_k + spare)) or t_k
+            spare -= up - t_k
+            degree[j] = up
+        gpus = np.full((k, big_t), -1, dtype=np.int64)
+        at = int(first[d])
+        for j, t in enumerate(degree):
+            gpus[j, :t] = g[at : at + t]
+            at += t
+        doms.append(np.full(k, d, dtype=np.int64))
+        rows.append(gpus)
+        degs.append(np.array(degree, dtype=np.int64))
+    domain = np.concatenate(doms)
+    order = np.argsort(domain, kind="stable")
+    return SlotTable.build(
+        instance.arrays.speed,
+        domain[order],
+        np.concatenate(degs)[order],
+        np.concatenate(rows)[order],
+    )
+
+
 def _names(name: str, kinds: tuple[str, ...]) -> list[str]:
     return [f"{name}+{b}" if b else name for b in kinds]
 
@@ -258,7 +348,11 @@ def _score(
 
 
 def _to_plan(instance: Instance, c: Candidate) -> Plan:
-    replicas = packing_replicas(instance, c.packing, c.powers, c.batches)
+    powers = c.powers
+    if c.goodput > 0 and not bool((powers == 1.0).all()):
+        theta = float(sum(c.batches)) / c.goodput
+        powers = trim_packed(instance, c.packing, powers, BatchSplit(c.batches, theta, c.goodput))
+    replicas = packing_replicas(instance, c.packing, powers, c.batches)
     return Plan(instance.name, replicas, {"policy": "fast", "candidate": c.name})
 
 
@@ -314,6 +408,16 @@ def candidates(instance: Instance, *, cancel: threading.Event | None = None) -> 
     def stop() -> bool:
         return cancel is not None and cancel.is_set() and bool(out)
 
+    # too few slots for the replicas the batch needs, or for as many as may run
+    job = instance.job
+    recut = count_fit_table(instance)
+    if recut is not None:
+        makers["count-fit"] = lambda: pack(instance, recut)
+    most = min(job.replicas_max, job.global_batch)
+    if most > replicas_needed(instance):
+        more = count_fit_table(instance, most)
+        if more is not None:
+            makers["count-max"] = lambda: pack(instance, more)
     # scored in the same order as ever, so that ties go the same way
     for name, make in makers.items():
         if stop():

@@ -12,8 +12,10 @@ into replicas and split the batch exactly:
   paper's "swap in spare domains" and "pack failed domains together";
 * a replica runs at the smallest degree among its slots, on the fastest GPUs;
 * ``ntp-pw`` then boosts the power of slow replicas' stages, cheapest first,
-  as far as rack and site budgets allow (targeting nominal speed), instead of
-  relying on a smaller local batch;
+  as far as rack and site budgets allow (targeting nominal speed, or the best
+  speed of a stage that cannot reach it), instead of relying on a smaller
+  local batch; after the batch split, every stage is lowered back to what the
+  split uses (:func:`trim_packed`: the same goodput, less power);
 * local batches come from :func:`ntp_opt.goodput.split_batch` (exact). Under
   the ``fixed`` policy a plan that cannot carry ``B`` pauses (no replicas).
 
@@ -29,7 +31,7 @@ import numpy as np
 
 from ntp_opt.model.instance import Instance
 from ntp_opt.model.plan import Plan, Replica, Stage
-from ntp_opt.rules.goodput import BatchSplit, replica_speed, split_batch
+from ntp_opt.rules.goodput import BatchSplit, goodput, overhead_factor, replica_speed, split_batch
 from ntp_opt.rules.power import (
     Stages,
     boost_stages,
@@ -37,6 +39,7 @@ from ntp_opt.rules.power import (
     headroom,
     over_budget,
     rack_and_site_draw,
+    trim_powers,
 )
 from ntp_opt.rules.tolerances import BUDGET_SLACK, FLOAT_NOISE
 from ntp_opt.rules.validate import certified
@@ -280,7 +283,7 @@ def pack(instance: Instance, table: SlotTable, by_value: bool = False) -> Packin
         order = np.lexsort((idx, -table.degree, -(factor * fast)))
     else:
         order = np.lexsort((idx, -fast, -table.degree))
-    n = min(job.replicas_max, n_slots // job.pp)
+    n = min(job.replicas_max, n_slots // job.pp, job.global_batch)  # a sequence each
     members = order[: n * job.pp].reshape(n, job.pp)
     tp = table.degree[members].min(axis=1) if n else np.zeros(0, dtype=np.int64)
     return Packing(table, members, tp)
@@ -354,6 +357,32 @@ def boost_slowest_packed(instance: Instance, packing: Packing) -> np.ndarray:
         steps=50,
     )
     return powers.reshape(shape)
+
+
+def trim_packed(
+    instance: Instance, packing: Packing, powers: np.ndarray, split: BatchSplit
+) -> np.ndarray:
+    """``powers`` (R x pp) lowered to what the split ``split`` uses, at the same goodput.
+
+    :func:`ntp_opt.rules.power.trim_powers` with each replica's need
+    ``b_r (1 + rho) / theta``: a boost that raises no replica the split
+    waits for (a stage boosted beside a stage that cannot be, a replica
+    faster than its batch needs) is taken back. ``powers`` itself when the
+    trimmed multipliers would lower the goodput (rounding) or change nothing.
+    """
+    job = instance.job
+    if len(packing) == 0 or not np.isfinite(split.step_time) or split.step_time <= 0:
+        return powers
+    tps = packing.tp.tolist()
+    factor = overhead_factor(job, tps)
+    need = np.array(split.batches, dtype=float) * factor / split.step_time
+    flat = trim_powers(instance, packing.stages(), packing.tp, powers.ravel(), need)
+    trimmed = flat.reshape(powers.shape)
+    if np.array_equal(trimmed, powers):
+        return powers
+    before = goodput(job, tps, split.batches, replica_speeds(instance, packing, powers).tolist())
+    after = goodput(job, tps, split.batches, replica_speeds(instance, packing, trimmed).tolist())
+    return trimmed if after >= before else powers
 
 
 def used_mask(instance: Instance, groups: Groups | Packing) -> np.ndarray:
@@ -520,6 +549,7 @@ def _plan(
     split = split_packing(instance, packed, powers)
     replicas: tuple[Replica, ...] = ()
     if split is not None:
+        powers = trim_packed(instance, packed, powers, split)
         replicas = packing_replicas(instance, packed, powers, split.batches)
     plan = Plan(instance.name, replicas, {"policy": policy, "paused": not replicas})
     return certified(instance, plan) if validate else plan

@@ -42,6 +42,7 @@ __all__ = [
     "over_budget",
     "rack_and_site_draw",
     "stage_cap",
+    "trim_powers",
 ]
 
 
@@ -229,11 +230,15 @@ def boost_stages(
     """Raise the stages of replicas ``candidates`` toward nominal speed within the rooms.
 
     The one boost of the heuristics, recourse and re-planning: each
-    candidate's stages get the least multiplier reaching the nominal speed
-    ``1 / c`` (never above ``1 + max_boost`` or the stage's board limit,
-    never below the stage's current multiplier), the candidate needing the
-    fewest extra watts first; a candidate that does not fit gets the fastest
-    speed that does (bisection in ``steps`` steps), or nothing.
+    candidate's stages get the least multiplier reaching its goal speed
+    (never above ``1 + max_boost`` or the stage's board limit, never below
+    the stage's current multiplier), the candidate needing the fewest extra
+    watts first; a candidate that does not fit gets the fastest speed that
+    does (bisection in ``steps`` steps), or nothing. The goal is the nominal
+    speed ``1 / c``, or less when one of the replica's stages cannot reach it
+    at its largest multiplier: a replica runs at its slowest stage's speed,
+    so its other stages are raised only to that stage's best (a stage at its
+    limit already leaves the replica unboosted).
 
     Only the candidates' stages are read: their needs at nominal speed are
     computed at once, then the candidates are taken in order, each checked
@@ -385,9 +390,17 @@ class _Booster:
         self.inverse = inverse
         self.key_rack = keys % n_racks
         self.kptr = np.searchsorted(keys // n_racks, np.arange(n_rep + 1))
-        # every replica's need at nominal speed
+        # every replica's goal: nominal speed, or the best speed its slowest-capped
+        # stage reaches (a stage that cannot reach nominal speed caps the replica, so
+        # its other stages are raised no further than that: power for no speed)
+        reach = self.fs * self.top**job.power_exponent
+        self.goal = (
+            np.minimum(np.minimum.reduceat(reach, self.sptr[:-1]), self.target)
+            if len(sizes)
+            else np.zeros(n_rep)
+        )
         with np.errstate(divide="ignore", invalid="ignore"):  # speed 0: never a candidate
-            self.mult_all = self.mults(self.target, 0, len(sizes))
+            self.mult_all = self.mults(self.goal[stages.replica], 0, len(sizes))
         watts_all = self.tdp * np.repeat(self.mult_all - self.pw, sizes)
         self.extra_all = self.replica_sums(stages.stage_sums(watts_all), 0, len(sizes))
         self.rack_all = np.bincount(self.inverse, weights=watts_all, minlength=len(keys))
@@ -396,8 +409,9 @@ class _Booster:
         self.memo: dict[Any, Any] | None = None
         self.idents: dict[int, tuple[Any, ...]] = {}
 
-    def mults(self, goal: float, lo: int, hi: int) -> np.ndarray:
-        """Multipliers of stages ``lo:hi`` reaching speed ``goal`` (within their limits)."""
+    def mults(self, goal: float | np.ndarray, lo: int, hi: int) -> np.ndarray:
+        """Multipliers of stages ``lo:hi`` reaching speed ``goal`` (within their limits;
+        one goal, or one per stage)."""
         pi = (goal / self.fs[lo:hi]) ** self.inv_alpha
         res: np.ndarray = np.minimum(np.maximum(pi, self.pw[lo:hi]), self.top[lo:hi])
         return res
@@ -550,7 +564,9 @@ class _Booster:
             if not self.fits(i, per_rack, np.array(extra)):
                 slowest, pw = self.slowest[s0:s1].tolist(), self.pw[s0:s1].tolist()
                 now = replica_speed(self.job, int(self.tp[i]), slowest, pw)
-                lo = self.bisect(i, now, self.target)
+                if self.goal[i] <= now:
+                    continue  # a stage at its limit already sets the replica's speed
+                lo = self.bisect(i, now, float(self.goal[i]))
                 got = self.need(i, [lo])
                 mult, per_rack, extra = got[0][0], got[1][0], float(got[2][0])
                 if not self.fits(i, per_rack, np.array(extra)) or extra <= 0:
@@ -755,3 +771,61 @@ class _FloorGroups:
             per_rack = np.bincount(self.rack, weights=extra, minlength=self.n_racks)
             racks_ok = bool(np.all(per_rack <= self.room))
         return racks_ok and bool(extra.sum() <= self.site)
+
+
+TRIM_MARGIN = 1e-9
+"""Relative margin :func:`trim_powers` adds to the multipliers it computes: far above
+the rounding of ``x ** (1 / alpha)``, so a trimmed stage is never slower than asked."""
+
+
+def trim_powers(
+    instance: Instance,
+    stages: Stages,
+    tp: np.ndarray,
+    powers: np.ndarray,
+    need: np.ndarray,
+    slowest: np.ndarray | None = None,
+) -> np.ndarray:
+    """Lower every stage's multiplier to the least that keeps its replica at speed ``need``.
+
+    A boost beyond what the batch split uses buys no goodput: with batches
+    ``b_r`` and step time ``theta``, replica ``r`` only needs the speed
+    ``b_r (1 + rho) / theta``. Each stage gets ``max(1, (need / base) ** (1 /
+    alpha))`` (``base``: its degree factor times its slowest GPU's speed over
+    ``c``), with :data:`TRIM_MARGIN`, never more than it had.
+
+    Parameters
+    ----------
+    instance
+        The instance.
+    stages
+        The replicas' stages.
+    tp
+        Degree per replica.
+    powers
+        Multiplier per stage.
+    need
+        Speed per replica (sequences per second) to keep; 0 lets a replica's
+        stages fall back to 1.
+    slowest
+        Per stage, the speed of its slowest GPU, when known.
+
+    Returns
+    -------
+    numpy.ndarray
+        Multiplier per stage, each at most its value in ``powers``.
+    """
+    job = instance.job
+    out = np.array(powers, dtype=float)
+    if len(stages.replica) == 0 or job.power_exponent <= 0:
+        return out
+    if slowest is None:
+        slowest = stages.stage_min(instance.arrays.speed)
+    per_degree = {t: job.tp_factor(t) for t in set(np.asarray(tp).tolist())}
+    factor = np.array([per_degree[t] for t in np.asarray(tp).tolist()], dtype=float)
+    base = factor[stages.replica] * slowest / job.seq_time_s
+    want = np.asarray(need, dtype=float)[stages.replica]
+    with np.errstate(divide="ignore", invalid="ignore"):
+        pi = (want / base) ** (1.0 / job.power_exponent) * (1.0 + TRIM_MARGIN)
+    pi = np.where(np.isfinite(pi), pi, out)  # speed-0 stage: left as it is
+    return np.minimum(out, np.maximum(pi, 1.0))
