@@ -158,21 +158,30 @@ def _weakened_oracle(monkeypatch, every: int) -> list[int]:
 UNRESOLVED_SEEDS = [14, 29, 35, 41, 50, 59, 74, 89, 104, 107, 110, 119]
 
 
+def _no_settling(monkeypatch) -> None:
+    """The full program never settles a generated one (search._Search._settle off)."""
+    monkeypatch.setattr(
+        search._Search, "_settle", lambda self, theta, degrees, lower, upper: (None, None, upper)
+    )
+
+
 @needs_colgen
 def test_unresolved_capacity_is_not_a_time_limit_and_keeps_a_valid_bound(monkeypatch):
-    # racks of two NVL8-like domains as whole-unit classes: a program left with
-    # lower < upper stops the search with limit "none" (not "time_limit") where the
-    # exact C is needed, and the descent goes on past it where only an upper
-    # bound of C is (its level); plan and bound stay on both sides of the brute force
+    # racks of two NVL8-like domains as whole-unit classes, the full program never
+    # asked: a program left with lower < upper stops the search with limit
+    # "unsettled" (neither "time_limit" nor "none") where the exact C is needed, and
+    # the descent goes on past it where only an upper bound of C is (its level);
+    # plan and bound stay on both sides of the brute force
     went_on = stopped = weakened = 0
     for seed in UNRESOLVED_SEEDS:
         inst = exact_instance(seed)
         best, _ = brute_force(inst)
         for every in (1, 2):
             calls = _weakened_oracle(monkeypatch, every)
+            _no_settling(monkeypatch)
             res = solve(inst, "cpsat", time_limit=HANG_GUARD, log=True)
             weakened += sum(calls) > 0  # (the incumbent may settle a seed without programs)
-            assert res.limit == "none"
+            assert res.limit == ("none" if res.status == "optimal" else "unsettled")
             assert res.objective <= best * (1 + 1e-9) + 1e-12
             assert res.bound is not None and res.bound >= best * (1 - 1e-9)
             if res.status == "optimal":
@@ -186,6 +195,25 @@ def test_unresolved_capacity_is_not_a_time_limit_and_keeps_a_valid_bound(monkeyp
     assert weakened >= 16
     assert went_on >= 2
     assert stopped >= 5
+
+
+@needs_colgen
+def test_open_generated_programs_are_settled_by_the_full_program(monkeypatch):
+    # the same weakened oracle, the full program (HiGHS) asked where the generated
+    # one stays open: every seed is proven, at the brute force's optimum
+    settled = 0
+    for seed in UNRESOLVED_SEEDS:
+        inst = exact_instance(seed)
+        best, _ = brute_force(inst)
+        _weakened_oracle(monkeypatch, 1)
+        res = solve(inst, "cpsat", time_limit=HANG_GUARD, log=True)
+        assert res.status == "optimal"
+        assert res.limit == "none"
+        assert res.objective == pytest.approx(best, rel=1e-5, abs=1e-9)
+        assert res.bound is not None and res.bound >= best * (1 - 1e-9)
+        settled += "full program vars=" in res.log
+        monkeypatch.undo()
+    assert settled >= 5  # 6 of the 12 seeds meet a program left open
 
 
 @needs_colgen
@@ -239,10 +267,78 @@ def test_work_limit_is_not_reported_as_a_time_limit(monkeypatch):
         return real(program, backend, **kwargs)
 
     monkeypatch.setattr(colgen, "solve_program", no_highs)
+    _no_settling(monkeypatch)
     inst = exact_instance(14)
     best, _ = brute_force(inst)
     res = solve(inst, "cpsat", time_limit=HANG_GUARD, log=True)
     assert faked
-    assert res.limit == "none"
+    assert res.limit == ("none" if res.status == "optimal" else "unsettled")
     assert res.objective <= best * (1 + 1e-9) + 1e-12
     assert res.bound is not None and res.bound >= best * (1 - 1e-9)
+
+
+@needs_colgen
+def test_unproven_feasible_never_has_limit_none(monkeypatch):
+    # random instances (every exact_instance shape, multi-domain racks by column
+    # generation), normally and with an oracle that leaves programs open and is
+    # never settled: a `feasible` result of an exact planner names what stopped
+    # it (here `unsettled`, no time limit can cut a run), `none` only with a proof
+    unsettled = 0
+    for seed in sorted(set(range(0, 60, 7)) | set(UNRESOLVED_SEEDS)):
+        inst = exact_instance(seed)
+        for weaken in (False, True):
+            if weaken:
+                _weakened_oracle(monkeypatch, 1)
+                _no_settling(monkeypatch)
+            res = solve(inst, "cpsat", time_limit=HANG_GUARD)
+            assert res.status in ("optimal", "feasible")
+            if res.status == "feasible":
+                assert res.limit == "unsettled"
+                unsettled += 1
+            else:
+                assert res.limit == "none"
+            monkeypatch.undo()
+    assert unsettled >= 3  # the unproven path was exercised
+
+
+def _dgx256_elastic() -> Instance:
+    from pathlib import Path
+
+    from ntp_opt.importers import import_k8s
+    from ntp_opt.importers.cli import load_job
+
+    root = Path(__file__).resolve().parent / "fixtures" / "import" / "dgx-h100-k8s-256"
+    cluster = import_k8s(
+        root / "nodes.json",
+        nvidia_smi=root / "nvidia-smi",
+        rack_label="example.com/rack",
+        warn=lambda _: None,
+        name="dgx256",
+    )
+    return Instance("dgx256", cluster, load_job(root / "job-elastic.json"))
+
+
+@needs_colgen
+def test_dgx256_open_generated_program_is_settled():
+    # issue 32: on the DGX H100 fixture (32 domains in 4 racks, column generation),
+    # the generated program at the top step time of the TP7/8 case stays open (its
+    # integer master 384, the Lagrangian bound 430 after branching); the search
+    # settles it with the full program (which HiGHS, asked apart, proves)
+    inst = _dgx256_elastic()
+    prep = prepare(inst)
+    degrees = (7, 8)
+    theta = 73.1428572
+    gen = search.column_generation_for(prep, degrees, theta)
+    assert gen is not None
+    master = gen.solve(theta, "cpsat", threads=1)
+    assert master.lower < master.upper  # open without the full program
+    full = build_capacity(prep, theta, degrees)
+    direct = solve_program(full.program, "highs", threads=1)
+    assert direct.status == "optimal"
+    start = search.baselines.dp_drop(inst)
+    s = search._Search(prep, "cpsat", None, 1, 0, True, start, -1.0)
+    s.colgen[degrees] = search.column_generation_for(prep, degrees, theta)
+    lower, upper, _ = s.capacity(theta, degrees)
+    assert lower == upper == direct.objective
+    assert master.lower <= lower <= master.upper
+    assert degrees in s.full_highs  # the next step times go to the full program
