@@ -28,11 +28,15 @@ MULTI_SEEDS = [s for s in range(60) if s % 6 in (2, 5)]
 
 
 @needs_colgen
+@pytest.mark.parametrize("full", [False, True])
 @pytest.mark.parametrize("seed", MULTI_SEEDS)
-def test_whole_racks_by_column_generation_equal_brute_force(seed, monkeypatch):
+def test_whole_racks_by_column_generation_equal_brute_force(seed, full, monkeypatch):
     # every multi-domain rack as one column-generation owner (classes of identical
-    # racks): the optimum is still the brute force's, and proven
+    # racks), or (full) the full program by HiGHS where it is small: the optimum is
+    # still the brute force's, and proven
     monkeypatch.setattr(search, "MULTI_DOMAINS_COLGEN", 0)
+    if not full:
+        monkeypatch.setattr(search, "FULL_HIGHS_VARS", 0)
     inst = exact_instance(seed)
     prep = prepare(inst)
     assert prep.multi
@@ -40,6 +44,7 @@ def test_whole_racks_by_column_generation_equal_brute_force(seed, monkeypatch):
     best, _ = brute_force(inst)
     res = solve(inst, "cpsat", time_limit=HANG_GUARD, log=True)
     assert "domains share racks" in res.log or "cannot run" in res.log
+    assert ("full program by HiGHS" in res.log) == (full and "cannot run" not in res.log)
     assert res.status == "optimal"
     assert res.objective == pytest.approx(best, rel=1e-5, abs=1e-9)
     assert res.bound is not None and res.bound >= best * (1 - 1e-9)
@@ -151,6 +156,7 @@ def _weakened_oracle(monkeypatch, every: int) -> list[int]:
 
     monkeypatch.setattr(colgen.ColumnGeneration, "solve", solve)
     monkeypatch.setattr(search, "MULTI_DOMAINS_COLGEN", 0)
+    monkeypatch.setattr(search, "FULL_HIGHS_VARS", 0)  # generated programs throughout
     return calls
 
 
@@ -223,6 +229,7 @@ def test_integer_master_past_the_work_limit_goes_to_highs(monkeypatch):
     from ntp_opt.planners.exact import colgen
 
     monkeypatch.setattr(search, "MULTI_DOMAINS_COLGEN", 0)
+    monkeypatch.setattr(search, "FULL_HIGHS_VARS", 0)
     monkeypatch.setattr(colgen, "MASTER_WORK", 1e-9)
     backends: list[str] = []
     real = colgen.solve_program
@@ -256,6 +263,7 @@ def test_work_limit_is_not_reported_as_a_time_limit(monkeypatch):
     from ntp_opt.planners.exact.program import IntSolution
 
     monkeypatch.setattr(search, "MULTI_DOMAINS_COLGEN", 0)
+    monkeypatch.setattr(search, "FULL_HIGHS_VARS", 0)
     monkeypatch.setattr(colgen, "MASTER_WORK", 1e-9)
     real = colgen.solve_program
     faked: list[str] = []
@@ -328,17 +336,31 @@ def test_dgx256_open_generated_program_is_settled():
     prep = prepare(inst)
     degrees = (7, 8)
     theta = 73.1428572
-    gen = search.column_generation_for(prep, degrees, theta)
-    assert gen is not None
-    master = gen.solve(theta, "cpsat", threads=1)
-    assert master.lower < master.upper  # open without the full program
     full = build_capacity(prep, theta, degrees)
     direct = solve_program(full.program, "highs", threads=1)
     assert direct.status == "optimal"
     start = search.baselines.dp_drop(inst)
     s = search._Search(prep, "cpsat", None, 1, 0, True, start, -1.0)
-    s.colgen[degrees] = search.column_generation_for(prep, degrees, theta)
+    gen = search.column_generation_for(prep, degrees, theta)
+    assert gen is not None
+    s.colgen[degrees] = gen
     lower, upper, _ = s.capacity(theta, degrees)
     assert lower == upper == direct.objective
-    assert master.lower <= lower <= master.upper
+    # the generated program was open, and the full one settled it
+    (line,) = [x for x in s.log if "full program" in x]
+    assert f"generated: C in [{direct.objective}, " in line
+    assert f"generated: C in [{direct.objective}, {direct.objective}]" not in line
     assert degrees in s.full_highs  # the next step times go to the full program
+
+
+@needs_colgen
+def test_dgx256_elastic_is_proven():
+    # issue 32: the whole search on the fixture is proven (it stopped unproven with
+    # limit "none" after its first program); run to the end, HANG_GUARD only guards
+    inst = _dgx256_elastic()
+    res = solve(inst, "optimal", time_limit=HANG_GUARD, threads=1)
+    assert res.status == "optimal"
+    assert res.limit == "none"
+    assert res.objective >= solve(inst, "ntp-pw").objective * (1 - 1e-12)
+    assert res.bound is not None and res.bound >= res.objective
+    assert evaluate(inst, res.plan).feasible

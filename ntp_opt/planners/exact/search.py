@@ -725,6 +725,17 @@ def _crowded_class(cap: Capacity) -> int:
     return most if most > COLGEN_CLASS_CONFIGS else 0
 
 
+def _small_full_program(prep: Prepared, degrees: tuple[int, ...], deadline: float | None) -> bool:
+    """Whether the full program at the top of the step-time range (where it is
+    largest) has at most :data:`FULL_HIGHS_VARS` variables (0: never) and no
+    crowded class."""
+    try:
+        top = build_capacity(prep, _theta_range(prep, degrees)[1], degrees, deadline)
+    except ModelTooLarge:
+        return False
+    return 0 < FULL_HIGHS_VARS and top.program.n_vars <= FULL_HIGHS_VARS and not _crowded_class(top)
+
+
 def _many_rack_domains(prep: Prepared) -> bool:
     """Whether the full program would hold too many domains that share racks."""
     return sum(len(prep.units[u].domains) for u in prep.multi) > MULTI_DOMAINS_COLGEN
@@ -1185,6 +1196,12 @@ def solve_exact(
             if generated is not None:  # configurations generated on demand
                 s.colgen[degrees] = generated
                 kept.append((degrees, factor))
+                if _small_full_program(prep, degrees, deadline):
+                    # racks shared by many domains, but few configurations: the full
+                    # program by HiGHS (column generation stays the fallback)
+                    s.full_highs.add(degrees)
+                    s.note(f"degrees {list(degrees)}: full program by HiGHS ({err})")
+                    continue
                 s.note(f"degrees {list(degrees)}: column generation ({err})")
                 continue
             s.unproven = left_out = True
