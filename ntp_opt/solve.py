@@ -38,7 +38,9 @@ class Result:
     status
         :class:`Status`.
     limit
-        :class:`Limit` that stopped the search (``NONE`` if it ran to the end).
+        :class:`Limit` that stopped the search (``NONE`` if it ran to the end;
+        ``UNSETTLED``: an exact planner stopped before any limit without a proof,
+        its log says why; an exact planner's ``feasible`` never has ``NONE``).
     plan
         The validated plan, or ``None`` when there is none.
     objective

@@ -84,7 +84,8 @@ class Outcome:
         ``plan`` is proven optimal (or, without a plan, the instance proven
         infeasible).
     limit
-        :class:`Limit` that stopped the planner (``NONE``: ran to the end).
+        :class:`Limit` that stopped the planner (``NONE``: ran to the end; an
+        exact planner without a proof reports ``UNSETTLED``, :func:`stop_limit`).
     log
         Lines of the planner's log (empty unless asked for).
     stats
