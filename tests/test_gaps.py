@@ -231,14 +231,27 @@ def test_integer_master_past_the_work_limit_goes_to_highs(monkeypatch):
     monkeypatch.setattr(search, "MULTI_DOMAINS_COLGEN", 0)
     monkeypatch.setattr(search, "FULL_HIGHS_VARS", 0)
     monkeypatch.setattr(colgen, "MASTER_WORK", 1e-9)
+    from ntp_opt.planners.exact import backends as exact_backends
+
     backends: list[str] = []
-    real = colgen.solve_program
+    in_master = [False]
+    real = exact_backends.solve_program
+    real_master = colgen.solve_or_highs
 
     def spy(program, backend, **kwargs):  # type: ignore[no-untyped-def]
-        backends.append(backend)
+        if in_master[0]:  # the integer masters' backends only
+            backends.append(backend)
         return real(program, backend, **kwargs)
 
-    monkeypatch.setattr(colgen, "solve_program", spy)
+    def master(*args, **kwargs):  # type: ignore[no-untyped-def]
+        in_master[0] = True
+        try:
+            return real_master(*args, **kwargs)
+        finally:
+            in_master[0] = False
+
+    monkeypatch.setattr(exact_backends, "solve_program", spy)  # solve_or_highs calls it
+    monkeypatch.setattr(colgen, "solve_or_highs", master)
     exercised = 0
     for seed in UNRESOLVED_SEEDS:
         backends.clear()
@@ -265,7 +278,9 @@ def test_work_limit_is_not_reported_as_a_time_limit(monkeypatch):
     monkeypatch.setattr(search, "MULTI_DOMAINS_COLGEN", 0)
     monkeypatch.setattr(search, "FULL_HIGHS_VARS", 0)
     monkeypatch.setattr(colgen, "MASTER_WORK", 1e-9)
-    real = colgen.solve_program
+    from ntp_opt.planners.exact import backends
+
+    real = backends.solve_program
     faked: list[str] = []
 
     def no_highs(program, backend, **kwargs):  # type: ignore[no-untyped-def]
@@ -274,7 +289,7 @@ def test_work_limit_is_not_reported_as_a_time_limit(monkeypatch):
             return IntSolution("unknown", None, None, None, False, 0.0)
         return real(program, backend, **kwargs)
 
-    monkeypatch.setattr(colgen, "solve_program", no_highs)
+    monkeypatch.setattr(backends, "solve_program", no_highs)
     _no_settling(monkeypatch)
     inst = exact_instance(14)
     best, _ = brute_force(inst)
