@@ -218,8 +218,9 @@ class _Search:
     colgen: dict[tuple[int, ...], ColumnGeneration] = field(default_factory=dict)
     theta_search: str = "descent"  # elastic: "descent" (_descend) or "bnb" (interval B&B)
     case_bounds: dict[tuple[int, ...], float] = field(default_factory=dict)  # per degree set
-    # degree sets whose generated program left a gap the full one closed (_settle):
-    # their programs are built in full and solved by HiGHS from then on
+    # degree sets whose programs are built in full and solved by HiGHS: small ones
+    # from the start (_small_full_program), else once the full program closed a gap
+    # column generation left (_settle); column generation stays their fallback
     full_highs: set[tuple[int, ...]] = field(default_factory=set)
 
     def note(self, line: str, *, keep: bool = True) -> None:
@@ -381,8 +382,8 @@ class _Search:
         which the branching over replica counts does not reach; the full program
         has no such gap (on ``dgx-h100-k8s-256``, 2,432 variables: CP-SAT does not
         prove ``C = 384`` in 50 s, HiGHS does in 0.5 s, where the generated bound
-        was 430). HiGHS is there wherever column generation is. ``None`` when
-        the full program is too large (:data:`MAX_CONFIGS`).
+        was 430). HiGHS is there wherever column generation is. ``(None, None,
+        upper)`` when the full program is too large (:data:`MAX_CONFIGS`).
         """
         remaining = None if self.deadline is None else self.deadline - time.perf_counter()
         if remaining is not None and remaining <= 0.01:
