@@ -38,7 +38,9 @@ class Result:
     status
         :class:`Status`.
     limit
-        :class:`Limit` that stopped the search (``NONE`` if it ran to the end).
+        :class:`Limit` that stopped the search (``NONE`` if it ran to the end;
+        ``UNSETTLED``: an exact planner stopped before any limit without a proof,
+        its log says why; an exact planner's ``feasible`` never has ``NONE``).
     plan
         The validated plan, or ``None`` when there is none.
     objective
@@ -203,8 +205,8 @@ def solve(
         result = _solve(instance, solver, time_limit, seed, threads, initial_plan, log, control)
     if control.cancelled and result.plan is not None:
         result = dataclasses.replace(result, limit=Limit.INTERRUPTED)
-    if result.status == Status.OPTIMAL and result.limit == Limit.INTERRUPTED:
-        # proven before the cancel was seen: the proof stands
+    if result.status == Status.OPTIMAL and result.limit in (Limit.INTERRUPTED, Limit.UNSETTLED):
+        # proven before the cancel was seen, or the bound closed the gap: the proof stands
         result = dataclasses.replace(result, limit=Limit.NONE)
     value = result.objective if result.expected_objective is None else result.expected_objective
     control.report(value, result.bound, final=True)

@@ -28,11 +28,15 @@ MULTI_SEEDS = [s for s in range(60) if s % 6 in (2, 5)]
 
 
 @needs_colgen
+@pytest.mark.parametrize("full", [False, True])
 @pytest.mark.parametrize("seed", MULTI_SEEDS)
-def test_whole_racks_by_column_generation_equal_brute_force(seed, monkeypatch):
+def test_whole_racks_by_column_generation_equal_brute_force(seed, full, monkeypatch):
     # every multi-domain rack as one column-generation owner (classes of identical
-    # racks): the optimum is still the brute force's, and proven
+    # racks), or (full) the full program by HiGHS where it is small: the optimum is
+    # still the brute force's, and proven
     monkeypatch.setattr(search, "MULTI_DOMAINS_COLGEN", 0)
+    if not full:
+        monkeypatch.setattr(search, "FULL_HIGHS_VARS", 0)
     inst = exact_instance(seed)
     prep = prepare(inst)
     assert prep.multi
@@ -40,6 +44,7 @@ def test_whole_racks_by_column_generation_equal_brute_force(seed, monkeypatch):
     best, _ = brute_force(inst)
     res = solve(inst, "cpsat", time_limit=HANG_GUARD, log=True)
     assert "domains share racks" in res.log or "cannot run" in res.log
+    assert ("full program by HiGHS" in res.log) == (full and "cannot run" not in res.log)
     assert res.status == "optimal"
     assert res.objective == pytest.approx(best, rel=1e-5, abs=1e-9)
     assert res.bound is not None and res.bound >= best * (1 - 1e-9)
@@ -151,6 +156,7 @@ def _weakened_oracle(monkeypatch, every: int) -> list[int]:
 
     monkeypatch.setattr(colgen.ColumnGeneration, "solve", solve)
     monkeypatch.setattr(search, "MULTI_DOMAINS_COLGEN", 0)
+    monkeypatch.setattr(search, "FULL_HIGHS_VARS", 0)  # generated programs throughout
     return calls
 
 
@@ -158,21 +164,30 @@ def _weakened_oracle(monkeypatch, every: int) -> list[int]:
 UNRESOLVED_SEEDS = [14, 29, 35, 41, 50, 59, 74, 89, 104, 107, 110, 119]
 
 
+def _no_settling(monkeypatch) -> None:
+    """The full program never settles a generated one (search._Search._settle off)."""
+    monkeypatch.setattr(
+        search._Search, "_settle", lambda self, theta, degrees, lower, upper: (None, None, upper)
+    )
+
+
 @needs_colgen
 def test_unresolved_capacity_is_not_a_time_limit_and_keeps_a_valid_bound(monkeypatch):
-    # racks of two NVL8-like domains as whole-unit classes: a program left with
-    # lower < upper stops the search with limit "none" (not "time_limit") where the
-    # exact C is needed, and the descent goes on past it where only an upper
-    # bound of C is (its level); plan and bound stay on both sides of the brute force
+    # racks of two NVL8-like domains as whole-unit classes, the full program never
+    # asked: a program left with lower < upper stops the search with limit
+    # "unsettled" (neither "time_limit" nor "none") where the exact C is needed, and
+    # the descent goes on past it where only an upper bound of C is (its level);
+    # plan and bound stay on both sides of the brute force
     went_on = stopped = weakened = 0
     for seed in UNRESOLVED_SEEDS:
         inst = exact_instance(seed)
         best, _ = brute_force(inst)
         for every in (1, 2):
             calls = _weakened_oracle(monkeypatch, every)
+            _no_settling(monkeypatch)
             res = solve(inst, "cpsat", time_limit=HANG_GUARD, log=True)
             weakened += sum(calls) > 0  # (the incumbent may settle a seed without programs)
-            assert res.limit == "none"
+            assert res.limit == ("none" if res.status == "optimal" else "unsettled")
             assert res.objective <= best * (1 + 1e-9) + 1e-12
             assert res.bound is not None and res.bound >= best * (1 - 1e-9)
             if res.status == "optimal":
@@ -189,21 +204,54 @@ def test_unresolved_capacity_is_not_a_time_limit_and_keeps_a_valid_bound(monkeyp
 
 
 @needs_colgen
+def test_open_generated_programs_are_settled_by_the_full_program(monkeypatch):
+    # the same weakened oracle, the full program (HiGHS) asked where the generated
+    # one stays open: every seed is proven, at the brute force's optimum
+    settled = 0
+    for seed in UNRESOLVED_SEEDS:
+        inst = exact_instance(seed)
+        best, _ = brute_force(inst)
+        _weakened_oracle(monkeypatch, 1)
+        res = solve(inst, "cpsat", time_limit=HANG_GUARD, log=True)
+        assert res.status == "optimal"
+        assert res.limit == "none"
+        assert res.objective == pytest.approx(best, rel=1e-5, abs=1e-9)
+        assert res.bound is not None and res.bound >= best * (1 - 1e-9)
+        settled += "full program vars=" in res.log
+        monkeypatch.undo()
+    assert settled >= 5  # 6 of the 12 seeds meet a program left open
+
+
+@needs_colgen
 def test_integer_master_past_the_work_limit_goes_to_highs(monkeypatch):
     # CP-SAT stopped at once on every integer master of the column generation:
     # HiGHS solves the master instead, and the optimum is still the brute force's
     from ntp_opt.planners.exact import colgen
 
     monkeypatch.setattr(search, "MULTI_DOMAINS_COLGEN", 0)
+    monkeypatch.setattr(search, "FULL_HIGHS_VARS", 0)
     monkeypatch.setattr(colgen, "MASTER_WORK", 1e-9)
+    from ntp_opt.planners.exact import backends as exact_backends
+
     backends: list[str] = []
-    real = colgen.solve_program
+    in_master = [False]
+    real = exact_backends.solve_program
+    real_master = colgen.solve_or_highs
 
     def spy(program, backend, **kwargs):  # type: ignore[no-untyped-def]
-        backends.append(backend)
+        if in_master[0]:  # the integer masters' backends only
+            backends.append(backend)
         return real(program, backend, **kwargs)
 
-    monkeypatch.setattr(colgen, "solve_program", spy)
+    def master(*args, **kwargs):  # type: ignore[no-untyped-def]
+        in_master[0] = True
+        try:
+            return real_master(*args, **kwargs)
+        finally:
+            in_master[0] = False
+
+    monkeypatch.setattr(exact_backends, "solve_program", spy)  # solve_or_highs calls it
+    monkeypatch.setattr(colgen, "solve_or_highs", master)
     exercised = 0
     for seed in UNRESOLVED_SEEDS:
         backends.clear()
@@ -228,8 +276,11 @@ def test_work_limit_is_not_reported_as_a_time_limit(monkeypatch):
     from ntp_opt.planners.exact.program import IntSolution
 
     monkeypatch.setattr(search, "MULTI_DOMAINS_COLGEN", 0)
+    monkeypatch.setattr(search, "FULL_HIGHS_VARS", 0)
     monkeypatch.setattr(colgen, "MASTER_WORK", 1e-9)
-    real = colgen.solve_program
+    from ntp_opt.planners.exact import backends
+
+    real = backends.solve_program
     faked: list[str] = []
 
     def no_highs(program, backend, **kwargs):  # type: ignore[no-untyped-def]
@@ -238,11 +289,93 @@ def test_work_limit_is_not_reported_as_a_time_limit(monkeypatch):
             return IntSolution("unknown", None, None, None, False, 0.0)
         return real(program, backend, **kwargs)
 
-    monkeypatch.setattr(colgen, "solve_program", no_highs)
+    monkeypatch.setattr(backends, "solve_program", no_highs)
+    _no_settling(monkeypatch)
     inst = exact_instance(14)
     best, _ = brute_force(inst)
     res = solve(inst, "cpsat", time_limit=HANG_GUARD, log=True)
     assert faked
-    assert res.limit == "none"
+    assert res.limit == ("none" if res.status == "optimal" else "unsettled")
     assert res.objective <= best * (1 + 1e-9) + 1e-12
     assert res.bound is not None and res.bound >= best * (1 - 1e-9)
+
+
+@needs_colgen
+def test_unproven_feasible_never_has_limit_none(monkeypatch):
+    # random instances (every exact_instance shape, multi-domain racks by column
+    # generation), normally and with an oracle that leaves programs open and is
+    # never settled: a `feasible` result of an exact planner names what stopped
+    # it (here `unsettled`, no time limit can cut a run), `none` only with a proof
+    unsettled = 0
+    for seed in sorted(set(range(0, 60, 7)) | set(UNRESOLVED_SEEDS)):
+        inst = exact_instance(seed)
+        for weaken in (False, True):
+            if weaken:
+                _weakened_oracle(monkeypatch, 1)
+                _no_settling(monkeypatch)
+            res = solve(inst, "cpsat", time_limit=HANG_GUARD)
+            assert res.status in ("optimal", "feasible")
+            if res.status == "feasible":
+                assert res.limit == "unsettled"
+                unsettled += 1
+            else:
+                assert res.limit == "none"
+            monkeypatch.undo()
+    assert unsettled >= 3  # the unproven path was exercised
+
+
+def _dgx256_elastic() -> Instance:
+    from pathlib import Path
+
+    from ntp_opt.importers import import_k8s
+    from ntp_opt.importers.cli import load_job
+
+    root = Path(__file__).resolve().parent / "fixtures" / "import" / "dgx-h100-k8s-256"
+    cluster = import_k8s(
+        root / "nodes.json",
+        nvidia_smi=root / "nvidia-smi",
+        rack_label="example.com/rack",
+        warn=lambda _: None,
+        name="dgx256",
+    )
+    return Instance("dgx256", cluster, load_job(root / "job-elastic.json"))
+
+
+@needs_colgen
+def test_dgx256_open_generated_program_is_settled():
+    # issue 32: on the DGX H100 fixture (32 domains in 4 racks, column generation),
+    # the generated program at the top step time of the TP7/8 case stays open (its
+    # integer master 384, the Lagrangian bound 430 after branching); the search
+    # settles it with the full program (which HiGHS, asked apart, proves)
+    inst = _dgx256_elastic()
+    prep = prepare(inst)
+    degrees = (7, 8)
+    theta = 73.1428572
+    full = build_capacity(prep, theta, degrees)
+    direct = solve_program(full.program, "highs", threads=1)
+    assert direct.status == "optimal"
+    start = search.baselines.dp_drop(inst)
+    s = search._Search(prep, "cpsat", None, 1, 0, True, start, -1.0)
+    gen = search.column_generation_for(prep, degrees, theta)
+    assert gen is not None
+    s.colgen[degrees] = gen
+    lower, upper, _ = s.capacity(theta, degrees)
+    assert lower == upper == direct.objective
+    # the generated program was open, and the full one settled it
+    (line,) = [x for x in s.log if "full program" in x]
+    assert f"generated: C in [{direct.objective}, " in line
+    assert f"generated: C in [{direct.objective}, {direct.objective}]" not in line
+    assert degrees in s.full_highs  # the next step times go to the full program
+
+
+@needs_colgen
+def test_dgx256_elastic_is_proven():
+    # issue 32: the whole search on the fixture is proven (it stopped unproven with
+    # limit "none" after its first program); run to the end, HANG_GUARD only guards
+    inst = _dgx256_elastic()
+    res = solve(inst, "optimal", time_limit=HANG_GUARD, threads=1)
+    assert res.status == "optimal"
+    assert res.limit == "none"
+    assert res.objective >= solve(inst, "ntp-pw").objective * (1 - 1e-12)
+    assert res.bound is not None and res.bound >= res.objective
+    assert evaluate(inst, res.plan).feasible

@@ -37,6 +37,36 @@ class Limit(StrEnum):
     NONE = "none"
     TIME = "time_limit"
     INTERRUPTED = "interrupted"
+    UNSETTLED = "unsettled"
+    """An exact planner stopped before its time limit without a proof: a program
+    its search needs could not be settled (a capacity program left with
+    ``lower < upper``, a case too large to model) or its model is not exact for
+    the instance; the log says which. Never paired with status ``optimal``
+    unless the bound closes the gap anyway."""
+
+
+def stop_limit(*, interrupted: bool, timed_out: bool, proven: bool) -> Limit:
+    """The :class:`Limit` an exact planner reports: a cancel first, then the time
+    limit; without either, ``NONE`` only with a proof, else ``UNSETTLED``.
+
+    Parameters
+    ----------
+    interrupted
+        A cancel (Ctrl-C) stopped the search.
+    timed_out
+        The time limit stopped it.
+    proven
+        The plan is proven optimal (or the instance infeasible).
+
+    Returns
+    -------
+    Limit
+    """
+    if interrupted:
+        return Limit.INTERRUPTED
+    if timed_out:
+        return Limit.TIME
+    return Limit.NONE if proven else Limit.UNSETTLED
 
 
 @dataclass(frozen=True)
@@ -54,7 +84,8 @@ class Outcome:
         ``plan`` is proven optimal (or, without a plan, the instance proven
         infeasible).
     limit
-        :class:`Limit` that stopped the planner (``NONE``: ran to the end).
+        :class:`Limit` that stopped the planner (``NONE``: ran to the end; an
+        exact planner without a proof reports ``UNSETTLED``, :func:`stop_limit`).
     log
         Lines of the planner's log (empty unless asked for).
     stats

@@ -43,7 +43,7 @@ from ntp_opt.model.control import Control
 from ntp_opt.model.instance import Instance
 from ntp_opt.model.job import Job
 from ntp_opt.model.plan import Plan
-from ntp_opt.planners.base import Limit, Outcome
+from ntp_opt.planners.base import Limit, Outcome, stop_limit
 from ntp_opt.planners.exact.search import solve_exact
 from ntp_opt.rules.validate import Violation, evaluate
 
@@ -479,11 +479,12 @@ def solve_megatron(
     plan = megatron_order(plan, big_t).with_metrics(policy="optimal-megatron")
     ev = evaluate(instance, plan)
     plan = plan.with_metrics(**ev.as_metrics())
+    proven = proven and bound is not None and not math.isinf(bound)
     return Outcome(
         plan=plan,
         bound=bound,
-        proven=proven and bound is not None and not math.isinf(bound),
-        limit=Limit.INTERRUPTED if interrupted else Limit.TIME if hit else Limit.NONE,
+        proven=proven,
+        limit=stop_limit(interrupted=interrupted, timed_out=hit, proven=proven),
         log=tuple(lines),
         stats={"goodput": ev.goodput, "evaluations": evaluations},
     )

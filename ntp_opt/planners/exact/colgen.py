@@ -39,7 +39,6 @@ lazily.
 from __future__ import annotations
 
 import bisect
-import dataclasses
 import heapq
 import itertools
 import math
@@ -50,7 +49,7 @@ from typing import Any
 
 import numpy as np
 
-from ntp_opt.planners.exact.backends import BackendUnavailable, solve_program
+from ntp_opt.planners.exact.backends import BackendUnavailable, solve_or_highs
 from ntp_opt.planners.exact.backends.highs import new_highs
 from ntp_opt.planners.exact.choice_pricing import ListedPricing
 from ntp_opt.planners.exact.model import (
@@ -1395,40 +1394,10 @@ class _Master:
             program = IntProgram(
                 program.lb, program.ub, program.obj, program.rows, program.names, hint
             )
-        work = MASTER_WORK if opts.backend == "cpsat" else None
-        sol = solve_program(
-            program,
-            opts.backend,
-            time_limit=remaining,
-            threads=opts.threads,
-            seed=opts.seed,
-            cancel=opts.cancel,
-            work_limit=work,
-        )
-        if work is None or sol.status == "optimal" or sol.interrupted:
-            return sol
-        if opts.deadline is not None:
-            remaining = opts.deadline - time.perf_counter()
-            if remaining <= 0.01:
-                return sol  # the time limit, not the work limit, stopped it
-        if sol.x is not None:  # CP-SAT's solution as HiGHS' start
-            program = IntProgram(
-                program.lb, program.ub, program.obj, program.rows, program.names, sol.x
-            )
-        alt = solve_program(
-            program,
-            "highs",
-            time_limit=remaining,
-            threads=opts.threads,
-            seed=opts.seed,
-            cancel=opts.cancel,
-        )
-        if alt.status == "optimal" or (alt.objective or -1) > (sol.objective or -1):
-            return alt
-        if alt.time_limit_hit or alt.interrupted:
-            return sol  # the time limit (or a cancel) stopped HiGHS: say so
-        # the work limit stopped CP-SAT, not the time limit
-        return dataclasses.replace(sol, time_limit_hit=False)
+        return solve_or_highs(
+            program, opts.backend, deadline=opts.deadline, threads=opts.threads,
+            seed=opts.seed, cancel=opts.cancel, work=MASTER_WORK,
+        )  # fmt: skip
 
 
 def _push(

@@ -38,8 +38,8 @@ from ntp_opt.model.instance import Instance
 from ntp_opt.model.layout import Layout
 from ntp_opt.model.plan import Plan
 from ntp_opt.planners import heuristics as baselines
-from ntp_opt.planners.base import Limit, Outcome
-from ntp_opt.planners.exact.backends import solve_program
+from ntp_opt.planners.base import Outcome, stop_limit
+from ntp_opt.planners.exact.backends import solve_or_highs, solve_program
 from ntp_opt.planners.exact.backends.common import BackendUnavailable
 from ntp_opt.planners.exact.backends.common import prepare as normalise_program
 from ntp_opt.planners.exact.backends.highs import highs_lp, new_highs
@@ -59,7 +59,7 @@ from ntp_opt.planners.exact.model import (
     prepare,
     tighten,
 )
-from ntp_opt.planners.exact.program import IntProgram
+from ntp_opt.planners.exact.program import IntProgram, IntSolution
 from ntp_opt.rules.goodput import replica_speed, split_batch
 from ntp_opt.rules.power import can_boost, largest_cap
 from ntp_opt.rules.tolerances import (
@@ -87,6 +87,17 @@ class _Unresolved(Exception):
     value: the search stops (not proven), but not at a time limit."""
 
 
+#: Largest full program (variables) that, once it has settled a program column
+#: generation left open, replaces the generated ones of its degrees at the next step
+#: times (solved by HiGHS): ``dgx-h100-k8s-256``'s 2,432 take HiGHS 0.3 s where the
+#: generated program stays open after 1.5-13 s; at 4,096 DGX GPUs (16,000 variables,
+#: 2.5-25 s each) only the programs left open go to it.
+FULL_HIGHS_VARS = 5_000
+#: CP-SAT's deterministic work limit (about two CPU seconds a unit) on a full capacity
+#: program; past it HiGHS goes on from CP-SAT's solution (``backends.solve_or_highs``):
+#: on an NVL72 cluster of 2,016 GPUs with TP36 (degrees 32-36, 18,000 variables) CP-SAT
+#: takes 11-14 s on each program of the descent, HiGHS 3.4 s.
+FULL_WORK = 2.0
 #: Absolute margin by which the LP relaxation must be below a target (``C`` and the
 #: target are integers; the LP value is a float with solver tolerances).
 LP_MARGIN = 0.5
@@ -207,6 +218,10 @@ class _Search:
     colgen: dict[tuple[int, ...], ColumnGeneration] = field(default_factory=dict)
     theta_search: str = "descent"  # elastic: "descent" (_descend) or "bnb" (interval B&B)
     case_bounds: dict[tuple[int, ...], float] = field(default_factory=dict)  # per degree set
+    # degree sets whose programs are built in full and solved by HiGHS: small ones
+    # from the start (_small_full_program), else once the full program closed a gap
+    # column generation left (_settle); column generation stays their fallback
+    full_highs: set[tuple[int, ...]] = field(default_factory=set)
 
     def note(self, line: str, *, keep: bool = True) -> None:
         """A line of the search log (also logged at INFO level)."""
@@ -250,7 +265,10 @@ class _Search:
             if remaining <= 0.01:
                 raise _Deadline
         cancel = None if self.control is None else self.control.cancel
-        generated = self.colgen.get(degrees)  # configurations generated on demand
+        # configurations generated on demand, unless the full program settled C
+        # for these degrees before (then it is solved by HiGHS at every step time)
+        full = degrees in self.full_highs
+        generated = None if full else self.colgen.get(degrees)
         fixed = self.prep.instance.job.batch_policy == "fixed"
         floor = 1
         if target is not None and generated is None and not descent and fixed:
@@ -270,13 +288,31 @@ class _Search:
                 cap = master.capacity
         except DeadlineReached:
             raise _Deadline from None
+        except ModelTooLarge:
+            if not full:
+                raise
+            self.full_highs.discard(degrees)  # too large at this step time: generate again
+            return self.capacity(theta, degrees, target, descent=descent)
         self.evaluations += 1
+        settled: int | None = None  # the upper bound after _settle
+        settled_sol: IntSolution | None = None
+        if generated is not None:
+            got = master.lower
+            up = max(got, master.upper)
+            if got < up and (target is None or got < target <= up):
+                # the generated columns leave C open where the search needs it: the
+                # full program settles it (or at least tightens the bounds)
+                full_cap, settled_sol, settled = self._settle(theta, degrees, got, up)
+                if full_cap is not None:
+                    cap = full_cap
         # a program without the levels below `floor` bounds C only against the target
         below = target - 1 if floor > 1 and target is not None else None
         if not cap.classes:
             if below is not None:
                 return 0, below, theta
-            return 0, (0 if generated is None else master.upper), theta
+            if generated is None:
+                return 0, 0, theta
+            return 0, master.upper if settled is None else settled, theta
         if generated is None and target is not None:
             answer = self._relaxed_answer(cap, theta, degrees, target, descent, remaining)
             if answer is not None:
@@ -284,21 +320,22 @@ class _Search:
                     return 0, below, theta
                 return 0, answer, theta
         if generated is None:
-            sol = solve_program(
+            sol = solve_or_highs(
                 cap.program,
-                self.backend,
-                time_limit=remaining,
+                "highs" if full else self.backend,
+                deadline=self.deadline,
                 threads=self.threads,
                 seed=self.seed,
                 cancel=cancel,
+                work=FULL_WORK,
             )
         else:
-            sol = master.solution
+            sol = master.solution if settled_sol is None else settled_sol
         lower = int(sol.objective) if sol.objective is not None else 0
         if generated is not None:
             # the Lagrangian bound of the column generation holds whatever the
             # integer master's status (its own bound covers the generated columns only)
-            upper = max(lower, master.upper)
+            upper = max(lower, master.upper) if settled is None else settled
         elif sol.status == "optimal":
             upper = lower
         elif sol.status == "infeasible":  # x = 0 is always feasible; be safe anyway
@@ -332,6 +369,60 @@ class _Search:
         if sol.time_limit_hit and sol.status != "optimal":
             raise _Deadline
         return lower, upper, tight
+
+    def _settle(
+        self, theta: float, degrees: tuple[int, ...], lower: int, upper: int
+    ) -> tuple[Capacity | None, IntSolution | None, int]:
+        """The full capacity program (every configuration listed) where column
+        generation left ``lower < upper``: its program and HiGHS' solution (both
+        ``None`` where they carry no more than ``lower``) and the upper bound on
+        ``C(theta)`` then known.
+
+        The generated master's gap comes from fractional configuration counts,
+        which the branching over replica counts does not reach; the full program
+        has no such gap (on ``dgx-h100-k8s-256``, 2,432 variables: CP-SAT does not
+        prove ``C = 384`` in 50 s, HiGHS does in 0.5 s, where the generated bound
+        was 430). HiGHS is there wherever column generation is. ``(None, None,
+        upper)`` when the full program is too large (:data:`MAX_CONFIGS`).
+        """
+        remaining = None if self.deadline is None else self.deadline - time.perf_counter()
+        if remaining is not None and remaining <= 0.01:
+            raise _Deadline
+        try:
+            full = build_capacity(self.prep, theta, degrees, self.deadline)
+        except ModelTooLarge as err:
+            self.note(f"theta'={theta:.9g} degrees={list(degrees)}: C in [{lower}, {upper}], "
+                      f"full program not built ({err})")  # fmt: skip
+            return None, None, upper
+        except DeadlineReached:
+            raise _Deadline from None
+        if not full.classes:  # no configuration fits anywhere: C = 0
+            return None, None, 0
+        cancel = None if self.control is None else self.control.cancel
+        sol = solve_program(
+            full.program, "highs", time_limit=remaining, threads=self.threads,
+            seed=self.seed, cancel=cancel,
+        )  # fmt: skip
+        if self.keep_log:
+            self.log.append(
+                f"theta'={theta:.9g} degrees={list(degrees)} full program vars="
+                f"{full.program.n_vars} status={sol.status} C={sol.objective} "
+                f"bound={sol.bound} (generated: C in [{lower}, {upper}]) {sol.runtime_s:.3f}s"
+            )
+        if sol.interrupted:
+            raise _Interrupted
+        found = int(sol.objective) if sol.objective is not None else -1
+        if sol.status == "optimal":
+            if full.program.n_vars <= FULL_HIGHS_VARS:
+                self.full_highs.add(degrees)  # and so at the next step times
+            return full, sol, found
+        if sol.time_limit_hit:
+            raise _Deadline
+        if sol.bound is not None:
+            upper = min(upper, math.floor(sol.bound + INT_ROUND_TOL))
+        if found > lower:
+            return full, sol, max(found, upper)
+        return None, None, upper
 
     def _relaxed_answer(
         self,
@@ -639,6 +730,17 @@ def _crowded_class(cap: Capacity) -> int:
         per_class[(members, pos)] = per_class.get((members, pos), 0) + 1
     most = max(per_class.values(), default=0)
     return most if most > COLGEN_CLASS_CONFIGS else 0
+
+
+def _small_full_program(prep: Prepared, degrees: tuple[int, ...], deadline: float | None) -> bool:
+    """Whether the full program at the top of the step-time range (where it is
+    largest) has at most :data:`FULL_HIGHS_VARS` variables (0: never) and no
+    crowded class."""
+    try:
+        top = build_capacity(prep, _theta_range(prep, degrees)[1], degrees, deadline)
+    except ModelTooLarge:
+        return False
+    return 0 < FULL_HIGHS_VARS and top.program.n_vars <= FULL_HIGHS_VARS and not _crowded_class(top)
 
 
 def _many_rack_domains(prep: Prepared) -> bool:
@@ -1101,6 +1203,12 @@ def solve_exact(
             if generated is not None:  # configurations generated on demand
                 s.colgen[degrees] = generated
                 kept.append((degrees, factor))
+                if _small_full_program(prep, degrees, deadline):
+                    # racks shared by many domains, but few configurations: the full
+                    # program by HiGHS (column generation stays the fallback)
+                    s.full_highs.add(degrees)
+                    s.note(f"degrees {list(degrees)}: full program by HiGHS ({err})")
+                    continue
                 s.note(f"degrees {list(degrees)}: column generation ({err})")
                 continue
             s.unproven = left_out = True
@@ -1138,7 +1246,10 @@ def solve_exact(
     except _Unresolved:  # not a time limit: the search cannot go on without C there
         s.unproven = True
         bound = math.inf
-        s.note("stopped: a capacity program was left with lower < upper where the search needs C")
+        s.note(
+            "stopped: a capacity program was left with lower < upper where the search "
+            "needs C (limit unsettled)"
+        )
     except (KeyboardInterrupt, _Interrupted):  # Ctrl-C or cancel: the best plan so far
         interrupted = True
         bound = math.inf
@@ -1165,7 +1276,8 @@ def solve_exact(
         plan=s.best_plan,
         bound=None if math.isinf(bound) else bound,
         proven=proven,
-        limit=Limit.INTERRUPTED if interrupted else Limit.TIME if timed_out else Limit.NONE,
+        # stopped without a proof before any limit: say so (never `none` with no proof)
+        limit=stop_limit(interrupted=interrupted, timed_out=timed_out, proven=proven),
         log=tuple(s.log),
         stats={"goodput": s.best_value, "evaluations": s.evaluations},
         layout=_plan_layout(instance, s.best_plan, s.best_layout),

@@ -28,6 +28,7 @@ backend are documented in its module (:mod:`~ntp_opt.planners.exact.backends.cbc
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import threading
 import time
@@ -47,7 +48,14 @@ from ntp_opt.planners.exact.backends.common import (
 )
 from ntp_opt.planners.exact.program import IntProgram, IntSolution
 
-__all__ = ["BACKENDS", "BackendUnavailable", "available_backends", "load_backend", "solve_program"]
+__all__ = [
+    "BACKENDS",
+    "BackendUnavailable",
+    "available_backends",
+    "load_backend",
+    "solve_or_highs",
+    "solve_program",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -200,3 +208,66 @@ def solve_program(
         " (interrupted)" if solution.interrupted else "",
     )
     return solution
+
+
+def solve_or_highs(
+    program: IntProgram,
+    backend: str,
+    *,
+    deadline: float | None,
+    threads: int = 1,
+    seed: int = 0,
+    cancel: threading.Event | None = None,
+    work: float | None = None,
+) -> IntSolution:
+    """``program`` by ``backend``; with CP-SAT and ``work``, past that deterministic
+    work limit HiGHS goes on from CP-SAT's solution with the time left.
+
+    CP-SAT proves most capacity programs fast, but not all, and HiGHS proves
+    some of those in a fraction of the time; the hand-over is at a deterministic
+    work limit, the same on any load.
+
+    Parameters
+    ----------
+    program
+        The integer program.
+    backend
+        One of :data:`BACKENDS`.
+    deadline
+        :func:`time.perf_counter` value the backends stop at (``None``: none).
+    threads, seed, cancel
+        As in :func:`solve_program`.
+    work
+        CP-SAT's work limit (:func:`solve_program`'s ``work_limit``); ``None``
+        or another backend: no hand-over.
+
+    Returns
+    -------
+    IntSolution
+        The better answer; ``time_limit_hit`` only where the deadline, not the
+        work limit, stopped the search.
+    """
+    remaining = None if deadline is None else deadline - time.perf_counter()
+    work = work if backend == "cpsat" else None
+    sol = solve_program(
+        program, backend, time_limit=remaining, threads=threads, seed=seed,
+        cancel=cancel, work_limit=work,
+    )  # fmt: skip
+    if work is None or sol.status in ("optimal", "infeasible") or sol.interrupted:
+        return sol
+    if deadline is not None:
+        remaining = deadline - time.perf_counter()
+        if remaining <= 0.01:
+            return sol  # the time limit, not the work limit, stopped it
+    if sol.x is not None:  # CP-SAT's solution as HiGHS' start
+        p = program
+        program = IntProgram(p.lb, p.ub, p.obj, p.rows, p.names, sol.x)
+    alt = solve_program(
+        program, "highs", time_limit=remaining, threads=threads, seed=seed, cancel=cancel
+    )
+    if alt.status == "optimal" or (alt.objective or -1) > (sol.objective or -1):
+        return alt
+    if alt.time_limit_hit or alt.interrupted:
+        return sol  # the time limit (or a cancel) stopped HiGHS: say so
+    # the work limit stopped CP-SAT, not the time limit
+    return dataclasses.replace(sol, time_limit_hit=False)
