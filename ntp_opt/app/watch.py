@@ -37,6 +37,7 @@ import numpy as np
 from ntp_opt.model.files import instance_to_dict, load_instance, load_plan, plan_to_dict
 from ntp_opt.model.instance import Instance
 from ntp_opt.model.plan import Plan
+from ntp_opt.planners.megatron import megatron_order
 from ntp_opt.rules.validate import evaluate
 from ntp_opt.solve import solve
 from ntp_opt.workflows.replan import ClusterEvent, Replanner, align, migration
@@ -173,9 +174,10 @@ def diff(old: Instance, new: Instance) -> Diff:
 class Flaps:
     """Hysteresis for GPUs that go down and up repeatedly.
 
-    A GPU that failed ``count`` times within ``hold`` seconds is *flapping*:
-    when it comes back it is held out (kept failed in the plan) until it has
-    stayed up for ``hold`` seconds without failing again.
+    A GPU that failed ``count`` times within the ``hold`` seconds before it
+    comes back is *flapping*: it is held out (kept failed in the plan) until
+    it has stayed up for ``hold`` seconds; going down meanwhile restarts
+    that probation.
 
     Parameters
     ----------
@@ -189,6 +191,7 @@ class Flaps:
     count: int = DEFAULT_FLAP_COUNT
     failures: dict[str, list[float]] = field(default_factory=dict)
     up_since: dict[str, float] = field(default_factory=dict)
+    holding: set[str] = field(default_factory=set)
 
     def failed(self, gpu: str, now: float) -> None:
         """Record that ``gpu`` went down at ``now``."""
@@ -200,16 +203,21 @@ class Flaps:
     def held(self, gpu: str, now: float) -> bool:
         """Whether ``gpu``, seen up at ``now`` after being down, stays held out."""
         since = self.up_since.setdefault(gpu, now)
-        recent = [t for t in self.failures.get(gpu, []) if since - t < self.hold]
-        return len(recent) >= self.count and now - since < self.hold
+        if gpu not in self.holding:
+            recent = [t for t in self.failures.get(gpu, []) if since - t < self.hold]
+            if len(recent) >= self.count:
+                self.holding.add(gpu)
+        return gpu in self.holding and now - since < self.hold
 
-    def down(self, gpu: str) -> None:
-        """``gpu`` is seen down again: its probation starts over when it comes back."""
-        self.up_since.pop(gpu, None)
+    def down(self, gpu: str, now: float) -> None:
+        """``gpu`` is seen down: a held GPU that was up failed again, its probation restarts."""
+        if self.up_since.pop(gpu, None) is not None:
+            self.failed(gpu, now)
 
     def released(self, gpu: str) -> None:
         """``gpu`` is back in the plan: forget its probation (not its failures)."""
         self.up_since.pop(gpu, None)
+        self.holding.discard(gpu)
 
 
 # --- files ---------------------------------------------------------------------------------
@@ -298,6 +306,9 @@ class Settings:
         Of :class:`Flaps`.
     max_polls
         Stop after this many readings (``None``: until a signal).
+    placeholder_hosts
+        Hosts outside the cluster for a launch's inactive ranks (as for
+        ``ntp-opt export megatron --placeholder-hosts``).
     """
 
     out: Path
@@ -310,6 +321,7 @@ class Settings:
     flap_hold: float = DEFAULT_FLAP_HOLD_S
     flap_count: int = DEFAULT_FLAP_COUNT
     max_polls: int | None = None
+    placeholder_hosts: tuple[str, ...] = ()
 
 
 @dataclass
@@ -473,7 +485,7 @@ class Watcher:
             else:
                 self.flaps.released(gpu)
         for i in np.flatnonzero(~new.healthy):
-            self.flaps.down(str(new.gpu_ids[i]))
+            self.flaps.down(str(new.gpu_ids[i]), now)
         if not held:
             return seen, []
         return seen.with_health(healthy, None), held
@@ -481,6 +493,8 @@ class Watcher:
     def _change(self, instance: Instance, d: Diff, parts: dict[str, float], t0: float) -> None:
         t1 = time.perf_counter()
         how, plan = self._plan(instance, d)
+        if plan is not None:  # the launched order: reduced replicas first, as Megatron-LM takes
+            plan = megatron_order(plan, instance.job.tp)
         parts["replan_s"] = time.perf_counter() - t1
         if plan is None or self.stop.is_set():
             self.status.update(state="watching", events_pending=[])
@@ -639,7 +653,9 @@ class Watcher:
             tmp.mkdir()
             t1 = time.perf_counter()
             try:
-                export_megatron(instance, plan, tmp / "launch")
+                export_megatron(
+                    instance, plan, tmp / "launch", placeholder_hosts=self.s.placeholder_hosts
+                )
                 summary["launch"] = "launch/"
             except (MegatronError, ValueError) as err:
                 summary["launch"] = None

@@ -101,6 +101,7 @@ def run(args: argparse.Namespace) -> int:
         flap_hold=args.flap_hold,
         flap_count=args.flap_count,
         max_polls=args.max_polls,
+        placeholder_hosts=tuple(h for h in (args.placeholder_hosts or "").split(",") if h),
     )
     watcher = Watcher(read, settings)
     with stop_on_signals(watcher):
@@ -167,6 +168,11 @@ def add_parser(sub: Any) -> None:
             metavar="N",
             help=f"failures within --flap-hold that make a GPU flapping "
             f"(default {DEFAULT_FLAP_COUNT})",
+        )
+        p.add_argument(
+            "--placeholder-hosts",
+            metavar="H1,H2",
+            help="hosts outside the cluster for inactive ranks (as for export megatron)",
         )
         p.add_argument("--max-polls", type=int, metavar="N", help="stop after N readings")
         p.add_argument("--tdp-w", type=float, metavar="W", help="as for ntp-opt import")

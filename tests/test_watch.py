@@ -1,0 +1,419 @@
+"""``ntp-opt watch``: the diff and the hysteresis, a live Slurm cluster, a replayed Kubernetes.
+
+The Slurm tests run ``tests/slurm_cluster.py`` as 16 DGX-like nodes (8 GPUs, two
+leaf switches); every test that uses it lives in this file (one xdist worker owns
+the cluster). The watch runs as a child process (``python -m ntp_opt.app.cli``),
+states are driven with ``scontrol update``, and the tests wait for the watch's
+journal and status.json (bounded polls, generous limits), never for a time.
+Without Slurm the live tests skip, except with ``CI=true``, where they fail.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from ntp_opt.app.watch import Flaps, diff
+from ntp_opt.model.files import load_instance, load_plan
+from ntp_opt.rules.validate import evaluate
+
+from .slurm_cluster import PACKAGES, ClusterError, SlurmCluster, missing_programs
+
+ROOT = Path(__file__).resolve().parent.parent
+CI = os.environ.get("CI") == "true"
+K8S = Path(__file__).parent / "fixtures" / "import" / "h100-k8s"
+#: Upper bound on waits for the watch (polls ``POLL_S`` apart): a bound, not a delay.
+MAX_POLLS = 3000
+POLL_S = 0.1
+
+
+# --- the diff and the hysteresis, without a cluster ------------------------------------------
+
+
+def test_diff_turns_readings_into_events() -> None:
+    inst = load_instance(ROOT / "instances" / "default.json")
+    a = inst.arrays
+    ids = list(a.gpu_ids)
+    healthy = np.flatnonzero(a.healthy)
+    down = healthy[:3]
+    after = inst.with_health(a.healthy & ~np.isin(np.arange(a.n_gpus), down), None)
+    d = diff(inst, after)
+    assert [(e.kind, set(e.nodes)) for e in d.events] == [("fail", {ids[i] for i in down})]
+    assert d.structure is None and not d.power
+    back = diff(after, inst)
+    assert [(e.kind, set(e.nodes)) for e in back.events] == [("repair", {ids[i] for i in down})]
+    speed = a.speed.copy()
+    speed[healthy[5]] = 0.5
+    slow = diff(inst, inst.with_health(None, speed))
+    assert [(e.kind, e.nodes, e.speed) for e in slow.events] == [("speed", (ids[healthy[5]],), 0.5)]
+    assert diff(inst, inst).empty
+
+
+def test_flaps_hold_a_node_that_goes_down_and_up() -> None:
+    f = Flaps(hold=600.0, count=2)
+    f.failed("g", 0.0)
+    assert not f.held("g", 10.0)  # one failure: back at once
+    f.released("g")
+    f.failed("g", 20.0)
+    assert f.held("g", 30.0)  # the second failure within 600 s: held out
+    assert f.held("g", 629.0)
+    assert not f.held("g", 630.0)  # up for 600 s since 30
+    f.released("g")
+    f.failed("g", 2000.0)  # long after: one failure in the window again
+    assert not f.held("g", 2001.0)
+    f.failed("g", 2002.0)
+    assert f.held("g", 2003.0)
+    f.down("g", 2650.0)  # down again while held: the probation starts over
+    assert f.held("g", 2700.0) and f.held("g", 3299.0) and not f.held("g", 3300.0)
+
+
+# --- running the watch -------------------------------------------------------------------------
+
+
+def _journal(out: Path) -> list[dict[str, Any]]:
+    try:
+        lines = (out / "journal.jsonl").read_text().splitlines()
+    except FileNotFoundError:
+        return []
+    recs = []
+    for ln in lines:
+        try:
+            recs.append(json.loads(ln))
+        except ValueError:
+            pass  # a line being written
+    return recs
+
+
+def _versions(out: Path) -> list[int]:
+    return [r["version"] for r in _journal(out) if r["kind"] == "publish"]
+
+
+def _status(out: Path) -> dict[str, Any]:
+    try:
+        data: dict[str, Any] = json.loads((out / "status.json").read_text())
+        return data
+    except (FileNotFoundError, ValueError):
+        return {}
+
+
+def _wait(what: str, cond: Callable[[], Any], proc: subprocess.Popen[bytes], log: Path) -> Any:
+    """Poll ``cond`` until truthy (bounded); fail early if the watch exited."""
+    for _ in range(MAX_POLLS):
+        got = cond()
+        if got:
+            return got
+        if proc.poll() is not None:
+            raise AssertionError(
+                f"the watch exited ({proc.returncode}) before {what}: {log.read_text()[-2000:]}"
+            )
+        time.sleep(POLL_S)
+    raise AssertionError(f"{what} never happened: {log.read_text()[-2000:]}")
+
+
+def _start(argv: list[str], env: dict[str, str], log: Path) -> subprocess.Popen[bytes]:
+    env = {**env, "PYTHONPATH": str(ROOT)}
+    with open(log, "ab") as f:
+        return subprocess.Popen(
+            [sys.executable, "-m", "ntp_opt.app.cli", "watch", *argv],
+            env=env,
+            stdout=f,
+            stderr=subprocess.STDOUT,
+            cwd=ROOT,
+        )
+
+
+def _stop(proc: subprocess.Popen[bytes], sig: int = signal.SIGTERM) -> int:
+    if proc.poll() is None:
+        proc.send_signal(sig)
+    return proc.wait(timeout=120)
+
+
+def _summary(out: Path, v: int) -> dict[str, Any]:
+    data: dict[str, Any] = json.loads((out / f"v{v:04d}" / "summary.json").read_text())
+    return data
+
+
+def _check_version(out: Path, v: int, launch: bool = True) -> None:
+    """The version is complete: its plan is valid for its instance (the validator says)."""
+    vdir = out / f"v{v:04d}"
+    assert (vdir / "summary.json").is_file()
+    ev = evaluate(load_instance(vdir / "instance.json"), load_plan(vdir / "plan.json"))
+    assert ev.feasible
+    if launch:
+        assert (vdir / "launch" / "ntp_config.py").is_file()
+    else:  # the summary says why this plan has no launch files
+        assert "launch_refused" in _summary(out, v), _summary(out, v)
+
+
+def _event_hosts(summary: dict[str, Any], kind: str) -> set[str]:
+    return {n.split(":")[0] for e in summary["events"] if e["kind"] == kind for n in e["nodes"]}
+
+
+# --- a live Slurm --------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SlurmCluster]:
+    """16 DGX-like nodes (8 GPUs) under leaves nvl0/nvl1."""
+    if missing := missing_programs():
+        msg = f"Slurm is not installed (missing {' '.join(missing)})"
+        if CI:
+            pytest.fail(f"CI=true but {msg}: .ci/run installs {PACKAGES}")
+        pytest.skip(f"{msg}: apt-get install {PACKAGES}; runs in CI")
+    c = SlurmCluster(
+        tmp_path_factory.mktemp("slurm-watch"),
+        nodes=16,
+        gpus=8,
+        spares=0,
+        leaves=2,
+        tie_to_parent=True,
+    )
+    try:
+        c.start()
+    except ClusterError as err:
+        c.stop()
+        if CI or os.geteuid() == 0:
+            pytest.fail(f"the test cluster did not start: {err}")
+        pytest.skip(f"the test cluster did not start as a normal user (try as root): {err}")
+    try:
+        yield c
+    finally:
+        c.stop()
+
+
+def _slurm_argv(tmp: Path, out: Path, *extra: str) -> list[str]:
+    job = tmp / "job.json"
+    job.write_text(json.dumps({"tp": 8, "pp": 2, "dp": 7, "global_batch": 56}))
+    return [
+        "slurm",
+        "--job",
+        str(job),
+        "--out",
+        str(out),
+        "--tdp-w",
+        "700",
+        "--interval",
+        "1",
+        *extra,
+    ]
+
+
+def _scontrol(c: SlurmCluster, node: str, state: str) -> None:
+    extra = [] if state == "resume" else ["reason=watch-test"]
+    c.run("scontrol", "update", f"nodename={node}", f"state={state}", *extra)
+
+
+def test_slurm_watch_drain_down_fail_resume_kill9_and_hooks(
+    cluster: SlurmCluster, tmp_path: Path
+) -> None:
+    c = cluster
+    out = tmp_path / "out"
+    log = tmp_path / "watch.log"
+    hooks = tmp_path / "hooks.log"
+    # the hook records every run and fails for v0002
+    hook = (
+        f'echo "$NTP_WATCH_VERSION $NTP_WATCH_DIR" >> {hooks}; '
+        f'test "$NTP_WATCH_VERSION" != v0002 || exit 3'
+    )
+    argv = _slurm_argv(tmp_path, out, "--on-change", hook)
+    n = {i: f"{c.tag}n{i}" for i in range(1, 17)}
+    proc = _start(argv, c.env(), log)
+    try:
+        _wait("v0001", lambda: _versions(out) == [1], proc, log)
+        assert os.readlink(out / "current") == "v0001"
+        _check_version(out, 1)
+
+        _scontrol(c, n[3], "drain")
+        _wait("v0002", lambda: 2 in _versions(out), proc, log)
+        assert os.readlink(out / "current") == "v0002"
+        _check_version(out, 2)
+        assert _event_hosts(_summary(out, 2), "fail") == {n[3]}
+        # the failing hook is recorded, not retried for its own version
+        _wait(
+            "v0002's hook",
+            lambda: any(r["kind"] == "hook" and r["version"] == 2 for r in _journal(out)),
+            proc,
+            log,
+        )
+        assert [r["exit"] for r in _journal(out) if r["kind"] == "hook"] == [0, 3]
+
+        _scontrol(c, n[5], "down")
+        _wait("v0003", lambda: 3 in _versions(out), proc, log)
+        assert _event_hosts(_summary(out, 3), "fail") == {n[5]}
+        _wait(
+            "v0003's hook",
+            lambda: any(r["kind"] == "hook" and r["version"] == 3 for r in _journal(out)),
+            proc,
+            log,
+        )
+        assert "v0003: --on-change failed" not in log.read_text()
+
+        # kill -9, the cluster changes while the watch is away, a restart catches up
+        proc.kill()
+        proc.wait(timeout=120)
+        _scontrol(c, n[3], "resume")
+        _scontrol(c, n[5], "resume")
+        proc = _start(argv, c.env(), log)
+        _wait("v0004", lambda: 4 in _versions(out), proc, log)
+        assert _event_hosts(_summary(out, 4), "repair") == {n[3], n[5]}
+        _check_version(out, 4)
+
+        # kill -9 again; the cluster is the one published: no new version, no hook rerun
+        _wait(
+            "v0004's hook",
+            lambda: any(r["kind"] == "hook" and r["version"] == 4 for r in _journal(out)),
+            proc,
+            log,
+        )
+        proc.kill()
+        proc.wait(timeout=120)
+        proc = _start(argv, c.env(), log)
+        _wait(
+            "two polls after the restart",
+            lambda: _status(out).get("pid") == proc.pid and _status(out).get("polls", 0) >= 2,
+            proc,
+            log,
+        )
+        assert _versions(out) == [1, 2, 3, 4]
+        starts = [r["version"] for r in _journal(out) if r["kind"] == "hook-start"]
+        assert starts == [1, 2, 3, 4]
+        assert [ln.split()[0] for ln in hooks.read_text().splitlines()] == [
+            "v0001",
+            "v0002",
+            "v0003",
+            "v0004",
+        ]
+
+        _scontrol(c, n[9], "fail")
+        _wait("v0005", lambda: 5 in _versions(out), proc, log)
+        assert _event_hosts(_summary(out, 5), "fail") == {n[9]}
+        _scontrol(c, n[9], "resume")
+        _wait("v0006", lambda: 6 in _versions(out), proc, log)
+        assert _event_hosts(_summary(out, 6), "repair") == {n[9]}
+        status = _status(out)
+        assert status["last_version"] == "v0006" and status["events_pending"] == []
+    finally:
+        code = _stop(proc)
+    assert code == 0, log.read_text()[-2000:]
+    assert _status(out)["state"] == "stopped"
+    assert os.readlink(out / "current") == "v0006"
+    assert not list(out.glob(".v*.tmp"))
+    assert "Traceback" not in log.read_text()
+
+
+def test_slurm_flapping_node_is_held_out(cluster: SlurmCluster, tmp_path: Path) -> None:
+    c = cluster
+    out = tmp_path / "out"
+    log = tmp_path / "watch.log"
+    node = f"{c.tag}n7"
+    argv = _slurm_argv(tmp_path, out, "--flap-hold", "3600", "--flap-count", "2")
+    proc = _start(argv, c.env(), log)
+    try:
+        _wait("v0001", lambda: _versions(out) == [1], proc, log)
+        for want, state in ((2, "drain"), (3, "resume"), (4, "drain")):
+            _scontrol(c, node, state)
+            _wait(f"v{want:04d}", lambda w=want: w in _versions(out), proc, log)  # type: ignore[misc]
+        _scontrol(c, node, "resume")  # second failure within the hold: held out
+        held = _wait("the node held out", lambda: _status(out).get("held_out"), proc, log)
+        assert {g.split(":")[0] for g in held} == {node}
+        polls = _status(out)["polls"]
+        _wait("two more polls", lambda: _status(out).get("polls", 0) >= polls + 2, proc, log)
+        assert _versions(out) == [1, 2, 3, 4]
+        assert os.readlink(out / "current") == "v0004"
+    finally:
+        code = _stop(proc, signal.SIGINT)
+    assert code == 0, log.read_text()[-2000:]
+
+
+# --- Kubernetes: a kubectl stand-in replays recorded snapshots --------------------------------
+
+
+def _k8s_snapshot(change: Callable[[dict[str, Any]], None] | None, path: Path) -> None:
+    data = json.loads((K8S / "nodes.json").read_text())
+    if change is not None:
+        change(data)
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(data))
+    tmp.replace(path)  # the stand-in never reads half a snapshot
+
+
+def _node(data: dict[str, Any], name: str) -> dict[str, Any]:
+    node: dict[str, Any] = next(i for i in data["items"] if i["metadata"]["name"] == name)
+    return node
+
+
+def _not_ready(name: str) -> Callable[[dict[str, Any]], None]:
+    def change(data: dict[str, Any]) -> None:
+        for cond in _node(data, name)["status"]["conditions"]:
+            if cond["type"] == "Ready":
+                cond["status"] = "False"
+
+    return change
+
+
+def test_k8s_watch_replays_snapshots(tmp_path: Path) -> None:
+    bindir = tmp_path / "bin"
+    bindir.mkdir()
+    snap = tmp_path / "nodes.json"
+    _k8s_snapshot(None, snap)
+    kubectl = bindir / "kubectl"
+    kubectl.write_text(f'#!/bin/sh\ncat "{snap}"\n')
+    kubectl.chmod(0o755)
+    smi = tmp_path / "smi"
+    shutil.copytree(K8S / "nvidia-smi", smi)
+    env = {**os.environ, "PATH": f"{bindir}{os.pathsep}{os.environ['PATH']}"}
+    out = tmp_path / "out"
+    log = tmp_path / "watch.log"
+    argv = [
+        "k8s",
+        "--job",
+        str(K8S / "job.json"),
+        "--out",
+        str(out),
+        "--nvidia-smi",
+        str(smi),
+        "--tdp-w",
+        "700",
+        "--interval",
+        "0.2",
+    ]
+    proc = _start(argv, env, log)
+    try:
+        _wait("v0001", lambda: _versions(out) == [1], proc, log)
+        _k8s_snapshot(_not_ready("dgx-h100-01"), snap)
+        _wait("v0002", lambda: 2 in _versions(out), proc, log)
+        assert _event_hosts(_summary(out, 2), "fail") == {"dgx-h100-01"}
+        _check_version(out, 2, launch=False)  # 31 healthy GPUs: no GPU for an inactive rank
+        _k8s_snapshot(None, snap)
+        _wait("v0003", lambda: 3 in _versions(out), proc, log)
+        assert _event_hosts(_summary(out, 3), "repair") == {"dgx-h100-01"}
+        # a power limit changes in a host's nvidia-smi file: a fresh solve
+        xml = smi / "dgx-h100-02.xml"
+        text = xml.read_text()
+        assert "<current_power_limit>" in text
+        import re
+
+        xml.write_text(
+            re.sub(r"<current_power_limit>[^<]*<", "<current_power_limit>600.00 W<", text)
+        )
+        _wait("v0004", lambda: 4 in _versions(out), proc, log)
+        assert "power" in _summary(out, 4)["change"]
+        assert "fresh solve" in _summary(out, 4)["how"]
+        # an unchanged cluster publishes nothing
+        polls = _status(out)["polls"]
+        _wait("three more polls", lambda: _status(out).get("polls", 0) >= polls + 3, proc, log)
+        assert _versions(out) == [1, 2, 3, 4]
+    finally:
+        code = _stop(proc)
+    assert code == 0, log.read_text()[-2000:]
