@@ -518,11 +518,7 @@ class Watcher:
         self.status.update(state="watching", events_pending=[], last_version=_vname(version))
         self._status()
         timing = " ".join(f"{k[:-2]} {1000 * v:.0f} ms" for k, v in parts.items())
-        self.log(
-            f"{_vname(version)}: {d.describe()} -> {how}; goodput "
-            f"{summary['goodput_before']} -> {summary['goodput_after']}, "
-            f"{summary['gpus_moved']} GPUs moved; {timing}"
-        )
+        self.log(f"{self._summary_text(version)}; {how}; {timing}")
         if self.s.hook:
             self._hook(version, self._summary_text(version))
 
@@ -698,6 +694,8 @@ class Watcher:
             s = json.loads((self.out / _vname(version) / "summary.json").read_text())
         except (OSError, ValueError):
             return _vname(version)
+        if s["previous"] is None:
+            return f"{s['version']}: first plan, goodput {s['goodput_after']}"
         return (
             f"{s['version']}: {s['change']}; goodput {s['goodput_before']} -> "
             f"{s['goodput_after']}; {s['gpus_moved']} GPUs moved"
