@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -402,8 +403,6 @@ def test_k8s_watch_replays_snapshots(tmp_path: Path) -> None:
         xml = smi / "dgx-h100-02.xml"
         text = xml.read_text()
         assert "<current_power_limit>" in text
-        import re
-
         xml.write_text(
             re.sub(r"<current_power_limit>[^<]*<", "<current_power_limit>600.00 W<", text)
         )
@@ -417,3 +416,124 @@ def test_k8s_watch_replays_snapshots(tmp_path: Path) -> None:
     finally:
         code = _stop(proc)
     assert code == 0, log.read_text()[-2000:]
+
+
+def _fake_kubectl(tmp: Path, monkeypatch: pytest.MonkeyPatch, body: str | None = None) -> Path:
+    """A kubectl stand-in first on PATH that prints ``tmp/nodes.json`` (or runs ``body``)."""
+    bindir = tmp / "bin"
+    bindir.mkdir(exist_ok=True)
+    snap = tmp / "nodes.json"
+    _k8s_snapshot(None, snap)
+    kubectl = bindir / "kubectl"
+    kubectl.write_text(f"#!/bin/sh\n{body or f'cat {snap}'}\n")
+    kubectl.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{bindir}{os.pathsep}{os.environ['PATH']}")
+    return snap
+
+
+def _k8s(out: Path, *extra: str) -> list[str]:
+    return [
+        "watch",
+        "k8s",
+        "--job",
+        str(K8S / "job.json"),
+        "--out",
+        str(out),
+        "--nvidia-smi",
+        str(K8S / "nvidia-smi"),
+        "--tdp-w",
+        "700",
+        "--interval",
+        "0.05",
+        *extra,
+    ]
+
+
+def _one_error(capsys: pytest.CaptureFixture[str], pattern: str) -> None:
+    err = capsys.readouterr().err
+    errors = [ln for ln in err.splitlines() if ln.startswith("ntp-opt: error: ")]
+    assert len(errors) == 1 and re.search(pattern, errors[0]), err
+    assert "Traceback" not in err
+
+
+def test_watch_errors_are_one_line(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from ntp_opt.app.cli import main
+
+    out = tmp_path / "out"
+    _fake_kubectl(tmp_path, monkeypatch, "echo 'no route to the API server' >&2; exit 1")
+    assert main(_k8s(out, "--max-polls", "1")) == 2  # nothing published yet: fatal
+    _one_error(capsys, r"kubectl get nodes -o json: failed .*no route to the API server")
+    assert main(_k8s(out, "--flap-count", "0")) == 2
+    _one_error(capsys, r"--flap-count: must be at least 1")
+    (tmp_path / "file").write_text("")
+    assert main(_k8s(tmp_path / "file")) == 2
+    _one_error(capsys, r"--out .*file: not a directory")
+    # a second watch on a directory another one holds
+    import fcntl
+
+    fd = os.open(out / ".lock", os.O_RDWR)
+    fcntl.flock(fd, fcntl.LOCK_EX)
+    try:
+        assert main(_k8s(out, "--max-polls", "1")) == 2
+        _one_error(capsys, r"another ntp-opt watch publishes there")
+    finally:
+        os.close(fd)
+
+
+def test_outage_after_a_version_is_logged_and_survived(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from ntp_opt.app.cli import main
+
+    out = tmp_path / "out"
+    _fake_kubectl(tmp_path, monkeypatch)
+    assert main(_k8s(out, "--max-polls", "1")) == 0
+    _fake_kubectl(tmp_path, monkeypatch, "echo 'connection refused' >&2; exit 1")
+    assert main(_k8s(out, "--max-polls", "3")) == 0
+    err = capsys.readouterr().err
+    assert err.count("reading the cluster failed (plan kept)") == 1  # once, not per poll
+    assert _status(out)["last_error"] and os.readlink(out / "current") == "v0001"
+
+
+def test_restart_after_kill9_at_the_worst_moments(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A torn journal line; current swapped but not journalled; a hook never started."""
+    from ntp_opt.app.cli import main
+
+    out = tmp_path / "out"
+    hooks = tmp_path / "hooks.log"
+    hook = ["--on-change", f"echo $NTP_WATCH_VERSION >> {hooks}"]
+    _fake_kubectl(tmp_path, monkeypatch)
+    assert main(_k8s(out, "--max-polls", "1", *hook)) == 0
+    assert _versions(out) == [1] and hooks.read_text().split() == ["v0001"]
+    # kill -9 while v0002 was published: its directory renamed, current swapped,
+    # the journal line torn half-way, its hook never started
+    shutil.copytree(out / "v0001", out / "v0002")
+    os.symlink("v0002", out / ".cur")
+    os.replace(out / ".cur", out / "current")
+    with open(out / "journal.jsonl", "a") as f:
+        f.write('{"kind": "publish", "vers')
+    shutil.copytree(out / "v0001", out / ".v0003.tmp")  # and a half-written next one
+    assert main(_k8s(out, "--max-polls", "2", *hook)) == 0
+    assert _versions(out) == [1, 2]  # v0002 adopted (recovered), nothing new
+    assert [r.get("recovered") for r in _journal(out) if r["kind"] == "publish"] == [None, True]
+    assert hooks.read_text().split() == ["v0001", "v0002"]
+    assert not (out / ".v0003.tmp").exists()
+    assert main(_k8s(out, "--max-polls", "2", *hook)) == 0  # no hook runs twice
+    assert hooks.read_text().split() == ["v0001", "v0002"]
+
+
+def test_a_hanging_hook_is_killed_and_the_watch_goes_on(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from ntp_opt.app.cli import main
+
+    out = tmp_path / "out"
+    _fake_kubectl(tmp_path, monkeypatch)
+    argv = _k8s(out, "--max-polls", "3", "--on-change", "sleep 600", "--hook-timeout", "0.2")
+    assert main(argv) == 0
+    assert [(r["version"], r["exit"]) for r in _journal(out) if r["kind"] == "hook"] == [(1, -1)]
+    assert _status(out)["polls"] == 3

@@ -53,8 +53,8 @@ STATUS = "status.json"
 CURRENT = "current"
 
 
-class WatchError(RuntimeError):
-    """The watch cannot go on (its output directory is unusable)."""
+class WatchError(ValueError):
+    """The watch cannot start (its output directory is another watch's)."""
 
 
 # --- reading the difference --------------------------------------------------------------
@@ -267,6 +267,8 @@ class Journal:
                     if isinstance(rec, dict):
                         self.records.append(rec)
         self._f: TextIO = open(path, "a", encoding="utf-8")
+        if path.stat().st_size and not path.read_bytes().endswith(b"\n"):
+            self._f.write("\n")  # the torn line stays unreadable; the next one is whole
 
     def append(self, record: dict[str, Any]) -> None:
         """Append one record and fsync it."""
@@ -306,6 +308,8 @@ class Settings:
         Of :class:`Flaps`.
     max_polls
         Stop after this many readings (``None``: until a signal).
+    hook_timeout
+        Seconds the hook may run; then it is killed (exit recorded as -1).
     placeholder_hosts
         Hosts outside the cluster for a launch's inactive ranks (as for
         ``ntp-opt export megatron --placeholder-hosts``).
@@ -322,6 +326,7 @@ class Settings:
     flap_count: int = DEFAULT_FLAP_COUNT
     max_polls: int | None = None
     placeholder_hosts: tuple[str, ...] = ()
+    hook_timeout: float = HOOK_TIMEOUT_S
 
 
 @dataclass
@@ -360,6 +365,7 @@ class Watcher:
         self.stop = threading.Event()
         self.out = settings.out
         self.out.mkdir(parents=True, exist_ok=True)
+        self._lock = _lock(self.out)
         self.journal = Journal(self.out / JOURNAL)
         self.flaps = Flaps(settings.flap_hold, settings.flap_count)
         self.running: Running | None = None
@@ -380,9 +386,17 @@ class Watcher:
                 for gpu in rec.get("failed_gpus", []):
                     self.flaps.failed(gpu, float(rec["t"]))
         published = [r for r in self.journal.records if r.get("kind") == "publish"]
-        if not published:
+        version = int(published[-1]["version"]) if published else 0
+        current = _current_version(self.out)
+        if current is not None and current > version:
+            # killed after current was swapped but before the journal said so: the
+            # launcher may already run it, so it is the running version
+            self.journal.append(
+                {"kind": "publish", "version": current, "dir": _vname(current), "recovered": True}
+            )
+            version = current
+        if not version:
             return
-        version = int(published[-1]["version"])
         vdir = self.out / _vname(version)
         instance = load_instance(vdir / "instance.json")
         plan = load_plan(vdir / "plan.json")
@@ -412,6 +426,7 @@ class Watcher:
             self.status["state"] = "stopped"
             self._status()
             self.journal.close()
+            os.close(self._lock)
         return 0
 
     def poll(self) -> None:
@@ -422,6 +437,8 @@ class Watcher:
         try:
             seen = self.read()
         except (OSError, ValueError) as err:
+            if self.running is None and self.polls == 1:
+                raise  # nothing published yet: a wrong source or option, not an outage
             msg = str(err).splitlines()[0] if str(err) else type(err).__name__
             if msg != self.last_error:
                 self.log(f"reading the cluster failed (plan kept): {msg}")
@@ -464,7 +481,17 @@ class Watcher:
         self.status["events_pending"] = [_event_dict(e) for e in d.events]
         self.status["state"] = "re-planning"
         self._status()
-        self._change(effective, d, {"poll_s": t_poll, "diff_s": t_diff}, t0)
+        try:
+            self._change(effective, d, {"poll_s": t_poll, "diff_s": t_diff}, t0)
+        except (OSError, ValueError) as err:  # a full disk, a plan the rules refuse ...
+            self.replanner = None  # rebuilt from the running version, which stays current
+            msg = f"{type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''}"
+            self.log(
+                f"re-planning or publishing failed (running version kept; retried next poll): {msg}"
+            )
+            self.journal.append({"kind": "error", "error": msg})
+            self.status.update(state="watching", last_error=msg)
+            self._status()
 
     def _hold(self, seen: Instance, now: float) -> tuple[Instance, list[str]]:
         """``seen`` with flapping GPUs kept failed; the GPUs held."""
@@ -497,6 +524,7 @@ class Watcher:
             plan = megatron_order(plan, instance.job.tp)
         parts["replan_s"] = time.perf_counter() - t1
         if plan is None or self.stop.is_set():
+            self.replanner = None  # rebuilt from the running version when needed
             self.status.update(state="watching", events_pending=[])
             self._status()
             return
@@ -507,12 +535,17 @@ class Watcher:
             self.status.update(state="watching", events_pending=[])
             self._status()
             return
-        version = (old.version + 1) if old is not None else _next_version(self.out)
+        # past any directory a kill -9 left between its rename and its journal line
+        version = max(old.version + 1 if old is not None else 1, _next_version(self.out))
         t2 = time.perf_counter()
         summary = self._summary(version, instance, plan, d, how, old)
         parts["summary_s"] = time.perf_counter() - t2
-        published = self._publish(version, instance, plan, summary, parts, t0)
+        try:
+            published = self._publish(version, instance, plan, summary, parts, t0)
+        finally:
+            shutil.rmtree(self.out / f".{_vname(version)}.tmp", ignore_errors=True)
         if not published:
+            self.replanner = None  # it moved on to the plan that was not published
             return
         self.running = Running(version, instance, plan)
         self.status.update(state="watching", events_pending=[], last_version=_vname(version))
@@ -712,17 +745,25 @@ class Watcher:
             "NTP_WATCH_SUMMARY": summary,
         }
         try:
-            proc = subprocess.run(
+            proc = subprocess.Popen(
                 self.s.hook or "",
                 shell=True,
                 env=env,
-                timeout=HOOK_TIMEOUT_S,
                 stdin=subprocess.DEVNULL,
-                check=False,
+                start_new_session=True,  # its children are killed with it on a timeout
             )
-            code = proc.returncode
-        except subprocess.TimeoutExpired:
-            code = -1
+        except OSError as err:
+            self.log(f"{name}: --on-change could not start: {err}")
+            code = 127
+        else:
+            try:
+                code = proc.wait(timeout=self.s.hook_timeout)
+            except subprocess.TimeoutExpired:
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()
+                self.log(f"{name}: --on-change killed after {self.s.hook_timeout:g} s")
+                code = -1
         self.journal.append({"kind": "hook", "version": version, "exit": code})
         self.status["last_hook"] = {"version": name, "exit": code}
         if code != 0:
@@ -733,6 +774,19 @@ class Watcher:
         if self.running is not None:
             self.status["last_version"] = _vname(self.running.version)
         write_atomic(self.out / STATUS, json.dumps(self.status, indent=1, sort_keys=True) + "\n")
+
+
+def _lock(out: Path) -> int:
+    """Hold ``DIR/.lock`` (one watch per directory); its descriptor."""
+    import fcntl
+
+    fd = os.open(out / ".lock", os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        os.close(fd)
+        raise WatchError(f"{out}: another ntp-opt watch publishes there") from None
+    return fd
 
 
 def _rel(x: float) -> float:
@@ -748,6 +802,19 @@ def _event_dict(e: ClusterEvent) -> dict[str, Any]:
 
 def _vname(version: int) -> str:
     return f"v{version:04d}"
+
+
+def _current_version(out: Path) -> int | None:
+    """The complete version ``DIR/current`` names, if any."""
+    try:
+        name = os.readlink(out / CURRENT)
+    except OSError:
+        return None
+    if len(name) != 5 or not name.startswith("v") or not name[1:].isdigit():
+        return None
+    if not (out / name / "summary.json").is_file():
+        return None
+    return int(name[1:])
 
 
 def _next_version(out: Path) -> int:

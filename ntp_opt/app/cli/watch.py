@@ -12,6 +12,7 @@ from typing import Any
 from ntp_opt.app.watch import (
     DEFAULT_FLAP_COUNT,
     DEFAULT_FLAP_HOLD_S,
+    HOOK_TIMEOUT_S,
     Settings,
     Watcher,
     stop_on_signals,
@@ -27,6 +28,18 @@ def _positive(text: str) -> float:
     if not (math.isfinite(v) and 0 < v <= 86400):
         raise argparse.ArgumentTypeError(f"must be more than 0 and at most 86400, got {text}")
     return v
+
+
+def _watts(text: str) -> float:
+    from ntp_opt.app.importers.compose import MAX_WATTS
+
+    try:
+        w = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected watts, got {text!r}") from None
+    if not 1.0 <= w <= MAX_WATTS:
+        raise argparse.ArgumentTypeError(f"must be 1 to {MAX_WATTS:g} W, got {text}")
+    return w
 
 
 def _reader(args: argparse.Namespace) -> Callable[[], Instance]:
@@ -86,6 +99,12 @@ def run(args: argparse.Namespace) -> int:
 
     if args.policy not in PLANNERS:
         raise ValueError(f"--policy: unknown planner {args.policy!r} ({', '.join(PLANNERS)})")
+    if args.flap_count < 1:
+        raise ValueError(f"--flap-count: must be at least 1, got {args.flap_count}")
+    if args.max_polls is not None and args.max_polls < 1:
+        raise ValueError(f"--max-polls: must be at least 1, got {args.max_polls}")
+    if not (math.isfinite(args.tolerance) and 0 <= args.tolerance < 1):
+        raise ValueError(f"--tolerance: must be a number in [0, 1), got {args.tolerance!r}")
     out = Path(args.out)
     if out.exists() and not out.is_dir():
         raise ValueError(f"--out {out}: not a directory")
@@ -101,6 +120,7 @@ def run(args: argparse.Namespace) -> int:
         flap_hold=args.flap_hold,
         flap_count=args.flap_count,
         max_polls=args.max_polls,
+        hook_timeout=args.hook_timeout,
         placeholder_hosts=tuple(h for h in (args.placeholder_hosts or "").split(",") if h),
     )
     watcher = Watcher(read, settings)
@@ -174,9 +194,18 @@ def add_parser(sub: Any) -> None:
             metavar="H1,H2",
             help="hosts outside the cluster for inactive ranks (as for export megatron)",
         )
-        p.add_argument("--max-polls", type=int, metavar="N", help="stop after N readings")
-        p.add_argument("--tdp-w", type=float, metavar="W", help="as for ntp-opt import")
-        p.add_argument("--max-power-w", type=float, metavar="W", help="as for ntp-opt import")
+        p.add_argument(
+            "--max-polls", type=int, metavar="N", help="stop after N readings (default: never)"
+        )
+        p.add_argument("--tdp-w", type=_watts, metavar="W", help="as for ntp-opt import")
+        p.add_argument("--max-power-w", type=_watts, metavar="W", help="as for ntp-opt import")
+        p.add_argument(
+            "--hook-timeout",
+            type=_positive,
+            default=HOOK_TIMEOUT_S,
+            metavar="S",
+            help=f"seconds --on-change may run before it is killed (default {HOOK_TIMEOUT_S:g})",
+        )
         p.set_defaults(func=run)
 
     s = src.add_parser("slurm", help="scontrol show node/topology (scontrol on PATH, SLURM_CONF)")
