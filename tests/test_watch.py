@@ -328,6 +328,9 @@ def test_slurm_flapping_node_is_held_out(cluster: SlurmCluster, tmp_path: Path) 
         _scontrol(c, node, "resume")  # second failure within the hold: held out
         held = _wait("the node held out", lambda: _status(out).get("held_out"), proc, log)
         assert {g.split(":")[0] for g in held} == {node}
+        holds = [r["held_out"] for r in _journal(out) if r["kind"] == "hold"]
+        assert holds == [held]
+        assert "are up again but held out" in log.read_text()
         polls = _status(out)["polls"]
         _wait("two more polls", lambda: _status(out).get("polls", 0) >= polls + 2, proc, log)
         assert _versions(out) == [1, 2, 3, 4]

@@ -454,6 +454,8 @@ class Watcher:
         else:
             d = diff(self.running.instance, effective)
         t_diff = time.perf_counter() - t0 - t_poll
+        if sorted(held) != self.status.get("held_out", []):
+            self._log_held(seen, sorted(held), now)
         self.status.update(
             state="watching",
             last_poll=now,
@@ -492,6 +494,22 @@ class Watcher:
             self.journal.append({"kind": "error", "error": msg})
             self.status.update(state="watching", last_error=msg)
             self._status()
+
+    def _log_held(self, seen: Instance, held: list[str], now: float) -> None:
+        """One line and one journal record when the set of held-out GPUs changes."""
+        a = seen.arrays
+        idx = [a.gpu_index[g] for g in a.gpu_ids if str(g) in set(held)]
+        hosts = _hosts_of(seen, idx)
+        if held:
+            until = max(self.flaps.up_since.get(g, now) for g in held) + self.flaps.hold
+            self.log(
+                f"{len(held)} GPUs ({_short(hosts)}) are up again but held out: they failed "
+                f"{self.flaps.count}+ times within {self.flaps.hold:g} s (flapping); back "
+                f"in the plan if up until {time.strftime('%H:%M:%S', time.localtime(until))}"
+            )
+        else:
+            self.log("no GPU held out any more")
+        self.journal.append({"kind": "hold", "held_out": held})
 
     def _hold(self, seen: Instance, now: float) -> tuple[Instance, list[str]]:
         """``seen`` with flapping GPUs kept failed; the GPUs held."""
