@@ -540,3 +540,27 @@ def test_a_hanging_hook_is_killed_and_the_watch_goes_on(
     assert main(argv) == 0
     assert [(r["version"], r["exit"]) for r in _journal(out) if r["kind"] == "hook"] == [(1, -1)]
     assert _status(out)["polls"] == 3
+
+
+def test_losing_every_host_publishes_the_paused_job_once(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from ntp_opt.app.cli import main
+
+    out = tmp_path / "out"
+    snap = _fake_kubectl(tmp_path, monkeypatch)
+    assert main(_k8s(out, "--max-polls", "1")) == 0
+
+    def all_down(data: dict[str, Any]) -> None:
+        for i in range(1, 9):
+            _not_ready(f"dgx-h100-0{i}")(data)
+
+    _k8s_snapshot(all_down, snap)
+    assert main(_k8s(out, "--max-polls", "4")) == 0
+    assert _versions(out) == [1, 2]  # once, not once a poll
+    s = _summary(out, 2)
+    assert s["replicas"] == 0 and s["goodput_after"] == 0 and s["launch"] is None
+    assert "the job is paused" in capsys.readouterr().err
+    _k8s_snapshot(None, snap)  # the hosts come back: the job runs again
+    assert main(_k8s(out, "--max-polls", "1")) == 0
+    assert _versions(out) == [1, 2, 3] and _summary(out, 3)["replicas"] == 2

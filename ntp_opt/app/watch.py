@@ -373,6 +373,10 @@ class Watcher:
         self.polls = 0
         self.status: dict[str, Any] = {"state": "starting", "pid": os.getpid()}
         self.last_error: str | None = None
+        #: The change last seen that was not published (an error, or no plan fits),
+        #: and whether no plan fits it (then it is not re-planned until the cluster changes).
+        self.stuck: str | None = None
+        self.stuck_no_plan = False
         self._resume()
 
     # -- restart ------------------------------------------------------------------------
@@ -467,31 +471,45 @@ class Watcher:
         if d.empty:
             self._status()
             return
-        failed = [str(g) for e in d.events if e.kind == "fail" for g in e.nodes]
-        for g in failed:
-            self.flaps.failed(g, now)
-        self.journal.append(
-            {
-                "kind": "observe",
-                "change": d.describe(),
-                "events": [_event_dict(e) for e in d.events],
-                "failed_gpus": failed,
-                "structure": d.structure,
-                "held_out": sorted(held),
-            }
-        )
+        change = d.describe()
+        ea = effective.arrays
+        key = f"{change}|{hash((ea.healthy.tobytes(), ea.speed.tobytes(), ea.tdp.tobytes()))}"
+        retry = key == self.stuck  # the same change as the last that was not published
+        if retry and self.stuck_no_plan:
+            self._status()  # no plan fits it: wait for the cluster to change again
+            return
+        self.stuck, self.stuck_no_plan = None, False
+        if not retry:  # a new observation (a retried one is not counted again, nor journalled)
+            failed = [str(g) for e in d.events if e.kind == "fail" for g in e.nodes]
+            for g in failed:
+                self.flaps.failed(g, now)
+            self.journal.append(
+                {
+                    "kind": "observe",
+                    "change": change,
+                    "events": [_event_dict(e) for e in d.events],
+                    "failed_gpus": failed,
+                    "structure": d.structure,
+                    "held_out": sorted(held),
+                }
+            )
         self.status["events_pending"] = [_event_dict(e) for e in d.events]
         self.status["state"] = "re-planning"
         self._status()
         try:
             self._change(effective, d, {"poll_s": t_poll, "diff_s": t_diff}, t0)
+            if self.stuck_no_plan:
+                self.stuck = key
         except (OSError, ValueError) as err:  # a full disk, a plan the rules refuse ...
             self.replanner = None  # rebuilt from the running version, which stays current
             msg = f"{type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''}"
-            self.log(
-                f"re-planning or publishing failed (running version kept; retried next poll): {msg}"
-            )
-            self.journal.append({"kind": "error", "error": msg})
+            if msg != self.status.get("last_error"):
+                self.log(
+                    "re-planning or publishing failed (running version kept; retried every "
+                    f"poll): {msg}"
+                )
+                self.journal.append({"kind": "error", "error": msg})
+            self.stuck = key
             self.status.update(state="watching", last_error=msg)
             self._status()
 
@@ -570,6 +588,8 @@ class Watcher:
         self._status()
         timing = " ".join(f"{k[:-2]} {1000 * v:.0f} ms" for k, v in parts.items())
         self.log(f"{self._summary_text(version)}; {how}; {timing}")
+        if not plan.replicas:
+            self.log(f"{_vname(version)}: the job is paused: no replica fits the healthy GPUs")
         if self.s.hook:
             self._hook(version, self._summary_text(version))
 
@@ -634,6 +654,7 @@ class Watcher:
                 f"no plan for the cluster ({res.status}: {res.reason}); keeping the running one"
             )
             self.journal.append({"kind": "no-plan", "status": str(res.status), "why": res.reason})
+            self.stuck_no_plan = True
             return "fresh solve", None
         plan = res.plan
         if self.running is not None and list(self.running.instance.arrays.gpu_ids) == list(
