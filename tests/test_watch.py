@@ -195,7 +195,9 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SlurmCluster]:
 
 def _slurm_argv(tmp: Path, out: Path, *extra: str) -> list[str]:
     job = tmp / "job.json"
-    job.write_text(json.dumps({"tp": 8, "pp": 2, "dp": 7, "global_batch": 56}))
+    job.write_text(
+        json.dumps({"tp": 8, "pp": 2, "dp": 8, "global_batch": 64, "batch_policy": "elastic"})
+    )
     return [
         "slurm",
         "--job",
@@ -206,6 +208,8 @@ def _slurm_argv(tmp: Path, out: Path, *extra: str) -> list[str]:
         "700",
         "--interval",
         "1",
+        "--placeholder-hosts",  # no spare GPUs: inactive ranks go there
+        "ph1,ph2,ph3",
         *extra,
     ]
 
@@ -302,8 +306,13 @@ def test_slurm_watch_drain_down_fail_resume_kill9_and_hooks(
         _scontrol(c, n[9], "resume")
         _wait("v0006", lambda: 6 in _versions(out), proc, log)
         assert _event_hosts(_summary(out, 6), "repair") == {n[9]}
-        status = _status(out)
-        assert status["last_version"] == "v0006" and status["events_pending"] == []
+        status = _wait(
+            "status v0006",
+            lambda: (s := _status(out)).get("last_version") == "v0006" and s,
+            proc,
+            log,
+        )
+        assert status["events_pending"] == [] and status["state"] == "watching"
     finally:
         code = _stop(proc)
     assert code == 0, log.read_text()[-2000:]

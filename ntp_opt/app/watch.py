@@ -565,8 +565,9 @@ class Watcher:
             self._status()
             return
         old = self.running
-        if old is not None and plan_to_dict(plan) == plan_to_dict(old.plan):
-            self.log(f"{d.describe()}: plan unchanged ({how}); no new version")
+        # a new power limit changes the launch's power commands even for the same replicas
+        if old is not None and not d.power and d.structure is None and _same(plan, old.plan):
+            self.log(f"{d.describe()}: the same replicas ({how}); no new version")
             self.running = Running(old.version, instance, plan)
             self.status.update(state="watching", events_pending=[])
             self._status()
@@ -632,12 +633,14 @@ class Watcher:
 
         def progress() -> None:  # a line every 10 s of a long solve; a signal cancels it
             start = time.perf_counter()
-            while not done.wait(1.0):
+            report = 10.0
+            while not done.wait(0.5):
                 if self.stop.is_set():
                     cancel.set()
                 elapsed = time.perf_counter() - start
-                if int(elapsed) % 10 == 0:
-                    self.log(f"  solving: {elapsed:.0f} s")
+                if elapsed >= report:
+                    report += 10.0
+                    self.log(f"  solving: {elapsed:.0f} s of at most {self.s.time_limit:g} s")
                     self.status["solving_s"] = round(elapsed, 1)
                     self._status()
 
@@ -826,6 +829,11 @@ def _lock(out: Path) -> int:
         os.close(fd)
         raise WatchError(f"{out}: another ntp-opt watch publishes there") from None
     return fd
+
+
+def _same(a: Plan, b: Plan) -> bool:
+    """The plans launch the same: replicas, degrees, GPUs, batches and power (not metrics)."""
+    return bool(plan_to_dict(a)["replicas"] == plan_to_dict(b)["replicas"])
 
 
 def _rel(x: float) -> float:
