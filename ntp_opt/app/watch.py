@@ -5,7 +5,7 @@ returns an :class:`~ntp_opt.model.instance.Instance`: the Slurm or Kubernetes
 importer on live sources), turns the difference from the running instance
 into events (:func:`diff`), re-plans with one long-lived
 :class:`~ntp_opt.workflows.replan.Replanner` and publishes every plan that
-differs from the running one as ``DIR/vNNNN/`` before swapping the symlink
+launches differently from the running one as ``DIR/vNNNN/`` before swapping the symlink
 ``DIR/current`` to it. See ``docs/watch.md`` for the files, the journal, the
 hysteresis rule and a recorded run.
 
