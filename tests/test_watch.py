@@ -573,3 +573,30 @@ def test_losing_every_host_publishes_the_paused_job_once(
     _k8s_snapshot(None, snap)  # the hosts come back: the job runs again
     assert main(_k8s(out, "--max-polls", "1")) == 0
     assert _versions(out) == [1, 2, 3] and _summary(out, 3)["replicas"] == 2
+
+
+def test_a_signal_during_a_change_abandons_the_version(tmp_path: Path) -> None:
+    """SIGTERM/SIGINT set ``stop``: the version being made is dropped, current stays whole."""
+    from ntp_opt.app.watch import Settings, Watcher
+
+    inst = load_instance(ROOT / "instances" / "default.json")
+    a = inst.arrays
+    failed = inst.with_health(a.healthy & (np.arange(a.n_gpus) != np.flatnonzero(a.healthy)[0]))
+    readings = [inst, failed]
+    lines: list[str] = []
+    w = Watcher(lambda: readings.pop(0), Settings(out=tmp_path / "out"), log=lines.append)
+
+    w.poll()
+    assert _versions(w.out) == [1]
+    real = w.read
+
+    def read_then_signal() -> Any:
+        got = real()
+        w.stop.set()  # the signal lands while the change is being re-planned
+        return got
+
+    w.read = read_then_signal
+    w.poll()
+    w.journal.close()
+    assert _versions(w.out) == [1] and os.readlink(w.out / "current") == "v0001"
+    assert not list(w.out.glob(".v*")) and not (w.out / "v0002").exists()
