@@ -388,6 +388,7 @@ def test_k8s_watch_replays_snapshots(tmp_path: Path) -> None:
     env = {**os.environ, "PATH": f"{bindir}{os.pathsep}{os.environ['PATH']}"}
     out = tmp_path / "out"
     log = tmp_path / "watch.log"
+    speeds = tmp_path / "speeds.json"
     argv = [
         "k8s",
         "--job",
@@ -400,7 +401,10 @@ def test_k8s_watch_replays_snapshots(tmp_path: Path) -> None:
         "700",
         "--interval",
         "0.2",
+        "--speeds",
+        str(speeds),
     ]
+    speeds.write_text("{}")
     proc = _start(argv, env, log)
     try:
         _wait("v0001", lambda: _versions(out) == [1], proc, log)
@@ -411,6 +415,21 @@ def test_k8s_watch_replays_snapshots(tmp_path: Path) -> None:
         _k8s_snapshot(None, snap)
         _wait("v0003", lambda: 3 in _versions(out), proc, log)
         assert _event_hosts(_summary(out, 3), "repair") == {"dgx-h100-01"}
+        # a straggler detector reports a slow host: a speed event, re-planned
+        speeds.write_text(json.dumps({"dgx-h100-02": 0.5}))
+
+        def speed_seen() -> list[dict[str, Any]]:
+            return [
+                e for r in _journal(out) if r["kind"] == "observe" for e in r["events"]
+                if e["kind"] == "speed"
+            ]  # fmt: skip
+
+        ev = _wait("the speed event", speed_seen, proc, log)
+        assert [e["speed"] for e in ev] == [0.5]
+        assert {n.split(":")[0] for n in ev[0]["nodes"]} == {"dgx-h100-02"}
+        # (here the same replicas stay best: no version; the slow host keeps its place)
+        _wait("the re-plan", lambda: "speed 0.5: the same replicas" in log.read_text(), proc, log)
+        assert _versions(out) == [1, 2, 3]
         # a power limit changes in a host's nvidia-smi file: a fresh solve
         xml = smi / "dgx-h100-02.xml"
         text = xml.read_text()

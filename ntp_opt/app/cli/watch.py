@@ -9,6 +9,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from ntp_opt.app.watch import (
     DEFAULT_FLAP_COUNT,
     DEFAULT_FLAP_HOLD_S,
@@ -90,7 +92,52 @@ def _reader(args: argparse.Namespace) -> Callable[[], Instance]:
         )
         return Instance(name, graph, job, {"source": "k8s", "watch": True}, copy_graph=False)
 
-    return read_slurm if args.source == "slurm" else read_k8s
+    read = read_slurm if args.source == "slurm" else read_k8s
+    if not args.speeds:
+        return read
+
+    def read_with_speeds() -> Instance:
+        inst = read()
+        return with_speeds(inst, args.speeds)
+
+    return read_with_speeds
+
+
+def with_speeds(instance: Instance, path: str) -> Instance:
+    """``instance`` with the speeds of the ``--speeds`` file (a straggler detector's output).
+
+    The file is a JSON object: GPU id or host name -> relative speed in (0, 1];
+    GPUs it does not name run at 1. It is re-read at every poll.
+
+    Raises
+    ------
+    InputError
+        Naming the file and the key of every problem.
+    """
+    from ntp_opt.model.files import InputError, read_json
+
+    data = read_json(Path(path))
+    if not isinstance(data, dict):
+        raise InputError(path, [("", "expected an object {GPU id or host: speed}")])
+    a = instance.arrays
+    hosts: dict[str, list[int]] = {}
+    g = instance.cluster
+    for i, gid in enumerate(a.gpu_ids):
+        hosts.setdefault(str(g.nodes[gid].get("host", "")), []).append(i)
+    speed = np.ones(a.n_gpus)
+    problems = []
+    for key, value in data.items():
+        if isinstance(value, bool) or not isinstance(value, int | float) or not 0 < value <= 1:
+            problems.append((key, f"expected a speed in (0, 1], got {value!r}"))
+        elif key in a.gpu_index:
+            speed[a.gpu_index[key]] = value
+        elif key in hosts:
+            speed[hosts[key]] = value
+        else:
+            problems.append((key, "not a GPU or host of the cluster"))
+    if problems:
+        raise InputError(path, problems)
+    return instance.with_health(None, speed)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -188,6 +235,12 @@ def add_parser(sub: Any) -> None:
             metavar="N",
             help=f"failures within --flap-hold that make a GPU flapping "
             f"(default {DEFAULT_FLAP_COUNT})",
+        )
+        p.add_argument(
+            "--speeds",
+            metavar="FILE",
+            help="JSON {GPU id or host: speed in (0, 1]} from a straggler detector, re-read "
+            "every poll (unnamed GPUs run at 1)",
         )
         p.add_argument(
             "--placeholder-hosts",
