@@ -66,6 +66,7 @@ COMMANDS: dict[str, str] = {
     "serve": "ntp_opt.app.cli.serve",
     "multi": "ntp_opt.multi.cli",
     "import": "ntp_opt.app.importers.cli",
+    "watch": "ntp_opt.app.cli.watch",
 }
 
 #: Names re-exported from the command modules (imported on first use, PEP 562).

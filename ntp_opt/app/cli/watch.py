@@ -1,0 +1,284 @@
+"""The ``ntp-opt watch`` sub-command: :func:`add_parser` and :func:`run` (docs/watch.md)."""
+
+from __future__ import annotations
+
+import argparse
+import math
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from ntp_opt.app.watch import (
+    DEFAULT_FLAP_COUNT,
+    DEFAULT_FLAP_HOLD_S,
+    HOOK_TIMEOUT_S,
+    Settings,
+    Watcher,
+    stop_on_signals,
+)
+from ntp_opt.model.instance import Instance
+
+
+def _positive(text: str) -> float:
+    try:
+        v = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected seconds, got {text!r}") from None
+    if not (math.isfinite(v) and 0 < v <= 86400):
+        raise argparse.ArgumentTypeError(f"must be more than 0 and at most 86400, got {text}")
+    return v
+
+
+def _watts(text: str) -> float:
+    from ntp_opt.app.importers.compose import MAX_WATTS
+
+    try:
+        w = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected watts, got {text!r}") from None
+    if not 1.0 <= w <= MAX_WATTS:
+        raise argparse.ArgumentTypeError(f"must be 1 to {MAX_WATTS:g} W, got {text}")
+    return w
+
+
+def _reader(args: argparse.Namespace) -> Callable[[], Instance]:
+    """A function that reads the cluster now (the importers on live sources)."""
+    from ntp_opt.app.importers.cli import load_job
+    from ntp_opt.app.importers.compose import PowerDefault
+    from ntp_opt.app.importers.k8s import DEFAULT_TOLERATED, import_k8s, run_kubectl
+    from ntp_opt.app.importers.slurm import import_slurm, scontrol
+
+    job = load_job(args.job)
+    power = PowerDefault(args.tdp_w, args.max_power_w) if args.tdp_w is not None else None
+    if args.max_power_w is not None and power is None:
+        raise ValueError("--max-power-w: only with --tdp-w")
+    seen: set[str] = set()
+
+    def warn(msg: str) -> None:  # each warning once, not once a poll
+        if msg not in seen:
+            seen.add(msg)
+            print(f"ntp-opt watch: warning: {msg}", flush=True, file=sys.stderr)
+
+    name = Path(args.out).name or "watch"
+
+    def read_slurm() -> Instance:
+        nodes = scontrol("show", "node", "--oneliner", "--future")
+        topology = args.topology or scontrol("show", "topology")
+        graph = import_slurm(
+            topology,
+            nodes,
+            nvidia_smi=args.nvidia_smi,
+            name=name,
+            warn=warn,
+            nvlink=args.nvlink,
+            allow=tuple(args.allow or ()),
+            power=power,
+        )
+        return Instance(name, graph, job, {"source": "slurm", "watch": True}, copy_graph=False)
+
+    def read_k8s() -> Instance:
+        out = run_kubectl(args.context, timeout=args.kubectl_timeout)
+        graph = import_k8s(
+            out,
+            nvidia_smi=args.nvidia_smi,
+            rack_label=args.rack_label,
+            tolerate=DEFAULT_TOLERATED + tuple(args.tolerate or ()),
+            name=name,
+            warn=warn,
+            power=power,
+        )
+        return Instance(name, graph, job, {"source": "k8s", "watch": True}, copy_graph=False)
+
+    read = read_slurm if args.source == "slurm" else read_k8s
+    if not args.speeds:
+        return read
+
+    def read_with_speeds() -> Instance:
+        inst = read()
+        return with_speeds(inst, args.speeds)
+
+    return read_with_speeds
+
+
+def with_speeds(instance: Instance, path: str) -> Instance:
+    """``instance`` with the speeds of the ``--speeds`` file (a straggler detector's output).
+
+    The file is a JSON object: GPU id or host name -> relative speed in (0, 1];
+    GPUs it does not name run at 1. It is re-read at every poll.
+
+    Raises
+    ------
+    InputError
+        Naming the file and the key of every problem.
+    """
+    from ntp_opt.model.files import InputError, read_json
+
+    data = read_json(Path(path))
+    if not isinstance(data, dict):
+        raise InputError(path, [("", "expected an object {GPU id or host: speed}")])
+    a = instance.arrays
+    hosts: dict[str, list[int]] = {}
+    g = instance.cluster
+    for i, gid in enumerate(a.gpu_ids):
+        hosts.setdefault(str(g.nodes[gid].get("host", "")), []).append(i)
+    speed = np.ones(a.n_gpus)
+    problems = []
+    for key, value in data.items():
+        if isinstance(value, bool) or not isinstance(value, int | float) or not 0 < value <= 1:
+            problems.append((key, f"expected a speed in (0, 1], got {value!r}"))
+        elif key in a.gpu_index:
+            speed[a.gpu_index[key]] = value
+        elif key in hosts:
+            speed[hosts[key]] = value
+        else:
+            problems.append((key, "not a GPU or host of the cluster"))
+    if problems:
+        raise InputError(path, problems)
+    return instance.with_health(None, speed)
+
+
+def run(args: argparse.Namespace) -> int:
+    """Run ``ntp-opt watch``."""
+    from ntp_opt.solve import PLANNERS
+
+    if args.policy not in PLANNERS:
+        raise ValueError(f"--policy: unknown planner {args.policy!r} ({', '.join(PLANNERS)})")
+    if args.flap_count < 1:
+        raise ValueError(f"--flap-count: must be at least 1, got {args.flap_count}")
+    if args.max_polls is not None and args.max_polls < 1:
+        raise ValueError(f"--max-polls: must be at least 1, got {args.max_polls}")
+    if not (math.isfinite(args.tolerance) and 0 <= args.tolerance < 1):
+        raise ValueError(f"--tolerance: must be a number in [0, 1), got {args.tolerance!r}")
+    out = Path(args.out)
+    if out.exists() and not out.is_dir():
+        raise ValueError(f"--out {out}: not a directory")
+    read = _reader(args)
+    settings = Settings(
+        out=out,
+        interval=args.interval,
+        planner=args.policy,
+        time_limit=args.time_limit,
+        mode=args.mode,
+        tolerance=args.tolerance,
+        hook=args.on_change,
+        flap_hold=args.flap_hold,
+        flap_count=args.flap_count,
+        max_polls=args.max_polls,
+        hook_timeout=args.hook_timeout,
+        placeholder_hosts=tuple(h for h in (args.placeholder_hosts or "").split(",") if h),
+    )
+    watcher = Watcher(read, settings)
+    with stop_on_signals(watcher):
+        return watcher.run()
+
+
+def add_parser(sub: Any) -> None:
+    """The ``ntp-opt watch`` sub-command (``slurm`` and ``k8s``)."""
+    from ntp_opt.app.importers.slurm import ALLOW_KINDS, NVLINK_CHOICES
+
+    w = sub.add_parser(
+        "watch",
+        help="follow a live cluster, re-plan on every health change, publish plans (docs/watch.md)",
+    )
+    src = w.add_subparsers(dest="source", required=True, metavar="SOURCE")
+
+    def common(p: argparse.ArgumentParser) -> None:
+        p.add_argument("--job", required=True, help="job file (the job object of an instance)")
+        p.add_argument("--out", required=True, metavar="DIR", help="versions, journal, status")
+        p.add_argument(
+            "--nvidia-smi", metavar="DIR", help="directory of <host>.xml, re-read every poll"
+        )
+        p.add_argument(
+            "--interval", type=_positive, default=10.0, metavar="S", help="seconds (default 10)"
+        )
+        p.add_argument(
+            "--policy",
+            default="fast",
+            metavar="P",
+            help="planner of fresh solves (default fast; see ntp-opt solve --help)",
+        )
+        p.add_argument(
+            "--time-limit",
+            type=_positive,
+            default=60.0,
+            metavar="S",
+            help="seconds a fresh solve may take (default 60)",
+        )
+        p.add_argument("--mode", choices=["auto", "local", "global"], default="auto")
+        p.add_argument(
+            "--tolerance",
+            type=float,
+            default=1e-3,
+            help="relative goodput traded to avoid migration (default 0.001)",
+        )
+        p.add_argument(
+            "--on-change",
+            metavar="CMD",
+            help="shell command run once per published version (NTP_WATCH_VERSION, "
+            "NTP_WATCH_DIR, NTP_WATCH_SUMMARY)",
+        )
+        p.add_argument(
+            "--flap-hold",
+            type=_positive,
+            default=DEFAULT_FLAP_HOLD_S,
+            metavar="S",
+            help=f"hold a flapping GPU out until it stays up this long "
+            f"(default {DEFAULT_FLAP_HOLD_S:g})",
+        )
+        p.add_argument(
+            "--flap-count",
+            type=int,
+            default=DEFAULT_FLAP_COUNT,
+            metavar="N",
+            help=f"failures within --flap-hold that make a GPU flapping "
+            f"(default {DEFAULT_FLAP_COUNT})",
+        )
+        p.add_argument(
+            "--speeds",
+            metavar="FILE",
+            help="JSON {GPU id or host: speed in (0, 1]} from a straggler detector, re-read "
+            "every poll (unnamed GPUs run at 1)",
+        )
+        p.add_argument(
+            "--placeholder-hosts",
+            metavar="H1,H2",
+            help="hosts outside the cluster for inactive ranks (as for export megatron)",
+        )
+        p.add_argument(
+            "--max-polls", type=int, metavar="N", help="stop after N readings (default: never)"
+        )
+        p.add_argument("--tdp-w", type=_watts, metavar="W", help="as for ntp-opt import")
+        p.add_argument("--max-power-w", type=_watts, metavar="W", help="as for ntp-opt import")
+        p.add_argument(
+            "--hook-timeout",
+            type=_positive,
+            default=HOOK_TIMEOUT_S,
+            metavar="S",
+            help=f"seconds --on-change may run before it is killed (default {HOOK_TIMEOUT_S:g})",
+        )
+        p.set_defaults(func=run)
+
+    s = src.add_parser("slurm", help="scontrol show node/topology (scontrol on PATH, SLURM_CONF)")
+    s.add_argument(
+        "--topology",
+        metavar="FILE",
+        help="topology.yaml/topology.conf (default: scontrol show topology each poll)",
+    )
+    s.add_argument("--nvlink", choices=NVLINK_CHOICES, help="as for ntp-opt import slurm")
+    s.add_argument(
+        "--allow",
+        action="append",
+        choices=list(ALLOW_KINDS),
+        metavar="KIND",
+        help="as for ntp-opt import slurm",
+    )
+    common(s)
+    k = src.add_parser("k8s", help="kubectl get nodes -o json (kubectl on PATH)")
+    k.add_argument("--context", help="kubectl context (default: the current one)")
+    k.add_argument("--kubectl-timeout", type=_positive, default=60.0, metavar="S")
+    k.add_argument("--rack-label", help="as for ntp-opt import k8s")
+    k.add_argument("--tolerate", action="append", metavar="KEY", help="as for ntp-opt import k8s")
+    common(k)
