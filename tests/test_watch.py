@@ -632,3 +632,111 @@ def test_a_signal_during_a_change_abandons_the_version(tmp_path: Path) -> None:
     w.journal.close()
     assert _versions(w.out) == [1] and os.readlink(w.out / "current") == "v0001"
     assert not list(w.out.glob(".v*")) and not (w.out / "v0002").exists()
+
+
+# --- nvidia-smi files: parsed again only when they change ------------------------------------
+
+
+def _count_parses(monkeypatch: pytest.MonkeyPatch) -> dict[str, int]:
+    """Count :func:`read_xml` calls per file name (the parser behind the cache)."""
+    from ntp_opt.app.importers import nvidia_smi
+
+    counts: dict[str, int] = {}
+    real = nvidia_smi.read_xml
+
+    def spy(path: str | Path) -> Any:
+        counts[Path(path).name] = counts.get(Path(path).name, 0) + 1
+        return real(path)
+
+    monkeypatch.setattr(nvidia_smi, "read_xml", spy)
+    return counts
+
+
+def test_watch_parses_an_unchanged_nvidia_smi_file_once(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from ntp_opt.app.cli import main
+
+    counts = _count_parses(monkeypatch)
+    _fake_kubectl(tmp_path, monkeypatch)
+    assert main(_k8s(tmp_path / "out", "--max-polls", "4")) == 0
+    assert _status(tmp_path / "out")["polls"] == 4
+    assert counts == {"dgx-h100-01.xml": 1, "dgx-h100-02.xml": 1}  # not once a poll
+
+
+def test_xml_cache_rereads_changed_touched_new_and_removed_files(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from ntp_opt.app.importers.cli import load_job
+    from ntp_opt.app.importers.k8s import import_k8s
+    from ntp_opt.app.importers.nvidia_smi import XmlCache
+    from ntp_opt.model.files import instance_to_dict
+    from ntp_opt.model.instance import Instance
+
+    counts = _count_parses(monkeypatch)
+    smi = tmp_path / "smi"
+    shutil.copytree(K8S / "nvidia-smi", smi)
+    one, two = smi / "dgx-h100-01.xml", smi / "dgx-h100-02.xml"
+    for i, f in enumerate((one, two)):  # explicit times: no dependence on the clock
+        os.utime(f, ns=(1_000_000_000_000 + i, 1_000_000_000_000 + i))
+    job = load_job(str(K8S / "job.json"))
+    cache = XmlCache()
+
+    def read(use: XmlCache | None = cache) -> Instance:
+        graph = import_k8s(
+            K8S / "nodes.json", nvidia_smi=smi, nvidia_smi_cache=use, warn=lambda m: None
+        )
+        return Instance("k8s", graph, job, {}, copy_graph=False)
+
+    def parses() -> dict[str, int]:
+        seen = dict(counts)
+        counts.clear()
+        return seen
+
+    first = read()
+    assert parses() == {one.name: 1, two.name: 1}
+    for _ in range(3):
+        again = read()
+        assert diff(first, again).empty
+    assert parses() == {}  # unchanged: never parsed again
+    # touched (same bytes, a new mtime): parsed again, nothing changed
+    os.utime(one, ns=(2_000_000_000_000, 2_000_000_000_000))
+    assert diff(first, read()).empty
+    assert parses() == {one.name: 1}
+    # a new power limit in the same size and mtime, but another inode (renamed over it)
+    text = two.read_text()
+    new = text.replace("<current_power_limit>700.00 W<", "<current_power_limit>600.00 W<")
+    assert new != text and len(new) == len(text)
+    st = two.stat()
+    tmp = smi / "dgx-h100-02.xml.tmp"
+    tmp.write_text(new)
+    os.utime(tmp, ns=(st.st_atime_ns, st.st_mtime_ns))
+    tmp.replace(two)
+    changed = read()
+    assert parses() == {two.name: 1}
+    d = diff(first, changed)
+    assert set(d.power) - {"racks"} == {f"dgx-h100-02:gpu{i}" for i in range(8)}
+    # the cached reading is the reading without a cache (the same instance, the same events)
+    uncached = read(None)
+    assert instance_to_dict(changed) == instance_to_dict(uncached)
+    assert diff(first, uncached) == d
+    parses()
+    # removed: noticed (the reading is the uncached one without that file); back: parsed
+    saved = one.read_bytes()
+    one.unlink()
+    gone = read()
+    assert parses() == {} and len(cache) == 1
+    assert instance_to_dict(gone) == instance_to_dict(read(None))
+    parses()
+    one.write_bytes(saved)
+    back = read()
+    assert parses() == {one.name: 1}
+    assert diff(changed, back).empty
+    # the reader's checks still apply to a cached file: swapped for a FIFO, refused
+    from ntp_opt.model.files import InputError
+
+    one.unlink()
+    os.mkfifo(one)
+    with pytest.raises(InputError, match=r"dgx-h100-01\.xml.*not a regular file \(a FIFO\)"):
+        read()
+    assert len(cache) == 1  # the FIFO's entry is gone, the other file's kept

@@ -49,6 +49,7 @@ def _reader(args: argparse.Namespace) -> Callable[[], Instance]:
     from ntp_opt.app.importers.cli import load_job
     from ntp_opt.app.importers.compose import PowerDefault
     from ntp_opt.app.importers.k8s import DEFAULT_TOLERATED, import_k8s, run_kubectl
+    from ntp_opt.app.importers.nvidia_smi import XmlCache
     from ntp_opt.app.importers.slurm import import_slurm, scontrol
 
     job = load_job(args.job)
@@ -63,6 +64,7 @@ def _reader(args: argparse.Namespace) -> Callable[[], Instance]:
             print(f"ntp-opt watch: warning: {msg}", flush=True, file=sys.stderr)
 
     name = Path(args.out).name or "watch"
+    smi_cache = XmlCache()  # an nvidia-smi file is parsed again only when it changes
 
     def read_slurm() -> Instance:
         nodes = scontrol("show", "node", "--oneliner", "--future")
@@ -71,6 +73,7 @@ def _reader(args: argparse.Namespace) -> Callable[[], Instance]:
             topology,
             nodes,
             nvidia_smi=args.nvidia_smi,
+            nvidia_smi_cache=smi_cache,
             name=name,
             warn=warn,
             nvlink=args.nvlink,
@@ -84,6 +87,7 @@ def _reader(args: argparse.Namespace) -> Callable[[], Instance]:
         graph = import_k8s(
             out,
             nvidia_smi=args.nvidia_smi,
+            nvidia_smi_cache=smi_cache,
             rack_label=args.rack_label,
             tolerate=DEFAULT_TOLERATED + tuple(args.tolerate or ()),
             name=name,
@@ -189,7 +193,9 @@ def add_parser(sub: Any) -> None:
         p.add_argument("--job", required=True, help="job file (the job object of an instance)")
         p.add_argument("--out", required=True, metavar="DIR", help="versions, journal, status")
         p.add_argument(
-            "--nvidia-smi", metavar="DIR", help="directory of <host>.xml, re-read every poll"
+            "--nvidia-smi",
+            metavar="DIR",
+            help="directory of <host>.xml, listed every poll; a file is re-read when it changes",
         )
         p.add_argument(
             "--interval", type=_positive, default=10.0, metavar="S", help="seconds (default 10)"

@@ -43,7 +43,7 @@ import time
 import zlib
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import networkx as nx
 
@@ -59,6 +59,9 @@ from ntp_opt.app.importers.compose import (
     show,
 )
 from ntp_opt.model.files import parse_json
+
+if TYPE_CHECKING:
+    from ntp_opt.app.importers.nvidia_smi import XmlCache
 
 __all__ = [
     "DEFAULT_TOLERATED",
@@ -415,6 +418,7 @@ def import_k8s(
     nodes: str | Path | KubectlOutput,
     *,
     nvidia_smi: str | Path | None = None,
+    nvidia_smi_cache: XmlCache | None = None,
     rack_label: str | None = None,
     tolerate: tuple[str, ...] = DEFAULT_TOLERATED,
     name: str = "k8s",
@@ -429,6 +433,9 @@ def import_k8s(
         ``kubectl get nodes -o json`` output: a file, or :func:`run_kubectl`'s result.
     nvidia_smi : str or Path, optional
         Directory of ``<node>.xml`` files (``nvidia-smi -q -x`` per node).
+    nvidia_smi_cache : XmlCache, optional
+        Keeps the parse of each file until it changes (``ntp-opt watch`` reads
+        the directory every poll); see :class:`~ntp_opt.app.importers.nvidia_smi.XmlCache`.
     rack_label : str, optional
         Node label giving the rack (default: the first of :data:`RACK_LABELS`
         present, else one rack per NVLink domain).
@@ -456,7 +463,13 @@ def import_k8s(
     hosts = read_nodes(nodes, rack_label=rack_label, tolerate=tolerate, warn=warn, left_out=outside)
     smi: dict[str, SmiHost] | None = None
     if nvidia_smi is not None:
-        smi = read_dir(nvidia_smi, hosts, warn=warn, left_out=frozenset(outside))
+        smi = read_dir(
+            nvidia_smi,
+            hosts,
+            warn=warn,
+            left_out=frozenset(outside),
+            cache=nvidia_smi_cache,
+        )
     return compose_cluster(hosts, smi, name=name, warn=warn, power=power)
 
 

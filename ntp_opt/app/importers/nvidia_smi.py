@@ -36,7 +36,9 @@ limits), naming the file, the GPU and the field.
 
 from __future__ import annotations
 
+import os
 import re
+import stat
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
@@ -54,7 +56,7 @@ from ntp_opt.app.importers.compose import (
     show,
 )
 
-__all__ = ["MAX_XML_BYTES", "MAX_XML_TAGS", "read_dir", "read_xml"]
+__all__ = ["MAX_XML_BYTES", "MAX_XML_TAGS", "XmlCache", "read_dir", "read_xml"]
 
 #: Largest nvidia-smi -q -x file accepted: an 8-GPU host writes 100-300 KB.
 MAX_XML_BYTES = 16 * 1024**2
@@ -255,12 +257,79 @@ def read_xml(path: str | Path) -> SmiHost:
     return SmiHost(src, gpus, capped=[(c, d) for _, c, d in capped])
 
 
+class XmlCache:
+    """Parsed ``nvidia-smi -q -x`` files, re-read only when they change (``ntp-opt watch``).
+
+    A file's result is kept under its path with its identity and state as
+    ``stat`` gives them (device, inode, size, modification time in
+    nanoseconds) and reused while these are the same. A file rewritten in
+    place, renamed over, touched, or turned into something else (a FIFO, a
+    directory) is read again by :func:`read_xml`, with all of its checks; so is
+    a file that could not be read or was refused (only results are kept).
+    :func:`read_dir` drops the entries of files no longer in the directory.
+
+    A rewrite that keeps the size and the nanosecond modification time (a
+    file system with coarse timestamps written twice within one tick) is
+    not seen; writers that rename a new file over the old one (another inode)
+    always are.
+    """
+
+    def __init__(self) -> None:
+        self._entries: dict[str, tuple[tuple[int, int, int, int], SmiHost]] = {}
+
+    def read(self, path: str | Path) -> SmiHost:
+        """``read_xml(path)``, or its result of an earlier call if the file is unchanged.
+
+        Parameters
+        ----------
+        path : str or Path
+            The file.
+
+        Returns
+        -------
+        SmiHost
+            As :func:`read_xml` (the same object while the file is unchanged:
+            callers must not modify it).
+
+        Raises
+        ------
+        ntp_opt.app.importers.compose.UnreadableInput, ntp_opt.files.InputError
+            As :func:`read_xml`.
+        """
+        src = str(path)
+        try:
+            st = os.stat(path)
+        except OSError:
+            st = None
+        if st is None or not stat.S_ISREG(st.st_mode):
+            self._entries.pop(src, None)
+            return read_xml(path)  # refuses it, naming the file
+        key = (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
+        hit = self._entries.get(src)
+        if hit is not None and hit[0] == key:
+            return hit[1]
+        self._entries.pop(src, None)
+        data = read_xml(path)
+        self._entries[src] = (key, data)
+        return data
+
+    def keep_only(self, paths: Iterable[str | Path]) -> None:
+        """Forget every file but ``paths`` (those still in the directory)."""
+        keep = {str(p) for p in paths}
+        for src in [s for s in self._entries if s not in keep]:
+            del self._entries[src]
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+
 def read_dir(
     directory: str | Path,
     hosts: list[Host],
     *,
     warn: Warn | None = None,
     left_out: frozenset[str] = frozenset(),
+    cache: XmlCache | None = None,
 ) -> dict[str, SmiHost]:
     """Read every ``<host>.xml`` of a directory, keyed by the scheduler's host name.
 
@@ -275,6 +344,9 @@ def read_dir(
     left_out : frozenset of str
         Hosts known to the scheduler but outside the NVLink topology (login nodes):
         their files are skipped with a warning.
+    cache : XmlCache, optional
+        Reuse the parse of each file unchanged since the last call (the directory
+        is listed again every call: new and removed files are seen).
 
     Returns
     -------
@@ -299,6 +371,8 @@ def read_dir(
     out: dict[str, SmiHost] = {}
     uuid_at: dict[str, str] = {}
     files = sorted(p for p in d.iterdir() if p.suffix.lower() == ".xml")
+    if cache is not None:
+        cache.keep_only(files)
     if not files:
         fail(str(d), "no *.xml file (expected one nvidia-smi -q -x file per host)")
     skipped: list[str] = []
@@ -313,7 +387,7 @@ def read_dir(
         if host in out:
             fail(str(f), f"second file for host {host} (first: {out[host].path})")
         try:
-            data = read_xml(f)
+            data = read_xml(f) if cache is None else cache.read(f)
         except UnreadableInput as err:
             h = by_name[host]
             why = err.problems[0][1]

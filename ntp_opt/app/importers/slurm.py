@@ -44,7 +44,7 @@ import time
 from collections.abc import Collection, Iterable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import networkx as nx
 
@@ -58,6 +58,9 @@ from ntp_opt.app.importers.compose import (
 )
 from ntp_opt.app.importers.hostlist import Budget, HostlistError, expand
 from ntp_opt.model.files import MAX_NODES
+
+if TYPE_CHECKING:
+    from ntp_opt.app.importers.nvidia_smi import XmlCache
 
 __all__ = [
     "ALLOW_KINDS",
@@ -930,6 +933,7 @@ def import_slurm(
     nodes: str | Path | Source,
     *,
     nvidia_smi: str | Path | None = None,
+    nvidia_smi_cache: XmlCache | None = None,
     name: str = "slurm",
     warn: Warn,
     topology_name: str | None = None,
@@ -948,6 +952,9 @@ def import_slurm(
         ``scontrol show node --oneliner`` output.
     nvidia_smi : str or Path, optional
         Directory of ``<host>.xml`` files (``nvidia-smi -q -x`` per host).
+    nvidia_smi_cache : XmlCache, optional
+        Keeps the parse of each file until it changes (``ntp-opt watch`` reads
+        the directory every poll); see :class:`~ntp_opt.app.importers.nvidia_smi.XmlCache`.
     name : str
         Cluster name.
     warn : callable
@@ -1041,5 +1048,11 @@ def import_slurm(
         used = {h.name for h in hosts}
         outside = {n.name for n in snodes if n.name not in used}
         outside |= {n.hostname for n in snodes if n.name not in used and n.hostname}
-        smi = read_dir(nvidia_smi, hosts, warn=warn, left_out=frozenset(outside))
+        smi = read_dir(
+            nvidia_smi,
+            hosts,
+            warn=warn,
+            left_out=frozenset(outside),
+            cache=nvidia_smi_cache,
+        )
     return compose_cluster(hosts, smi, name=name, warn=warn, power=power)
