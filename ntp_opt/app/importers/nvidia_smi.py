@@ -38,7 +38,6 @@ from __future__ import annotations
 
 import os
 import re
-import stat
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
@@ -297,18 +296,16 @@ class XmlCache:
             As :func:`read_xml`.
         """
         src = str(path)
+        hit = self._entries.pop(src, None)
         try:
             st = os.stat(path)
         except OSError:
-            st = None
-        if st is None or not stat.S_ISREG(st.st_mode):
-            self._entries.pop(src, None)
-            return read_xml(path)  # refuses it, naming the file
+            return read_xml(path)  # raises UnreadableInput, naming the file
+        # a FIFO, device or directory put in its place is another inode: read_xml refuses it
         key = (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
-        hit = self._entries.get(src)
         if hit is not None and hit[0] == key:
+            self._entries[src] = hit
             return hit[1]
-        self._entries.pop(src, None)
         data = read_xml(path)
         self._entries[src] = (key, data)
         return data
