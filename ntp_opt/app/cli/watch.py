@@ -22,26 +22,18 @@ from ntp_opt.app.watch import (
 from ntp_opt.model.instance import Instance
 
 
-def _positive(text: str) -> float:
-    try:
-        v = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected seconds, got {text!r}") from None
-    if not (math.isfinite(v) and 0 < v <= 86400):
-        raise argparse.ArgumentTypeError(f"must be more than 0 and at most 86400, got {text}")
-    return v
+def seconds_arg(text: str) -> float:
+    """``--interval`` and the other durations: as ``ntp-opt import`` reads them."""
+    from ntp_opt.app.importers.cli import seconds_arg as read
+
+    return read(text)
 
 
-def _watts(text: str) -> float:
-    from ntp_opt.app.importers.compose import MAX_WATTS
+def watts_arg(text: str) -> float:
+    """``--tdp-w`` / ``--max-power-w``: as ``ntp-opt import`` reads them."""
+    from ntp_opt.app.importers.cli import watts_arg as read
 
-    try:
-        w = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected watts, got {text!r}") from None
-    if not 1.0 <= w <= MAX_WATTS:
-        raise argparse.ArgumentTypeError(f"must be 1 to {MAX_WATTS:g} W, got {text}")
-    return w
+    return read(text)
 
 
 def _reader(args: argparse.Namespace) -> Callable[[], Instance]:
@@ -198,7 +190,7 @@ def add_parser(sub: Any) -> None:
             help="directory of <host>.xml, listed every poll; a file is re-read when it changes",
         )
         p.add_argument(
-            "--interval", type=_positive, default=10.0, metavar="S", help="seconds (default 10)"
+            "--interval", type=seconds_arg, default=10.0, metavar="S", help="seconds (default 10)"
         )
         p.add_argument(
             "--policy",
@@ -208,7 +200,7 @@ def add_parser(sub: Any) -> None:
         )
         p.add_argument(
             "--time-limit",
-            type=_positive,
+            type=seconds_arg,
             default=60.0,
             metavar="S",
             help="seconds a fresh solve may take (default 60)",
@@ -228,7 +220,7 @@ def add_parser(sub: Any) -> None:
         )
         p.add_argument(
             "--flap-hold",
-            type=_positive,
+            type=seconds_arg,
             default=DEFAULT_FLAP_HOLD_S,
             metavar="S",
             help=f"hold a flapping GPU out until it stays up this long "
@@ -256,11 +248,11 @@ def add_parser(sub: Any) -> None:
         p.add_argument(
             "--max-polls", type=int, metavar="N", help="stop after N readings (default: never)"
         )
-        p.add_argument("--tdp-w", type=_watts, metavar="W", help="as for ntp-opt import")
-        p.add_argument("--max-power-w", type=_watts, metavar="W", help="as for ntp-opt import")
+        p.add_argument("--tdp-w", type=watts_arg, metavar="W", help="as for ntp-opt import")
+        p.add_argument("--max-power-w", type=watts_arg, metavar="W", help="as for ntp-opt import")
         p.add_argument(
             "--hook-timeout",
-            type=_positive,
+            type=seconds_arg,
             default=HOOK_TIMEOUT_S,
             metavar="S",
             help=f"seconds --on-change may run before it is killed (default {HOOK_TIMEOUT_S:g})",
@@ -284,7 +276,7 @@ def add_parser(sub: Any) -> None:
     common(s)
     k = src.add_parser("k8s", help="kubectl get nodes -o json (kubectl on PATH)")
     k.add_argument("--context", help="kubectl context (default: the current one)")
-    k.add_argument("--kubectl-timeout", type=_positive, default=60.0, metavar="S")
+    k.add_argument("--kubectl-timeout", type=seconds_arg, default=60.0, metavar="S")
     k.add_argument("--rack-label", help="as for ntp-opt import k8s")
     k.add_argument("--tolerate", action="append", metavar="KEY", help="as for ntp-opt import k8s")
     common(k)

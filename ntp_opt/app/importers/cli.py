@@ -65,7 +65,7 @@ def _warn(msg: str) -> None:
     warn(msg)
 
 
-def _watts(text: str) -> float:
+def watts_arg(text: str) -> float:
     """``--tdp-w`` / ``--max-power-w``: watts, 1 to :data:`MAX_WATTS`."""
     try:
         w = float(text)
@@ -76,8 +76,8 @@ def _watts(text: str) -> float:
     return w
 
 
-def _seconds(text: str) -> float:
-    """``--kubectl-timeout``: seconds, more than 0 and at most a day."""
+def seconds_arg(text: str) -> float:
+    """A duration option (``--kubectl-timeout``, ``watch --interval``): seconds in (0, 86400]."""
     try:
         t = float(text)
     except ValueError:
@@ -205,14 +205,14 @@ def add_parser(sub: Any) -> None:
         p.add_argument("--name", help="instance name (default: output file stem)")
         p.add_argument(
             "--tdp-w",
-            type=_watts,
+            type=watts_arg,
             metavar="W",
             help="nominal power of GPUs of unknown product without nvidia-smi output "
             "(otherwise refused)",
         )
         p.add_argument(
             "--max-power-w",
-            type=_watts,
+            type=watts_arg,
             metavar="W",
             help="largest power limit of those GPUs' boards (default: --tdp-w, no boost)",
         )
@@ -256,7 +256,7 @@ def add_parser(sub: Any) -> None:
     k.add_argument("--context", help="kubectl context for --live (default: the current one)")
     k.add_argument(
         "--kubectl-timeout",
-        type=_seconds,
+        type=seconds_arg,
         default=60.0,
         metavar="S",
         help="seconds kubectl may take with --live (default 60)",
