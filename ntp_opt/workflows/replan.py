@@ -235,29 +235,54 @@ def migration(instance: Instance, old: Plan, new: Plan) -> int:
     return int(((before != after) & instance.arrays.healthy).sum())
 
 
-def align(instance: Instance, old: Plan, new: Plan) -> Plan:
+def align(
+    instance: Instance,
+    old: Plan,
+    new: Plan,
+    *,
+    before: np.ndarray | None = None,
+    layout: Layout | None = None,
+) -> Plan:
     """Renumber ``new``'s replicas and stages to overlap ``old`` as much as possible.
 
     Greedy matching on shared GPUs: replica pairs with the most GPUs in
     common first; within a matched pair, stages keep the position of the old
     stage they share most GPUs with. Goodput does not change (replica and
-    stage order carry no meaning in the model).
+    stage order carry no meaning in the model). The shared GPUs are counted
+    in index space, for every pair at once.
+
+    Parameters
+    ----------
+    instance
+        The instance both plans are read on.
+    old, new
+        The running plan and the plan to renumber.
+    before
+        ``assignment(instance, old)``, when the caller has it.
+    layout
+        ``new``'s :class:`~ntp_opt.model.layout.Layout`, when the caller has it.
+
+    Returns
+    -------
+    Plan
+        ``new`` with its replicas and stages reordered.
     """
-    a = instance.arrays
-    before = assignment(instance, old)
-    index = a.gpu_index
-    pairs: list[tuple[int, int, int]] = []  # (-shared, new r, old r)
-    for r, rep in enumerate(new.replicas):
-        idx = np.array([index[g] for g in rep.gpus()], dtype=np.int64)
-        olds = before[idx]
-        olds = olds[olds >= 0] // SLOT
-        if len(olds):
-            ids, counts = np.unique(olds, return_counts=True)
-            pairs.extend((-int(c), r, int(o)) for o, c in zip(ids, counts, strict=True))
-    pairs.sort()
+    before = assignment(instance, old) if before is None else before
+    lay = Layout.from_plan(instance, new) if layout is None else layout
+    sizes = np.diff(lay.offsets)
+    olds = before[lay.gpus]
+    hit = olds >= 0
+    new_r = np.repeat(lay.replica, sizes)[hit]
+    new_k = np.repeat(lay.stage, sizes)[hit]
+    olds = olds[hit]
+    old_r, old_j = olds // SLOT, olds % SLOT
+    # replica pairs by GPUs shared, most first (ties: lower new, then old index)
+    keys, counts = np.unique(new_r * SLOT + old_r, return_counts=True)
+    order = np.lexsort((keys % SLOT, keys // SLOT, -counts))
     slot_of: dict[int, int] = {}
     taken: set[int] = set()
-    for _, r, o in pairs:
+    for key in keys[order].tolist():
+        r, o = divmod(key, SLOT)
         if r not in slot_of and o not in taken:
             slot_of[r] = o
             taken.add(o)
@@ -266,25 +291,25 @@ def align(instance: Instance, old: Plan, new: Plan) -> Plan:
     for r in range(len(new.replicas)):
         if r not in slot_of:
             slot_of[r] = next(free)
+    # stage pairs of matched replicas by GPUs shared: (new replica, new stage, old stage)
+    target = np.array([slot_of[r] for r in range(len(new.replicas))], dtype=np.int64)
+    mine = target[new_r] == old_r if len(target) else np.zeros(0, dtype=bool)
+    skeys, scounts = np.unique(
+        (new_r[mine] * SLOT + new_k[mine]) * SLOT + old_j[mine], return_counts=True
+    )
+    score: dict[int, list[tuple[int, int, int]]] = {}
+    for key, c in zip(skeys.tolist(), scounts.tolist(), strict=True):
+        rk, j = divmod(key, SLOT)
+        r, k = divmod(rk, SLOT)
+        score.setdefault(r, []).append((-c, k, j))
     # a plan is a list: fill gaps (old replicas with no successor) by compacting
-    order = sorted(range(len(new.replicas)), key=lambda r: slot_of[r])
     reps: list[Replica] = []
-    for r in order:
+    for r in sorted(range(len(new.replicas)), key=slot_of.__getitem__):
         rep = new.replicas[r]
-        target = slot_of[r]
-        if target < len(old.replicas):
-            old_stages = old.replicas[target].stages
-            score: list[tuple[int, int, int]] = []
-            for k, st in enumerate(rep.stages):
-                mine = set(st.gpus)
-                for j, ost in enumerate(old_stages):
-                    shared = len(mine.intersection(ost.gpus))
-                    if shared:
-                        score.append((-shared, k, j))
-            score.sort()
+        if slot_of[r] < len(old.replicas):
             pos: dict[int, int] = {}
             used: set[int] = set()
-            for _, k, j in score:
+            for _, k, j in sorted(score.get(r, ())):
                 if k not in pos and j not in used:
                     pos[k] = j
                     used.add(j)
@@ -612,14 +637,18 @@ def _step(
     if mode == "global" or (mode == "auto" and not settled()):
         from ntp_opt.planners.fast import plan_fast
 
-        fresh, _ = plan_fast(new_inst)
-        fresh = align(new_inst, plan, fresh)
+        # checked once, after alignment (which changes no figure); the bound
+        # is the one above
+        fresh, _ = plan_fast(new_inst, validate=False, bound=False)
+        fresh = align(new_inst, plan, fresh, before=before)
         fresh_ev = check(new_inst, fresh)
+        fresh_lay = Layout.from_plan(new_inst, fresh)
         evals["global"] = fresh_ev
+        layouts["global"] = fresh_lay
         options["global"] = (
             fresh.with_metrics(**fresh_ev.as_metrics()),
             fresh_ev.goodput,
-            moved_by(fresh),
+            moved_by(fresh, fresh_lay),
         )
     if mode == "global":
         choice = "global"
