@@ -5,14 +5,23 @@ from __future__ import annotations
 import random
 from collections import Counter
 
+import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from ntp_opt import Instance, Job, Plan, Replica, Stage, check, solve
 from ntp_opt.model import topology
+from ntp_opt.model.layout import Layout
 from ntp_opt.rules.validate import certified
-from ntp_opt.workflows.replan import ClusterEvent, align, apply_events, migration, replan
+from ntp_opt.workflows.replan import (
+    ClusterEvent,
+    Replanner,
+    align,
+    apply_events,
+    migration,
+    replan,
+)
 from ntp_opt.workflows.simulate import Event
 
 from .strategies import instances
@@ -364,3 +373,10 @@ def test_align_undoes_a_shuffle_and_matches_the_greedy_by_ids(inst, data):
         return
     for new in (fresh, shuffled):
         assert align(after, plan, new) == reference_align(plan, new)
+    # the kept layout of an aligned global plan is the one read from the plan
+    rp = Replanner(inst, shuffled, mode="global")
+    rp.replan([ClusterEvent("fail", (node,))])
+    want = Layout.from_plan(rp.instance, rp.plan)
+    for name in ("replica", "stage", "domain", "offsets", "gpus", "power", "degree", "batch"):
+        assert np.array_equal(getattr(rp.state.layout, name), getattr(want, name)), name
+    assert rp.state.layout.metrics == want.metrics

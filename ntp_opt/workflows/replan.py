@@ -267,6 +267,17 @@ def align(
     Plan
         ``new`` with its replicas and stages reordered.
     """
+    return _aligned(instance, old, new, before, layout)[0]
+
+
+def _aligned(
+    instance: Instance,
+    old: Plan,
+    new: Plan,
+    before: np.ndarray | None,
+    layout: Layout | None,
+) -> tuple[Plan, Layout]:
+    """:func:`align`, and the aligned plan's layout (``new``'s, reordered)."""
     before = assignment(instance, old) if before is None else before
     lay = Layout.from_plan(instance, new) if layout is None else layout
     sizes = np.diff(lay.offsets)
@@ -304,8 +315,12 @@ def align(
         score.setdefault(r, []).append((-c, k, j))
     # a plan is a list: fill gaps (old replicas with no successor) by compacting
     reps: list[Replica] = []
-    for r in sorted(range(len(new.replicas)), key=slot_of.__getitem__):
+    first = np.searchsorted(lay.replica, np.arange(len(new.replicas)))
+    picked: list[int] = []  # the new layout's stages, in the aligned order
+    order = sorted(range(len(new.replicas)), key=slot_of.__getitem__)
+    for r in order:
         rep = new.replicas[r]
+        ks = list(range(len(rep.stages)))
         if slot_of[r] < len(old.replicas):
             pos: dict[int, int] = {}
             used: set[int] = set()
@@ -317,10 +332,32 @@ def align(
             for k in range(len(rep.stages)):
                 if k not in pos:
                     pos[k] = next(rest)
-            stages = [rep.stages[k] for k in sorted(range(len(rep.stages)), key=pos.__getitem__)]
-            rep = Replica(tp=rep.tp, local_batch=rep.local_batch, stages=tuple(stages))
+            ks = sorted(ks, key=pos.__getitem__)
+            rep = Replica(
+                tp=rep.tp, local_batch=rep.local_batch, stages=tuple(rep.stages[k] for k in ks)
+            )
         reps.append(rep)
-    return Plan(new.instance, tuple(reps), dict(new.metrics))
+        picked.extend(int(first[r]) + k for k in ks)
+    sel = np.array(picked, dtype=np.int64)
+    counts = np.array([len(new.replicas[r].stages) for r in order], dtype=np.int64)
+    starts = np.cumsum(counts) - counts
+    offsets = np.zeros(len(sel) + 1, dtype=np.int64)
+    np.cumsum(sizes[sel], out=offsets[1:])
+    # each picked stage's GPUs: its old start plus 0 .. size - 1
+    shift = np.repeat(lay.offsets[sel] - offsets[:-1], sizes[sel])
+    lay_out = Layout(
+        replica=np.repeat(np.arange(len(order), dtype=np.int64), counts),
+        stage=np.arange(len(sel), dtype=np.int64) - np.repeat(starts, counts),
+        domain=lay.domain[sel],
+        offsets=offsets,
+        gpus=lay.gpus[np.arange(offsets[-1], dtype=np.int64) + shift],
+        power=lay.power[sel],
+        degree=lay.degree[order],
+        batch=lay.batch[order],
+        metrics=dict(new.metrics),
+        instance=lay.instance,
+    )
+    return Plan(new.instance, tuple(reps), dict(new.metrics)), lay_out
 
 
 def reboost(instance: Instance, plan: Plan, *, validate: bool = True) -> Plan:
@@ -640,9 +677,8 @@ def _step(
         # checked once, after alignment (which changes no figure); the bound
         # is the one above
         fresh, _ = plan_fast(new_inst, validate=False, bound=False)
-        fresh = align(new_inst, plan, fresh, before=before)
+        fresh, fresh_lay = _aligned(new_inst, plan, fresh, before, None)
         fresh_ev = check(new_inst, fresh)
-        fresh_lay = Layout.from_plan(new_inst, fresh)
         evals["global"] = fresh_ev
         layouts["global"] = fresh_lay
         options["global"] = (
