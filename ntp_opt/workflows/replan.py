@@ -317,8 +317,8 @@ def _aligned(
     reps: list[Replica] = []
     first = np.searchsorted(lay.replica, np.arange(len(new.replicas)))
     picked: list[int] = []  # the new layout's stages, in the aligned order
-    order = sorted(range(len(new.replicas)), key=slot_of.__getitem__)
-    for r in order:
+    placed = sorted(range(len(new.replicas)), key=slot_of.__getitem__)
+    for r in placed:
         rep = new.replicas[r]
         ks = list(range(len(rep.stages)))
         if slot_of[r] < len(old.replicas):
@@ -339,21 +339,21 @@ def _aligned(
         reps.append(rep)
         picked.extend(int(first[r]) + k for k in ks)
     sel = np.array(picked, dtype=np.int64)
-    counts = np.array([len(new.replicas[r].stages) for r in order], dtype=np.int64)
+    counts = np.array([len(new.replicas[r].stages) for r in placed], dtype=np.int64)
     starts = np.cumsum(counts) - counts
     offsets = np.zeros(len(sel) + 1, dtype=np.int64)
     np.cumsum(sizes[sel], out=offsets[1:])
     # each picked stage's GPUs: its old start plus 0 .. size - 1
     shift = np.repeat(lay.offsets[sel] - offsets[:-1], sizes[sel])
     lay_out = Layout(
-        replica=np.repeat(np.arange(len(order), dtype=np.int64), counts),
+        replica=np.repeat(np.arange(len(placed), dtype=np.int64), counts),
         stage=np.arange(len(sel), dtype=np.int64) - np.repeat(starts, counts),
         domain=lay.domain[sel],
         offsets=offsets,
         gpus=lay.gpus[np.arange(offsets[-1], dtype=np.int64) + shift],
         power=lay.power[sel],
-        degree=lay.degree[order],
-        batch=lay.batch[order],
+        degree=lay.degree[placed],
+        batch=lay.batch[placed],
         metrics=dict(new.metrics),
         instance=lay.instance,
     )
