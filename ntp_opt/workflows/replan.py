@@ -39,8 +39,11 @@ plan it is given in full; a :class:`Replanner` keeps that check, the layout
 and the bound's multipliers (:class:`PlanState`) from one event to the next
 and updates the bound instead of searching it (``Replanned.bound_kind``).
 The swap plan is made from the local plan's layout
-(:func:`~ntp_opt.planners.swaps.improve`'s ``layout``), re-boosted on its own
-layout and checked once in index space, like the local plan.
+(:func:`~ntp_opt.planners.swaps.improve_layout`, which also returns the
+swap plan's own layout), re-boosted on that layout and checked once in index
+space, like the local plan. The global plan is aligned in index space and
+keeps its layout (reordered from ``fast``'s); it is checked once, by the full
+validator.
 """
 
 from __future__ import annotations
@@ -68,7 +71,7 @@ from ntp_opt.planners.exact.bounds import (
     stage_bound_at,
     stage_bound_point,
 )
-from ntp_opt.planners.swaps import improve
+from ntp_opt.planners.swaps import improve_layout
 from ntp_opt.rules.tolerances import BOUND_TOL
 from ntp_opt.rules.validate import Evaluation, PlanError, check, evaluate, evaluate_layout
 from ntp_opt.workflows.incremental import reboost_layout, recourse_layout
@@ -641,7 +644,8 @@ def _step(
             for r, rep in enumerate(local.replicas)
             if any(a.domain_index[st.domain] in touched for st in rep.stages)
         }
-        better = improve(new_inst, local, focus, layout=None if legacy else local_lay)
+        got = improve_layout(new_inst, local, focus, layout=None if legacy else local_lay)
+        better, better_lay = (None, None) if got is None else got
         if better is not None and legacy:  # as before issue 30 (tests compare)
             better = reboost(new_inst, better)
             ev = evaluate(new_inst, better)
@@ -656,7 +660,8 @@ def _step(
             # :func:`reboost` on one layout, checked once in index space (the
             # validator's figures; ``check="full"`` adds the validator): the
             # boosted plan when it passes, else the plan as improved
-            swap, swap_lay = better, Layout.from_plan(new_inst, better)
+            assert better_lay is not None
+            swap, swap_lay = better, better_lay
             got = reboost_layout(new_inst, swap, swap_lay) if swap.replicas else None
             boost_ev = None if got is None else _evaluate(new_inst, *got, check_mode)
             if got is not None and boost_ev is not None and boost_ev.feasible:
