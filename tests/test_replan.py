@@ -2,14 +2,26 @@
 
 from __future__ import annotations
 
+import random
+from collections import Counter
+
+import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from ntp_opt import Instance, Job, Plan, Replica, Stage, check, solve
 from ntp_opt.model import topology
+from ntp_opt.model.layout import Layout
 from ntp_opt.rules.validate import certified
-from ntp_opt.workflows.replan import ClusterEvent, apply_events, migration, replan
+from ntp_opt.workflows.replan import (
+    ClusterEvent,
+    Replanner,
+    align,
+    apply_events,
+    migration,
+    replan,
+)
 from ntp_opt.workflows.simulate import Event
 
 from .strategies import instances
@@ -285,3 +297,86 @@ def test_replanned_plans_carry_the_validators_metrics(tmp_path):
     assert again.replicas == out.plan.replicas
     assert out.plan.metrics["goodput"] == pytest.approx(out.goodput)
     assert out.plan.metrics["moved"] == out.moved
+
+
+def reference_align(old: Plan, new: Plan) -> Plan:
+    """The greedy renumbering of :func:`align`, by GPU ids and sets (as first written)."""
+    where = {
+        g: (r, j)
+        for r, rep in enumerate(old.replicas)
+        for j, s in enumerate(rep.stages)
+        for g in s.gpus
+    }
+    pairs = sorted(
+        (-c, r, o)
+        for r, rep in enumerate(new.replicas)
+        for o, c in Counter(where[g][0] for g in rep.gpus() if g in where).items()
+    )
+    slot_of: dict[int, int] = {}
+    for _, r, o in pairs:
+        if r not in slot_of and o not in slot_of.values():
+            slot_of[r] = o
+    taken = set(slot_of.values())
+    free = iter(i for i in range(max(len(new.replicas), len(old.replicas))) if i not in taken)
+    for r in range(len(new.replicas)):
+        if r not in slot_of:
+            slot_of[r] = next(free)
+    reps = []
+    for r in sorted(slot_of, key=slot_of.__getitem__):
+        rep = new.replicas[r]
+        if slot_of[r] < len(old.replicas):
+            olds = old.replicas[slot_of[r]].stages
+            score = sorted(
+                (-len(set(s.gpus) & set(o.gpus)), k, j)
+                for k, s in enumerate(rep.stages)
+                for j, o in enumerate(olds)
+                if set(s.gpus) & set(o.gpus)
+            )
+            pos: dict[int, int] = {}
+            for _, k, j in score:
+                if k not in pos and j not in pos.values():
+                    pos[k] = j
+            rest = iter(j for j in range(len(rep.stages)) if j not in pos.values())
+            for k in range(len(rep.stages)):
+                if k not in pos:
+                    pos[k] = next(rest)
+            rep = Replica(
+                rep.tp,
+                rep.local_batch,
+                tuple(sorted(rep.stages, key=lambda s: pos[rep.stages.index(s)])),
+            )
+        reps.append(rep)
+    return Plan(new.instance, tuple(reps), dict(new.metrics))
+
+
+@given(instances(), st.data())
+@settings(deadline=None, max_examples=15)
+def test_align_undoes_a_shuffle_and_matches_the_greedy_by_ids(inst, data):
+    plan = solve(inst, "fast").plan
+    assert plan is not None
+    seed = data.draw(st.integers(0, 2**16))
+    rng = random.Random(seed)
+    reps = [
+        Replica(rep.tp, rep.local_batch, tuple(rng.sample(rep.stages, len(rep.stages))))
+        for rep in plan.replicas
+    ]
+    shuffled = Plan(plan.instance, tuple(rng.sample(reps, len(reps))), dict(plan.metrics))
+    assert align(inst, plan, shuffled) == plan  # every replica and stage back in place
+    a = inst.arrays
+    healthy = [g for g, ok in zip(a.gpu_ids, a.healthy, strict=True) if ok]
+    if not healthy:
+        return
+    node = data.draw(st.sampled_from(healthy))
+    after = apply_events(inst, [ClusterEvent("fail", (node,))])
+    fresh = solve(after, "fast").plan
+    if fresh is None:
+        return
+    for new in (fresh, shuffled):
+        assert align(after, plan, new) == reference_align(plan, new)
+    # the kept layout of an aligned global plan is the one read from the plan
+    rp = Replanner(inst, shuffled, mode="global")
+    rp.replan([ClusterEvent("fail", (node,))])
+    want = Layout.from_plan(rp.instance, rp.plan)
+    for name in ("replica", "stage", "domain", "offsets", "gpus", "power", "degree", "batch"):
+        assert np.array_equal(getattr(rp.state.layout, name), getattr(want, name)), name
+    assert rp.state.layout.metrics == want.metrics

@@ -21,7 +21,7 @@ from ntp_opt import Instance, Job, solve
 from ntp_opt.model import topology
 from ntp_opt.model.files import load_instance
 from ntp_opt.model.layout import Layout
-from ntp_opt.planners.swaps import improve
+from ntp_opt.planners.swaps import improve, improve_layout
 from ntp_opt.rules.validate import evaluate
 from ntp_opt.workflows.incremental import recourse_layout
 from ntp_opt.workflows.replan import ClusterEvent, Replanner, apply_events
@@ -65,6 +65,17 @@ def test_improve_from_the_layout_equals_improve_from_node_ids(inst, data):
         assert (got is None) == (ref is None)
         if got is not None:
             assert got.replicas == ref.replicas and got.metrics == ref.metrics
+    both = improve_layout(new, local, focus, layout=lay)
+    assert (both is None) == (ref is None)
+    if both is not None:
+        assert_same_layout(both[1], Layout.from_plan(new, both[0]))
+
+
+def assert_same_layout(got: Layout, want: Layout) -> None:
+    for name in ("replica", "stage", "domain", "offsets", "gpus", "power", "degree", "batch"):
+        assert getattr(got, name).dtype == getattr(want, name).dtype, name
+        assert np.array_equal(getattr(got, name), getattr(want, name)), name
+    assert (got.metrics, got.instance) == (want.metrics, want.instance)
 
 
 @pytest.mark.parametrize("gpus", [2048, 4096])
@@ -90,6 +101,9 @@ def test_improve_equals_the_reference_on_large_chains(gpus):
         if got is not None:
             made += 1
             assert got.replicas == ref.replicas and got.metrics == ref.metrics
+            both = improve_layout(new, local, focus, layout=lay)
+            assert both is not None and both[0] == got
+            assert_same_layout(both[1], Layout.from_plan(new, got))
         inst, plan, layout, a = new, local, lay, new.arrays
     assert made  # the search moved something
 

@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import gc
 import logging
+import math
 import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -436,7 +437,11 @@ def candidates(instance: Instance, *, cancel: threading.Event | None = None) -> 
 
 
 def plan_fast(
-    instance: Instance, *, validate: bool = True, cancel: threading.Event | None = None
+    instance: Instance,
+    *,
+    validate: bool = True,
+    cancel: threading.Event | None = None,
+    bound: bool = True,
 ) -> tuple[Plan, float]:
     """The best candidate plan, validated, and an upper bound on goodput.
 
@@ -451,12 +456,15 @@ def plan_fast(
     cancel
         Stop packing once set (:func:`candidates`); the plan is then the
         best candidate scored so far.
+    bound
+        Compute the bound (default). ``False`` (a caller with a bound of its
+        own: :func:`ntp_opt.workflows.replan.replan`) returns ``inf`` instead.
 
     Returns
     -------
     (Plan, float)
         The plan (empty when every candidate pauses) and
-        :func:`~ntp_opt.milp.bounds.capacity_bound`.
+        :func:`~ntp_opt.milp.bounds.capacity_bound` (``inf`` unless ``bound``).
     """
     with gc_paused():
         found = candidates(instance, cancel=cancel)
@@ -467,8 +475,8 @@ def plan_fast(
             plan = _to_plan(instance, found[0])
         else:
             plan = Plan(instance.name, (), {"policy": "fast", "paused": True})
-        bound = capacity_bound(instance)
-    return (certified(instance, plan) if validate else plan), bound
+        value = capacity_bound(instance) if bound else math.inf
+    return (certified(instance, plan) if validate else plan), value
 
 
 @contextmanager

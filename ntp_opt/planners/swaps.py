@@ -189,6 +189,23 @@ def improve(
 ) -> Plan | None:
     """Improve ``plan`` by re-degree and swap moves around the ``focus`` replicas.
 
+    The plan of :func:`improve_layout` (see there).
+    """
+    got = improve_layout(instance, plan, focus, rounds=rounds, top=top, layout=layout)
+    return None if got is None else got[0]
+
+
+def improve_layout(
+    instance: Instance,
+    plan: Plan,
+    focus: set[int],
+    *,
+    rounds: int = 3,
+    top: int = 6,
+    layout: Layout | None = None,
+) -> tuple[Plan, Layout] | None:
+    """Improve ``plan`` by re-degree and swap moves around the ``focus`` replicas.
+
     Parameters
     ----------
     instance
@@ -208,9 +225,11 @@ def improve(
 
     Returns
     -------
-    Plan or None
+    (Plan, Layout) or None
         The improved plan at power 1 (not yet validated; local batches from
-        the exact split), or ``None`` when no move improves goodput at power 1.
+        the exact split) and its layout (made from the slots, equal to
+        :meth:`~ntp_opt.model.layout.Layout.from_plan` of it), or ``None``
+        when no move improves goodput at power 1.
     """
     if not plan.replicas or not focus:
         return None
@@ -313,7 +332,7 @@ def _plan(
     reps: list[list[_Slot]],
     tps: list[int],
     speeds: list[float],
-) -> Plan | None:
+) -> tuple[Plan, Layout] | None:
     a = instance.arrays
     job = instance.job
     keep = [r for r, t in enumerate(tps) if t > 0]
@@ -337,4 +356,21 @@ def _plan(
             stages.append(Stage(domain_ids[x.domain], names[pos : pos + t], 1.0))
             pos += t
         replicas.append(Replica(tp=t, local_batch=b, stages=tuple(stages)))
-    return Plan(plan.instance, tuple(replicas), {"policy": "swaps"})
+    pp = np.array([len(reps[r]) for r, _ in kept], dtype=np.int64)
+    n = int(pp.sum())
+    starts = np.cumsum(pp) - pp
+    offsets = np.zeros(n + 1, dtype=np.int64)
+    np.cumsum(np.repeat([tps[r] for r, _ in kept], pp), out=offsets[1:])
+    lay = Layout(
+        replica=np.repeat(np.arange(len(kept), dtype=np.int64), pp),
+        stage=np.arange(n, dtype=np.int64) - np.repeat(starts, pp),
+        domain=np.array([x.domain for r, _ in kept for x in reps[r]], dtype=np.int64),
+        offsets=offsets,
+        gpus=np.array(flat, dtype=np.int64),
+        power=np.ones(n),
+        degree=np.array([tps[r] for r, _ in kept], dtype=np.int64),
+        batch=np.array([b for _, b in kept], dtype=np.int64),
+        metrics={"policy": "swaps"},
+        instance=plan.instance,
+    )
+    return Plan(plan.instance, tuple(replicas), {"policy": "swaps"}), lay

@@ -39,8 +39,11 @@ plan it is given in full; a :class:`Replanner` keeps that check, the layout
 and the bound's multipliers (:class:`PlanState`) from one event to the next
 and updates the bound instead of searching it (``Replanned.bound_kind``).
 The swap plan is made from the local plan's layout
-(:func:`~ntp_opt.planners.swaps.improve`'s ``layout``), re-boosted on its own
-layout and checked once in index space, like the local plan.
+(:func:`~ntp_opt.planners.swaps.improve_layout`, which also returns the
+swap plan's own layout), re-boosted on that layout and checked once in index
+space, like the local plan. The global plan is aligned in index space and
+keeps its layout (reordered from ``fast``'s); it is checked once, by the full
+validator.
 """
 
 from __future__ import annotations
@@ -68,7 +71,7 @@ from ntp_opt.planners.exact.bounds import (
     stage_bound_at,
     stage_bound_point,
 )
-from ntp_opt.planners.swaps import improve
+from ntp_opt.planners.swaps import improve_layout
 from ntp_opt.rules.tolerances import BOUND_TOL
 from ntp_opt.rules.validate import Evaluation, PlanError, check, evaluate, evaluate_layout
 from ntp_opt.workflows.incremental import reboost_layout, recourse_layout
@@ -235,29 +238,65 @@ def migration(instance: Instance, old: Plan, new: Plan) -> int:
     return int(((before != after) & instance.arrays.healthy).sum())
 
 
-def align(instance: Instance, old: Plan, new: Plan) -> Plan:
+def align(
+    instance: Instance,
+    old: Plan,
+    new: Plan,
+    *,
+    before: np.ndarray | None = None,
+    layout: Layout | None = None,
+) -> Plan:
     """Renumber ``new``'s replicas and stages to overlap ``old`` as much as possible.
 
     Greedy matching on shared GPUs: replica pairs with the most GPUs in
     common first; within a matched pair, stages keep the position of the old
     stage they share most GPUs with. Goodput does not change (replica and
-    stage order carry no meaning in the model).
+    stage order carry no meaning in the model). The shared GPUs are counted
+    in index space, for every pair at once.
+
+    Parameters
+    ----------
+    instance
+        The instance both plans are read on.
+    old, new
+        The running plan and the plan to renumber.
+    before
+        ``assignment(instance, old)``, when the caller has it.
+    layout
+        ``new``'s :class:`~ntp_opt.model.layout.Layout`, when the caller has it.
+
+    Returns
+    -------
+    Plan
+        ``new`` with its replicas and stages reordered.
     """
-    a = instance.arrays
-    before = assignment(instance, old)
-    index = a.gpu_index
-    pairs: list[tuple[int, int, int]] = []  # (-shared, new r, old r)
-    for r, rep in enumerate(new.replicas):
-        idx = np.array([index[g] for g in rep.gpus()], dtype=np.int64)
-        olds = before[idx]
-        olds = olds[olds >= 0] // SLOT
-        if len(olds):
-            ids, counts = np.unique(olds, return_counts=True)
-            pairs.extend((-int(c), r, int(o)) for o, c in zip(ids, counts, strict=True))
-    pairs.sort()
+    return _aligned(instance, old, new, before, layout)[0]
+
+
+def _aligned(
+    instance: Instance,
+    old: Plan,
+    new: Plan,
+    before: np.ndarray | None,
+    layout: Layout | None,
+) -> tuple[Plan, Layout]:
+    """:func:`align`, and the aligned plan's layout (``new``'s, reordered)."""
+    before = assignment(instance, old) if before is None else before
+    lay = Layout.from_plan(instance, new) if layout is None else layout
+    sizes = np.diff(lay.offsets)
+    olds = before[lay.gpus]
+    hit = olds >= 0
+    new_r = np.repeat(lay.replica, sizes)[hit]
+    new_k = np.repeat(lay.stage, sizes)[hit]
+    olds = olds[hit]
+    old_r, old_j = olds // SLOT, olds % SLOT
+    # replica pairs by GPUs shared, most first (ties: lower new, then old index)
+    keys, counts = np.unique(new_r * SLOT + old_r, return_counts=True)
+    order = np.lexsort((keys % SLOT, keys // SLOT, -counts))
     slot_of: dict[int, int] = {}
     taken: set[int] = set()
-    for _, r, o in pairs:
+    for key in keys[order].tolist():
+        r, o = divmod(key, SLOT)
         if r not in slot_of and o not in taken:
             slot_of[r] = o
             taken.add(o)
@@ -266,25 +305,29 @@ def align(instance: Instance, old: Plan, new: Plan) -> Plan:
     for r in range(len(new.replicas)):
         if r not in slot_of:
             slot_of[r] = next(free)
+    # stage pairs of matched replicas by GPUs shared: (new replica, new stage, old stage)
+    target = np.array([slot_of[r] for r in range(len(new.replicas))], dtype=np.int64)
+    mine = target[new_r] == old_r if len(target) else np.zeros(0, dtype=bool)
+    skeys, scounts = np.unique(
+        (new_r[mine] * SLOT + new_k[mine]) * SLOT + old_j[mine], return_counts=True
+    )
+    score: dict[int, list[tuple[int, int, int]]] = {}
+    for key, c in zip(skeys.tolist(), scounts.tolist(), strict=True):
+        rk, j = divmod(key, SLOT)
+        r, k = divmod(rk, SLOT)
+        score.setdefault(r, []).append((-c, k, j))
     # a plan is a list: fill gaps (old replicas with no successor) by compacting
-    order = sorted(range(len(new.replicas)), key=lambda r: slot_of[r])
     reps: list[Replica] = []
-    for r in order:
+    first = np.searchsorted(lay.replica, np.arange(len(new.replicas)))
+    picked: list[int] = []  # the new layout's stages, in the aligned order
+    placed = sorted(range(len(new.replicas)), key=slot_of.__getitem__)
+    for r in placed:
         rep = new.replicas[r]
-        target = slot_of[r]
-        if target < len(old.replicas):
-            old_stages = old.replicas[target].stages
-            score: list[tuple[int, int, int]] = []
-            for k, st in enumerate(rep.stages):
-                mine = set(st.gpus)
-                for j, ost in enumerate(old_stages):
-                    shared = len(mine.intersection(ost.gpus))
-                    if shared:
-                        score.append((-shared, k, j))
-            score.sort()
+        ks = list(range(len(rep.stages)))
+        if slot_of[r] < len(old.replicas):
             pos: dict[int, int] = {}
             used: set[int] = set()
-            for _, k, j in score:
+            for _, k, j in sorted(score.get(r, ())):
                 if k not in pos and j not in used:
                     pos[k] = j
                     used.add(j)
@@ -292,10 +335,32 @@ def align(instance: Instance, old: Plan, new: Plan) -> Plan:
             for k in range(len(rep.stages)):
                 if k not in pos:
                     pos[k] = next(rest)
-            stages = [rep.stages[k] for k in sorted(range(len(rep.stages)), key=pos.__getitem__)]
-            rep = Replica(tp=rep.tp, local_batch=rep.local_batch, stages=tuple(stages))
+            ks = sorted(ks, key=pos.__getitem__)
+            rep = Replica(
+                tp=rep.tp, local_batch=rep.local_batch, stages=tuple(rep.stages[k] for k in ks)
+            )
         reps.append(rep)
-    return Plan(new.instance, tuple(reps), dict(new.metrics))
+        picked.extend(int(first[r]) + k for k in ks)
+    sel = np.array(picked, dtype=np.int64)
+    counts = np.array([len(new.replicas[r].stages) for r in placed], dtype=np.int64)
+    starts = np.cumsum(counts) - counts
+    offsets = np.zeros(len(sel) + 1, dtype=np.int64)
+    np.cumsum(sizes[sel], out=offsets[1:])
+    # each picked stage's GPUs: its old start plus 0 .. size - 1
+    shift = np.repeat(lay.offsets[sel] - offsets[:-1], sizes[sel])
+    lay_out = Layout(
+        replica=np.repeat(np.arange(len(placed), dtype=np.int64), counts),
+        stage=np.arange(len(sel), dtype=np.int64) - np.repeat(starts, counts),
+        domain=lay.domain[sel],
+        offsets=offsets,
+        gpus=lay.gpus[np.arange(offsets[-1], dtype=np.int64) + shift],
+        power=lay.power[sel],
+        degree=lay.degree[placed],
+        batch=lay.batch[placed],
+        metrics=dict(new.metrics),
+        instance=lay.instance,
+    )
+    return Plan(new.instance, tuple(reps), dict(new.metrics)), lay_out
 
 
 def reboost(instance: Instance, plan: Plan, *, validate: bool = True) -> Plan:
@@ -579,7 +644,8 @@ def _step(
             for r, rep in enumerate(local.replicas)
             if any(a.domain_index[st.domain] in touched for st in rep.stages)
         }
-        better = improve(new_inst, local, focus, layout=None if legacy else local_lay)
+        got = improve_layout(new_inst, local, focus, layout=None if legacy else local_lay)
+        better, better_lay = (None, None) if got is None else got
         if better is not None and legacy:  # as before issue 30 (tests compare)
             better = reboost(new_inst, better)
             ev = evaluate(new_inst, better)
@@ -594,7 +660,8 @@ def _step(
             # :func:`reboost` on one layout, checked once in index space (the
             # validator's figures; ``check="full"`` adds the validator): the
             # boosted plan when it passes, else the plan as improved
-            swap, swap_lay = better, Layout.from_plan(new_inst, better)
+            assert better_lay is not None
+            swap, swap_lay = better, better_lay
             got = reboost_layout(new_inst, swap, swap_lay) if swap.replicas else None
             boost_ev = None if got is None else _evaluate(new_inst, *got, check_mode)
             if got is not None and boost_ev is not None and boost_ev.feasible:
@@ -612,14 +679,17 @@ def _step(
     if mode == "global" or (mode == "auto" and not settled()):
         from ntp_opt.planners.fast import plan_fast
 
-        fresh, _ = plan_fast(new_inst)
-        fresh = align(new_inst, plan, fresh)
+        # checked once, after alignment (which changes no figure); the bound
+        # is the one above
+        fresh, _ = plan_fast(new_inst, validate=False, bound=False)
+        fresh, fresh_lay = _aligned(new_inst, plan, fresh, before, None)
         fresh_ev = check(new_inst, fresh)
         evals["global"] = fresh_ev
+        layouts["global"] = fresh_lay
         options["global"] = (
             fresh.with_metrics(**fresh_ev.as_metrics()),
             fresh_ev.goodput,
-            moved_by(fresh),
+            moved_by(fresh, fresh_lay),
         )
     if mode == "global":
         choice = "global"
