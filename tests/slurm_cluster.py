@@ -33,6 +33,7 @@ block that may run the inactive (placeholder) ranks of an NTP launch.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import ctypes
 import getpass
 import json
@@ -44,9 +45,10 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 #: Programs the cluster needs (Debian: slurmctld, slurmd, slurm-client, munge).
 PROGRAMS = (
@@ -554,6 +556,36 @@ class SlurmCluster:
                     self._procs[k].wait(timeout=60)
         self.pids = {k: v for k, v in self.pids.items() if self._alive(k)}
         self._save()
+
+
+@contextlib.contextmanager
+def running(path: Path, **options: Any) -> Iterator[SlurmCluster]:
+    """A started :class:`SlurmCluster` for a pytest fixture, stopped on leaving.
+
+    A missing Slurm, or a cluster that does not start, fails the test with
+    ``CI=true`` (and a start failure as root) and skips it elsewhere with a
+    hint. ``options`` go to :class:`SlurmCluster`.
+    """
+    import pytest  # only the tests need it; the module runs by hand without
+
+    ci = os.environ.get("CI") == "true"
+    if missing := missing_programs():
+        msg = f"Slurm is not installed (missing {' '.join(missing)})"
+        if ci:
+            pytest.fail(f"CI=true but {msg}: .ci/run installs {PACKAGES}")
+        pytest.skip(f"{msg}: apt-get install {PACKAGES}; runs in CI")
+    cluster = SlurmCluster(path, **options)
+    try:
+        cluster.start()
+    except ClusterError as err:
+        cluster.stop()
+        if ci or os.geteuid() == 0:
+            pytest.fail(f"the test cluster did not start: {err}")
+        pytest.skip(f"the test cluster did not start as a normal user (try as root): {err}")
+    try:
+        yield cluster
+    finally:
+        cluster.stop()
 
 
 def main(argv: list[str] | None = None) -> int:

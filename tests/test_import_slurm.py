@@ -449,7 +449,7 @@ def test_scontrol_failing_slow_and_flooding(
     with pytest.raises(InputError, match=r"^scontrol show node: exit status 1: slurm_load_node "
                        r"error: Unable to contact slurm controller$"):  # fmt: skip
         scontrol("show", "node")
-    _fake_scontrol(tmp_path, "exec sleep 60", monkeypatch)
+    _fake_scontrol(tmp_path, "exec sleep infinity", monkeypatch)  # never answers
     with pytest.raises(InputError, match=r"scontrol show node: did not finish within 0\.2 s"):
         scontrol("show", "node", timeout=0.2)
     _fake_scontrol(tmp_path, "exec yes NodeName=x", monkeypatch)

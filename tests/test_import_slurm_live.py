@@ -28,9 +28,8 @@ import pytest
 from ntp_opt.app.cli import main
 from ntp_opt.app.importers.slurm import classify_state, read_nodes, scontrol
 
-from .slurm_cluster import MAX_POLLS, PACKAGES, POLL_S, ClusterError, SlurmCluster, missing_programs
+from .slurm_cluster import MAX_POLLS, POLL_S, SlurmCluster, running
 
-CI = os.environ.get("CI") == "true"
 GPUS = 8
 JOB = {"tp": 8, "pp": 1, "dp": 1, "global_batch": 4}
 
@@ -38,12 +37,7 @@ JOB = {"tp": 8, "pp": 1, "dp": 1, "global_batch": 4}
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SlurmCluster]:
     """10 DGX-like nodes (8 GPUs) under leaves nvl0/nvl1, n10 one GPU short, a FUTURE node."""
-    if missing := missing_programs():
-        msg = f"Slurm is not installed (missing {' '.join(missing)})"
-        if CI:
-            pytest.fail(f"CI=true but {msg}: .ci/run installs {PACKAGES}")
-        pytest.skip(f"{msg}: apt-get install {PACKAGES}; runs in CI")
-    c = SlurmCluster(
+    with running(
         tmp_path_factory.mktemp("slurm-live"),
         nodes=10,
         gpus=GPUS,
@@ -53,18 +47,8 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SlurmCluster]:
         short=1,
         admin=True,
         tie_to_parent=True,
-    )
-    try:
-        c.start()
-    except ClusterError as err:
-        c.stop()
-        if CI or os.geteuid() == 0:
-            pytest.fail(f"the test cluster did not start: {err}")
-        pytest.skip(f"the test cluster did not start as a normal user (try as root): {err}")
-    try:
+    ) as c:
         yield c
-    finally:
-        c.stop()
 
 
 @pytest.fixture

@@ -34,9 +34,8 @@ from ntp_opt.planners.megatron import MegatronError
 from ntp_opt.solve import solve
 
 from .helpers import HANG_GUARD
-from .slurm_cluster import PACKAGES, ClusterError, SlurmCluster, missing_programs
+from .slurm_cluster import SlurmCluster, running
 
-CI = os.environ.get("CI") == "true"
 #: Seconds the fixture took to start (reported by the test, see docs/testing.md).
 STARTUP: dict[str, float] = {}
 
@@ -64,27 +63,12 @@ def _smi_xml(host: str, gpus: int) -> str:
 @pytest.fixture(scope="session")
 def slurm(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SlurmCluster]:
     """A running cluster: 4 nodes x 4 GPUs in block ``nvl0``, 2 spares; stopped at the end."""
-    if missing := missing_programs():
-        msg = f"Slurm is not installed (missing {' '.join(missing)})"
-        if CI:
-            pytest.fail(f"CI=true but {msg}: .ci/run installs {PACKAGES}")
-        pytest.skip(f"{msg}: apt-get install {PACKAGES}; runs in CI")
-    cluster = SlurmCluster(
-        tmp_path_factory.mktemp("slurm"), nodes=4, gpus=4, spares=2, tie_to_parent=True
-    )
     t0 = time.monotonic()
-    try:
-        cluster.start()
-    except ClusterError as err:
-        cluster.stop()
-        if CI or os.geteuid() == 0:
-            pytest.fail(f"the test cluster did not start: {err}")
-        pytest.skip(f"the test cluster did not start as a normal user (try as root): {err}")
-    STARTUP["start_s"] = time.monotonic() - t0
-    try:
+    with running(
+        tmp_path_factory.mktemp("slurm"), nodes=4, gpus=4, spares=2, tie_to_parent=True
+    ) as cluster:
+        STARTUP["start_s"] = time.monotonic() - t0
         yield cluster
-    finally:
-        cluster.stop()
 
 
 def _ranks(path: Path) -> list[list[str]]:

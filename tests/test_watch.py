@@ -29,10 +29,9 @@ from ntp_opt.app.watch import Flaps, diff
 from ntp_opt.model.files import load_instance, load_plan
 from ntp_opt.rules.validate import evaluate
 
-from .slurm_cluster import PACKAGES, ClusterError, SlurmCluster, missing_programs
+from .slurm_cluster import SlurmCluster, running
 
 ROOT = Path(__file__).resolve().parent.parent
-CI = os.environ.get("CI") == "true"
 K8S = Path(__file__).parent / "fixtures" / "import" / "h100-k8s"
 #: Upper bound on waits for the watch (polls ``POLL_S`` apart): a bound, not a delay.
 MAX_POLLS = 3000
@@ -167,30 +166,15 @@ def _event_hosts(summary: dict[str, Any], kind: str) -> set[str]:
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SlurmCluster]:
     """16 DGX-like nodes (8 GPUs) under leaves nvl0/nvl1."""
-    if missing := missing_programs():
-        msg = f"Slurm is not installed (missing {' '.join(missing)})"
-        if CI:
-            pytest.fail(f"CI=true but {msg}: .ci/run installs {PACKAGES}")
-        pytest.skip(f"{msg}: apt-get install {PACKAGES}; runs in CI")
-    c = SlurmCluster(
+    with running(
         tmp_path_factory.mktemp("slurm-watch"),
         nodes=16,
         gpus=8,
         spares=0,
         leaves=2,
         tie_to_parent=True,
-    )
-    try:
-        c.start()
-    except ClusterError as err:
-        c.stop()
-        if CI or os.geteuid() == 0:
-            pytest.fail(f"the test cluster did not start: {err}")
-        pytest.skip(f"the test cluster did not start as a normal user (try as root): {err}")
-    try:
+    ) as c:
         yield c
-    finally:
-        c.stop()
 
 
 def _slurm_argv(tmp: Path, out: Path, *extra: str) -> list[str]:
