@@ -309,3 +309,58 @@ def test_parser_directives(tmp_path):
     assert blocks[0].skip == "too slow" and blocks[1].setup
     assert blocks[2].subs == [('"a"', '"b"')] and blocks[2].output is blocks[3]
     assert blocks[4].code == "echo hi\n"
+
+
+_LINK = re.compile(r"\[[^\]\n]*\]\(([^)\s]+)\)")
+
+
+def anchors(path: Path) -> list[str]:
+    """GitHub's anchors of a page's headings (``#`` lines outside fences), in order."""
+    found: list[str] = []
+    seen: dict[str, int] = {}
+    fenced = False
+    for line in path.read_text(encoding="utf-8").splitlines():
+        if line.lstrip().startswith("```"):
+            fenced = not fenced
+        m = None if fenced else re.match(r"#{1,6}\s+(.*?)\s*#*\s*$", line)
+        if m:
+            slug = re.sub(r"[^\w\- ]", "", m.group(1).lower()).replace(" ", "-")
+            n = seen.get(slug, 0)
+            seen[slug] = n + 1
+            found.append(slug if n == 0 else f"{slug}-{n}")
+    return found
+
+
+def links(path: Path) -> list[str]:
+    """The relative link targets of a page (not in code blocks or inline code)."""
+    text = re.sub(r"```.*?```", "", path.read_text(encoding="utf-8"), flags=re.S)
+    text = re.sub(r"`[^`\n]*`", "", text)
+    return [t for t in _LINK.findall(text) if not re.match(r"[a-z][a-z0-9+.-]*:", t)]
+
+
+def test_anchors_follow_github():
+    page = Path(__file__).resolve().parent.parent / "docs" / "model.md"
+    assert "job-spec-section-2--ntp_optmodeljobpy" in anchors(page)  # backticks, dash, dots go
+
+
+@pytest.mark.parametrize("page", PAGES, ids=lambda p: p.relative_to(ROOT).as_posix())
+def test_relative_links_resolve(page):
+    """Every relative link names a file that exists, and its #anchor a heading there."""
+    broken = []
+    for target in links(page):
+        path, _, anchor = target.partition("#")
+        dest = (page.parent / path).resolve() if path else page
+        if not dest.exists():
+            broken.append(f"{target}: no such file")
+        elif anchor and dest.suffix == ".md" and anchor not in anchors(dest):
+            broken.append(f"{target}: no heading #{anchor} in {dest.relative_to(ROOT)}")
+    assert not broken, f"{page.relative_to(ROOT)}: " + "; ".join(broken)
+
+
+def test_index_lists_every_page():
+    """docs/index.md has a line for every other page of docs/."""
+    index = ROOT / "docs" / "index.md"
+    listed = {Path(t.partition("#")[0]).name for t in links(index)}
+    pages = {p.name for p in (ROOT / "docs").glob("*.md")} - {"index.md"}
+    assert pages <= listed, f"docs/index.md lacks {sorted(pages - listed)}"
+    assert "docs/index.md" in {t for t in links(ROOT / "README.md")}
