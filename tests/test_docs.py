@@ -311,7 +311,7 @@ def test_parser_directives(tmp_path):
     assert blocks[4].code == "echo hi\n"
 
 
-_LINK = re.compile(r"\[[^\]\n]*\]\(([^)\s]+)\)")
+_LINK = re.compile(r"\[[^\]]*\]\(([^)\s]+)\)")
 
 
 def anchors(path: Path) -> list[str]:
