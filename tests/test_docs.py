@@ -314,8 +314,13 @@ def test_parser_directives(tmp_path):
 _LINK = re.compile(r"\[[^\]]*\]\(([^)\s]+)\)")
 
 
+def slug(heading: str) -> str:
+    """GitHub's anchor of a heading: lower case, punctuation dropped, spaces to ``-``."""
+    return re.sub(r"[^\w\- ]", "", heading.lower()).replace(" ", "-")
+
+
 def anchors(path: Path) -> list[str]:
-    """GitHub's anchors of a page's headings (``#`` lines outside fences), in order."""
+    """The anchors of a page's headings (``#`` lines outside fences), in order."""
     found: list[str] = []
     seen: dict[str, int] = {}
     fenced = False
@@ -324,10 +329,10 @@ def anchors(path: Path) -> list[str]:
             fenced = not fenced
         m = None if fenced else re.match(r"#{1,6}\s+(.*?)\s*#*\s*$", line)
         if m:
-            slug = re.sub(r"[^\w\- ]", "", m.group(1).lower()).replace(" ", "-")
-            n = seen.get(slug, 0)
-            seen[slug] = n + 1
-            found.append(slug if n == 0 else f"{slug}-{n}")
+            slug_ = slug(m.group(1))
+            n = seen.get(slug_, 0)
+            seen[slug_] = n + 1
+            found.append(slug_ if n == 0 else f"{slug_}-{n}")
     return found
 
 
@@ -338,9 +343,14 @@ def links(path: Path) -> list[str]:
     return [t for t in _LINK.findall(text) if not re.match(r"[a-z][a-z0-9+.-]*:", t)]
 
 
-def test_anchors_follow_github():
-    page = Path(__file__).resolve().parent.parent / "docs" / "model.md"
-    assert "job-spec-section-2--ntp_optmodeljobpy" in anchors(page)  # backticks, dash, dots go
+def test_anchors_follow_github(tmp_path):
+    assert slug("Job (spec section 2) — `ntp_opt/model/job.py`") == (
+        "job-spec-section-2--ntp_optmodeljobpy"  # brackets, backticks, the dash, dots and / go
+    )
+    assert slug("The wait-and-see bound: θ′ and ρ") == "the-wait-and-see-bound-θ-and-ρ"
+    page = tmp_path / "p.md"
+    page.write_text("# A\n```sh\n# not a heading\n```\n## A\n### B ##\n")
+    assert anchors(page) == ["a", "a-1", "b"]
 
 
 @pytest.mark.parametrize("page", PAGES, ids=lambda p: p.relative_to(ROOT).as_posix())
@@ -353,7 +363,7 @@ def test_relative_links_resolve(page):
         if not dest.exists():
             broken.append(f"{target}: no such file")
         elif anchor and dest.suffix == ".md" and anchor not in anchors(dest):
-            broken.append(f"{target}: no heading #{anchor} in {dest.relative_to(ROOT)}")
+            broken.append(f"{target}: no heading #{anchor} in {dest.name}")
     assert not broken, f"{page.relative_to(ROOT)}: " + "; ".join(broken)
 
 
@@ -363,4 +373,4 @@ def test_index_lists_every_page():
     listed = {Path(t.partition("#")[0]).name for t in links(index)}
     pages = {p.name for p in (ROOT / "docs").glob("*.md")} - {"index.md"}
     assert pages <= listed, f"docs/index.md lacks {sorted(pages - listed)}"
-    assert "docs/index.md" in {t for t in links(ROOT / "README.md")}
+    assert "docs/index.md" in links(ROOT / "README.md")
