@@ -8,8 +8,10 @@ migrate. Up to three plans are compared:
 * **local**: the running plan after the deterministic recourse of
   :func:`ntp_opt.recourse.adapt` (failed GPUs replaced from in-domain spares,
   degrees reduced, batches re-split), with its power boosts redone by
-  :func:`reboost` when recourse reset them or speeds changed. It moves only
-  the GPUs the events force to move.
+  :func:`reboost` when recourse reset them, speeds changed, or (``fixed``
+  batch) a replica's degree dropped: every replica then carries its share
+  of the batch at that replica's pace. It moves only the GPUs the events
+  force to move.
 * **swap**: the local plan improved by a few stage swaps around the replicas
   the events touched (:func:`ntp_opt.swaps.improve`): a damaged domain joins
   an already reduced replica, a spare domain comes in, a repaired replica
@@ -37,7 +39,9 @@ The local plan is made and checked in index space, on the running plan's
 :func:`ntp_opt.rules.validate.evaluate_layout`). :func:`replan` checks the
 plan it is given in full; a :class:`Replanner` keeps that check, the layout
 and the bound's multipliers (:class:`PlanState`) from one event to the next
-and updates the bound instead of searching it (``Replanned.bound_kind``).
+and updates the bound instead of searching it (``Replanned.bound_kind``;
+with a ``fixed`` batch the ``fixed`` refinement's speed bounds are kept and
+re-checked too, :attr:`PlanState.fixed`).
 The swap plan is made from the local plan's layout
 (:func:`~ntp_opt.planners.swaps.improve_layout`, which also returns the
 swap plan's own layout), re-boosted on that layout and checked once in index
