@@ -90,6 +90,16 @@ def test_split_batch_matches_enumeration(policy, seed):
     assert gp.goodput(j, tps, list(split.batches), speeds) == pytest.approx(split.goodput)
 
 
+def test_a_fixed_batch_every_replica_must_fill_takes_every_cap():
+    """``B = n * cap``: no choice is left; the step time is the slowest replica's
+    ``cap / v`` with the resharding overhead."""
+    j = Job(tp=8, pp=1, dp=3, global_batch=6, max_local_batch=2, batch_policy="fixed")
+    split = gp.split_batch(j, [1.0, 0.5, 0.8], [8, 7, 8])
+    assert split is not None and split.batches == (2, 2, 2)
+    assert split.step_time == pytest.approx(2 / 0.5 * (1 + j.reshard_overhead), rel=1e-15)
+    assert split.goodput == pytest.approx(6 / split.step_time, rel=1e-15)
+
+
 def test_split_prefers_full_batches_on_ties():
     j = job(batch_policy="elastic")
     split = gp.split_batch(j, [1.0] * 4, [8] * 4)

@@ -70,6 +70,7 @@ def ref_reboost(instance: Instance, plan: Plan) -> Plan | None:
     if best is None:
         return None
     _, powers, batches = best
+    powers = ref_trim(instance, groups, powers, batches)
     reps = tuple(
         Replica(
             tp=rep.tp,
@@ -82,6 +83,39 @@ def ref_reboost(instance: Instance, plan: Plan) -> Plan | None:
         if b > 0
     )
     return Plan(plan.instance, reps, {"policy": "reboost"})
+
+
+def ref_trim(instance: Instance, groups, powers, batches) -> list[list[float]]:
+    """Each stage's multiplier lowered to what its replica's batch needs (issue 32):
+    ``max(1, (need / base) ** (1 / alpha))`` with the trim's margin, never raised, and
+    kept only if the goodput at these batches does not drop."""
+    from ntp_opt.rules.goodput import goodput, overhead_factor, replica_speed
+    from ntp_opt.rules.power import TRIM_MARGIN
+
+    job = instance.job
+    a = instance.arrays
+    tps = [t for t, _ in groups]
+
+    def speeds(pw):
+        return [
+            replica_speed(job, t, [float(a.speed[s.gpus[:t]].min()) for s in slots], p)
+            for (t, slots), p in zip(groups, pw, strict=True)
+        ]
+
+    theta = max(b / v for b, v in zip(batches, speeds(powers), strict=True) if b > 0)
+    theta *= overhead_factor(job, tps)
+    out = []
+    for (t, slots), p, b in zip(groups, powers, batches, strict=True):
+        need = b * overhead_factor(job, tps) / theta
+        row = []
+        for s, pw in zip(slots, p, strict=True):
+            base = job.tp_factor(t) * float(a.speed[s.gpus[:t]].min()) / job.seq_time_s
+            want = (need / base) ** (1 / job.power_exponent) * (1 + TRIM_MARGIN)
+            row.append(min(float(pw), max(want, 1.0)))
+        out.append(row)
+    if goodput(job, tps, batches, speeds(out)) < goodput(job, tps, batches, speeds(powers)):
+        return powers
+    return out
 
 
 def _events(data: st.DataObject, inst: Instance, n: int) -> list[ClusterEvent]:

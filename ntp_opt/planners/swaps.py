@@ -43,6 +43,8 @@ class _Slot:
     gpus: np.ndarray  # GPU indices, fastest first
     speeds: np.ndarray  # their speeds, descending
     table: np.ndarray  # ``s(t)`` per allowed degree, -inf where the slot is too small
+    origin: int = -1  # the layout stage it was read from (-1: a spare domain, or unknown)
+    same: bool = False  # its first GPUs are that stage's, in the plan's order
 
 
 def _slots(
@@ -89,8 +91,23 @@ def _slots(
     at = np.where(fits, starts[:, None] + degrees[None, :] - 1, 0)
     tables = np.where(fits, speed[at] if len(speed) else 0.0, -np.inf)
     bounds = np.concatenate((starts, [len(flat)])).tolist()
+    # per stage: are its slot's first GPUs the stage's own, in the plan's order?
+    if n_stages:
+        stage_sizes = np.diff(layout.offsets)
+        at_sorted = np.repeat(starts[:n_stages] - layout.offsets[:-1], stage_sizes)
+        hit = flat[np.arange(len(layout.gpus)) + at_sorted] == layout.gpus
+        same = (np.logical_and.reduceat(hit, layout.offsets[:-1]) | (stage_sizes == 0)).tolist()
+    else:
+        same = []
     slots = [
-        _Slot(d, flat[bounds[k] : bounds[k + 1]], speed[bounds[k] : bounds[k + 1]], tables[k])
+        _Slot(
+            d,
+            flat[bounds[k] : bounds[k + 1]],
+            speed[bounds[k] : bounds[k + 1]],
+            tables[k],
+            k if k < n_stages else -1,
+            k < n_stages and same[k],
+        )
         for k, d in enumerate(doms)
     ]
     reps: list[list[_Slot]] = [[] for _ in plan.replicas]
@@ -153,6 +170,16 @@ def _exclusive_min(t: np.ndarray) -> np.ndarray:
     return np.minimum(pre, suf)
 
 
+def _max_last(x: np.ndarray) -> np.ndarray:
+    """``x.max(axis=-1)`` for a short last axis (the allowed degrees), one
+    element-wise maximum per column: the same numbers, without numpy's slow
+    reduction over a short inner axis."""
+    out = x[..., 0].copy()
+    for i in range(1, x.shape[-1]):
+        np.maximum(out, x[..., i], out=out)
+    return out
+
+
 class _Search:
     def __init__(self, instance: Instance, reps: list[list[_Slot]], spare: list[_Slot]):
         job = instance.job
@@ -161,6 +188,7 @@ class _Search:
         self.factor = np.array([job.tp_factor(int(t)) for t in self.degrees])
         self.reps = reps
         self.spare = spare
+        self.whole: np.ndarray | None = None  # the tables of :meth:`tables` as one array
 
     def best(self, tables: np.ndarray) -> tuple[int, float]:
         """Degree and power-1 speed (``f(t) * min s``) of a replica from its slot tables."""
@@ -170,6 +198,32 @@ class _Search:
         if not np.isfinite(worst[k]):
             return 0, 0.0
         return int(self.degrees[k]), float(worst[k])
+
+    def tables(self) -> tuple[list[np.ndarray], list[int], list[float]]:
+        """Every replica's slot tables, and its :meth:`best` degree and speed.
+
+        Replicas of equally many stages are read as one array (each table a
+        view of it, kept as :attr:`whole`) and their degrees found at once:
+        the same numbers as :meth:`best` one replica at a time.
+        """
+        reps = self.reps
+        n_st = {len(r) for r in reps}
+        self.whole = None
+        if len(n_st) != 1 or 0 in n_st:
+            tables = [np.array([x.table for x in r]) for r in reps]
+            cur = [self.best(t) for t in tables]
+            return tables, [t for t, _ in cur], [v for _, v in cur]
+        big = np.stack([x.table for r in reps for x in r]).reshape(len(reps), n_st.pop(), -1)
+        worst = big.min(axis=1) * self.factor
+        worst = np.where(np.isfinite(worst), worst, -np.inf)
+        n_deg = worst.shape[1]
+        k = n_deg - 1 - np.argmax(worst[:, ::-1], axis=1)  # larger degree on ties
+        value = worst[np.arange(len(reps)), k]
+        ok = np.isfinite(value)
+        tps: list[int] = np.where(ok, self.degrees[k], 0).tolist()
+        speeds: list[float] = np.where(ok, value, 0.0).tolist()
+        self.whole = big
+        return list(big), tps, speeds
 
     def goodput(self, tps: list[int], speeds: list[float]) -> float:
         keep = [i for i, t in enumerate(tps) if t > 0]
@@ -235,18 +289,16 @@ def improve_layout(
         return None
     reps, spare = _slots(instance, plan, layout)
     s = _Search(instance, reps, spare)
-    tables = [np.array([x.table for x in r]) for r in reps]
+    tables, tps, speeds = s.tables()
+    whole = s.whole  # every table as one array (views of it), when the replicas allow
     spare_tab = [x.table.copy() for x in spare]
-    cur = [s.best(t) for t in tables]
-    tps = [t for t, _ in cur]
-    speeds = [v for _, v in cur]
     value = s.goodput(tps, speeds)
     start_value = value
     focus = {f for f in focus if 0 <= f < len(reps)}
     changed = False
     for _ in range(rounds):
         cands: list[tuple[float, str, int, int, int, int]] = []  # (-gain, kind, A, i, B, j)
-        big = np.stack(tables)  # (replicas, pp, degrees)
+        big = np.stack(tables) if whole is None else whole  # (replicas, pp, degrees)
         ex = _exclusive_min(big)  # min over the other stages of the replica
         cur_v = np.array(speeds)
         f = s.factor
@@ -256,8 +308,8 @@ def improve_layout(
             # and b gets A's slot i (element for element the same numbers as
             # one slot at a time)
             rest = ex[a_i]  # (pp, degrees): min over A's other stages
-            va = (np.minimum(rest[:, None, None, :], big[None]) * f).max(axis=3)
-            vb = (np.minimum(ex[None], big[a_i][:, None, None, :]) * f).max(axis=3)
+            va = _max_last(np.minimum(rest[:, None, None, :], big[None]) * f)
+            vb = _max_last(np.minimum(ex[None], big[a_i][:, None, None, :]) * f)
             gain = va + vb - cur_v[a_i] - cur_v[None, :, None]  # (pp, replicas, pp)
             gain[:, a_i, :] = -np.inf
             ii, bb, jj = np.nonzero(gain > ABS_NOISE)
@@ -273,7 +325,7 @@ def improve_layout(
                 )
             )
             if len(sp_tab):
-                vs = (np.minimum(rest[:, None, :], sp_tab[None]) * f).max(axis=2) - cur_v[a_i]
+                vs = _max_last(np.minimum(rest[:, None, :], sp_tab[None]) * f) - cur_v[a_i]
                 ii, jj = np.nonzero(vs > ABS_NOISE)
                 cands.extend(
                     zip(
@@ -323,7 +375,7 @@ def improve_layout(
         # the slots' best degrees may still differ from the plan's (repairs)
         if all(t == rep.tp for t, rep in zip(tps, plan.replicas, strict=True)):
             return None
-    return _plan(instance, plan, reps, tps, speeds)
+    return _plan(instance, plan, reps, tps, speeds, layout)
 
 
 def _plan(
@@ -332,6 +384,7 @@ def _plan(
     reps: list[list[_Slot]],
     tps: list[int],
     speeds: list[float],
+    layout: Layout | None = None,
 ) -> tuple[Plan, Layout] | None:
     a = instance.arrays
     job = instance.job
@@ -340,19 +393,38 @@ def _plan(
     if split is None:
         return None
     kept = [(r, int(b)) for r, b in zip(keep, split.batches, strict=True) if b > 0]
-    # every stage's GPU ids in one lookup, then sliced per stage
     parts = [x.gpus[: tps[r]] for r, _ in kept for x in reps[r]]
-    flat = np.concatenate(parts).tolist() if parts else []
+    flat = np.concatenate(parts) if parts else np.empty(0, dtype=np.int64)
+    # a stage read from the layout whose first GPUs are its own, in order, and
+    # as many: the plan's stage (its node ids, the object itself at power 1)
+    old: list[Stage | None] = [None] * len(parts)  # per stage of the result, in order
+    if layout is not None and plan.replicas:
+        rep_of, st_of = layout.replica.tolist(), layout.stage.tolist()
+        sizes = np.diff(layout.offsets).tolist()
+        i = 0
+        for r, _ in kept:
+            for x in reps[r]:
+                if x.origin >= 0 and x.same and sizes[x.origin] == tps[r]:
+                    old[i] = plan.replicas[rep_of[x.origin]].stages[st_of[x.origin]]
+                i += 1
+    # the other stages' GPU ids in one lookup, then sliced per stage
+    fresh = [g for part, o in zip(parts, old, strict=True) if o is None for g in part.tolist()]
     names: tuple[Any, ...] = (
-        itemgetter(*flat)(a.gpu_ids) if len(flat) > 1 else tuple(a.gpu_ids[g] for g in flat)
+        itemgetter(*fresh)(a.gpu_ids) if len(fresh) > 1 else tuple(a.gpu_ids[g] for g in fresh)
     )
     domain_ids = a.domain_ids
     replicas = []
     pos = 0
+    i = 0
     for r, b in kept:
         t = tps[r]
         stages = []
         for x in reps[r]:
+            o = old[i]
+            i += 1
+            if o is not None:
+                stages.append(o if o.power == 1.0 else Stage(o.domain, o.gpus, 1.0))
+                continue
             stages.append(Stage(domain_ids[x.domain], names[pos : pos + t], 1.0))
             pos += t
         replicas.append(Replica(tp=t, local_batch=b, stages=tuple(stages)))
@@ -366,7 +438,7 @@ def _plan(
         stage=np.arange(n, dtype=np.int64) - np.repeat(starts, pp),
         domain=np.array([x.domain for r, _ in kept for x in reps[r]], dtype=np.int64),
         offsets=offsets,
-        gpus=np.array(flat, dtype=np.int64),
+        gpus=flat.astype(np.int64, copy=False),
         power=np.ones(n),
         degree=np.array([tps[r] for r, _ in kept], dtype=np.int64),
         batch=np.array([b for _, b in kept], dtype=np.int64),

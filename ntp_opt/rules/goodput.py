@@ -200,6 +200,12 @@ def split_batch(
     if policy == "fixed" and n * cap < big_b:
         return None
     factor = overhead_factor(job, tps)
+    if policy == "fixed" and n * cap == big_b:
+        # every candidate is taken: each replica carries its cap (what the
+        # general steps below give, without sorting them)
+        full = (int(cap),) * n
+        theta = max(bb / vv for bb, vv in zip(full, v, strict=True)) * factor
+        return BatchSplit(full, float(theta), float(sum(full)) / float(theta))
     # Candidate (time, replica) pairs; only the first B + n per replica can matter.
     per = min(cap, big_b)
     counts = _candidate_counts(v, per, big_b, n)

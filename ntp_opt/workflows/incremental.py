@@ -31,6 +31,7 @@ from ntp_opt.rules.power import (
     headroom,
     over_budget,
     rack_and_site_draw,
+    trim_powers,
 )
 from ntp_opt.rules.recourse import SparePools, adapt_replica
 from ntp_opt.rules.tolerances import FLOAT_NOISE
@@ -345,11 +346,43 @@ def _split(
     powers: np.ndarray,
     slowest: np.ndarray,
     memo: dict[Any, Any] | None = None,
-) -> tuple[float, tuple[int, ...]] | None:
-    """Goodput and batches of the exact split of the layout's replicas at ``powers``."""
+) -> tuple[float, tuple[int, ...], float] | None:
+    """Goodput, batches and step time of the exact split of the layout's replicas at
+    ``powers``."""
     speeds = layout_speeds(instance, layout, powers=powers, slowest=slowest)
     split = _exact(instance.job, speeds, np.asarray(layout.degree), memo)
-    return None if split is None else (split.goodput, split.batches)
+    return None if split is None else (split.goodput, split.batches, split.step_time)
+
+
+def _trimmed(
+    instance: Instance,
+    layout: Layout,
+    stages: Stages,
+    powers: np.ndarray,
+    batches: tuple[int, ...],
+    theta: float,
+    slowest: np.ndarray,
+) -> np.ndarray:
+    """``powers`` lowered to what the split (``batches``, step time ``theta``) uses.
+
+    :func:`ntp_opt.rules.power.trim_powers` with each replica's need
+    ``b_r (1 + rho) / theta``: a boost that raises no replica the split waits
+    for is taken back (as ``fast`` trims its boosts). ``powers`` itself when
+    the trimmed multipliers would lower the goodput at these batches
+    (rounding) or change nothing.
+    """
+    job = instance.job
+    if not math.isfinite(theta) or theta <= 0:
+        return powers
+    tps = layout.degree.tolist()
+    need = np.array(batches, dtype=float) * gp.overhead_factor(job, tps) / theta
+    trimmed = trim_powers(instance, stages, layout.degree, powers, need, slowest)
+    if np.array_equal(trimmed, powers):
+        return powers
+    before = layout_speeds(instance, layout, powers=powers, slowest=slowest).tolist()
+    after = layout_speeds(instance, layout, powers=trimmed, slowest=slowest).tolist()
+    keep = gp.goodput(job, tps, list(batches), after) >= gp.goodput(job, tps, list(batches), before)
+    return trimmed if keep else powers
 
 
 def reboost_layout(
@@ -364,7 +397,10 @@ def reboost_layout(
     Tries the plan's own multipliers, the boost of the replicas slower than
     nominal (:func:`ntp_opt.rules.power.boost_stages`, 50 steps, from power 1)
     and the common-speed boost (:func:`ntp_opt.rules.power.boost_floor_stages`),
-    each with its exact batch split; keeps the best. Only the slow replicas'
+    each with its exact batch split; keeps the best, its multipliers trimmed to
+    what the split uses (:func:`ntp_opt.rules.power.trim_powers` with each
+    replica's need ``b_r (1 + rho) / theta``: the same goodput, no power
+    spent on a replica beyond its batch). Only the slow replicas'
     stages go through the first boost; the stages' slowest speeds are read
     once for the boosts and the splits.
 
@@ -418,13 +454,13 @@ def reboost_layout(
     top = float((base * stages.stage_min(instance.max_multiplier) ** job.power_exponent).min())
     ub_floor = _bound(job, np.maximum(at_one, top / job.seq_time_s), tp, memo)
 
-    def slow_boost() -> tuple[np.ndarray, tuple[float, tuple[int, ...]] | None]:
+    def slow_boost() -> tuple[np.ndarray, tuple[float, tuple[int, ...], float] | None]:
         pw, _ = boost_stages(
             instance, stages, tp, ones, slow, rack_room, site_room, steps=50, memo=memo
         )
         return pw, _split(instance, layout, pw, slowest, memo)
 
-    def floor_boost() -> tuple[np.ndarray, tuple[float, tuple[int, ...]] | None]:
+    def floor_boost() -> tuple[np.ndarray, tuple[float, tuple[int, ...], float] | None]:
         pw = boost_floor_stages(
             instance, stages, tp, rack_room, site_room, slowest=slowest, memo=memo
         )
@@ -442,17 +478,19 @@ def reboost_layout(
         if ub_floor > bar and not (g is not None and g[0] >= ub_floor):
             got_floor = floor_boost()
     tries = [got for got in (got_slow, got_floor) if got is not None]
-    best: tuple[float, np.ndarray, tuple[int, ...]] | None = None
+    best: tuple[float, np.ndarray, tuple[int, ...], float] | None = None
     for powers, got in tries:
         if (
             got is not None
             and got[0] > value * (1 + FLOAT_NOISE)
             and (best is None or got[0] > best[0])
         ):
-            best = (got[0], powers, got[1])
+            best = (got[0], powers, got[1], got[2])
     if best is None:
         return None
-    _, powers, batches = best
+    _, powers, batches, theta = best
+    # boost a replica only as far as the split uses it
+    powers = _trimmed(instance, layout, stages, powers, batches, theta, slowest)
     pp = job.pp
     pw_l = powers.tolist()
     reps = []

@@ -8,8 +8,10 @@ migrate. Up to three plans are compared:
 * **local**: the running plan after the deterministic recourse of
   :func:`ntp_opt.recourse.adapt` (failed GPUs replaced from in-domain spares,
   degrees reduced, batches re-split), with its power boosts redone by
-  :func:`reboost` when recourse reset them or speeds changed. It moves only
-  the GPUs the events force to move.
+  :func:`reboost` when recourse reset them, speeds changed, or (``fixed``
+  batch) a replica's degree dropped: every replica then carries its share
+  of the batch at that replica's pace. It moves only the GPUs the events
+  force to move.
 * **swap**: the local plan improved by a few stage swaps around the replicas
   the events touched (:func:`ntp_opt.swaps.improve`): a damaged domain joins
   an already reduced replica, a spare domain comes in, a repaired replica
@@ -37,7 +39,9 @@ The local plan is made and checked in index space, on the running plan's
 :func:`ntp_opt.rules.validate.evaluate_layout`). :func:`replan` checks the
 plan it is given in full; a :class:`Replanner` keeps that check, the layout
 and the bound's multipliers (:class:`PlanState`) from one event to the next
-and updates the bound instead of searching it (``Replanned.bound_kind``).
+and updates the bound instead of searching it (``Replanned.bound_kind``;
+with a ``fixed`` batch the ``fixed`` refinement's speed bounds are kept and
+re-checked too, :attr:`PlanState.fixed`).
 The swap plan is made from the local plan's layout
 (:func:`~ntp_opt.planners.swaps.improve_layout`, which also returns the
 swap plan's own layout), re-boosted on that layout and checked once in index
@@ -66,6 +70,7 @@ from ntp_opt.model.topology.attrs import SPEED_MIN
 from ntp_opt.planners.exact.bounds import (
     DomainRows,
     DualPoints,
+    FixedSpeeds,
     domain_rows,
     domain_rows_after,
     stage_bound_at,
@@ -410,6 +415,12 @@ class PlanState:
         ``domain_rows(instance)`` (:mod:`ntp_opt.planners.exact.bounds`),
         kept with ``points``: an event recomputes the rows of the domains it
         touches only.
+    fixed
+        For a ``fixed`` job, the speed bounds of the bound's ``fixed``
+        refinement (:data:`~ntp_opt.planners.exact.bounds.FixedSpeeds`), kept
+        with ``points``: the incremental bound re-checks them instead of
+        searching them; ``None``: the incremental bound leaves the
+        refinement out.
     base
         What the next events are applied to: ``instance`` itself, or, when
         its graph is built, a twin sharing its arrays whose graph is built
@@ -432,6 +443,7 @@ class PlanState:
     evaluation: Evaluation
     points: DualPoints | None = None
     rows: DomainRows | None = None
+    fixed: FixedSpeeds | None = None
     base: Instance | None = None
     trays: Mapping[Hashable, int] | None = None
     memo: dict[Any, Any] | None = None
@@ -564,6 +576,12 @@ def _evaluate(instance: Instance, plan: Plan, layout: Layout, check_mode: str) -
     return ev
 
 
+def _degree_dropped(before: Layout, after: Layout) -> bool:
+    """Does ``after`` (recourse's layout) run fewer GPUs per stage than ``before``
+    in total, i.e. did recourse reduce a degree or drop a replica?"""
+    return int(after.degree.sum()) < int(before.degree.sum())
+
+
 def _step(
     state: PlanState,
     evs: list[ClusterEvent],
@@ -589,8 +607,13 @@ def _step(
     changed = (a.healthy != new_inst.arrays.healthy) | (a.speed != new_inst.arrays.speed)
     local, local_lay = recourse_layout(new_inst, plan, state.layout, failed_now, state.memo)
     local_ev = None
-    if local.metrics.get("reduced_power") or any(e.kind == "speed" for e in evs):
-        # recourse reset boosts, or speeds changed: redo the boosts
+    if (
+        local.metrics.get("reduced_power")
+        or any(e.kind == "speed" for e in evs)
+        or (new_inst.job.batch_policy == "fixed" and _degree_dropped(state.layout, local_lay))
+    ):
+        # recourse reset boosts, speeds changed, or (fixed batch) a replica runs at a
+        # lower degree, which sets the whole job's pace: redo the boosts
         keep = local.metrics["goodput"]  # the exact split at recourse's multipliers
         boosted = reboost_layout(
             new_inst, local, local_lay, keep if local.replicas else None, state.memo
@@ -604,17 +627,21 @@ def _step(
         if not local_ev.feasible:
             raise PlanError(list(local_ev.violations))
     bound, points, rows, bound_kind = math.inf, state.points, None, "skipped"
+    fixed: FixedSpeeds | None = state.fixed
     if want_bound and points is not None and state.rows is not None:
         # the incremental bound: the dual at the last full bound's multipliers
         # (valid for any multipliers); enough whenever it settles the choice
         touched_d = sorted({int(a.gpu_domain[i]) for i in np.flatnonzero(changed)})
         rows = domain_rows_after(new_inst, state.rows, touched_d)
-        bound, bound_kind = stage_bound_at(new_inst, points, rows), "incremental"
+        fixed = {} if state.fixed is not None else None
+        bound = stage_bound_at(new_inst, points, rows, state.fixed, fixed)
+        bound_kind = "incremental"
         if mode == "auto" and local_ev.goodput < bound * (1 - tolerance):
             bound_kind = "skipped"  # undecided: the full bound decides, as without a state
     if want_bound and bound_kind == "skipped":
         rows = domain_rows(new_inst) if rows is None else rows
-        (bound, points), bound_kind = stage_bound_point(new_inst, rows), "computed"
+        fixed = {} if new_inst.job.batch_policy == "fixed" else None
+        (bound, points), bound_kind = stage_bound_point(new_inst, rows, fixed), "computed"
     before = state.assignment
     healthy = new_inst.arrays.healthy
 
@@ -738,7 +765,7 @@ def _step(
         details=details,
         bound_kind=bound_kind,
         state=PlanState(
-            new_inst, chosen, lay, ev, points, rows, trays=state.trays, memo=state.memo
+            new_inst, chosen, lay, ev, points, rows, fixed, trays=state.trays, memo=state.memo
         ),
     )
 
@@ -846,8 +873,9 @@ class Replanner:
         state = PlanState.checked(instance, plan)
         if self.bound:  # the multipliers and rows the events' bounds start from
             rows = domain_rows(instance)
-            points = stage_bound_point(instance, rows)[1]
-            state = dataclasses.replace(state, points=points, rows=rows)
+            fixed: FixedSpeeds | None = {} if instance.job.batch_policy == "fixed" else None
+            points = stage_bound_point(instance, rows, fixed)[1]
+            state = dataclasses.replace(state, points=points, rows=rows, fixed=fixed)
         self.state = state
 
     @property

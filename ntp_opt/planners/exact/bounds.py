@@ -178,13 +178,21 @@ def stage_bound(instance: Instance, only: tuple[int, ...] | None = None) -> floa
 DualPoints = dict[tuple[int, ...], tuple[float, float]]
 """Per case of :func:`stage_bound` (its degrees), multipliers ``(lambda, mu)``."""
 
+FixedSpeeds = dict[tuple[int, ...], dict[int, float]]
+"""Per case of :func:`stage_bound` (its degrees), the ``fixed`` refinement's speed
+bounds ``u_k`` by rank ``k`` (a speed at which ``k`` replicas cannot all run:
+valid for any later instance that it still does not fit)."""
+
 
 def stage_bound_point(
-    instance: Instance, rows: DomainRows | None = None
+    instance: Instance, rows: DomainRows | None = None, fixed: FixedSpeeds | None = None
 ) -> tuple[float, DualPoints]:
     """:func:`stage_bound`, and per case the multipliers whose dual gave its value.
 
-    ``rows``: ``domain_rows(instance)``, when known.
+    ``rows``: ``domain_rows(instance)``, when known. ``fixed``: receives, for
+    a ``fixed`` job, the speed bounds of the refinement per case where it
+    was computed (:func:`stage_bound_at` starts from them); the value is the
+    same with or without it.
 
     Returns
     -------
@@ -193,10 +201,16 @@ def stage_bound_point(
         :func:`stage_bound_at` takes.
     """
     points: DualPoints = {}
-    return _stage_bound(instance, record=points, rows_in=rows), points
+    return _stage_bound(instance, record=points, rows_in=rows, fixed_out=fixed), points
 
 
-def stage_bound_at(instance: Instance, points: DualPoints, rows: DomainRows | None = None) -> float:
+def stage_bound_at(
+    instance: Instance,
+    points: DualPoints,
+    rows: DomainRows | None = None,
+    fixed: FixedSpeeds | None = None,
+    fixed_out: FixedSpeeds | None = None,
+) -> float:
     """A valid upper bound from given multipliers: no search (re-planning's incremental bound).
 
     Every ``(lambda, mu) >= 0`` gives a bound (:func:`stage_bound`), so the
@@ -217,12 +231,24 @@ def stage_bound_at(instance: Instance, points: DualPoints, rows: DomainRows | No
     rows
         ``domain_rows(instance)``, when known (re-planning keeps them up to
         date with :func:`domain_rows_after`).
+    fixed
+        For a ``fixed`` job, speed bounds of the ``fixed`` refinement kept
+        from an earlier instance (:func:`stage_bound_point`, or ``fixed_out``
+        of an earlier call): with them the refinement is added without its
+        search. Each kept ``u_k`` is re-checked on ``instance`` at a few
+        speeds around it (``u_k (1 +- 1e-6 .. 1e-3)``, all at once); where
+        one fits and the next does not, the latter is this instance's bound
+        for rank ``k`` (the fit only gets harder as the speed grows); a rank
+        the steps do not bracket is bisected as usual. ``None``: the
+        refinement is left out, as before.
+    fixed_out
+        Receives the speed bounds used (to pass as ``fixed`` next time).
 
     Returns
     -------
     float
     """
-    return _stage_bound(instance, at=points, rows_in=rows)
+    return _stage_bound(instance, at=points, rows_in=rows, fixed_in=fixed, fixed_out=fixed_out)
 
 
 @dataclass(frozen=True, eq=False)
@@ -357,10 +383,14 @@ def _stage_bound(
     at: DualPoints | None = None,
     rows_in: DomainRows | None = None,
     only: tuple[int, ...] | None = None,
+    fixed_in: FixedSpeeds | None = None,
+    fixed_out: FixedSpeeds | None = None,
 ) -> float:
     """:func:`stage_bound`; ``record`` receives each case's multipliers, ``at`` gives
     them; ``rows_in``: the instance's :func:`domain_rows`, when known; ``only``: one
-    case's degrees."""
+    case's degrees; ``fixed_in`` / ``fixed_out``: the ``fixed`` refinement's speed
+    bounds kept / used (:func:`stage_bound_at`; with ``at``, ``fixed_in`` adds the
+    refinement)."""
     job = instance.job
     a = instance.arrays
     alpha = job.power_exponent
@@ -433,9 +463,34 @@ def _stage_bound(
         if job.batch_policy == "fixed" and case > best and at is None:
             if fixed is None:
                 fixed = _fixed_case_bound(
-                    job, degrees, factor, replicas, *classes, counts, room, hi
+                    job,
+                    degrees,
+                    factor,
+                    replicas,
+                    *classes,
+                    counts,
+                    room,
+                    hi,
+                    out=None if fixed_out is None else fixed_out.setdefault(degrees, {}),
                 )
             case = min(case, fixed)
+        elif job.batch_policy == "fixed" and case > best and fixed_in is not None:
+            # re-planning: the refinement from the kept speed bounds (valid)
+            case = min(
+                case,
+                _fixed_case_bound(
+                    job,
+                    degrees,
+                    factor,
+                    replicas,
+                    *classes,
+                    counts,
+                    room,
+                    hi,
+                    kept=fixed_in.get(degrees, {}),
+                    out=None if fixed_out is None else fixed_out.setdefault(degrees, {}),
+                ),
+            )
         best = max(best, case)
     return float(best)
 
@@ -553,6 +608,11 @@ def _masked_row_sums(on: np.ndarray, *xs: np.ndarray) -> list[np.ndarray]:
     return outs
 
 
+_FIXED_LADDER = (-1e-3, -1e-4, -1e-5, -1e-6, 0.0, 1e-6, 1e-5, 1e-4, 1e-3)
+"""Relative steps around a kept speed bound at which :func:`_fixed_case_bound`
+re-checks it (ascending)."""
+
+
 def _fixed_case_bound(
     job: Job,
     degrees: tuple[int, ...],
@@ -565,6 +625,9 @@ def _fixed_case_bound(
     counts: np.ndarray,
     room: float,
     hi: np.ndarray,
+    *,
+    kept: dict[int, float] | None = None,
+    out: dict[int, float] | None = None,
 ) -> float:
     """Bound for the ``fixed`` policy from the speed of the ``k``-th fastest replica.
 
@@ -578,6 +641,15 @@ def _fixed_case_bound(
     stage (``t``-th fastest speed, ``t`` smallest TDPs); a domain with room
     for several stages offers ``h // min(degrees)`` stages at its fastest
     speed and smallest TDP (an over-estimate, so still valid).
+
+    ``kept``: speed bounds ``u_k`` from an earlier instance (re-planning); each
+    is re-checked at :data:`_FIXED_LADDER` around it instead of bisected:
+    where a step fits and the next does not, the latter bounds ``v_(k)``
+    (fitting only gets harder as ``tau`` grows); a rank the steps do not
+    bracket is bisected. The step time is then solved directly, a hair low
+    (:func:`_carry_time`, :data:`_CARRY_MARGIN`): the value may exceed the
+    searched one by about ``1e-12``, never fall below what is valid. ``out``
+    receives the ``u_k`` used.
     """
     alpha = job.power_exponent
     idle = job.idle_power_fraction
@@ -685,14 +757,39 @@ def _fixed_case_bound(
         {2**i for i in range(replicas.bit_length())}
         | set(range(max(1, replicas - 16), replicas + 1))
     )
-    u_grid = dict(zip(grid, u_many(grid), strict=True))
+    u_grid: dict[int, float] = {}
+    if kept:
+        # re-check each kept bound at a few speeds around it, every rank at once
+        ks = [k for k in grid if kept.get(k, 0.0) > 0.0]
+        if ks:
+            taus = np.array([kept[k] * (1.0 + d) for k in ks for d in _FIXED_LADDER])
+            ns = np.repeat(np.array(ks, dtype=float) * job.pp, len(_FIXED_LADDER))
+            no = np.logical_not(feasible_many(taus, ns)).reshape(len(ks), len(_FIXED_LADDER))
+            first = no.argmax(axis=1)  # the ladder ascends: the first speed that does not fit
+            at_tau = taus.reshape(len(ks), len(_FIXED_LADDER))[np.arange(len(ks)), first]
+            # decided where a step fits and a higher one does not (tight within a
+            # step); where even the lowest does not fit, the bound fell: bisected
+            decided: list[bool] = (no.any(axis=1) & (first > 0)).tolist()
+            for k, ok, tau in zip(ks, decided, at_tau.tolist(), strict=True):
+                if ok:  # no stage runs faster than ``top`` either
+                    u_grid[k] = min(tau, top)
+    rest = [k for k in grid if k not in u_grid]
+    if rest:
+        u_grid.update(zip(rest, u_many(rest), strict=True))
+    if out is not None:
+        out.clear()
+        out.update(u_grid)
     ranks = np.arange(1, replicas + 1)
-    at = np.array([max(g for g in grid if g <= k) for k in ranks])
-    u_rank = np.array([u_grid[int(k)] for k in at]) / job.seq_time_s  # sequences per second
+    # per rank, the largest grid point at or below it
+    at = np.searchsorted(np.array(grid), ranks, side="right") - 1
+    u_rank = np.array([u_grid[k] for k in grid])[at] / job.seq_time_s  # sequences per second
     b_max = min(job.local_batch_max, job.global_batch)
     big_b = job.global_batch
     if b_max * int((u_rank > 0).sum()) < big_b:
         return 0.0  # no replica set can carry B: the job pauses
+
+    if kept is not None:  # re-planning: the step time solved directly, a hair low (valid)
+        return big_b / (_carry_time(u_rank / factor, b_max, big_b) * (1.0 - _CARRY_MARGIN))
 
     def carried(theta: float) -> float:
         return float(np.minimum(b_max, theta * u_rank / factor).sum())
@@ -707,6 +804,23 @@ def _fixed_case_bound(
         else:
             lo = mid
     return big_b / lo if lo > 0 else math.inf
+
+
+_CARRY_MARGIN = 1e-12
+"""Relative amount :func:`_fixed_case_bound` takes off the step time it solves
+directly (far above its rounding): the bound stays above the exact one."""
+
+
+def _carry_time(w: np.ndarray, b_max: int, big_b: int) -> float:
+    """The least ``theta`` with ``sum_r min(b_max, theta w_r) >= big_b`` (``w >= 0``,
+    ``b_max * (w > 0).sum() >= big_b``), solved on the breakpoints ``b_max / w_r``."""
+    w = np.sort(w[w > 0])[::-1]
+    t = b_max / w  # breakpoints, ascending
+    tail = np.concatenate((np.cumsum(w[::-1])[::-1][1:], [0.0]))  # sum of w_j, j > i
+    carried = b_max * np.arange(1, len(w) + 1) + t * tail
+    i = int(np.argmax(carried >= big_b))  # the first breakpoint that carries B
+    # between breakpoints i - 1 and i: the first i replicas saturated
+    return float((big_b - b_max * i) / w[i:].sum())
 
 
 def _case_bound(
