@@ -300,9 +300,14 @@ class _Search:
         if generated is not None:
             got = master.lower
             up = max(got, master.upper)
-            if got < up and (target is None or got < target <= up):
-                # the generated columns leave C open where the search needs it: the
-                # full program settles it (or at least tightens the bounds)
+            # the generated columns leave C open where the search needs it, or (the
+            # descent) its upper bound lowers the level by less than the gap, where the
+            # descent would creep down one level per program: the full program settles
+            # it (or at least tightens the bounds)
+            creeping = descent and target is not None and 0 < got < up < target
+            if got < up and (
+                target is None or got < target <= up or (creeping and target - up < up - got)
+            ):
                 full_cap, settled_sol, settled = self._settle(theta, degrees, got, up)
                 if full_cap is not None:
                     cap = full_cap
