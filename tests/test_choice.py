@@ -16,10 +16,11 @@ from hypothesis import strategies as st
 
 from ntp_opt import Instance, Job, solve, validate
 from ntp_opt.model import topology
-from ntp_opt.planners.exact import choice
+from ntp_opt.planners.exact import choice, search
 from ntp_opt.planners.exact.backends import available_backends, solve_program
 from ntp_opt.planners.exact.colgen import ColumnGeneration, column_generation_available
 from ntp_opt.planners.exact.model import (
+    NoClusterGraph,
     build_capacity,
     domain_configs,
     iter_stages,
@@ -362,7 +363,27 @@ def test_rack_relaxed_merges_the_racks_of_a_spanning_domain():
     assert m.rack_budget.sum() == pytest.approx(a.rack_budget.sum())
     assert m.rack_budget[m.gpu_rack[0]] == pytest.approx(a.rack_budget.sum())
     assert "spans racks" not in prepare(merged).inexact
+    with pytest.raises(NoClusterGraph):  # its graph would not match its arrays
+        _ = merged.cluster
     # racks not spanned by a domain stay as they are
     job = Job(tp=2, pp=1, dp=2, global_batch=2)
     one_rack = Instance("one", topology.build_cluster(2, 4, 1, 4), job)
     assert rack_relaxed(prepare(one_rack)) is None
+
+
+def test_rack_merged_relaxation_without_a_graph_is_no_proof(monkeypatch):
+    # a warm start that reads the cluster graph (the merged instance has none): the
+    # relaxation gives no bound, and the search still returns its plan, unproven
+    monkeypatch.setattr(choice, "MAX_STATES", 0)
+    real = search.baselines.ntp_pw
+
+    def reads_graph(instance):  # type: ignore[no-untyped-def]
+        _ = instance.cluster
+        return real(instance)
+
+    monkeypatch.setattr(search.baselines, "ntp_pw", reads_graph)
+    inst = choice_instance(0)
+    res = solve_exact(inst, time_limit=HANG_GUARD)
+    assert not res.proven and res.limit == "unsettled"
+    assert any("needs the cluster graph" in line for line in res.log)
+    assert validate(inst, res.plan) == []

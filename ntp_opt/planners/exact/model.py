@@ -81,6 +81,10 @@ class ModelTooLarge(RuntimeError):
     """The exact model would need more configurations than :data:`MAX_CONFIGS`."""
 
 
+class NoClusterGraph(RuntimeError):
+    """The cluster graph of a :func:`rack_relaxed` instance was asked for (it has none)."""
+
+
 class DeadlineReached(RuntimeError):
     """The caller's deadline passed while a capacity program was being built."""
 
@@ -355,8 +359,9 @@ def rack_relaxed(prep: Prepared) -> Instance | None:
     Returns
     -------
     Instance or None
-        The merged instance (its cluster graph is not available: the planners
-        read :attr:`~ntp_opt.model.instance.Instance.arrays` only).
+        The merged instance. Its cluster graph is not available (the exact
+        planner reads :attr:`~ntp_opt.model.instance.Instance.arrays` only):
+        reading it raises :class:`NoClusterGraph`.
     """
     a = prep.instance.arrays
     rack_map = np.arange(len(a.rack_ids), dtype=np.int64)
@@ -381,7 +386,7 @@ def rack_relaxed(prep: Prepared) -> Instance | None:
     arrays = dataclasses.replace(a, gpu_rack=gpu_rack, rack_budget=budget)
 
     def no_graph() -> Any:
-        raise RuntimeError("the rack-merged relaxation has no cluster graph")
+        raise NoClusterGraph("the rack-merged relaxation has no cluster graph")
 
     inst = prep.instance
     return Instance.from_arrays(inst.name, arrays, inst.job, dict(inst.meta), no_graph)

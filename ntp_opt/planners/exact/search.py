@@ -51,6 +51,7 @@ from ntp_opt.planners.exact.model import (
     Capacity,
     DeadlineReached,
     ModelTooLarge,
+    NoClusterGraph,
     Prepared,
     StagePick,
     build_capacity,
@@ -1327,19 +1328,23 @@ def _relaxed_bound(
     # the relaxation's incumbents are not plans of the instance: no reports, the
     # caller's cancel token only
     control = None if s.control is None else Control("relaxed", cancel=s.control.cancel)
-    out = solve_exact(
-        relaxed,
-        s.backend,
-        time_limit=remaining,
-        threads=s.threads,
-        seed=s.seed,
-        initial_plan=s.best_plan,
-        log=s.keep_log,
-        control=control,
-        report_bounds=False,
-        theta_search=theta_search,
-        relax_racks=False,
-    )
+    try:
+        out = solve_exact(
+            relaxed,
+            s.backend,
+            time_limit=remaining,
+            threads=s.threads,
+            seed=s.seed,
+            initial_plan=s.best_plan,
+            log=s.keep_log,
+            control=control,
+            report_bounds=False,
+            theta_search=theta_search,
+            relax_racks=False,
+        )
+    except NoClusterGraph:  # a warm start that reads the graph: no proof, no failure
+        s.note("racks merged per power unit: a warm start needs the cluster graph")
+        return None
     s.evaluations += int(out.stats["evaluations"])
     value = float(out.stats["goodput"])
     bound = math.inf if out.bound is None else float(out.bound)
