@@ -16,16 +16,19 @@ from hypothesis import strategies as st
 
 from ntp_opt import Instance, Job, solve, validate
 from ntp_opt.model import topology
-from ntp_opt.planners.exact import choice
+from ntp_opt.planners.exact import choice, search
 from ntp_opt.planners.exact.backends import available_backends, solve_program
 from ntp_opt.planners.exact.colgen import ColumnGeneration, column_generation_available
 from ntp_opt.planners.exact.model import (
+    NoClusterGraph,
     build_capacity,
     domain_configs,
     iter_stages,
     level_floor,
     prepare,
+    rack_relaxed,
 )
+from ntp_opt.planners.exact.search import solve_exact
 from tests.helpers import HANG_GUARD
 
 from .bruteforce import brute_force
@@ -314,3 +317,73 @@ def test_remembered_pairs_list_as_a_fresh_domain():
         prep.choice[d] = cd
         assert got == want
     assert cd._pairs  # the listing did remember pairs
+
+
+@pytest.mark.parametrize("seed", range(36))
+def test_rack_merged_relaxation_proves_only_the_optimum(seed, monkeypatch):
+    # the exact choice refused everywhere (fastest-first): a proof can only come from
+    # the rack-merged relaxation, and it must hold against the brute force
+    monkeypatch.setattr(choice, "MAX_STATES", 0)
+    inst = choice_instance(seed)
+    best, _ = brute_force(inst)
+    res = solve(inst, "optimal", time_limit=HANG_GUARD)
+    assert validate(inst, res.plan) == []
+    assert res.bound is not None and res.bound >= best * (1 - 1e-9)
+    assert res.objective <= best * (1 + 1e-9)
+    if res.status == "optimal":
+        assert res.objective == pytest.approx(best, rel=1e-6, abs=1e-12)
+    else:
+        assert res.limit in ("unsettled", "time_limit")
+
+
+@pytest.mark.parametrize("seed", [0, 3, 6, 12, 15, 30, 33])
+def test_rack_merged_relaxation_settles_fastest_first(seed, monkeypatch):
+    # fastest-first finds the optimum but cannot prove it (its model is not exact
+    # across racks); the search on the rack-merged instance proves it
+    monkeypatch.setattr(choice, "MAX_STATES", 0)
+    inst = choice_instance(seed)
+    assert "spans racks" in prepare(inst).inexact
+    best, _ = brute_force(inst)
+    old = solve_exact(inst, time_limit=HANG_GUARD, relax_racks=False)
+    assert not old.proven and old.limit == "unsettled"
+    new = solve_exact(inst, time_limit=HANG_GUARD)
+    assert new.proven and new.limit == "none"
+    assert any("racks merged" in line for line in new.log)
+    assert new.stats["goodput"] == pytest.approx(best, rel=1e-6, abs=1e-12)
+    assert new.bound is not None and best * (1 - 1e-9) <= new.bound <= best * (1 + 1e-6)
+
+
+def test_rack_relaxed_merges_the_racks_of_a_spanning_domain():
+    inst = choice_instance(0)  # one domain of 8 GPUs over two racks
+    prep = prepare(inst)
+    merged = rack_relaxed(prep)
+    assert merged is not None
+    a, m = inst.arrays, merged.arrays
+    assert len(set(a.gpu_rack.tolist())) == 2 and len(set(m.gpu_rack.tolist())) == 1
+    assert m.rack_budget.sum() == pytest.approx(a.rack_budget.sum())
+    assert m.rack_budget[m.gpu_rack[0]] == pytest.approx(a.rack_budget.sum())
+    assert "spans racks" not in prepare(merged).inexact
+    with pytest.raises(NoClusterGraph):  # its graph would not match its arrays
+        _ = merged.cluster
+    # racks not spanned by a domain stay as they are
+    job = Job(tp=2, pp=1, dp=2, global_batch=2)
+    one_rack = Instance("one", topology.build_cluster(2, 4, 1, 4), job)
+    assert rack_relaxed(prepare(one_rack)) is None
+
+
+def test_rack_merged_relaxation_without_a_graph_is_no_proof(monkeypatch):
+    # a warm start that reads the cluster graph (the merged instance has none): the
+    # relaxation gives no bound, and the search still returns its plan, unproven
+    monkeypatch.setattr(choice, "MAX_STATES", 0)
+    real = search.baselines.ntp_pw
+
+    def reads_graph(instance):  # type: ignore[no-untyped-def]
+        _ = instance.cluster
+        return real(instance)
+
+    monkeypatch.setattr(search.baselines, "ntp_pw", reads_graph)
+    inst = choice_instance(0)
+    res = solve_exact(inst, time_limit=HANG_GUARD)
+    assert not res.proven and res.limit == "unsettled"
+    assert any("needs the cluster graph" in line for line in res.log)
+    assert validate(inst, res.plan) == []

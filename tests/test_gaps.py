@@ -379,3 +379,43 @@ def test_dgx256_elastic_is_proven():
     assert res.objective >= solve(inst, "ntp-pw").objective * (1 - 1e-12)
     assert res.bound is not None and res.bound >= res.objective
     assert evaluate(inst, res.plan).feasible
+
+
+@needs_colgen
+@pytest.mark.parametrize("seed", UNRESOLVED_SEEDS[:4])
+def test_descent_settles_a_program_that_would_creep(seed, monkeypatch):
+    # issue 32 (4,096 DGX GPUs, elastic): the generated program at each step time of
+    # the descent was left open by 2-10 with an upper bound one below the level asked,
+    # so the descent lowered its level by one per program. Where an open program's
+    # upper bound lowers the level by less than its gap, the full program settles it.
+    from ntp_opt.planners.exact import colgen
+
+    inst = exact_instance(seed)
+    prep = prepare(inst)
+    degrees = inst.job.allowed
+    theta = search._theta_range(prep, degrees)[1]
+    direct = solve_program(build_capacity(prep, theta, degrees).program, "highs", threads=1)
+    assert direct.status == "optimal" and direct.objective
+    c = int(direct.objective)
+    real = colgen.ColumnGeneration.solve
+
+    def loose(self, theta, *args, **kwargs):  # type: ignore[no-untyped-def]
+        kwargs.pop("target", None)  # (else a target above the LP bound gets no solution)
+        out = real(self, theta, *args, **kwargs)
+        assert out.lower == c  # the generated program finds the optimum itself
+        return dataclasses.replace(out, upper=c + 5)  # a valid, looser bound
+
+    monkeypatch.setattr(colgen.ColumnGeneration, "solve", loose)
+    monkeypatch.setattr(search, "FULL_HIGHS_VARS", 0)  # generated programs throughout
+    start = search.baselines.dp_drop(inst)
+
+    def oracle(target: int) -> tuple[int, int]:
+        s = search._Search(prep, "cpsat", None, 1, 0, True, start, -1.0)
+        gen = search.column_generation_for(prep, degrees, theta)
+        assert gen is not None
+        s.colgen[degrees] = gen
+        lower, upper, _ = s.capacity(theta, degrees, target, descent=True)
+        return lower, upper
+
+    assert oracle(c + 6) == (c, c)  # would lower the level by 1 with a gap of 5: settled
+    assert oracle(c + 20) == (c, c + 5)  # lowers it by 15: the bound is enough

@@ -45,11 +45,12 @@ the capacity bound, not as optimal (:attr:`Prepared.inexact` says why).
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -78,6 +79,10 @@ MW = 1000.0
 
 class ModelTooLarge(RuntimeError):
     """The exact model would need more configurations than :data:`MAX_CONFIGS`."""
+
+
+class NoClusterGraph(RuntimeError):
+    """The cluster graph of a :func:`rack_relaxed` instance was asked for (it has none)."""
 
 
 class DeadlineReached(RuntimeError):
@@ -331,6 +336,60 @@ def prepare(instance: Instance) -> Prepared:
         inexact=inexact,
         choice=choice,
     )
+
+
+def rack_relaxed(prep: Prepared) -> Instance | None:
+    """The instance with the racks of every power unit that holds a domain spanning
+    racks merged into one rack whose budget is their sum (``None``: no such unit).
+
+    Every plan of the instance is a plan of the merged one with the same goodput
+    (racks enter only through their power budgets, and a merged rack's draw is the
+    sum of the draws its budget sums), so the merged instance's optimum bounds the
+    instance's. Its domains lie in one rack each, where fastest-first needs no
+    exact GPU choice for the rack split (:attr:`Prepared.inexact`): where their
+    GPUs also share one TDP and caps that agree with speeds, the exact search
+    proves the merged optimum, and with it a bound on an instance whose own
+    model is not exact.
+
+    Parameters
+    ----------
+    prep
+        From :func:`prepare`.
+
+    Returns
+    -------
+    Instance or None
+        The merged instance. Its cluster graph is not available (the exact
+        planner reads :attr:`~ntp_opt.model.instance.Instance.arrays` only):
+        reading it raises :class:`NoClusterGraph`.
+    """
+    a = prep.instance.arrays
+    rack_map = np.arange(len(a.rack_ids), dtype=np.int64)
+    budget = a.rack_budget.astype(float).copy()
+    merged = False
+    for unit in prep.units:
+        if len(unit.racks) < 2:
+            continue
+        if not any(len(set(prep.domains[d].rack_pos.tolist())) > 1 for d in unit.domains):
+            continue
+        first = unit.racks[0]
+        budget[first] = float(sum(a.rack_budget[r] for r in unit.racks))
+        for r in unit.racks[1:]:
+            rack_map[r] = first
+            budget[r] = 0.0  # no GPU left in it
+        merged = True
+    if not merged:
+        return None
+    gpu_rack = rack_map[a.gpu_rack]
+    gpu_rack.setflags(write=False)
+    budget.setflags(write=False)
+    arrays = dataclasses.replace(a, gpu_rack=gpu_rack, rack_budget=budget)
+
+    def no_graph() -> Any:
+        raise NoClusterGraph("the rack-merged relaxation has no cluster graph")
+
+    inst = prep.instance
+    return Instance.from_arrays(inst.name, arrays, inst.job, dict(inst.meta), no_graph)
 
 
 @dataclass(frozen=True)

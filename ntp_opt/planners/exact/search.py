@@ -38,7 +38,7 @@ from ntp_opt.model.instance import Instance
 from ntp_opt.model.layout import Layout
 from ntp_opt.model.plan import Plan
 from ntp_opt.planners import heuristics as baselines
-from ntp_opt.planners.base import Outcome, stop_limit
+from ntp_opt.planners.base import Limit, Outcome, stop_limit
 from ntp_opt.planners.exact.backends import solve_or_highs, solve_program
 from ntp_opt.planners.exact.backends.common import BackendUnavailable
 from ntp_opt.planners.exact.backends.common import prepare as normalise_program
@@ -51,12 +51,14 @@ from ntp_opt.planners.exact.model import (
     Capacity,
     DeadlineReached,
     ModelTooLarge,
+    NoClusterGraph,
     Prepared,
     StagePick,
     build_capacity,
     iter_stages,
     level_floor,
     prepare,
+    rack_relaxed,
     tighten,
 )
 from ntp_opt.planners.exact.program import IntProgram, IntSolution
@@ -299,9 +301,14 @@ class _Search:
         if generated is not None:
             got = master.lower
             up = max(got, master.upper)
-            if got < up and (target is None or got < target <= up):
-                # the generated columns leave C open where the search needs it: the
-                # full program settles it (or at least tightens the bounds)
+            # the generated columns leave C open where the search needs it, or (the
+            # descent) its upper bound lowers the level by less than the gap, where the
+            # descent would creep down one level per program: the full program settles
+            # it (or at least tightens the bounds)
+            creeping = descent and target is not None and 0 < got < up < target
+            if got < up and (
+                target is None or got < target <= up or (creeping and target - up < up - got)
+            ):
                 full_cap, settled_sol, settled = self._settle(theta, degrees, got, up)
                 if full_cap is not None:
                     cap = full_cap
@@ -1081,6 +1088,7 @@ def solve_exact(
     control: Control | None = None,
     report_bounds: bool = True,
     theta_search: str = "descent",
+    relax_racks: bool = True,
 ) -> Outcome:
     """Maximise goodput exactly (to :data:`REL_TOL`) with the given backend.
 
@@ -1111,6 +1119,12 @@ def solve_exact(
         level of the capacity, :func:`_descend`) or ``"bnb"`` (the earlier
         best-first branch and bound over step-time intervals). Both prove the
         same optimum; ``fixed`` ignores it.
+    relax_racks
+        Where the model is not exact (:attr:`~ntp_opt.planners.exact.model.Prepared.inexact`,
+        e.g. a domain spanning racks with too many rack splits to list) but the
+        search proved its plan optimal within the model, prove it against every
+        plan by the same search on the rack-merged relaxation
+        (:func:`~ntp_opt.planners.exact.model.rack_relaxed`) in the time left.
 
     Returns
     -------
@@ -1146,6 +1160,7 @@ def solve_exact(
             control=control,
             report_bounds=False,  # a bound without boost is no bound with it
             theta_search=theta_search,
+            relax_racks=False,  # only its plan is used
         )
         if sub.plan is not None:  # always: the search returns a plan
             starts.insert(0, sub.plan)
@@ -1260,12 +1275,22 @@ def solve_exact(
     bound = max(bound, dropped)  # the cases left out by their bounds
     if left_out:
         bound = math.inf  # the search bounds cover the cases searched only
+    exact_model = not prep.inexact
     if prep.inexact:
+        settled = not (timed_out or interrupted or s.unproven or left_out)
+        model_bound = max(min(bound, s.global_bound), s.best_value)
         bound = math.inf  # the search bounds hold for fastest-first placements only
-        s.note(f"not proven optimal: {prep.inexact}", keep=log)
+        if settled and relax_racks and model_bound <= s.best_value * (1 + 2 * REL_TOL):
+            relaxed = _relaxed_bound(s, deadline, theta_search)
+            if relaxed is not None:
+                bound, exact_model, limit = relaxed
+                timed_out = limit is Limit.TIME
+                interrupted = limit is Limit.INTERRUPTED
+        if not exact_model:
+            s.note(f"not proven optimal: {prep.inexact}", keep=log)
     bound = max(min(bound, s.global_bound), s.best_value)
     proven = (
-        not prep.inexact
+        exact_model
         and not timed_out
         and not s.unproven
         and bound <= s.best_value * (1 + 2 * REL_TOL)
@@ -1282,6 +1307,52 @@ def solve_exact(
         stats={"goodput": s.best_value, "evaluations": s.evaluations},
         layout=_plan_layout(instance, s.best_plan, s.best_layout),
     )
+
+
+def _relaxed_bound(
+    s: _Search, deadline: float | None, theta_search: str
+) -> tuple[float, bool, Limit] | None:
+    """A bound on every plan from the rack-merged relaxation
+    (:func:`~ntp_opt.planners.exact.model.rack_relaxed`), searched with the time left
+    and the incumbent as its warm start: ``(bound, proven, limit)``, where ``proven``
+    says the relaxation's own model was exact and its search finished (then ``bound``
+    is its proven optimum), or ``None`` (no relaxation, or it is not exact either)."""
+    relaxed = rack_relaxed(s.prep)
+    if relaxed is None:
+        return None
+    if prepare(relaxed).inexact:
+        return None
+    remaining = None if deadline is None else deadline - time.perf_counter()
+    if remaining is not None and remaining <= 0.01:
+        return math.inf, False, Limit.TIME
+    # the relaxation's incumbents are not plans of the instance: no reports, the
+    # caller's cancel token only
+    control = None if s.control is None else Control("relaxed", cancel=s.control.cancel)
+    try:
+        out = solve_exact(
+            relaxed,
+            s.backend,
+            time_limit=remaining,
+            threads=s.threads,
+            seed=s.seed,
+            initial_plan=s.best_plan,
+            log=s.keep_log,
+            control=control,
+            report_bounds=False,
+            theta_search=theta_search,
+            relax_racks=False,
+        )
+    except NoClusterGraph:  # a warm start that reads the graph: no proof, no failure
+        s.note("racks merged per power unit: a warm start needs the cluster graph")
+        return None
+    s.evaluations += int(out.stats["evaluations"])
+    value = float(out.stats["goodput"])
+    bound = math.inf if out.bound is None else float(out.bound)
+    s.note(
+        f"racks merged per power unit (a relaxation): optimum {value:.9g}"
+        f"{'' if out.proven else ' not proven'}, bound {bound:.9g}, limit {out.limit.value}"
+    )
+    return bound, out.proven, out.limit
 
 
 def _plan_layout(instance: Instance, plan: Plan, layout: Layout | None) -> Layout | None:
