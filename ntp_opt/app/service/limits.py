@@ -2,9 +2,11 @@
 
 :class:`Limits` (request slots, body bytes, worker memory, deadlines, allowed
 hosts); :class:`Guard`, the middleware that checks the ``Host`` header and the
-declared ``Content-Length``; :func:`unsupported_media` (415 unless the body is
-sent as JSON); :func:`read_body`, which reads a body under its size cap and
-deadline (413, 408). See ``docs/service.md``.
+declared ``Content-Length``; then, per ``POST``: :func:`unsupported_media` (415
+unless the body is sent as JSON), :func:`reservation` (the body bytes to admit,
+413 over the cap), :func:`busy` (503 without room) and :func:`read_body`, which
+reads the body under its size cap and deadline (413, 408). See
+``docs/service.md``.
 """
 
 from __future__ import annotations
@@ -188,9 +190,9 @@ def reservation(request: Request, cap: int) -> int | None:
     """Body bytes to reserve before reading: the declared ``Content-Length`` (or ``cap``
     when none is declared); ``None`` when the declared length is over ``cap``."""
     declared = request.headers.get("content-length")
-    if declared is not None and declared.isdigit() and int(declared) > cap:
-        return None
-    return min(int(declared), cap) if declared and declared.isdigit() else cap
+    if declared is None or not declared.isdigit():
+        return cap
+    return int(declared) if int(declared) <= cap else None
 
 
 def busy(limits: Limits) -> Response:

@@ -105,9 +105,9 @@ def instance_from_dict(data: Any, source: str = "<instance>") -> Instance:
     The cluster's records are checked column by column and compiled straight
     into :attr:`Instance.arrays`; the NetworkX graph (:attr:`Instance.cluster`)
     is built from them when first read, so the instance keeps references to
-    ``data``'s node records until then (do not change them). Records
-    the column checks cannot prove valid take :func:`instance_from_dict_reference`,
-    whose errors name the node and the field.
+    ``data``'s node records until then (do not change them). Data the column
+    checks cannot prove valid (a wrong format or node count included) takes
+    :func:`instance_from_dict_reference`, whose errors name the node and the field.
 
     Parameters
     ----------
