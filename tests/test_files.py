@@ -181,7 +181,7 @@ def test_save_is_atomic(tmp_path, inst, monkeypatch):
     def boom(*_a, **_k):
         raise KeyboardInterrupt
 
-    monkeypatch.setattr("ntp_opt.model.files.os.replace", boom)
+    monkeypatch.setattr("ntp_opt.model.safeio.os.replace", boom)
     with pytest.raises(KeyboardInterrupt):
         save_instance(make_instance(name="other"), path)
     assert path.read_bytes() == before

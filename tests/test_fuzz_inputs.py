@@ -20,8 +20,15 @@ from hypothesis import strategies as st
 
 from ntp_opt import solve
 from ntp_opt.app.cli import main
-from ntp_opt.model import files
-from ntp_opt.model.files import InputError, instance_to_dict, load_instance, load_plan, plan_to_dict
+from ntp_opt.model.files import (
+    InputError,
+    caps,
+    instance_to_dict,
+    load_instance,
+    load_plan,
+    plan_to_dict,
+)
+from ntp_opt.model.files.safe_json import field_path
 from ntp_opt.planners import heuristics as baselines
 
 from .helpers import make_instance
@@ -96,7 +103,7 @@ def mutated(draw: st.DrawFn, base: dict, paths: list[tuple]) -> tuple[dict, tupl
 
 
 def _field(path: tuple) -> str:
-    return files._loc(path)
+    return field_path(path)
 
 
 def _load(loader, text: str, suffix: str = ".json"):
@@ -237,7 +244,7 @@ def test_ten_million_gpus_gzip_is_refused_fast(tmp_path):
 
 
 def test_node_cap_in_plain_file(tmp_path, monkeypatch):
-    monkeypatch.setattr(files, "MAX_NODES", 20)
+    monkeypatch.setattr(caps, "MAX_NODES", 20)
     p = tmp_path / "many.json"
     p.write_text(json.dumps(INST_DICT))
     err = _bounded(p, "cluster.nodes")

@@ -38,6 +38,7 @@ from hypothesis import strategies as st
 from ntp_opt.app.cli import main
 from ntp_opt.app.proctree import alive
 from ntp_opt.model import files
+from ntp_opt.model.files import caps, loaders, safe_json
 from ntp_opt.model.safeio import UnsafeTargetError, atomic_append, atomic_write, save_figure
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -220,9 +221,8 @@ def test_item1_atomic_write_keeps_old_content_on_error(tmp_path):
 # signal. No timing: the child blocks on stdin until it is signalled.
 _PAUSED_GEN = """
 import contextlib, sys
-import ntp_opt.model.files as files
 from ntp_opt import safeio
-from ntp_opt import files
+from ntp_opt.model.files import dump
 from ntp_opt.app.cli import main
 
 @contextlib.contextmanager
@@ -234,7 +234,7 @@ def paused(path, inputs=()):
         sys.stdin.readline()  # blocks until the test signals us
         yield fh
 
-files.atomic_open = paused
+dump.atomic_open = paused
 sys.exit(main(sys.argv[1:]))
 """
 
@@ -283,15 +283,16 @@ def _gz_stream(path: Path, head: bytes, unit: bytes, count: int, tail: bytes) ->
 @pytest.fixture
 def low_caps(monkeypatch):
     """Caps of a 1,000-node world; parsing itself must never be reached."""
-    monkeypatch.setattr(files, "MAX_NODES", 1000)
-    monkeypatch.setattr(files, "TOKENS_EXTRA", 0)
-    monkeypatch.setattr(files, "MAX_STRING_BYTES", 10_000)
-    monkeypatch.setattr(files, "MAX_FILE_BYTES", 2_000_000)
+    monkeypatch.setattr(caps, "MAX_NODES", 1000)
+    monkeypatch.setattr(caps, "TOKENS_EXTRA", 0)
+    monkeypatch.setattr(caps, "MAX_STRING_BYTES", 10_000)
+    monkeypatch.setattr(caps, "MAX_FILE_BYTES", 2_000_000)
 
     def no_parse(raw, source):
         raise AssertionError("the bomb reached the JSON parser")
 
-    monkeypatch.setattr(files, "_parse", no_parse)
+    monkeypatch.setattr(safe_json, "parse_checked", no_parse)
+    monkeypatch.setattr(loaders, "parse_checked", no_parse)
 
 
 HEAD = b'{"format": "ntp-opt/instance@1", "name": "x", "job": {}, "cluster": {"nodes": ['
@@ -349,8 +350,8 @@ def test_item4_node_count_checked_after_cheap_parse(tmp_path, monkeypatch):
     """Nodes counted on the parsed JSON, before pydantic or NetworkX see them."""
     data = json.loads(TINY.read_text())
     n = len(data["cluster"]["nodes"])
-    monkeypatch.setattr(files, "MAX_NODES", n - 1)
-    monkeypatch.setattr(files, "TOKENS_EXTRA", 10**6)  # let the stream scan pass
+    monkeypatch.setattr(caps, "MAX_NODES", n - 1)
+    monkeypatch.setattr(caps, "TOKENS_EXTRA", 10**6)  # let the stream scan pass
     for node in data["cluster"]["nodes"]:  # hide every "kind" key behind an escape
         node["\\u006bind"] = node.pop("kind")
     p = tmp_path / "escaped.json"
@@ -919,7 +920,7 @@ def test_item10_export_rank_file_stays_beside_the_config(tmp_path, plan_file):
 
 
 def test_item10_gen_refuses_what_could_not_be_loaded(tmp_path, capsys, monkeypatch):
-    monkeypatch.setattr(files, "MAX_NODES", 70)  # 64 GPUs + trays, domains, racks > 70
+    monkeypatch.setattr(caps, "MAX_NODES", 70)  # 64 GPUs + trays, domains, racks > 70
     assert main([*GEN, "-o", str(tmp_path / "x.json")]) == 2
     assert "an instance file holds at most 70" in _err(capsys)
     assert main(["gen", "--gpus", "96", "--tp", "8", "-o", str(tmp_path / "x.json")]) == 2

@@ -24,8 +24,7 @@ import pytest
 from ntp_opt.app.cli import main
 from ntp_opt.app.importers import compose, k8s, nvidia_smi
 from ntp_opt.app.importers.k8s import KubectlOutput, import_k8s, run_kubectl
-from ntp_opt.model import files
-from ntp_opt.model.files import InputError, load_instance
+from ntp_opt.model.files import InputError, caps, load_instance
 
 FIX = Path(__file__).parent / "fixtures" / "import"
 H100 = FIX / "h100-k8s"
@@ -577,7 +576,7 @@ def test_instance_node_cap_is_refused_at_import(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     # 8 hosts x 8 GPUs + 8 trays + 8 domains + 8 racks = 88 nodes; the cap lowered to 87
-    monkeypatch.setattr(files, "MAX_NODES", 87)
+    monkeypatch.setattr(caps, "MAX_NODES", 87)
     out = tmp_path / "h.json"
     refused(
         k8s_argv(out),
@@ -586,7 +585,7 @@ def test_instance_node_cap_is_refused_at_import(
         r"more than the 87 an instance file may hold",
         capsys,
     )
-    monkeypatch.setattr(files, "MAX_NODES", 88)
+    monkeypatch.setattr(caps, "MAX_NODES", 88)
     rc, _, err = run(k8s_argv(out), capsys)
     assert rc == 0, err
 

@@ -429,3 +429,46 @@ def _record_lists(draw, depth: int = 2):
 def test_dumps_indented_of_records_is_json_dumps(records, indent):
     for value in (records, {"replicas": records}, [records, records]):
         assert dumps_indented(value, indent) == json.dumps(value, indent=indent, allow_nan=False)
+
+
+@pytest.mark.parametrize(
+    ("mutate", "expected"),
+    [
+        (lambda d: [d], "bad.json: expected a JSON object, got list"),
+        (lambda d: {**d, "format": "ntp-opt/plan@1"}, "bad.json: format: expected"),
+        (lambda d: {k: v for k, v in d.items() if k != "format"}, "got None"),
+        (lambda d: {**d, "cluster": []}, "bad.json: cluster: Input should be"),
+        (lambda d: {**d, "name": ""}, "bad.json: name: String should have at least 1"),
+        (lambda d: d, None),
+    ],
+    ids=["not-object", "other-format", "no-format", "cluster-list", "bad-name", "valid"],
+)
+def test_format_and_head_errors_are_the_reference_ones(mutate, expected, tmp_path, monkeypatch):
+    """``instance_from_dict`` leaves every file it cannot compile to the reference path:
+    the same error (or instance) from both, and from ``load_instance`` of the file."""
+    inst = make_instance(domains=2, size=8, tray=4)
+    data = mutate(json.loads(json.dumps(instance_to_dict(inst))))
+    fast = _outcome(instance_from_dict, data)
+    reference = _outcome(instance_from_dict_reference, data)
+    path = tmp_path / "bad.json"
+    path.write_text(json.dumps(data))
+    monkeypatch.chdir(tmp_path)
+    loaded = _outcome(lambda d, source: load_instance("bad.json"), data)
+    if expected is None:
+        assert isinstance(fast, Instance) and fast == reference == loaded == inst
+    else:
+        assert isinstance(fast, str) and expected in fast
+        assert fast == reference == loaded
+
+
+def test_node_cap_gives_the_reference_error(monkeypatch):
+    """A cluster over ``caps.MAX_NODES`` is refused by both paths, with the same message."""
+    from ntp_opt.model.files import caps
+
+    inst = make_instance(domains=2, size=8, tray=4)
+    data = json.loads(json.dumps(instance_to_dict(inst)))
+    monkeypatch.setattr(caps, "MAX_NODES", len(data["cluster"]["nodes"]) - 1)
+    fast = _outcome(instance_from_dict, data)
+    reference = _outcome(instance_from_dict_reference, data)
+    assert isinstance(fast, str) and "cluster.nodes: declares more than" in fast
+    assert fast == reference

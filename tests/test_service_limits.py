@@ -443,3 +443,15 @@ def test_serve_bad_port_is_one_line(capsys: pytest.CaptureFixture[str]) -> None:
         "ntp-opt: error: argument --port: a port is in 0..65535, got 99999 "
         "(see 'ntp-opt serve --help')"
     ]
+
+
+def test_a_number_under_an_empty_key_is_named_not_a_crash() -> None:
+    """A body whose path starts with the key ``""`` gets 422 naming it (it was a 500:
+    the service's own copy of the field-path formatter indexed an empty string)."""
+    from ntp_opt.app.service import handle
+
+    status, payload = handle("validate", b'{"": {"gpu": NaN}}', 10.0)
+    assert status == 422
+    assert json.loads(payload)["problems"] == [
+        {"field": ".gpu", "message": "NaN is not a finite number"}
+    ]

@@ -12,10 +12,12 @@ from ntp_opt.app.cli.common import (
     make_console,
     validation_text,
 )
-from ntp_opt.model import files, hardware, topology
+from ntp_opt.model import hardware, topology
 from ntp_opt.model.echo import echo
 from ntp_opt.model.files import (
     InputError,
+    caps,
+    check_cluster,
     save_instance,
 )
 from ntp_opt.model.instance import Instance
@@ -45,8 +47,8 @@ def run(args: argparse.Namespace) -> int:
             f"{where}: an instance name has 1 to {MAX_NAME} characters, got {len(name)}"
             + ("" if args.name is not None else " (give --name)")
         )
-    if args.gpus > files.MAX_NODES:  # an instance file holds at most MAX_NODES nodes
-        raise ValueError(f"--gpus: at most {files.MAX_NODES} GPUs fit in an instance file")
+    if args.gpus > caps.MAX_NODES:  # an instance file holds at most MAX_NODES nodes
+        raise ValueError(f"--gpus: at most {caps.MAX_NODES} GPUs fit in an instance file")
     kw: dict[str, Any] = {"rack_power_factor": args.rack_power_factor}
     board = hardware.product(args.product) if args.product else None
     if args.tdp_w is not None:
@@ -87,13 +89,13 @@ def run(args: argparse.Namespace) -> int:
         meta["stragglers"] = {"count": args.stragglers, "speed": args.straggler_speed}
     if args.p_fail:
         topology.set_p_fail(graph, args.p_fail)
-    if graph.number_of_nodes() > files.MAX_NODES:
+    if graph.number_of_nodes() > caps.MAX_NODES:
         raise ValueError(
             f"--gpus: the cluster has {graph.number_of_nodes()} nodes with its trays, domains "
-            f"and racks; an instance file holds at most {files.MAX_NODES}"
+            f"and racks; an instance file holds at most {caps.MAX_NODES}"
         )
     try:  # what gen writes must load: check the values the flags produced
-        files.check_cluster(graph, args.output)
+        check_cluster(graph, args.output)
     except InputError as err:
         raise ValueError(f"not written: {str(err).splitlines()[0]} (check the flags)") from None
     domains = topology.domains(graph)

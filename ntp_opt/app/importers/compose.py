@@ -37,8 +37,8 @@ from typing import Any, NoReturn
 
 import networkx as nx
 
-from ntp_opt.model import files, hardware
-from ntp_opt.model.files import InputError
+from ntp_opt.model import hardware
+from ntp_opt.model.files import InputError, caps
 
 __all__ = [
     "MAX_GPUS_PER_HOST",
@@ -474,7 +474,7 @@ def _check_sizes(hosts: list[Host]) -> None:
             fail(h.where, f"host {h.name}: {h.gpus} GPUs, expected 1 to {MAX_GPUS_PER_HOST}")
         total += h.gpus
     nodes = total + len(hosts) + len({h.domain for h in hosts}) + len({h.rack for h in hosts})
-    cap = files.MAX_NODES  # read at each call, as the loader does
+    cap = caps.MAX_NODES  # read at each call, as the loader does
     if nodes > cap:
         fail(
             hosts[-1].where,
