@@ -92,6 +92,7 @@ def cmd_replay(args: argparse.Namespace) -> int:
             args.serving_start_s, args.serving_stop_s, args.training_restart_s, args.horizon_s
         ),
         deadband=args.deadband,
+        tolerance=args.tolerance,
         margin=args.margin,
         migration=not args.no_migration,
     )
@@ -204,6 +205,12 @@ def _replay_parser(p: argparse.ArgumentParser) -> None:
         type=float,
         default=o.deadband,
         help=f"relative demand change ignored (default {o.deadband:g})",
+    )
+    p.add_argument(
+        "--tolerance",
+        type=float,
+        default=o.tolerance,
+        help=f"W lost inside the deadband before re-planning (default {o.tolerance:g})",
     )
     p.add_argument(
         "--margin",

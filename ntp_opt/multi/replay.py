@@ -115,9 +115,14 @@ class ReplayOptions:
         :class:`MigrationCost`.
     deadband
         No re-plan while every fleet's demand is within this relative change of
-        its demand at the last re-plan and no health event hit the plan.
-        Default 0.05: request rates measured over minutes carry a few per cent
-        of noise.
+        its demand at the last re-plan, the plan's weighted goodput has not
+        dropped by more than ``tolerance`` since, and no health event hit the
+        plan. Default 0.05: request rates measured over minutes carry a few per
+        cent of noise.
+    tolerance
+        Weighted goodput the running plan may lose to demand changes inside the
+        deadband before a re-plan is considered. Default 0.01 (a fleet of weight 1
+        served 1 % short).
     margin
         A new plan must beat keeping the running one by this much weighted
         goodput, after its migration cost. Default 0.002 (0.05 % of the 4.5 of
@@ -128,14 +133,17 @@ class ReplayOptions:
 
     cost: MigrationCost = field(default_factory=MigrationCost)
     deadband: float = 0.05
+    tolerance: float = 0.01
     margin: float = 0.002
     migration: bool = True
 
     def __post_init__(self) -> None:
         if not (math.isfinite(self.deadband) and self.deadband >= 0):
             raise ValueError(f"deadband: {self.deadband!r} must be a finite number >= 0")
-        if not (math.isfinite(self.margin) and self.margin >= 0):
-            raise ValueError(f"margin: {self.margin!r} must be a finite number >= 0")
+        for name in ("margin", "tolerance"):
+            v = getattr(self, name)
+            if not (math.isfinite(v) and v >= 0):
+                raise ValueError(f"{name}: {v!r} must be a finite number >= 0")
 
 
 @dataclass(frozen=True)
@@ -151,7 +159,9 @@ class Decision:
     replanned
         Whether it differs from the running plan.
     reason
-        Why: ``"deadband"``, ``"margin"``, ``"replanned"``, ``"forced"``.
+        ``"deadband"`` (demand inside the deadband: no option built), ``"margin"``
+        (no option beat the running plan by the margin after its migration cost),
+        ``"replanned"`` or ``"forced"`` (a health event or a broken minimum share).
     option
         The training option chosen.
     """
@@ -493,39 +503,21 @@ def _fill(ctx: _Ctx, option: _Option, kept: list[_Rep]) -> _Filled:
     if option.changed:
         cost += ctx.w_t * option.relative * ctx.cost.training_restart_s / ctx.cost.horizon_s
     free_cnt = np.bincount(ctx.gpu_domain[~busy], minlength=a.n_domains)
+    chain = sorted({t for f in ctx.fleets for t in f.degrees})
+    col = {t: j for j, t in enumerate(chain)}
     stopped: set[int] = set()
-    for _round in range(2):
+    for _round in range(4):
         have = np.zeros(nf)
         count = np.zeros(nf, dtype=np.int64)
         for k, r in enumerate(reps):
             if k not in stopped:
                 have[r.fleet] += r.rate
                 count[r.fleet] += 1
-        # wants, by gain per GPU
-        wants: list[tuple[float, int, int]] = []  # (-gain per GPU, fleet, tp)
-        for i, f in enumerate(ctx.fleets):
-            h, c = float(have[i]), int(count[i])
-            limit = f.max_replicas if f.max_replicas is not None else 10**9
-            while c < limit:
-                best = None
-                for t in f.degrees:
-                    rt = f.rate(t)
-                    g = ctx.value_of(i, rt, h, c) - ctx.start_cost(i, rt)
-                    if g > 1e-12 and (best is None or g / t > best[0] / best[1] + 1e-15):
-                        best = (g, t, rt)
-                if best is None:
-                    break
-                g, t, rt = best
-                wants.append((-g / t, i, t))
-                h += rt
-                c += 1
-                if len(wants) > a.n_gpus:
-                    break
+        wants = _wants(ctx, have, count)
         if not wants:
             break
-        wants.sort()
-        # victims, by loss per GPU: a fleet's slowest replicas first
-        victims: list[tuple[float, int]] = []
+        # what stopping each running replica loses (its fleet's slowest replicas first)
+        loss_of: dict[int, float] = {}
         by_fleet: dict[int, list[int]] = {}
         for k, r in enumerate(reps):
             if k not in stopped:
@@ -535,78 +527,46 @@ def _fill(ctx: _Ctx, option: _Option, kept: list[_Rep]) -> _Filled:
             h, c = float(have[i]), int(count[i])
             for k in ks:
                 r = reps[k]
-                # what the fleet loses: its value with the replica minus without
                 loss = ctx.value_of(i, r.rate, h - r.rate, c - 1)
-                loss += 0.0 if r.new else ctx.stop_cost(i, r.rate)
-                loss -= ctx.start_cost(i, r.rate) if r.new else 0.0
-                victims.append((loss / r.tp, k))
+                loss += ctx.start_cost(i, r.rate) * -1.0 if r.new else ctx.stop_cost(i, r.rate)
+                loss_of[k] = loss
                 h -= r.rate
                 c -= 1
-        victims.sort()
-        # fluid matching of wants to free GPUs, then to victims
-        pool = int(free_cnt.sum())
-        chosen: list[int] = []
-        vi = 0
-        carry = 0
-        accepted: list[tuple[int, int]] = []
-        for neg, i, t in wants:
-            gain = -neg
-            need = t
-            take = min(need, pool)
-            pool -= take
-            need -= take
-            extra: list[int] = []
-            loss = 0.0
-            while need > 0 and carry > 0:
-                use = min(need, carry)
-                carry -= use
-                need -= use
-            while need > 0 and vi < len(victims):
-                lpg, k = victims[vi]
-                if reps[k].fleet == i or lpg >= gain:
-                    if lpg >= gain:
-                        break
-                    vi += 1
-                    continue
-                extra.append(k)
-                loss += lpg * reps[k].tp
-                use = min(need, reps[k].tp)
-                carry += reps[k].tp - use
-                need -= use
-                vi += 1
-            if need > 0 or gain * t <= loss:
-                break
-            chosen.extend(extra)
-            accepted.append((i, t))
-        if not accepted:
-            break
-        for k in chosen:
-            stopped.add(k)
-            r = reps[k]
-            free_cnt[r.domain] += r.tp
-            busy[list(r.gpus)] = False
-        # place, largest degree first, best fit
-        accepted.sort(key=lambda x: -x[1])
+        by_domain: dict[int, list[int]] = {}
+        for k in loss_of:
+            by_domain.setdefault(reps[k].domain, []).append(k)
+        for ks in by_domain.values():
+            ks.sort(key=lambda k: loss_of[k] / reps[k].tp)
+        # price[d, j]: least loss that frees chain[j] GPUs in domain d (inf: cannot)
+        price = np.full((a.n_domains, len(chain)), np.inf)
+
+        for d in {*np.flatnonzero(free_cnt > 0).tolist(), *by_domain}:
+            _reprice(d, chain, free_cnt, by_domain, loss_of, reps, price)
         placed = 0
-        for i, t in accepted:
-            cand = np.flatnonzero(free_cnt >= t)
-            if len(cand) == 0:
-                continue
-            d = int(cand[np.argmin(free_cnt[cand])])
-            m = ctx.members[d]
-            gs = m[~busy[m]][:t]
-            busy[gs] = True
-            free_cnt[d] -= t
-            rate = ctx.fleets[i].rate(t, float(ctx.speed[gs].min()))
-            reps.append(_Rep(i, t, d, tuple(int(x) for x in gs), rate, True))
+        for i, t, gain in wants:
+            j = col[t]
+            d = int(np.argmin(price[:, j]))
+            if not price[d, j] < gain:
+                # no domain opens up cheaply enough: move small replicas of other fleets
+                # from a domain into free fragments elsewhere, at start and stop cost
+                moved = _compact(ctx, i, t, gain, reps, stopped, busy, free_cnt, by_domain)
+                if moved is None:
+                    continue
+                d, new = moved
+                for k in new:
+                    loss_of[k] = math.inf  # not evicted again this round
+                    by_domain.setdefault(reps[k].domain, []).append(k)
+                for dd in {d, *(reps[k].domain for k in new)}:
+                    _reprice(dd, chain, free_cnt, by_domain, loss_of, reps, price)
+            ks = by_domain.get(d, [])
+            while free_cnt[d] < t:
+                k = ks.pop(0)
+                stopped.add(k)
+                busy[list(reps[k].gpus)] = False
+                free_cnt[d] += reps[k].tp
+            _place(ctx, reps, busy, free_cnt, i, t, d)
             placed += 1
-        # victims whose GPUs nothing took keep running
-        for k in list(stopped):
-            r = reps[k]
-            if not busy[list(r.gpus)].any():
-                stopped.discard(k)
-                busy[list(r.gpus)] = True
-                free_cnt[r.domain] -= r.tp
+            _reprice(d, chain, free_cnt, by_domain, loss_of, reps, price)
         if not placed:
             break
     final = [r for k, r in enumerate(reps) if k not in stopped]
@@ -628,6 +588,126 @@ def _fill(ctx: _Ctx, option: _Option, kept: list[_Rep]) -> _Filled:
         for i, f in enumerate(ctx.fleets)
     ) and option.relative >= ctx.multi.workloads.training_min_relative_goodput * (1 - 1e-9)
     return _Filled(option, final, value - cost, value, min_ok)
+
+
+def _place(
+    ctx: _Ctx, reps: list[_Rep], busy: np.ndarray, free_cnt: np.ndarray, i: int, t: int, d: int
+) -> int:
+    """Start a replica of fleet ``i``, degree ``t``, on the fastest free GPUs of domain ``d``."""
+    m = ctx.members[d]
+    gs = m[~busy[m]][:t]
+    busy[gs] = True
+    free_cnt[d] -= t
+    rate = ctx.fleets[i].rate(t, float(ctx.speed[gs].min()))
+    reps.append(_Rep(i, t, d, tuple(int(x) for x in gs), rate, True))
+    return len(reps) - 1
+
+
+#: Domains :func:`_compact` tries per replica it must make room for.
+COMPACT_TRIES = 8
+
+
+def _compact(
+    ctx: _Ctx,
+    i: int,
+    t: int,
+    gain: float,
+    reps: list[_Rep],
+    stopped: set[int],
+    busy: np.ndarray,
+    free_cnt: np.ndarray,
+    by_domain: dict[int, list[int]],
+) -> tuple[int, list[int]] | None:
+    """Open ``t`` free GPUs in one domain for fleet ``i`` by moving replicas of smaller
+    degree (other fleets) into free GPUs of other domains, if their start and stop cost
+    is below ``gain``; returns the domain and the moved replicas' new indices."""
+    room: dict[int, int] = {}
+    for d, ks in by_domain.items():
+        small = sum(reps[k].tp for k in ks if reps[k].tp < t and reps[k].fleet != i)
+        if free_cnt[d] + small >= t and free_cnt[d] < t:
+            room[d] = int(t - free_cnt[d])
+    for d in sorted(room, key=lambda x: (room[x], x))[:COMPACT_TRIES]:
+        movers = sorted(
+            (k for k in by_domain[d] if reps[k].tp < t and reps[k].fleet != i),
+            key=lambda k: (-reps[k].tp, k),
+        )
+        need = room[d]
+        plan: list[tuple[int, int]] = []
+        spare = free_cnt.copy()
+        spare[d] = 0
+        cost = 0.0
+        for k in movers:
+            if need <= 0:
+                break
+            r = reps[k]
+            cand = np.flatnonzero(spare >= r.tp)
+            if len(cand) == 0:
+                continue
+            e = int(cand[np.argmin(spare[cand])])
+            spare[e] -= r.tp
+            plan.append((k, e))
+            need -= r.tp
+            cost += ctx.start_cost(r.fleet, r.rate) + (
+                0.0 if r.new else ctx.stop_cost(r.fleet, r.rate)
+            )
+        if need > 0 or cost >= gain:
+            continue
+        new = []
+        for k, e in plan:
+            r = reps[k]
+            stopped.add(k)
+            by_domain[d].remove(k)
+            busy[list(r.gpus)] = False
+            free_cnt[d] += r.tp
+            new.append(_place(ctx, reps, busy, free_cnt, r.fleet, r.tp, e))
+        return d, new
+    return None
+
+
+def _reprice(
+    d: int,
+    chain: list[int],
+    free_cnt: np.ndarray,
+    by_domain: dict[int, list[int]],
+    loss_of: dict[int, float],
+    reps: list[_Rep],
+    price: np.ndarray,
+) -> None:
+    """Row ``d`` of ``price``: the least loss (cheapest victims per GPU first) that frees
+    each degree of ``chain`` in domain ``d``."""
+    ks = by_domain.get(d, [])
+    for j, t in enumerate(chain):
+        got, loss, p = int(free_cnt[d]), 0.0, 0
+        while got < t and p < len(ks):
+            got += reps[ks[p]].tp
+            loss += loss_of[ks[p]]
+            p += 1
+        price[d, j] = loss if got >= t else np.inf
+
+
+def _wants(ctx: _Ctx, have: np.ndarray, count: np.ndarray) -> list[tuple[int, int, float]]:
+    """Replicas the fleets want, ``(fleet, degree, gain)``, by gain per GPU (best first):
+    each fleet's most GPU-efficient degree, a smaller one for the last of its demand."""
+    out: list[tuple[float, int, int, float]] = []
+    cap = ctx.a.n_gpus
+    for i, f in enumerate(ctx.fleets):
+        h, c = float(have[i]), int(count[i])
+        limit = f.max_replicas if f.max_replicas is not None else cap
+        while c < limit and len(out) < cap:
+            best = None
+            for t in f.degrees:
+                rt = f.rate(t)
+                g = ctx.value_of(i, rt, h, c) - ctx.start_cost(i, rt)
+                if g > 1e-12 and (best is None or g / t > best[0] / best[1] + 1e-15):
+                    best = (g, t, rt)
+            if best is None:
+                break
+            g, t, rt = best
+            out.append((-g / t, i, t, g))
+            h += rt
+            c += 1
+    out.sort()
+    return [(i, t, g) for _, i, t, g in out]
 
 
 def _to_plan(ctx: _Ctx, filled: _Filled) -> MultiPlan:
@@ -671,6 +751,7 @@ def replan_multi(
     running: MultiPlan,
     *,
     reference: Mapping[str, float] | None = None,
+    reference_value: float | None = None,
     options: ReplayOptions | None = None,
 ) -> Decision:
     """Re-plan ``multi`` (its current demand and health) from the ``running`` plan.
@@ -684,6 +765,9 @@ def replan_multi(
     reference
         Each fleet's demand when ``running`` was made (the deadband's reference);
         ``None``: no deadband.
+    reference_value
+        The weighted goodput of ``running`` when it was made; the deadband holds
+        only while the plan has lost at most ``tolerance`` of it (``None``: not checked).
     options
         :class:`ReplayOptions` (default: the documented defaults).
 
@@ -710,7 +794,8 @@ def replan_multi(
             ),
             default=0.0,
         )
-        if change <= opts.deadband:
+        dropped = 0.0 if reference_value is None else reference_value - keep.value
+        if change <= opts.deadband and dropped <= opts.tolerance:
             return _decide(ctx, keep, running, "deadband")
     best = keep
     for opt in train:
@@ -718,7 +803,7 @@ def replan_multi(
         if (got.min_ok, got.score) > (best.min_ok, best.score + 1e-12):
             best = got
     margin = opts.margin if opts.migration else 0.0
-    if best is not keep and not forced and best.score <= keep.score + margin:
+    if not forced and (best is keep or best.score <= keep.score + margin):
         return _decide(ctx, keep, running, "margin")
     return _decide(ctx, best, running, "forced" if forced else "replanned")
 
@@ -773,6 +858,7 @@ class _Track:
 
     plan: MultiPlan | None = None
     reference: dict[str, float] = field(default_factory=dict)
+    value: float | None = None
 
 
 def _figures(
@@ -880,12 +966,20 @@ def replay(
                     plan, ev = res.plan, res.evaluation
                     extra = {"replanned": True, "reason": "first plan"}
                     tr.reference = dict(demand)
+                    tr.value = ev.weighted_goodput
                 else:
-                    dec = replan_multi(now, tr.plan, reference=tr.reference, options=opts)
+                    dec = replan_multi(
+                        now,
+                        tr.plan,
+                        reference=tr.reference,
+                        reference_value=tr.value,
+                        options=opts,
+                    )
                     plan, ev = dec.plan, dec.evaluation
                     extra = {"replanned": dec.replanned, "reason": dec.reason, "option": dec.option}
                     if dec.reason not in ("deadband", "margin"):
                         tr.reference = dict(demand)
+                        tr.value = ev.weighted_goodput
             elif name == "static":
                 if static_instance is None or step.events:
                     static_instance = with_demand(MultiInstance(instance, multi.workloads), peak)
@@ -964,6 +1058,7 @@ def replay_document(
             "training_restart_s": options.cost.training_restart_s,
             "horizon_s": options.cost.horizon_s,
             "deadband": options.deadband,
+            "tolerance": options.tolerance,
             "margin": options.margin,
             "migration": options.migration,
         },
