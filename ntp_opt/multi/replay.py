@@ -282,7 +282,8 @@ class _Rep:
 @dataclass
 class _Option:
     name: str
-    training: Plan
+    replicas: list[tuple[int, list[tuple[int, list[int]]]]]  # (tp, [(domain, GPU indices)])
+    batches: tuple[int, ...]
     train_gpus: np.ndarray  # bool per GPU
     relative: float
     changed: bool
@@ -296,6 +297,7 @@ class _Filled:
     score: float
     value: float
     min_ok: bool
+    changed: bool  # differs from the running plan
 
 
 class _Ctx:
@@ -319,6 +321,9 @@ class _Ctx:
         self.gpu_domain = np.asarray(a.gpu_domain)
         # domain members, fastest first
         self.members = [m[np.argsort(-self.speed[m], kind="stable")] for m in a.domain_gpus]
+        self.members_l: list[list[int]] = [m.tolist() for m in self.members]
+        self.healthy_l: list[bool] = self.healthy.tolist()
+        self.speed_l: list[float] = self.speed.tolist()
 
     def value_of(self, i: int, rate: float, have: float, count: int) -> float:
         """Weighted goodput (plus the minimum-share priority) ``rate`` adds to fleet ``i``
@@ -341,46 +346,51 @@ class _Ctx:
         return self.weight[i] * min(rate, d) / d * self.cost.serving_stop_s / self.cost.horizon_s
 
 
-def _training_plan(
-    ctx: _Ctx, name: str, replicas: list[tuple[int, list[tuple[int, np.ndarray]]]]
-) -> tuple[Plan, float] | None:
-    """A training plan of ``replicas`` (``(tp, [(domain, GPU indices)])``) with its exact
-    batch split, and its relative goodput; ``None`` when the batch cannot be split."""
-    a, job = ctx.a, ctx.job
+def _training_split(
+    ctx: _Ctx, replicas: list[tuple[int, list[tuple[int, list[int]]]]]
+) -> tuple[tuple[int, ...], float] | None:
+    """The exact batch split of ``replicas`` (``(tp, [(domain, GPU indices)])``) and its
+    relative goodput; ``None`` when the batch cannot be split."""
+    job = ctx.job
     if not replicas:
-        return Plan(ctx.multi.name, (), {"policy": "replay"}), 0.0
+        return (), 0.0
     speeds = [
-        replica_speed(job, t, [float(ctx.speed[g].min()) for _, g in sts], [1.0] * len(sts))
+        replica_speed(job, t, [min(ctx.speed_l[g] for g in gs) for _, gs in sts], [1.0] * len(sts))
         for t, sts in replicas
     ]
     split = split_batch(job, speeds, [t for t, _ in replicas])
     if split is None:
         return None
-    plan = Plan(
+    return tuple(int(b) for b in split.batches), relative_goodput(job, split.goodput)
+
+
+def _training_plan(ctx: _Ctx, option: _Option) -> Plan:
+    """The training :class:`~ntp_opt.model.plan.Plan` of ``option``."""
+    a = ctx.a
+    return Plan(
         ctx.multi.name,
         tuple(
             Replica(
                 t,
-                int(b),
+                b,
                 tuple(Stage(a.domain_ids[d], tuple(a.gpu_ids[x] for x in g), 1.0) for d, g in sts),
             )
-            for (t, sts), b in zip(replicas, split.batches, strict=True)
+            for (t, sts), b in zip(option.replicas, option.batches, strict=True)
         ),
         {"policy": "replay"},
     )
-    return plan, relative_goodput(job, split.goodput)
 
 
-def _training_options(ctx: _Ctx, running: Plan, serving_gpus: np.ndarray) -> list[_Option]:
-    """The training options (see the module doc); the first is the running plan, repaired."""
+def _training_options(
+    ctx: _Ctx, running: Plan, serving_gpus: np.ndarray, base_only: bool = False
+) -> list[_Option]:
+    """The training options (see the module doc); the first is the running plan, repaired
+    (``base_only``: that one only)."""
     a, job = ctx.a, ctx.job
     idx = a.gpu_index
-    cur: list[tuple[int, list[tuple[int, np.ndarray]]]] = []
+    cur: list[tuple[int, list[tuple[int, list[int]]]]] = []
     for rep in running.replicas:
-        sts = []
-        for st in rep.stages:
-            g = np.array([idx[x] for x in st.gpus], dtype=np.int64)
-            sts.append((int(a.domain_index[st.domain]), g))
+        sts = [(int(a.domain_index[st.domain]), [idx[x] for x in st.gpus]) for st in rep.stages]
         cur.append((rep.tp, sts))
     n = a.n_gpus
     used = np.zeros(n, dtype=bool)
@@ -388,30 +398,33 @@ def _training_options(ctx: _Ctx, running: Plan, serving_gpus: np.ndarray) -> lis
         for _, g in sts:
             used[g] = True
     allowed = sorted(job.allowed)
-    healthy = ctx.healthy
+    healthy = ctx.healthy_l
+    speed = ctx.speed_l
+    serving = serving_gpus.tolist()
 
-    def stage_at(d: int, own: np.ndarray, t: int, taken: np.ndarray) -> np.ndarray | None:
+    def stage_at(d: int, own: list[int], t: int, taken: list[bool]) -> list[int] | None:
         """``t`` healthy GPUs of domain ``d``: the stage's own first, then free ones, then
         serving ones; fastest first."""
-        pool = [g for g in own.tolist() if healthy[g]]
-        mine = set(pool)
-        for pref in (False, True):
-            for g in ctx.members[d].tolist():
-                if len(pool) >= t:
-                    break
-                if g in mine or not healthy[g] or taken[g]:
-                    continue
-                if bool(serving_gpus[g]) == pref:
+        pool = [g for g in own if healthy[g]]
+        if len(pool) < t:
+            mine = set(pool)
+            for pref in (False, True):
+                for g in ctx.members_l[d]:
+                    if len(pool) >= t:
+                        break
+                    if g in mine or not healthy[g] or taken[g] or serving[g] != pref:
+                        continue
                     pool.append(g)
                     mine.add(g)
-        if len(pool) < t:
-            return None
-        arr = np.array(pool, dtype=np.int64)
-        return arr[np.argsort(-ctx.speed[arr], kind="stable")][:t]
+            if len(pool) < t:
+                return None
+        if len(pool) == t:
+            return pool
+        return sorted(pool, key=lambda g: -speed[g])[:t]
 
     def build(name: str, want: Callable[[int], int | None], drop: int = 0) -> _Option | None:
-        taken = used.copy()
-        out: list[tuple[int, list[tuple[int, np.ndarray]]]] = []
+        taken = used.tolist()
+        out: list[tuple[int, list[tuple[int, list[int]]]]] = []
         broken = False
         order = list(range(len(cur)))
         if drop:
@@ -419,7 +432,7 @@ def _training_options(ctx: _Ctx, running: Plan, serving_gpus: np.ndarray) -> lis
             order.sort()
         for r in order:
             t0, sts = cur[r]
-            if any(not healthy[g].all() for _, g in sts):
+            if not all(healthy[g] for _, gs in sts for g in gs):
                 broken = True
             t = want(t0)
             if t is None:
@@ -429,41 +442,41 @@ def _training_options(ctx: _Ctx, running: Plan, serving_gpus: np.ndarray) -> lis
             for tt in [x for x in reversed(allowed) if x <= t]:
                 got = []
                 for d, g in sts:
-                    s = stage_at(d, g, tt, taken)
-                    if s is None:
+                    st = stage_at(d, g, tt, taken)
+                    if st is None:
                         break
-                    got.append((d, s))
+                    got.append((d, st))
                 else:
                     done = (tt, got)
                     break
             if done is None:
                 continue
-            for _, g in sts:
-                taken[g] = False
-            for _, g in done[1]:
-                taken[g] = True
+            for _, old in sts:
+                for x in old:
+                    taken[x] = False
+            for _, new in done[1]:
+                for x in new:
+                    taken[x] = True
             out.append(done)
-        made = _training_plan(ctx, name, out)
+        made = _training_split(ctx, out)
         if made is None:
             return None
-        plan, rel = made
+        batches, rel = made
         gpus = np.zeros(n, dtype=bool)
         for _, sts in out:
             for _, g in sts:
                 gpus[g] = True
-        same = bool(np.array_equal(gpus, used & healthy)) and [t for t, _ in out] == [
+        same = bool(np.array_equal(gpus, used & ctx.healthy)) and [t for t, _ in out] == [
             t for t, _ in cur
         ]
-        return _Option(name, plan, gpus, rel, changed=not same, broken=broken)
+        return _Option(name, out, batches, gpus, rel, changed=not same, broken=broken)
 
     options: list[_Option] = []
     base = build("keep", lambda t: t)
     if base is None:
-        base = _Option(
-            "pause", Plan(ctx.multi.name, (), {"policy": "replay"}), np.zeros(n, bool), 0.0, True
-        )
+        base = _Option("pause", [], (), np.zeros(n, bool), 0.0, True)
     options.append(base)
-    if ctx.w_t > 0:
+    if ctx.w_t > 0 and not base_only:
         for t in allowed:
             got = build(f"tp{t}", _const(t))
             if got is not None:
@@ -481,9 +494,9 @@ def _const(t: int) -> Callable[[int], int | None]:
     return lambda _old: t
 
 
-def _slowest(ctx: _Ctx, rep: tuple[int, list[tuple[int, np.ndarray]]]) -> float:
+def _slowest(ctx: _Ctx, rep: tuple[int, list[tuple[int, list[int]]]]) -> float:
     _, sts = rep
-    return min((float(ctx.speed[g].min()) for _, g in sts), default=0.0)
+    return min((ctx.speed_l[g] for _, gs in sts for g in gs), default=0.0)
 
 
 def _fill(ctx: _Ctx, option: _Option, kept: list[_Rep]) -> _Filled:
@@ -494,8 +507,9 @@ def _fill(ctx: _Ctx, option: _Option, kept: list[_Rep]) -> _Filled:
     busy = option.train_gpus.copy() | ~ctx.healthy
     reps: list[_Rep] = []
     cost = 0.0
-    for r in kept:
-        if busy[list(r.gpus)].any():
+    hit = _conflicts(kept, busy)
+    for r, bad in zip(kept, hit, strict=True):
+        if bad:
             cost += ctx.stop_cost(r.fleet, r.rate)  # evicted by training
             continue
         busy[list(r.gpus)] = True
@@ -587,7 +601,18 @@ def _fill(ctx: _Ctx, option: _Option, kept: list[_Rep]) -> _Filled:
         have[i] >= f.min_fraction * ctx.demand[i] * (1 - 1e-9) and count[i] >= f.min_replicas
         for i, f in enumerate(ctx.fleets)
     ) and option.relative >= ctx.multi.workloads.training_min_relative_goodput * (1 - 1e-9)
-    return _Filled(option, final, value - cost, value, min_ok)
+    changed = option.changed or len(final) != len(kept) or any(r.new for r in final)
+    return _Filled(option, final, value - cost, value, min_ok, changed)
+
+
+def _conflicts(reps: list[_Rep], busy: np.ndarray) -> list[bool]:
+    """For each replica, whether one of its GPUs is ``busy``."""
+    if not reps:
+        return []
+    flat = np.fromiter((g for r in reps for g in r.gpus), dtype=np.int64)
+    owner = np.repeat(np.arange(len(reps)), [len(r.gpus) for r in reps])
+    hits: list[bool] = (np.bincount(owner, weights=busy[flat], minlength=len(reps)) > 0).tolist()
+    return hits
 
 
 def _place(
@@ -710,8 +735,10 @@ def _wants(ctx: _Ctx, have: np.ndarray, count: np.ndarray) -> list[tuple[int, in
     return [(i, t, g) for _, i, t, g in out]
 
 
-def _to_plan(ctx: _Ctx, filled: _Filled) -> MultiPlan:
+def _to_plan(ctx: _Ctx, filled: _Filled, running: MultiPlan) -> MultiPlan:
     a = ctx.a
+    option = filled.option
+    training = running.training if not option.changed else _training_plan(ctx, option)
     serving = tuple(
         ServingReplica(
             ctx.fleets[r.fleet].name,
@@ -721,9 +748,7 @@ def _to_plan(ctx: _Ctx, filled: _Filled) -> MultiPlan:
         )
         for r in filled.reps
     )
-    return MultiPlan(
-        filled.option.training, serving, {"policy": "replay", "option": filled.option.name}
-    )
+    return MultiPlan(training, serving, {"policy": "replay", "option": filled.option.name})
 
 
 def _kept(ctx: _Ctx, running: MultiPlan) -> tuple[list[_Rep], bool]:
@@ -732,16 +757,17 @@ def _kept(ctx: _Ctx, running: MultiPlan) -> tuple[list[_Rep], bool]:
     names = {f.name: i for i, f in enumerate(ctx.fleets)}
     out = []
     lost = False
+    index, healthy, speed = a.gpu_index, ctx.healthy_l, ctx.speed_l
     for rep in running.serving:
         i = names.get(rep.workload)
-        gs = tuple(int(a.gpu_index[g]) for g in rep.gpus)
+        gs = tuple(index[g] for g in rep.gpus)
         if i is None or rep.tp not in ctx.fleets[i].throughput:
             lost = True
             continue
-        if not ctx.healthy[list(gs)].all():
+        if not all(healthy[g] for g in gs):
             lost = True
             continue
-        rate = ctx.fleets[i].rate(rep.tp, float(ctx.speed[list(gs)].min()))
+        rate = ctx.fleets[i].rate(rep.tp, min(speed[g] for g in gs))
         out.append(_Rep(i, rep.tp, int(a.domain_index[rep.domain]), gs, rate, False))
     return out, lost
 
@@ -783,9 +809,9 @@ def replan_multi(
     serving_gpus = np.zeros(ctx.a.n_gpus, dtype=bool)
     for r in kept:
         serving_gpus[list(r.gpus)] = True
-    train = _training_options(ctx, running.training, serving_gpus)
-    keep = _keep_only(ctx, train[0], kept)
-    forced = lost or train[0].broken or not keep.min_ok
+    base = _training_options(ctx, running.training, serving_gpus, base_only=True)[0]
+    keep = _keep_only(ctx, base, kept)
+    forced = lost or base.broken or not keep.min_ok
     if not forced and opts.migration and reference is not None:
         change = max(
             (
@@ -798,7 +824,7 @@ def replan_multi(
         if change <= opts.deadband and dropped <= opts.tolerance:
             return _decide(ctx, keep, running, "deadband")
     best = keep
-    for opt in train:
+    for opt in _training_options(ctx, running.training, serving_gpus):
         got = _fill(ctx, opt, kept)
         if (got.min_ok, got.score) > (best.min_ok, best.score + 1e-12):
             best = got
@@ -811,7 +837,7 @@ def replan_multi(
 def _keep_only(ctx: _Ctx, option: _Option, kept: list[_Rep]) -> _Filled:
     """The running plan (training repaired if it must be), no serving change."""
     busy = option.train_gpus | ~ctx.healthy
-    reps = [r for r in kept if not busy[list(r.gpus)].any()]
+    reps = [r for r, bad in zip(kept, _conflicts(kept, busy), strict=True) if not bad]
     nf = len(ctx.fleets)
     have = np.zeros(nf)
     count = np.zeros(nf, dtype=np.int64)
@@ -827,18 +853,18 @@ def _keep_only(ctx: _Ctx, option: _Option, kept: list[_Rep]) -> _Filled:
         have[i] >= f.min_fraction * ctx.demand[i] * (1 - 1e-9) and count[i] >= f.min_replicas
         for i, f in enumerate(ctx.fleets)
     ) and option.relative >= ctx.multi.workloads.training_min_relative_goodput * (1 - 1e-9)
-    return _Filled(option, reps, value - cost, value, min_ok)
+    changed = option.changed or len(reps) != len(kept)
+    return _Filled(option, reps, value - cost, value, min_ok, changed)
 
 
 def _decide(ctx: _Ctx, filled: _Filled, running: MultiPlan, reason: str) -> Decision:
-    plan = _to_plan(ctx, filled)
+    plan = _to_plan(ctx, filled, running)
     ev = evaluate_multi(ctx.multi, plan)
     structural = [v for v in ev.violations if v.rule not in _SHARE_RULES]
     if structural:
         raise RuntimeError(f"re-planned plan broke rules (bug): {structural[:3]}")
     plan = plan.with_metrics(**ev.as_metrics())
-    same = gpu_owners(plan) == gpu_owners(running) and _tps(plan) == _tps(running)
-    return Decision(plan, ev, not same, reason, filled.option.name)
+    return Decision(plan, ev, filled.changed, reason, filled.option.name)
 
 
 #: Rules a plan may break when demand outgrows the cluster (reported, not fatal).
