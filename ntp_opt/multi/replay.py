@@ -557,14 +557,18 @@ def _fill(ctx: _Ctx, option: _Option, kept: list[_Rep]) -> _Filled:
         for d in {*np.flatnonzero(free_cnt > 0).tolist(), *by_domain}:
             _reprice(d, chain, free_cnt, by_domain, loss_of, reps, price)
         placed = 0
+        failed: dict[tuple[int, int], float] = {}  # (fleet, degree) -> gain compaction missed
         for i, t, gain in wants:
             j = col[t]
             d = int(np.argmin(price[:, j]))
             if not price[d, j] < gain:
                 # no domain opens up cheaply enough: move small replicas of other fleets
                 # from a domain into free fragments elsewhere, at start and stop cost
+                if gain <= failed.get((i, t), -1.0):
+                    continue  # wants come by gain: a smaller one fails as well
                 moved = _compact(ctx, i, t, gain, reps, stopped, busy, free_cnt, by_domain)
                 if moved is None:
+                    failed[(i, t)] = gain
                     continue
                 d, new = moved
                 for k in new:
