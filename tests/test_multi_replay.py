@@ -181,6 +181,15 @@ def test_migration_cost_moves_fewer_gpus_than_resolving() -> None:
     assert fresh["gpus_moved_total"] > 0
     assert mine["gpus_moved_total"] < fresh["gpus_moved_total"]
     assert all(r["replay"]["feasible"] for r in recs)
+    # the same re-planner without migration cost and hysteresis moves more
+    free = replay(
+        multi,
+        trace,
+        planners=("replay",),
+        options=ReplayOptions(migration=False),
+        time_limit=HANG_GUARD,
+    )
+    assert summary(free, "replay")["gpus_moved_total"] > mine["gpus_moved_total"]
 
 
 def test_a_failed_training_gpu_forces_a_repair() -> None:

@@ -3,26 +3,27 @@
 :func:`replan_multi` is the incremental re-planner. From the running
 :class:`~ntp_opt.multi.workloads.MultiPlan` and the new demand (and health) it
 builds a few *training options* (keep the training plan, repaired in place
-when a GPU under it failed; every replica at each allowed TP degree; a
-replica fewer or more when the batch policy allows it) and, for each, fills
-the serving fleets greedily by marginal weighted goodput per GPU:
+when a GPU under it failed; every replica at each allowed TP degree; one or
+two replicas fewer when the batch policy allows it) and, for each, fills the
+serving fleets greedily by marginal weighted goodput per GPU:
 
 * a fleet short of its demand *wants* replicas (its most GPU-efficient degree,
   a smaller one for the last bit of demand), each worth ``w_i r / D_i`` less the
   start cost; a fleet below its minimum share wants them first;
-* every running replica is a possible *victim*, worth what stopping it loses
-  (nothing for capacity above the fleet's demand, ``w_j r / D_j`` otherwise)
-  plus the stop cost;
-* wants take free GPUs first, then the cheapest victims while the gain per GPU
-  exceeds the loss per GPU; the new replicas are packed largest first into the
-  freed GPUs of each NVLink domain (best fit); a victim whose GPUs nothing used
-  keeps running.
+* every running replica has a *price*: what stopping it loses (nothing for
+  capacity above its fleet's demand, ``w_j r / D_j`` otherwise) plus the stop cost;
+* wants, best gain per GPU first, go to the NVLink domain where opening their
+  degree's GPUs is cheapest (free GPUs first, then the cheapest replicas), if the
+  gain exceeds that price; when no domain opens cheaply enough, replicas of
+  smaller degree of other fleets move into free fragments of other domains at
+  their start and stop cost (compaction).
 
 Each option is scored ``W - migration cost / horizon_s`` (:class:`MigrationCost`);
 the best one replaces the running plan only when it beats keeping the plan by
 ``margin`` (:class:`ReplayOptions`), and no option is even built while every
-fleet's demand stays within ``deadband`` of the demand of the last re-plan and
-no health event touched the plan (hysteresis). The chosen plan is validated by
+fleet's demand stays within ``deadband`` of the demand of the last re-plan, the
+plan has lost at most ``tolerance`` of its weighted goodput, and no health event
+touched the plan (hysteresis). The chosen plan is validated by
 :func:`~ntp_opt.multi.validate.evaluate_multi`: a broken rule other than a minimum
 share (which demand above the cluster's capacity may force) is a bug and raises.
 
@@ -238,9 +239,10 @@ def migration_loss(
 ) -> float:
     """Weighted-goodput-seconds lost moving from ``before`` to ``after`` under ``cost``
     (the same charge for every planner of :func:`replay`): each serving replica started
-    or stopped loses its share of its fleet's demand for ``serving_start_s`` or
-    ``serving_stop_s``; a change of training's GPUs or degrees loses ``training_restart_s``
-    of the training job at its new relative goodput ``relative``."""
+    or stopped (but not one a failure stopped) loses its share of its fleet's demand for
+    ``serving_start_s`` or ``serving_stop_s``; a change of training's GPUs or degrees
+    loses ``training_restart_s`` of the training job at its new relative goodput
+    ``relative``."""
     if before is None:
         return 0.0
     a = multi.instance.arrays
@@ -257,7 +259,11 @@ def migration_loss(
     old = {(r.workload, r.gpus): r for r in before.serving}
     new = {(r.workload, r.gpus): r for r in after.serving}
     lost = sum(share(r) for k, r in new.items() if k not in old) * cost.serving_start_s
-    lost += sum(share(r) for k, r in old.items() if k not in new) * cost.serving_stop_s
+    dead = {g for g in a.gpu_index if not a.healthy[a.gpu_index[g]]}
+    lost += (
+        sum(share(r) for k, r in old.items() if k not in new and not dead.intersection(r.gpus))
+        * cost.serving_stop_s
+    )
     same = set(before.training.used_gpus()) == set(after.training.used_gpus()) and _tps(
         before
     ) == _tps(after)
