@@ -198,8 +198,9 @@ def test_a_failed_training_gpu_forces_a_repair() -> None:
     assert first is not None
     gpu = first.training.replicas[0].stages[0].gpus[0]
     trace = _trace([{}, {}], {1: [ClusterEvent("fail", (gpu,))]})
-    recs = replay(multi, trace, planners=("replay",), time_limit=HANG_GUARD)
+    recs = replay(multi, trace, planners=("replay", "static"), time_limit=HANG_GUARD)
     step = recs[1]["replay"]
+    assert not [v for v in recs[1]["static"]["violations"] if v not in SHARE_RULES]
     assert step["reason"] == "forced"
     assert step["training_relative_goodput"] > 0 and not step["violations"]
     with pytest.raises(InputError, match=r"steps\[1\].events"):
