@@ -35,8 +35,10 @@ from ntp_opt.multi.static import solve_static
 from ntp_opt.multi.validate import MultiEvaluation
 from ntp_opt.multi.workloads import MultiInstance
 
-#: Sub-commands of ``ntp-opt multi`` (its first argument, instead of an instance file).
-SUBCOMMANDS = ("replay", "trace")
+#: ``multi replay`` rewrites its output after every step up to this many steps, then
+#: every :data:`WRITE_EVERY` steps (and always when interrupted or done).
+WRITE_ALL = 200
+WRITE_EVERY = 25
 
 
 def _row(name: str, ev: MultiEvaluation, status: str, seconds: float) -> list[str]:
@@ -108,22 +110,28 @@ def cmd_replay(args: argparse.Namespace) -> int:
 
     def on_step(rec: dict[str, Any]) -> None:
         records.append(rec)
-        write(False)  # every finished step is on disk: Ctrl-C loses at most the current one
+        if len(records) <= WRITE_ALL or len(records) % WRITE_EVERY == 0:
+            write(False)  # finished steps are on disk even if the process is killed
         cells = [
             f"{p} W {rec[p]['weighted_goodput']:.4f} moved {rec[p]['gpus_moved']}" for p in planners
         ]
         con.print(f"step {rec['step']} t={rec['time_s']:g}s: " + "; ".join(cells))
 
-    replay(
-        multi,
-        trace,
-        options=options,
-        planners=planners,
-        time_limit=args.time_limit,
-        seed=args.seed,
-        on_step=on_step,
-        source=args.trace,
-    )
+    try:
+        replay(
+            multi,
+            trace,
+            options=options,
+            planners=planners,
+            time_limit=args.time_limit,
+            seed=args.seed,
+            on_step=on_step,
+            source=args.trace,
+        )
+    except BaseException:  # Ctrl-C, SIGTERM, an error: keep every finished step
+        if records:
+            write(False)
+        raise
     write(True)
     table = Table(title=f"{multi.name}: replay of {len(records)} steps")
     for col in ("planner", "mean W", "net W", "GPUs moved", "per step", "median CPU s"):
