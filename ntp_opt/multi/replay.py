@@ -316,7 +316,6 @@ class _Ctx:
         self.job = inst.job
         self.fleets = multi.workloads.serving
         self.w_t = multi.workloads.training_weight
-        self.opts = opts
         cost = opts.cost if opts.migration else MigrationCost(0.0, 0.0, 0.0, 1.0)
         self.cost = cost
         self.demand = np.array([f.demand for f in self.fleets], dtype=float)
