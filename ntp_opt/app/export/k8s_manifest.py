@@ -136,6 +136,7 @@ exit "$status"
 
 
 def ranks_table(hosts: Sequence[K8sHost]) -> str:
+    """``k8s-ranks.tsv``: rank, node, ``CUDA_VISIBLE_DEVICES`` value, active; by rank."""
     rows = sorted(
         (row.rank, h.node, vis, int(row.active))
         for h in hosts

@@ -307,6 +307,7 @@ metrics); `ranks.txt` is the rank -> host, device, GPU table.
 
 
 def launch_files(instance: Instance, ex: Export) -> dict[str, str]:
+    """Every file of the launch set of ``ex``, name to text (rows checked first)."""
     check_rows(ex.rows)
     a = instance.arrays
     hosts, device = gpu_hosts(instance)

@@ -72,9 +72,32 @@ def equal_batch(instance: Instance, plan: Plan, *, iterations: int = 50) -> Plan
     policy = f"{plan.metrics.get('policy', 'plan')}+equal-batch"
     kept = Plan(plan.instance, tuple(replace(r, local_batch=b) for r in plan.replicas), {})
     best = kept.with_metrics(**check(instance, kept).as_metrics())
-    a = instance.arrays
     alpha = job.power_exponent
-    # per stage: relative speed at pi = 1 and the largest multiplier its GPUs accept
+    base, cap = _stage_speeds(instance, plan)
+    lo = min(min(s) for s in base)  # everyone at pi = 1
+    hi = max(
+        max(x * c**alpha for x, c in zip(s, cs, strict=True))
+        for s, cs in zip(base, cap, strict=True)
+    )
+    low_plan = _at_speed(instance, plan, b, base, cap, lo)
+    if low_plan is not None:
+        found = low_plan
+        for _ in range(iterations):
+            mid = (lo + hi) / 2
+            cand = _at_speed(instance, plan, b, base, cap, mid)
+            if cand is None:
+                hi = mid
+            else:
+                lo, found = mid, cand
+        if found.metrics["goodput"] > best.metrics["goodput"]:
+            best = found
+    return best.with_metrics(policy=policy)
+
+
+def _stage_speeds(instance: Instance, plan: Plan) -> tuple[list[list[float]], list[list[float]]]:
+    """Per replica and stage: relative speed at ``pi = 1``, largest multiplier its GPUs accept."""
+    a = instance.arrays
+    job = instance.job
     base: list[list[float]] = []
     cap: list[list[float]] = []
     for rep in plan.replicas:
@@ -89,36 +112,31 @@ def equal_batch(instance: Instance, plan: Plan, *, iterations: int = 50) -> Plan
                 if mx is not None:
                     top = min(top, float(mx) / float(a.tdp[i]))
             cap[-1].append(max(1.0, top))
+    return base, cap
 
-    def at(target: float) -> Plan | None:
-        reps = []
-        for r, rep in enumerate(plan.replicas):
-            stages = []
-            for k, st in enumerate(rep.stages):
-                need = max(1.0, (target / base[r][k]) ** (1.0 / alpha)) if base[r][k] > 0 else 1.0
-                if need > cap[r][k] * (1 + 1e-12):
-                    return None
-                stages.append(replace(st, power=min(need, cap[r][k])))
-            reps.append(replace(rep, local_batch=b, stages=tuple(stages)))
-        cand = Plan(plan.instance, tuple(reps), {})
-        ev = evaluate(instance, cand)
-        return cand.with_metrics(**ev.as_metrics()) if ev.feasible else None
 
-    lo = min(min(s) for s in base)  # everyone at pi = 1
-    hi = max(
-        max(x * c**alpha for x, c in zip(s, cs, strict=True))
-        for s, cs in zip(base, cap, strict=True)
-    )
-    low_plan = at(lo)
-    if low_plan is not None:
-        found = low_plan
-        for _ in range(iterations):
-            mid = (lo + hi) / 2
-            cand = at(mid)
-            if cand is None:
-                hi = mid
-            else:
-                lo, found = mid, cand
-        if found.metrics["goodput"] > best.metrics["goodput"]:
-            best = found
-    return best.with_metrics(policy=policy)
+def _at_speed(
+    instance: Instance,
+    plan: Plan,
+    b: int,
+    base: list[list[float]],
+    cap: list[list[float]],
+    target: float,
+) -> Plan | None:
+    """``plan`` with local batch ``b`` and every stage at the least power reaching ``target``.
+
+    ``None`` when a stage cannot reach it within its cap or the plan breaks a budget.
+    """
+    alpha = instance.job.power_exponent
+    reps = []
+    for r, rep in enumerate(plan.replicas):
+        stages = []
+        for k, st in enumerate(rep.stages):
+            need = max(1.0, (target / base[r][k]) ** (1.0 / alpha)) if base[r][k] > 0 else 1.0
+            if need > cap[r][k] * (1 + 1e-12):
+                return None
+            stages.append(replace(st, power=min(need, cap[r][k])))
+        reps.append(replace(rep, local_batch=b, stages=tuple(stages)))
+    cand = Plan(plan.instance, tuple(reps), {})
+    ev = evaluate(instance, cand)
+    return cand.with_metrics(**ev.as_metrics()) if ev.feasible else None

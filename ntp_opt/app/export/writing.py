@@ -193,64 +193,19 @@ def write_launch_set(
             raise ValueError(f"launch file name {name!r} is not a plain file name")
     runnable = {n for n in names if n.endswith(".sh")} if executable is None else set(executable)
     payload = {name: files[name].encode() for name in names}
-    old_modes: dict[str, int] = {}
-    stale: list[str] = []
     exists = os.path.lexists(out)
     if exists:
-        st = os.lstat(out)
-        if stat.S_ISLNK(st.st_mode):
-            raise UnsafeTargetError(out, "refusing to write: the directory is a symbolic link")
-        if not stat.S_ISDIR(st.st_mode):
-            raise UnsafeTargetError(out, "refusing to write: the path is not a directory")
-        previous = (_previous_names(out) or set()) - {MANIFEST_NAME}
-        for name in names:
-            old = check_target(out / name, inputs)
-            if old is None:
-                continue
-            if name not in previous:
-                raise UnsafeTargetError(
-                    out / name,
-                    "refusing to replace a file that no previous export wrote here: "
-                    "move it away or choose another output directory",
-                )
-            old_modes[name] = stat.S_IMODE(old.st_mode)
-        for name in sorted(previous - set(names)):
-            try:
-                mode = os.lstat(out / name).st_mode
-            except FileNotFoundError:
-                continue
-            if prune and stat.S_ISREG(mode):
-                check_target(out / name, inputs)
-                stale.append(name)
-        kept = {n for n in previous - set(names) - set(stale) if os.path.lexists(out / n)}
-        owned = sorted(set(names) | kept)
+        old_modes, stale, owned = _check_existing(out, names, inputs, prune)
     else:
-        owned = sorted(names)
+        old_modes, stale, owned = {}, [], sorted(names)
     manifest = json.dumps({"format": MANIFEST_FORMAT, "files": owned}, indent=1) + "\n"
     stage: Path | None = None
     try:
         try:
             parent = out if exists else out.parent
             parent.mkdir(parents=True, exist_ok=True)
-            prefix = ".ntp-opt-stage." if exists else f".{out.name}."
-            suffix = "" if exists else ".tmp"
-            while True:
-                cand = parent / f"{prefix}{secrets.token_hex(6)}{suffix}"
-                try:
-                    os.mkdir(cand, 0o700 if exists else 0o777)
-                    stage = cand
-                    break
-                except FileExistsError:
-                    continue
-            for name in names:
-                _write_new(stage / name, payload[name], 0o777 if name in runnable else 0o666)
-                if name in old_modes:  # a replaced file keeps its bits; scripts stay runnable
-                    mode = old_modes[name]
-                    if name in runnable:
-                        mode |= (mode & 0o444) >> 2
-                    os.chmod(stage / name, mode)
-            _write_new(stage / MANIFEST_NAME, manifest.encode(), 0o666)
-            _fsync_dir(stage)
+            stage = _new_stage(parent, out.name, exists)
+            _fill_stage(stage, payload, runnable, old_modes, manifest)
             if exists:
                 os.mkdir(stage / "old", 0o700)
         except OSError as err:
@@ -271,6 +226,77 @@ def write_launch_set(
         if stage is not None:
             shutil.rmtree(stage, ignore_errors=True)
     return names
+
+
+def _check_existing(
+    out: Path, names: list[str], inputs: Sequence[str | os.PathLike[str]], prune: bool
+) -> tuple[dict[str, int], list[str], list[str]]:
+    """Check an existing target before anything is written (:func:`write_launch_set`).
+
+    Returns the permission bits of the files to replace, the previous export's
+    files to remove (``stale``) and the names the new manifest lists.
+    """
+    st = os.lstat(out)
+    if stat.S_ISLNK(st.st_mode):
+        raise UnsafeTargetError(out, "refusing to write: the directory is a symbolic link")
+    if not stat.S_ISDIR(st.st_mode):
+        raise UnsafeTargetError(out, "refusing to write: the path is not a directory")
+    previous = (_previous_names(out) or set()) - {MANIFEST_NAME}
+    old_modes: dict[str, int] = {}
+    stale: list[str] = []
+    for name in names:
+        old = check_target(out / name, inputs)
+        if old is None:
+            continue
+        if name not in previous:
+            raise UnsafeTargetError(
+                out / name,
+                "refusing to replace a file that no previous export wrote here: "
+                "move it away or choose another output directory",
+            )
+        old_modes[name] = stat.S_IMODE(old.st_mode)
+    for name in sorted(previous - set(names)):
+        try:
+            mode = os.lstat(out / name).st_mode
+        except FileNotFoundError:
+            continue
+        if prune and stat.S_ISREG(mode):
+            check_target(out / name, inputs)
+            stale.append(name)
+    kept = {n for n in previous - set(names) - set(stale) if os.path.lexists(out / n)}
+    return old_modes, stale, sorted(set(names) | kept)
+
+
+def _new_stage(parent: Path, name: str, exists: bool) -> Path:
+    """A new, empty staging directory: inside an existing target, else beside the new one."""
+    prefix = ".ntp-opt-stage." if exists else f".{name}."
+    suffix = "" if exists else ".tmp"
+    while True:
+        cand = parent / f"{prefix}{secrets.token_hex(6)}{suffix}"
+        try:
+            os.mkdir(cand, 0o700 if exists else 0o777)
+            return cand
+        except FileExistsError:
+            continue
+
+
+def _fill_stage(
+    stage: Path,
+    payload: dict[str, bytes],
+    runnable: set[str],
+    old_modes: dict[str, int],
+    manifest: str,
+) -> None:
+    """Write and fsync every file and the manifest into the staging directory."""
+    for name, data in payload.items():
+        _write_new(stage / name, data, 0o777 if name in runnable else 0o666)
+        if name in old_modes:  # a replaced file keeps its bits; scripts stay runnable
+            mode = old_modes[name]
+            if name in runnable:
+                mode |= (mode & 0o444) >> 2
+            os.chmod(stage / name, mode)
+    _write_new(stage / MANIFEST_NAME, manifest.encode(), 0o666)
+    _fsync_dir(stage)
 
 
 def _commit(out: Path, stage: Path, names: list[str], stale: list[str]) -> None:
