@@ -160,34 +160,58 @@ def import_megatron(path: str | os.PathLike[str], instance: Instance | None = No
         )
     problems: list[tuple[str, str]] = []
     node = _node_ids(instance, problems)
-    replicas: list[Replica] = []
-    for dp in range(n_dp):
-        stages: list[Stage] = []
-        degree = None
-        for pp in range(n_pp):
-            group = groups[(dp, pp)]
-            inactive = sorted(tp for tp, row in group.items() if not row["active"])
-            want = non_active.get((dp, 0, pp), [])
-            if dp < n_reduced and len(want) != spares:
-                problems.append((f"dp={dp} pp={pp}", f"{len(want)} inactive, tp_spares {spares}"))
-            if inactive != sorted(want):
-                problems.append(
-                    (f"dp={dp} pp={pp}", f"inactive local ranks {inactive}, config says {want}")
-                )
-            active = [group[tp] for tp in range(big_t) if group[tp]["active"]]
-            if degree is None:
-                degree = len(active)
-            elif len(active) != degree:
-                problems.append(
-                    (f"dp={dp} pp={pp}", f"{len(active)} active ranks, stage 0 has {degree}")
-                )
-            stage = _imported_stage(active, dp, pp, node, problems)
-            if stage is not None:
-                stages.append(stage)
-        replicas.append(Replica(int(degree or 0), batch, tuple(stages)))
+    replicas = [
+        _imported_replica(
+            [groups[(dp, pp)] for pp in range(n_pp)],
+            dp,
+            [non_active.get((dp, 0, pp), []) for pp in range(n_pp)],
+            spares if dp < n_reduced else None,
+            batch,
+            node,
+            problems,
+        )
+        for dp in range(n_dp)
+    ]
     if problems:
         raise InputError(rsource, problems)
     return Plan(name, tuple(replicas), {"policy": "megatron-import"})
+
+
+def _imported_replica(
+    groups: list[dict[int, dict[str, Any]]],
+    dp: int,
+    non_active: list[list[int]],
+    spares: int | None,
+    batch: int,
+    node: Callable[[str, str], Hashable],
+    problems: list[tuple[str, str]],
+) -> Replica:
+    """DP rank ``dp`` as a replica: its stages' rank groups checked against the config.
+
+    ``groups`` and ``non_active`` are per PP rank; ``spares`` is ``tp_spares``
+    for a reduced replica (``None`` otherwise). Disagreements go to ``problems``.
+    """
+    stages: list[Stage] = []
+    degree = None
+    for pp, (group, want) in enumerate(zip(groups, non_active, strict=True)):
+        inactive = sorted(tp for tp, row in group.items() if not row["active"])
+        if spares is not None and len(want) != spares:
+            problems.append((f"dp={dp} pp={pp}", f"{len(want)} inactive, tp_spares {spares}"))
+        if inactive != sorted(want):
+            problems.append(
+                (f"dp={dp} pp={pp}", f"inactive local ranks {inactive}, config says {want}")
+            )
+        active = [group[tp] for tp in sorted(group) if group[tp]["active"]]
+        if degree is None:
+            degree = len(active)
+        elif len(active) != degree:
+            problems.append(
+                (f"dp={dp} pp={pp}", f"{len(active)} active ranks, stage 0 has {degree}")
+            )
+        stage = _imported_stage(active, dp, pp, node, problems)
+        if stage is not None:
+            stages.append(stage)
+    return Replica(int(degree or 0), batch, tuple(stages))
 
 
 def _read_sidecar(extras_path: Path) -> dict[str, Any]:

@@ -199,26 +199,27 @@ def placeholder_rows(
                 )
             ]
         )
-    rows = []
-    for r, h, dev, gi in best[0]:
-        b, tp = divmod(r, big_t)
-        dp, pp = divmod(b, n_pp)
-        rows.append(
-            RankRow(
-                rank=r,
-                host=h,
-                device=dev,
-                gpu=None if gi is None else a.gpu_ids[gi],
-                domain=None if gi is None else a.domain_ids[a.gpu_domain[gi]],
-                dp=dp,
-                pp=pp,
-                tp=tp,
-                active=False,
-                power=None,
-                power_w=None,
-            )
-        )
-    return rows
+    return [_placeholder_row(instance, r, h, dev, gi) for r, h, dev, gi in best[0]]
+
+
+def _placeholder_row(instance: Instance, r: int, h: str, dev: int, gi: int | None) -> RankRow:
+    """The row of inactive rank ``r`` on device ``dev`` of host ``h`` (GPU ``gi`` if known)."""
+    a = instance.arrays
+    b, tp = divmod(r, instance.job.tp)
+    dp, pp = divmod(b, instance.job.pp)
+    return RankRow(
+        rank=r,
+        host=h,
+        device=dev,
+        gpu=None if gi is None else a.gpu_ids[gi],
+        domain=None if gi is None else a.domain_ids[a.gpu_domain[gi]],
+        dp=dp,
+        pp=pp,
+        tp=tp,
+        active=False,
+        power=None,
+        power_w=None,
+    )
 
 
 def spares(plan: Plan, big_t: int) -> int:
