@@ -22,8 +22,7 @@ import uuid
 from pathlib import Path
 
 from ntp_opt import load_instance, solve
-from ntp_opt.app.export import megatron_export
-from ntp_opt.app.export_k8s import K8S_NAME, K8sOptions, k8s_files
+from ntp_opt.app.export import K8S_NAME, K8sOptions, k8s_files, megatron_export
 
 ROOT = Path(__file__).resolve().parent.parent
 DEFAULT = ["instances/default.json", "instances/paper-nvl32-32k-0.1pct.json.gz"]

@@ -1,8 +1,8 @@
-"""Compatibility path: the code lives in :mod:`ntp_opt.app.plot`."""
+"""Compatibility path: the code lives in :mod:`ntp_opt.app.plotting`."""
 
 import sys
 
-from ntp_opt.app import plot as _module
-from ntp_opt.app.plot import *  # noqa: F403
+from ntp_opt.app import plotting as _module
+from ntp_opt.app.plotting import *  # noqa: F403
 
 sys.modules[__name__] = _module

@@ -9,7 +9,7 @@ Expected values come from the fixtures (the nvidia-smi XML files' UUIDs and
 minor numbers, the failed GPUs listed in docs/import.md), from the plan, or
 from the rank table of the Megatron-LM export this route consumes
 (``Export.rows``, placement is not this module's job); never from
-``ntp_opt.app.export_k8s`` itself. The wrapper script runs under bash with a
+``ntp_opt.app.export.k8s`` itself. The wrapper script runs under bash with a
 stub training command that records its environment.
 """
 
@@ -28,8 +28,7 @@ import networkx as nx
 import pytest
 
 from ntp_opt.app.cli import main
-from ntp_opt.app.export import megatron_export
-from ntp_opt.app.export_k8s import K8S_NAME, K8sOptions, export_k8s
+from ntp_opt.app.export import K8S_NAME, K8sOptions, export_k8s, megatron_export
 from ntp_opt.app.importers import import_k8s, import_slurm
 from ntp_opt.app.importers.cli import load_job
 from ntp_opt.model.files import load_instance, save_instance, save_plan

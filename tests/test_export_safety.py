@@ -29,7 +29,6 @@ from typing import Any
 import networkx as nx
 import pytest
 
-from ntp_opt.app import export as export_mod
 from ntp_opt.app.cli import main
 from ntp_opt.app.export import (
     CONFIG_NAME,
@@ -50,6 +49,8 @@ from ntp_opt.app.export import (
     power_only,
     write_launch_set,
 )
+from ntp_opt.app.export import megatron as megatron_mod
+from ntp_opt.app.export import writing as writing_mod
 from ntp_opt.model import topology
 from ntp_opt.model.files import save_instance, save_plan
 from ntp_opt.model.instance import Instance
@@ -326,7 +327,7 @@ def test_md_code_keeps_a_name_on_one_code_span() -> None:
 
 def _fill_disk_after(monkeypatch: pytest.MonkeyPatch, k: int) -> list[str]:
     """Make the writer's k+1-th new file fail with ENOSPC (after writing half of it)."""
-    real = export_mod._write_new
+    real = writing_mod._write_new
     written: list[str] = []
 
     def write(path: Path, data: bytes, mode: int) -> None:
@@ -336,7 +337,7 @@ def _fill_disk_after(monkeypatch: pytest.MonkeyPatch, k: int) -> list[str]:
         written.append(path.name)
         real(path, data, mode)
 
-    monkeypatch.setattr(export_mod, "_write_new", write)
+    monkeypatch.setattr(writing_mod, "_write_new", write)
     return written
 
 
@@ -366,7 +367,7 @@ def test_interrupt_mid_export_keeps_the_old_directory(
     out = tmp_path / "launch"
     export_megatron(inst, _plan(inst), out)
     before = _snapshot(out)
-    real = export_mod._write_new
+    real = writing_mod._write_new
     calls: list[int] = []
 
     def write(path: Path, data: bytes, mode: int) -> None:
@@ -375,7 +376,7 @@ def test_interrupt_mid_export_keeps_the_old_directory(
             raise KeyboardInterrupt
         real(path, data, mode)
 
-    monkeypatch.setattr(export_mod, "_write_new", write)
+    monkeypatch.setattr(writing_mod, "_write_new", write)
     other = Instance("other", inst.cluster, inst.job)
     with pytest.raises(KeyboardInterrupt):
         export_megatron(other, _plan(other), out)
@@ -446,7 +447,7 @@ def test_failed_commit_is_undone(tmp_path: Path, monkeypatch: pytest.MonkeyPatch
         real(src, dst)
 
     other = Instance("other", inst.cluster, inst.job)
-    monkeypatch.setattr(export_mod.os, "rename", rename)
+    monkeypatch.setattr(writing_mod.os, "rename", rename)
     with pytest.raises(OSError) as err:
         export_megatron(other, _plan(other), out)
     monkeypatch.undo()
@@ -479,7 +480,7 @@ def test_sigterm_waits_for_the_commit(tmp_path: Path, monkeypatch: pytest.Monkey
     other = Instance("other", inst.cluster, inst.job)
     previous = signal.signal(signal.SIGTERM, stop)
     try:
-        monkeypatch.setattr(export_mod.os, "rename", rename)
+        monkeypatch.setattr(writing_mod.os, "rename", rename)
         with pytest.raises(Stop):
             export_megatron(other, _plan(other), out)
         monkeypatch.undo()
@@ -563,7 +564,7 @@ def test_counts_are_bounded_before_anything_is_built(
     def never(*args: Any, **kwargs: Any) -> None:
         raise AssertionError("the placeholder rows were built")
 
-    monkeypatch.setattr(export_mod, "_placeholder_rows", never)
+    monkeypatch.setattr(megatron_mod, "placeholder_rows", never)
     inst = _instance()
     ipath, ppath = tmp_path / "i.json", tmp_path / "p.json"
     save_instance(inst, ipath)
@@ -577,6 +578,6 @@ def test_counts_are_bounded_before_anything_is_built(
 
 def test_world_size_is_bounded(monkeypatch: pytest.MonkeyPatch) -> None:
     inst = _instance()
-    monkeypatch.setattr(export_mod, "MAX_WORLD", 7)  # the world here has 8 ranks
+    monkeypatch.setattr(megatron_mod, "MAX_WORLD", 7)  # the world here has 8 ranks
     with pytest.raises(MegatronError, match="8 ranks"):
         megatron_export(inst, _plan(inst))

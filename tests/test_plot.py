@@ -1,4 +1,4 @@
-"""Pictures of a plan (ntp_opt.app.plot): the artists drawn, the CLI, the HTML page."""
+"""Pictures of a plan (ntp_opt.app.plotting): the artists drawn, the CLI, the HTML page."""
 
 from __future__ import annotations
 
@@ -27,7 +27,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 from matplotlib.colors import to_hex  # noqa: E402
 
-from ntp_opt.app import plot as nplot  # noqa: E402
+from ntp_opt.app import plotting as nplot  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 TINY = ROOT / "instances" / "tiny.json"
@@ -368,7 +368,7 @@ def test_plot_module_imports_without_matplotlib():
     # the HTML page needs no matplotlib; the module imports it lazily
     code = (
         "import sys; sys.modules['matplotlib'] = None\n"
-        "import ntp_opt.app.plot as p\n"
+        "import ntp_opt.app.plotting as p\n"
         "try:\n"
         "    p.plot_plan(None, None)\n"
         "except ImportError as e:\n"

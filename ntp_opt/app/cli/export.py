@@ -21,7 +21,7 @@ def run(args: argparse.Namespace) -> int:
 
     k8s = None
     if args.to == "k8s":
-        from ntp_opt.app.export_k8s import K8sOptions
+        from ntp_opt.app.export import K8sOptions
 
         try:
             k8s = K8sOptions.from_cli(
@@ -46,7 +46,7 @@ def run(args: argparse.Namespace) -> int:
             print(f"wrote {echo(', '.join(written))} in {echo(args.output)}")
             return 0
         if k8s is not None:
-            from ntp_opt.app.export_k8s import export_k8s
+            from ntp_opt.app.export import export_k8s
 
             ex = export_k8s(
                 instance,
@@ -77,7 +77,7 @@ def run(args: argparse.Namespace) -> int:
     out = echo(args.output)
     print(f"wrote {len(ex.files)} files in {out} (see {out}/LAUNCH.md)")
     if k8s is not None:
-        from ntp_opt.app.export_k8s import K8S_NAME, k8s_notes
+        from ntp_opt.app.export import K8S_NAME, k8s_notes
 
         print(f"kubectl apply -f {out}/{K8S_NAME}")
         for line in k8s_notes(instance, ex, k8s):

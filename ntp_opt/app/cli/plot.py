@@ -6,7 +6,7 @@ import argparse
 from pathlib import Path
 from typing import Any
 
-from ntp_opt.app.plot import FIGURE_SIZE_IN
+from ntp_opt.app.plotting import FIGURE_SIZE_IN
 from ntp_opt.model.echo import echo
 from ntp_opt.model.files import (
     load_instance,
@@ -20,14 +20,14 @@ DPI_MIN, DPI_MAX = 10, 600
 def run(args: argparse.Namespace) -> int:
     import io
 
-    from ntp_opt.app.plot import plan_html
+    from ntp_opt.app.plotting import plan_html
     from ntp_opt.model.safeio import atomic_write
 
     out = Path(args.output)
     kind = out.suffix.lower().lstrip(".")
     if kind not in ("svg", "png", "pdf", "html"):
         raise ValueError(f"{out}: -o must end in .svg, .png, .pdf or .html")
-    from ntp_opt.app.plot import plan_layout
+    from ntp_opt.app.plotting import plan_layout
 
     if not DPI_MIN <= args.dpi <= DPI_MAX:
         w, h = FIGURE_SIZE_IN
@@ -63,7 +63,7 @@ def run(args: argparse.Namespace) -> int:
             ) from None
         import matplotlib.pyplot as plt
 
-        from ntp_opt.app.plot import plan_figure
+        from ntp_opt.app.plotting import plan_figure
 
         fig = plan_figure(instance, plan, diff)
         buf = io.BytesIO()
