@@ -32,6 +32,9 @@ from ntp_opt.planners.riskaware import (
     training_scenarios,
     wait_and_see_bound,
 )
+from ntp_opt.planners.riskaware.nonanticipative import restricted_instance
+from ntp_opt.planners.riskaware.scorer import refills_keep_power
+from ntp_opt.planners.riskaware.waitandsee import idle_instance
 from ntp_opt.rules.expected import expected_goodput
 from ntp_opt.rules.recourse import adapt
 from ntp_opt.rules.validate import check, evaluate
@@ -198,14 +201,17 @@ def test_same_scenarios_same_bound() -> None:
     assert np.array_equal(a.scenario_bounds, b.scenario_bounds)
 
 
-def test_without_exact_solves_the_cap_is_the_relaxed_capacity_bound() -> None:
+def test_without_exact_solves_the_cap_is_the_capacity_bound() -> None:
     # above max_gpus no scenario is solved: every scenario gets the cap,
-    # capacity_bound of the relaxed instance, still above the objective
+    # capacity_bound of the instance itself (its domains lie in one rack with
+    # one TDP: recourse keeps the nominal draws, no relaxation is needed),
+    # still above the objective
     inst = risk_instance("pack")
+    assert refills_keep_power(inst)
     scen = training_scenarios(inst)
     ws = wait_and_see_bound(inst, scen, max_gpus=0)
     assert ws.solved == 0
-    assert ws.cap == pytest.approx(capacity_bound(relaxed_instance(inst, scen.gpus)), rel=1e-12)
+    assert ws.cap == pytest.approx(capacity_bound(inst), rel=1e-12)
     assert ws.bound <= ws.cap * (1 + 1e-12)  # lower tiers: smaller caps
     assert np.all(ws.scenario_bounds <= ws.cap * (1 + 1e-12))
     out = plan_risk_aware(inst, time_limit=HANG_GUARD, ws_bound=False)
@@ -248,3 +254,35 @@ def test_cli_prints_the_expected_goodput_bound_and_gap(tmp_path, capsys) -> None
     # the exact planner's bounds sit within its tolerance (1e-6) above the optimum
     found = re.search(r"wait-and-see bound 1\.0000, gap (\S+):", out)
     assert found is not None and float(found.group(1)) <= 2e-6
+
+
+@pytest.mark.parametrize("name", ["pack", "mixed", "mixed-fixed"])
+def test_recourse_stays_feasible_with_failed_gpus_drawing_idle(name: str) -> None:
+    # the claim behind the nominal cap and the domain bound: where every domain
+    # lies in one rack with one TDP, the recourse of a plan is feasible even when
+    # the failed GPUs (and every GPU outside the plan's domains) still draw idle
+    # power; the budgets are lowered by exactly that draw
+    inst = risk_instance(name)
+    assert refills_keep_power(inst)
+    a = inst.arrays
+    plans = [solve(inst, "ntp").plan, solve(inst, "ntp-pw").plan]
+    scen = training_scenarios(inst, samples=40, seed=3)
+    checked = 0
+    for plan in plans:
+        assert plan is not None
+        ids = [a.gpu_index[g] for r in plan.replicas for st in r.stages for g in st.gpus]
+        used = np.unique(a.gpu_domain[ids])
+        for g in scen.gpus:
+            mask = np.zeros(a.n_gpus, dtype=bool)
+            mask[g] = True
+            after = adapt(inst, plan, mask)
+            idle = idle_instance(inst, mask)
+            watts = inst.job.idle_power_fraction * float(a.tdp[g][a.healthy[g]].sum())
+            assert idle.arrays.site_budget == pytest.approx(a.site_budget - watts, abs=1e-9)
+            # check raises on a broken rule; the goodput is the recourse's
+            value = check(failed_instance(inst, mask), after).goodput
+            assert check(idle, after).goodput == pytest.approx(value, rel=1e-12)
+            restricted = restricted_instance(inst, used, g)
+            assert check(restricted, after).goodput == pytest.approx(value, rel=1e-12)
+            checked += 1
+    assert checked == 2 * len(scen.gpus)

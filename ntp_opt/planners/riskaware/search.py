@@ -28,7 +28,7 @@ from ntp_opt.rules import goodput as gp
 from ntp_opt.rules.power import board_over, over_budget, rack_and_site_draw
 from ntp_opt.rules.tolerances import FLOAT_NOISE, PROB_CLIP
 
-__all__ = ["FAMILIES", "Search", "local_search"]
+__all__ = ["FAMILIES", "Search", "local_search", "relocate"]
 
 #: Relative improvement a move must bring to be accepted (guards against float noise).
 _IMPROVE_TOL = FLOAT_NOISE
@@ -400,3 +400,49 @@ def local_search(s: Search, layout: Layout, plan: Plan, value: float) -> tuple[P
         # a family that kept a move sends the search back to the first family
         family = 0 if improved and family > 0 else family + 1
     return plan, value
+
+
+def relocate(s: Search, layout: Layout, domains: tuple[int, ...] | list[int]) -> Layout | None:
+    """``layout`` with the stages of its domains outside ``domains`` moved into the others.
+
+    Each domain the layout uses outside ``domains`` sends all its stages to
+    one unused domain of ``domains`` (in index order). A stage's GPUs map to
+    GPUs of the new domain with the same speed, TDP and board limit, the
+    least risky first; power multipliers and degrees are kept. Used to seed
+    the search with the domains of the bound's optimum
+    (:mod:`~ntp_opt.planners.riskaware.nonanticipative`), whose domains are
+    interchangeable.
+
+    Returns
+    -------
+    Layout or None
+        The new layout, or ``None`` when ``domains`` has too few unused
+        domains or a new domain lacks a matching GPU.
+    """
+    a = s.a
+    used = sorted({int(d) for d in layout.domain})
+    leave = [d for d in used if d not in set(domains)]
+    if not leave:
+        return layout
+    target = [d for d in domains if d not in set(used)]
+    if len(target) < len(leave):
+        return None
+    changes = []
+    for old, new in zip(leave, target, strict=False):
+        pool = [int(g) for g in a.domain_gpus[new] if a.healthy[g]]
+        pool.sort(key=lambda g: (float(s.risk[g]), g))
+        for k in np.flatnonzero(layout.domain == old).tolist():
+            gpus = []
+            for g in layout.stage_gpus(k).tolist():
+                want = (a.speed[g], a.tdp[g], a.max_power[g])
+                pick = next(
+                    (h for h in pool if (a.speed[h], a.tdp[h], a.max_power[h]) == want), None
+                )
+                if pick is None:
+                    return None
+                pool.remove(pick)
+                gpus.append(pick)
+            changes.append(
+                (k, new, np.sort(np.asarray(gpus, dtype=np.int64)), float(layout.power[k]))
+            )
+    return _with_stages(layout, changes)
