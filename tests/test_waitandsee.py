@@ -286,3 +286,74 @@ def test_recourse_stays_feasible_with_failed_gpus_drawing_idle(name: str) -> Non
             assert check(restricted, after).goodput == pytest.approx(value, rel=1e-12)
             checked += 1
     assert checked == 2 * len(scen.gpus)
+
+
+def _tiny_uniform(seed: int) -> Instance:
+    """As :func:`_tiny`, with identical domains (no straggler, none failed) and PP1.
+
+    A plan then uses at most ``pp · dp_max = 2`` of the 3-4 domains, so the
+    non-anticipative domain bound applies.
+    """
+    rng = np.random.default_rng(seed)
+    nd = int(rng.choice([3, 4]))
+    g = topology.build_cluster(nd, 2, 1, 2)
+    gpus = topology.gpus(g)
+    picks = rng.permutation(len(gpus))
+    g.graph["power_budget_w"] = float(rng.choice([0.8, 1.0])) * 1000 * len(gpus)
+    for i in picks[: int(rng.integers(2, 4))]:
+        topology.set_p_fail(g, float(rng.choice([0.1, 0.3])), [gpus[int(i)]])
+    trays = topology.trays(g)
+    if rng.random() < 0.5:
+        topology.set_p_fail(g, 0.2, [trays[int(rng.integers(len(trays)))]])
+    dp = int(rng.integers(1, 3))
+    batch = int(rng.integers(dp, 3 * dp + 1))
+    job = Job(
+        tp=2,
+        tp_min=1,
+        pp=1,
+        dp=dp,
+        dp_max=2,
+        global_batch=batch,
+        max_local_batch=-(-batch // dp) + int(rng.integers(0, 2)),
+        batch_policy=str(rng.choice(["fixed", "elastic"])),
+        max_boost=0.0,
+        idle_power_fraction=float(rng.choice([0.0, 0.1, 0.5])),
+        reshard_overhead=0.1,
+    )
+    return Instance(f"tiny-uniform-{seed}", g, job)
+
+
+def test_planner_equals_enumeration_on_tiny_instances() -> None:
+    # 50 seeded tiny instances (half with identical domains, where the domain
+    # bound applies): every plan is enumerated and scored by its exact
+    # expected goodput after recourse. The planner's objective (exact here)
+    # must equal the best expectation among the plans that keep the nominal
+    # optimum (nominal_tolerance=0), and its bound must lie above the best
+    # expectation of every plan, nominal optimum or not.
+    coupled = proven = 0
+    for seed in range(50):
+        inst = _tiny_uniform(seed) if seed % 2 else _tiny(100 + seed)
+        scored = [
+            (evaluate(inst, p).goodput, expected_goodput(inst, p, method="exact").mean)
+            for p in _plans(inst)
+        ]
+        out = plan_risk_aware(inst, time_limit=None)
+        m = out.plan.metrics
+        assert m["saa_method"] == "exact"
+        nominal = evaluate(inst, out.blind).goodput
+        assert max(g for g, _ in scored) <= nominal * (1 + 1e-9) + 1e-12  # blind is optimal
+        best_kept = max(e for g, e in scored if g >= nominal * (1 - 1e-9))
+        best_any = max(e for _, e in scored)
+        value = out.stats["expected_objective"]
+        assert expected_goodput(inst, out.plan, method="exact").mean == pytest.approx(
+            value, rel=1e-9, abs=1e-12
+        )
+        assert value == pytest.approx(best_kept, rel=1e-9, abs=1e-12), seed
+        assert out.bound is not None
+        assert best_any <= out.bound * (1 + 1e-9) + 1e-12, seed
+        if out.proven:
+            assert out.bound - value <= 1e-6 * out.bound
+            proven += 1
+        coupled += "na_bound" in m
+    assert coupled == 25  # the domain bound ran on every uniform instance
+    assert proven >= 20
