@@ -132,7 +132,7 @@ def domain_limit(instance: Instance) -> int | None:
     assert job.dp_max is not None
     usable = [d for d in range(a.n_domains) if a.healthy[a.domain_gpus[d]].any()]
     k = min(job.pp * job.dp_max, len(usable))
-    if k >= len(usable) or not refills_keep_power(instance):
+    if (k >= len(usable) and not _grouped(instance)) or not refills_keep_power(instance):
         return None
     profiles = set()
     racks_seen: set[int] = set()
@@ -147,6 +147,19 @@ def domain_limit(instance: Instance) -> int | None:
         racks_seen.add(r)
         profiles.add((_profile(instance, gpus[a.healthy[gpus]]), float(a.rack_budget[r])))
     return k if len(profiles) == 1 else None
+
+
+def _grouped(instance: Instance) -> bool:
+    """Replicas span ``pp >= 2`` domains and a domain holds at most one stage.
+
+    Every domain has fewer than two stages' worth (``2 · tp_min``) of healthy
+    GPUs, so in any plan a domain belongs to at most one replica, and a
+    replica's stages lie in ``pp`` distinct domains.
+    """
+    a = instance.arrays
+    job = instance.job
+    most = int(max((int(a.healthy[m].sum()) for m in a.domain_gpus), default=0))
+    return job.pp >= 2 and most < 2 * job.min_tp
 
 
 def _profile(instance: Instance, gpus: np.ndarray) -> tuple[tuple[float, float, float], ...]:
@@ -196,6 +209,8 @@ class _Option:
     scenario: int
     domains: tuple[int, ...]  # T: the affected domains in D
     key: object  # None: uncoupled (value U_s, no constraint)
+    dead: tuple[int, ...] = ()  # the domains of T left without a stage's worth of GPUs
+    lost: int = 0  # replicas those take down at least (classes of ``dead``)
 
 
 def domain_bound(
@@ -239,6 +254,8 @@ def domain_bound(
     weights = np.asarray(scenarios.weights, dtype=float)
     caps = np.asarray(scenario_bounds, dtype=float)
     usable = [d for d in range(a.n_domains) if a.healthy[a.domain_gpus[d]].any()]
+    job = instance.job
+    grouped = _grouped(instance)
 
     def remaining() -> float | None:
         return None if deadline is None else deadline - time.perf_counter()
@@ -267,8 +284,11 @@ def domain_bound(
             for size in range(min(len(dom), k) + 1):
                 for t in combinations(dom, size):
                     prof = tuple(sorted(_profile(instance, alive[d]) for d in t))
-                    mine.append(len(options))
-                    options.append(_Option(s, t, prof))
+                    dead = tuple(d for d in t if grouped and len(alive[d]) < job.min_tp)
+                    m = len(dead)
+                    for lost in range(-(-m // job.pp), m + 1):
+                        mine.append(len(options))
+                        options.append(_Option(s, t, (prof, lost), dead, lost))
         per_scenario.append(mine)
     values: dict[object, float] = {}
     solved = proven = masters = 0
@@ -293,6 +313,7 @@ def domain_bound(
             affected,
             usable,
             k,
+            job.pp,
             weights,
             [value(o) for o in options],
             None if left is None else MASTER_SHARE * left,
@@ -320,9 +341,22 @@ def domain_bound(
             s = o.scenario
             dom = affected[s]
             fresh = [d for d in usable if d not in dom][: k - len(o.domains)]
+            live = [d for d in o.domains if d not in o.dead]
             inst = restricted_instance(
-                instance, np.array([*o.domains, *fresh], dtype=np.int64), scenarios.gpus[s]
+                instance, np.array([*live, *fresh], dtype=np.int64), scenarios.gpus[s]
             )
+            if o.lost > 0:  # the replicas of the dead domains are gone
+                replicas = job.replicas_max - o.lost
+                if replicas <= 0:
+                    values[o.key] = 0.0
+                    fresh_values = True
+                    continue
+                inst = Instance(
+                    inst.name,
+                    inst.cluster,
+                    job.model_copy(update={"dp_max": replicas}),
+                    inst.meta,
+                )
             left = remaining()
             share = None if left is None else left * max(1 / (len(todo) - n_left), SOLVE_SHARE)
             out = solve_exact(
@@ -357,17 +391,28 @@ def _master(
     affected: list[tuple[int, ...]],
     usable: list[int],
     k: int,
+    pp: int,
     weights: np.ndarray,
     values: list[float],
     time_limit: float | None,
     seed: int,
 ) -> tuple[float, tuple[int, ...], list[int]]:
     """``max sum_s w_s v_s(D ∩ A_s)`` over ``|D| = k``: its proven bound, its ``D`` and options."""
-    top = max(max(values), 1e-300)
-    scale = SCALE / top
+    top = max(values)
+    scale = SCALE / top if top > 0 else 1.0
     m = cp_model.CpModel()
     z = {d: m.new_bool_var(f"z{d}") for d in usable}
     m.add(sum(z.values()) == k)
+    # u[d, e]: dead-able domains d and e in one replica (at most pp per replica)
+    deadable = sorted({d for o in options for d in o.dead})
+    u = {}
+    for i, d in enumerate(deadable):
+        for e in deadable[i + 1 :]:
+            u[d, e] = m.new_bool_var(f"u{d}_{e}")
+            m.add_implication(u[d, e], z[d])
+            m.add_implication(u[d, e], z[e])
+    for d in deadable:
+        m.add(sum(v for (x, y_), v in u.items() if d in (x, y_)) <= pp - 1)
     y = [m.new_bool_var(f"y{i}") for i in range(len(options))]
     constant = 0.0
     terms = []
@@ -378,9 +423,13 @@ def _master(
             continue
         m.add_exactly_one(y[i] for i in mine)
         for i in mine:
-            t = set(options[i].domains)
+            o = options[i]
+            t = set(o.domains)
             for d in affected[s]:
                 m.add_implication(y[i], z[d] if d in t else z[d].negated())
+            if o.lost < len(o.dead):  # the dead domains form at most `lost` groups
+                pairs = [u[d, e] for j, d in enumerate(o.dead) for e in o.dead[j + 1 :]]
+                m.add(sum(pairs) >= len(o.dead) - o.lost).only_enforce_if(y[i])
         for i in mine:
             terms.append((i, math.ceil(float(weights[s]) * values[i] * scale)))
     m.maximize(sum(c * y[i] for i, c in terms))
