@@ -256,7 +256,7 @@ def test_cli_prints_the_expected_goodput_bound_and_gap(tmp_path, capsys) -> None
     out = capsys.readouterr().out
     assert "risk-aware: expected goodput after recourse 1.0000 (rel., exact over 16" in out
     # the exact planner's bounds sit within its tolerance (1e-6) above the optimum
-    found = re.search(r"wait-and-see bound 1\.0000, gap (\S+):", out)
+    found = re.search(r", bound 1\.0000, gap (\S+):", out)
     assert found is not None and float(found.group(1)) <= 2e-6
 
 

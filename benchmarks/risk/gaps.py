@@ -10,6 +10,7 @@ Instances: the built ``pack``, ``mixed``, ``mixed-fixed`` and ``mixed-large``
 ``ntp-opt gen --builder nvl32 --gpus 256 --tp 32 --pp 2 --dp 3 --p-fail 0.002``).
 Prints one Markdown row per instance: the gap, the expected objective, its
 bound, the status and the CPU and wall seconds (the machine may be shared).
+The measured tables, before and after issue 31, are in ``gaps.md``.
 """
 
 from __future__ import annotations

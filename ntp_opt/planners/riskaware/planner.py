@@ -66,14 +66,15 @@ class RiskAwareOutcome(Outcome):
         The risk-aware plan (never ``None``; validated unless
         ``validate=False``; metrics in ``docs/risk.md``).
     bound
-        The wait-and-see bound on the training objective (expected goodput
-        after recourse over the training scenarios) of every plan, or
-        ``None`` when it was not computed (``ws_bound``); the risk-blind
-        optimum's bound on *nominal* goodput is the plan's ``bound`` metric.
+        A bound on the training objective (expected goodput after recourse
+        over the training scenarios) of every plan: the smaller of the
+        wait-and-see bound and the domain bound, or ``None`` with
+        ``ws_bound=False``; the risk-blind optimum's bound on *nominal*
+        goodput is the plan's ``bound`` metric.
     proven
-        The plan's training objective meets :attr:`bound` (within twice
-        :data:`~ntp_opt.rules.tolerances.REL_TOL`): no plan has a higher
-        expected goodput over these scenarios.
+        The gap ``(bound - objective) / bound`` is within
+        :data:`~ntp_opt.rules.tolerances.REL_TOL` (1e-6): no plan has an
+        expected goodput over these scenarios higher by more than that.
     limit
         :attr:`Limit.TIME` when the search, the wait-and-see bound or the
         final estimate stopped at the time limit, :attr:`Limit.INTERRUPTED`
@@ -151,15 +152,17 @@ def plan_risk_aware(
         checks every plan once itself.
 
     ws_bound
-        Compute the wait-and-see bound on the training objective
-        (:func:`~ntp_opt.planners.riskaware.waitandsee.wait_and_see_bound`:
-        the training scenarios solved by the exact planner, heaviest first)
-        in the time the search leaves before the fresh estimate's share
-        (all of them, without a time limit). ``None`` (default): on for
-        small problems, at most :data:`WS_AUTO_SCENARIOS` distinct training
-        scenarios and :data:`WS_AUTO_GPUS` GPUs (e.g. every scenario
-        enumerated on a few failure units), off otherwise (an SAA over 300
-        samples of a 720-GPU instance needs about 200 exact solves).
+        Bound the training objective over every plan (``docs/risk.md``), in
+        the time the search leaves before the fresh estimate's share (all of
+        it without a time limit). ``None`` (default): always, with the
+        cheapest valid caps (the nominal optimum's bound where recourse keeps
+        the nominal draws) and, where it applies, the non-anticipative domain
+        bound (:func:`~ntp_opt.planners.riskaware.nonanticipative.domain_bound`,
+        whose domains also seed a second search); elsewhere the wait-and-see
+        bound solves the scenarios (heaviest first; without a time limit only
+        for at most :data:`WS_AUTO_SCENARIOS` distinct scenarios and
+        :data:`WS_AUTO_GPUS` GPUs). ``True``: the wait-and-see bound solves
+        the scenarios too. ``False``: no bound (``bound`` is ``None``).
 
     Returns
     -------
