@@ -20,6 +20,7 @@ from ntp_opt.model.plan import Plan
 from ntp_opt.planners.base import Limit, Outcome
 from ntp_opt.planners.riskaware.nonanticipative import domain_bound, domain_limit
 from ntp_opt.planners.riskaware.scenarios import (
+    SAA_SAMPLES,
     fresh_scenarios,
     gpu_risk,
     scenario_goodputs,
@@ -103,7 +104,7 @@ def plan_risk_aware(
     time_limit: float | None = 60.0,
     seed: int = 0,
     threads: int = 1,
-    samples: int = 300,
+    samples: int = SAA_SAMPLES,
     exact_units: int = 10,
     fresh_samples: int = 1000,
     nominal_tolerance: float = 0.0,
