@@ -92,7 +92,7 @@ def test_pack_groups_risky_domains_in_few_replicas():
 @pytest.mark.parametrize("name", ["mixed", "mixed-fixed"])
 def test_mixed_instances_beat_blind_on_fresh_scenarios(name):
     inst = risk_instance(name)
-    out = plan_risk_aware(inst, time_limit=HANG_GUARD, samples=300, fresh_samples=200)
+    out = plan_risk_aware(inst, time_limit=HANG_GUARD, fresh_samples=200)
     check(inst, out.plan)
     m = out.plan.metrics
     assert m["saa_method"] == "saa"
@@ -134,8 +134,8 @@ def test_never_worse_than_blind_exactly(seed):
 
 def test_same_seed_same_plan_and_seed_matters_for_training_only():
     inst = risk_instance("mixed")
-    a = plan_risk_aware(inst, time_limit=HANG_GUARD, seed=3, samples=300, fresh_samples=50)
-    b = plan_risk_aware(inst, time_limit=HANG_GUARD, seed=3, samples=300, fresh_samples=50)
+    a = plan_risk_aware(inst, time_limit=HANG_GUARD, seed=3, fresh_samples=50)
+    b = plan_risk_aware(inst, time_limit=HANG_GUARD, seed=3, fresh_samples=50)
     assert a.plan.replicas == b.plan.replicas
     assert a.plan.metrics["saa_expected_goodput"] == b.plan.metrics["saa_expected_goodput"]
     s0 = training_scenarios(inst, samples=50, seed=0)
@@ -230,9 +230,7 @@ def test_fast_scorer_equals_recourse(name):
     res = solve(inst, "ntp", time_limit=5)
     scen = training_scenarios(inst, samples=150, seed=2)
     fast = FastScorer(inst, scen)
-    aware = plan_risk_aware(
-        inst, time_limit=HANG_GUARD, samples=300, fresh_samples=0, ws_bound=False
-    )
+    aware = plan_risk_aware(inst, time_limit=HANG_GUARD, fresh_samples=0, ws_bound=False)
     for plan in (res.plan, aware.plan):
         layout = Layout.from_plan(inst, plan)
         assert fast.eligible(layout)
