@@ -28,6 +28,17 @@ its GPUs are healthy, and the idle watts its failed GPUs no longer draw are
 at most what the budgets gained. When ``idle_power_fraction`` is 0 the
 relaxed instance is the instance itself, and the cap is the no-failure
 bound (so is the lowest tier's when a scenario fails no healthy GPU).
+
+Where every domain lies in one rack with one TDP and one board limit
+(:func:`~ntp_opt.planners.riskaware.scorer.refills_keep_power`) no relaxation
+is needed: recourse never raises a power multiplier, and each GPU it takes
+from a pool replaces a failed GPU of the same stage, rack and TDP, so no
+draw rises when the failed GPUs are counted at their idle draw. The
+recourse plan is then feasible for :func:`idle_instance` (the failed GPUs
+unusable but still drawing idle power), a restriction of the no-failure
+instance: every scenario's cap is the no-failure bound (``nominal_bound``,
+e.g. the risk-blind solve's), and each scenario is solved on
+:func:`idle_instance`.
 """
 
 from __future__ import annotations
