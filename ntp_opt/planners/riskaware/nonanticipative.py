@@ -22,13 +22,23 @@ a first-stage decision, the same in every scenario:
   ``K - |T|`` domains of ``D`` are interchangeable failure-free domains.
   Restricted instances with the same failed-domain profiles are isomorphic and
   solved once (:func:`domain_bound` keys them).
+* *Replica groups*, when a domain can hold only one stage (fewer than
+  ``2 · tp_min`` healthy GPUs) and ``pp >= 2``: a domain that ``s`` leaves
+  with fewer than ``tp_min`` healthy GPUs is *dead*, and every replica with a
+  stage there drops out. Binaries ``u_de`` (domains ``d``, ``e`` in one
+  replica, at most ``pp - 1`` partners each) are first-stage too; ``c``
+  groups of dead domains leave at most ``dp_max - c`` replicas, so
+  ``v_s(T, c)`` is solved with ``dp_max - c`` and the dead domains unusable.
+  ``c >= ceil(m / pp)`` and ``c >= m - (pairs of them in one replica)`` for
+  ``m`` dead domains. The padding domains of ``D`` are grouped ``pp`` at a
+  time, so their dead groups never exceed the replicas the plan lacks.
 
 Hence, for every plan,
 
-    sum_s w_s G(P, s)  <=  max_{|D| = K}  sum_s w_s v_s(D ∩ A_s),
+    sum_s w_s G(P, s)  <=  max_{|D| = K, u}  sum_s w_s v_s(D ∩ A_s, c_s),
 
-a small integer program over the domain indicators ``z_d`` (CP-SAT, one
-binary per domain and one per scenario option ``T``; its proven bound is
+a small integer program over the domain indicators ``z_d`` and ``u`` (CP-SAT,
+one binary per domain and one per scenario option ``(T, c)``; its proven bound is
 used, so a cut solve stays valid). It is the extensive form of the
 two-stage relaxation; its Lagrangian dual over the non-anticipativity of
 ``z`` (one copy per scenario, multipliers summing to zero) is never tighter,
