@@ -51,8 +51,8 @@ class Result:
     bound
         Proven upper bound on goodput, or ``None`` when the planner has none.
         For a planner that maximises expected goodput (``risk-aware``), a
-        bound on :attr:`expected_objective` instead (its wait-and-see bound,
-        ``docs/risk.md``).
+        bound on :attr:`expected_objective` instead (the smaller of its
+        wait-and-see and domain bounds, ``docs/risk.md``).
     runtime_s
         Wall-clock seconds.
     solver

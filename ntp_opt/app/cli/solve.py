@@ -148,10 +148,10 @@ def _explain_expected(con: Console, rows: list[tuple[str, Result]], instance: In
             f" (rel., {m.get('saa_method')} over {m.get('saa_samples')} scenarios)"
         )
         if res.bound is None:
-            line += "; no wait-and-see bound (off by default on large problems, docs/risk.md)"
+            line += "; no bound (ws_bound=False, docs/risk.md)"
         else:
             line += (
-                f", wait-and-see bound {fmt(res.bound * scale)}, gap {res.gap or 0.0:.1e}:"
+                f", bound {fmt(res.bound * scale)}, gap {res.gap or 0.0:.1e}:"
                 " the table's bound and gap are for it"
             )
         con.print(line, markup=False)

@@ -18,7 +18,7 @@ which domains and GPUs are spares (recourse never brings a spare *domain*
 into the job, and a failed spare GPU costs nothing), and which domains share a
 replica (a replica is as slow as its slowest stage, and drops out as a
 whole, so risky domains packed into one replica hit fewer replicas). The
-search therefore uses four kinds of moves, each scored by the training
+search therefore uses five kinds of moves, each scored by the training
 objective and kept when it strictly improves it (or ties it and lowers the
 summed failure probability of the GPUs in use):
 
@@ -27,7 +27,8 @@ summed failure probability of the GPUs in use):
 2. *move a stage* to the unused healthy GPUs of another domain (the least
    risky ones), leaving the risky domain spare;
 3. *swap a GPU* of a stage with an unused, less risky GPU of the same domain;
-4. *swap two stages* of different replicas with the same degree.
+4. *swap two stages* of different replicas with the same degree;
+5. *exchange two domains*' stages (domains with the same healthy GPUs).
 
 Moves keep each stage's power multiplier; a move that breaks a rack or site
 budget, or puts a boosted stage on a board that does not accept its power
@@ -44,6 +45,8 @@ GPU risk), :mod:`~ntp_opt.planners.riskaware.scorer` (the exact fast scorer),
 :mod:`~ntp_opt.planners.riskaware.search` (moves and local search on a
 :class:`~ntp_opt.model.layout.Layout`), :mod:`~ntp_opt.planners.riskaware.waitandsee`
 (the wait-and-see bound on the expected goodput of every plan),
+:mod:`~ntp_opt.planners.riskaware.nonanticipative` (the domain bound: the
+plan's domains and replica groups the same in every scenario),
 :mod:`~ntp_opt.planners.riskaware.planner` (:func:`plan_risk_aware`); the built
 instances live in
 :mod:`ntp_opt.model.risk_instances` and are re-exported here.

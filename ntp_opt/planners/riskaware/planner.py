@@ -18,13 +18,15 @@ from ntp_opt.model.instance import Instance
 from ntp_opt.model.layout import Layout
 from ntp_opt.model.plan import Plan
 from ntp_opt.planners.base import Limit, Outcome
+from ntp_opt.planners.riskaware.nonanticipative import domain_bound, domain_limit
 from ntp_opt.planners.riskaware.scenarios import (
+    SAA_SAMPLES,
     fresh_scenarios,
     gpu_risk,
     scenario_goodputs,
     training_scenarios,
 )
-from ntp_opt.planners.riskaware.search import Search, local_search
+from ntp_opt.planners.riskaware.search import Search, local_search, relocate
 from ntp_opt.planners.riskaware.waitandsee import wait_and_see_bound
 from ntp_opt.rules.expected import Z95
 from ntp_opt.rules.tolerances import FLOAT_NOISE, REL_TOL
@@ -45,6 +47,9 @@ logger = logging.getLogger(__name__)
 BLIND_SHARE = 0.4
 #: Share of the time limit reserved for the fresh-scenario estimate at the end.
 EVAL_SHARE = 0.15
+#: Share of the time limit, before the estimate's, kept from the bound for the
+#: search seeded by the bound's domains.
+RESEED_SHARE = 0.05
 #: The wait-and-see bound is on by default only for at most this many
 #: distinct training scenarios (each may need an exact solve) ...
 WS_AUTO_SCENARIOS = 64
@@ -62,14 +67,15 @@ class RiskAwareOutcome(Outcome):
         The risk-aware plan (never ``None``; validated unless
         ``validate=False``; metrics in ``docs/risk.md``).
     bound
-        The wait-and-see bound on the training objective (expected goodput
-        after recourse over the training scenarios) of every plan, or
-        ``None`` when it was not computed (``ws_bound``); the risk-blind
-        optimum's bound on *nominal* goodput is the plan's ``bound`` metric.
+        A bound on the training objective (expected goodput after recourse
+        over the training scenarios) of every plan: the smaller of the
+        wait-and-see bound and the domain bound, or ``None`` with
+        ``ws_bound=False``; the risk-blind optimum's bound on *nominal*
+        goodput is the plan's ``bound`` metric.
     proven
-        The plan's training objective meets :attr:`bound` (within twice
-        :data:`~ntp_opt.rules.tolerances.REL_TOL`): no plan has a higher
-        expected goodput over these scenarios.
+        The gap ``(bound - objective) / bound`` is within
+        :data:`~ntp_opt.rules.tolerances.REL_TOL` (1e-6): no plan has an
+        expected goodput over these scenarios higher by more than that.
     limit
         :attr:`Limit.TIME` when the search, the wait-and-see bound or the
         final estimate stopped at the time limit, :attr:`Limit.INTERRUPTED`
@@ -98,7 +104,7 @@ def plan_risk_aware(
     time_limit: float | None = 60.0,
     seed: int = 0,
     threads: int = 1,
-    samples: int = 300,
+    samples: int = SAA_SAMPLES,
     exact_units: int = 10,
     fresh_samples: int = 1000,
     nominal_tolerance: float = 0.0,
@@ -147,15 +153,17 @@ def plan_risk_aware(
         checks every plan once itself.
 
     ws_bound
-        Compute the wait-and-see bound on the training objective
-        (:func:`~ntp_opt.planners.riskaware.waitandsee.wait_and_see_bound`:
-        the training scenarios solved by the exact planner, heaviest first)
-        in the time the search leaves before the fresh estimate's share
-        (all of them, without a time limit). ``None`` (default): on for
-        small problems, at most :data:`WS_AUTO_SCENARIOS` distinct training
-        scenarios and :data:`WS_AUTO_GPUS` GPUs (e.g. every scenario
-        enumerated on a few failure units), off otherwise (an SAA over 300
-        samples of a 720-GPU instance needs about 200 exact solves).
+        Bound the training objective over every plan (``docs/risk.md``), in
+        the time the search leaves before the fresh estimate's share (all of
+        it without a time limit). ``None`` (default): always, with the
+        cheapest valid caps (the nominal optimum's bound where recourse keeps
+        the nominal draws) and, where it applies, the non-anticipative domain
+        bound (:func:`~ntp_opt.planners.riskaware.nonanticipative.domain_bound`,
+        whose domains also seed a second search); elsewhere the wait-and-see
+        bound solves the scenarios (heaviest first; without a time limit only
+        for at most :data:`WS_AUTO_SCENARIOS` distinct scenarios and
+        :data:`WS_AUTO_GPUS` GPUs). ``True``: the wait-and-see bound solves
+        the scenarios too. ``False``: no bound (``bound`` is ``None``).
 
     Returns
     -------
@@ -198,6 +206,8 @@ def plan_risk_aware(
     )
     risk = gpu_risk(instance, blast_radius, scale)
     search_end = None if time_limit is None else start + (1 - EVAL_SHARE) * time_limit
+    # the bound stops a little earlier, for the search seeded by its domains
+    bound_end = None if time_limit is None else start + (1 - EVAL_SHARE - RESEED_SHARE) * time_limit
     s = Search(
         instance,
         scenarios,
@@ -212,6 +222,7 @@ def plan_risk_aware(
         plan0 = blind  # keep the given batches when the re-split cannot match them
     value0 = s.score(plan0, layout)  # the same stages either way (batches do not count)
     plan, value = local_search(s, layout, plan0, value0)
+    best_layout = Layout.from_plan(instance, plan)
     metrics: dict[str, object] = {
         "policy": "risk-aware",
         "saa_expected_goodput": value,
@@ -221,36 +232,80 @@ def plan_risk_aware(
         "blind_goodput": nominal.goodput,
     }
     hit = s.timed_out
-    use_ws = ws_bound
-    if use_ws is None:
-        use_ws = len(scenarios.gpus) <= WS_AUTO_SCENARIOS and instance.arrays.n_gpus <= WS_AUTO_GPUS
-    ws_value: float | None = None
+    bound_value: float | None = None
     proven = False
-    if use_ws and not (cancel is not None and cancel.is_set()):
+    if ws_bound is not False and not (cancel is not None and cancel.is_set()):
+        coupled = domain_limit(instance) is not None
+        small = len(scenarios.gpus) <= WS_AUTO_SCENARIOS and instance.arrays.n_gpus <= WS_AUTO_GPUS
         ws = wait_and_see_bound(
             instance,
             scenarios,
-            deadline=search_end,
+            deadline=bound_end,
             seed=seed,
             threads=threads,
             known=[(blind, nominal.goodput), (plan, evaluate(instance, plan).goodput)],
             cancel=cancel,
+            nominal_bound=bound,
+            solve_scenarios=bool(ws_bound) or (not coupled and (search_end is not None or small)),
         )
-        # every U_s is a proven bound (to the exact planner's tolerance): a
-        # bound below the objective is a bug, never hidden
-        if ws.bound < value * (1 - REL_TOL):
-            raise RuntimeError(f"wait-and-see bound {ws.bound} below the objective {value}")
-        ws_value = max(ws.bound, value)
-        proven = ws_value <= value * (1 + 2 * REL_TOL)
+        bound_value = ws.bound
         hit = hit or ws.limit_hit
         metrics.update(
-            ws_bound=ws_value,
-            ws_gap=(ws_value - value) / ws_value if ws_value > 0 else 0.0,
             ws_cap=ws.cap,
             ws_solved=ws.solved,
             ws_proven=ws.proven,
             ws_capped=ws.capped,
             ws_limit=ws.limit_hit,
+        )
+        if coupled and not (cancel is not None and cancel.is_set()):
+            na = domain_bound(
+                instance,
+                scenarios,
+                ws.scenario_bounds,
+                deadline=bound_end,
+                seed=seed,
+                threads=threads,
+                cancel=cancel,
+            )
+            assert na is not None  # domain_limit said it applies
+            bound_value = min(bound_value, na.bound)
+            # primal: the search again, from the plan moved onto the bound's domains
+            moved = relocate(s, best_layout, na.chosen) if na.chosen else None
+            reseeded = False
+            if moved is not None and moved is not best_layout and not s.expired():
+                p1 = s.plan(moved)
+                if p1 is not None:
+                    plan1, value1 = local_search(s, moved, p1, s.score(p1, moved))
+                    reseeded = True
+                    if value1 > value:
+                        plan, value = plan1, value1
+                        metrics["saa_expected_goodput"] = value
+            hit = hit or na.limit_hit
+            metrics.update(
+                na_bound=max(na.bound, value),
+                na_domains=na.domains,
+                na_options=na.options,
+                na_solved=na.solved,
+                na_masters=na.masters,
+                na_limit=na.limit_hit,
+                na_reseeded=reseeded,
+            )
+        # every bound is proven (to the exact planner's tolerance): a bound
+        # below the objective is a bug, never hidden
+        if bound_value < value * (1 - REL_TOL):
+            raise RuntimeError(f"bound {bound_value} on the expected goodput below {value}")
+        bound_value = max(bound_value, value)
+        # proven when the gap, as Result.gap computes it, is within the tolerance
+        proven = bound_value - value <= REL_TOL * bound_value
+        hit = hit or s.timed_out
+        ws_value = max(ws.bound, value)
+        metrics.update(
+            ws_bound=ws_value,
+            ws_gap=(ws_value - value) / ws_value if ws_value > 0 else 0.0,
+        )
+        metrics.update(
+            expected_bound=bound_value,
+            expected_gap=(bound_value - value) / bound_value if bound_value > 0 else 0.0,
         )
     if scenarios.method == "exact":
         metrics.update(
@@ -283,7 +338,7 @@ def plan_risk_aware(
     limit = Limit.INTERRUPTED if stopped else Limit.TIME if hit else Limit.NONE
     return RiskAwareOutcome(
         plan=out,
-        bound=ws_value,
+        bound=bound_value,
         proven=proven,
         limit=limit,
         stats={"evaluations": s.evaluations, "expected_objective": value},

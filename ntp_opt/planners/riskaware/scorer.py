@@ -18,7 +18,7 @@ from ntp_opt.planners.riskaware.scenarios import Scenarios
 from ntp_opt.rules import goodput as gp
 from ntp_opt.rules.recourse import replica_degree, stage_after
 
-__all__ = ["FastScorer", "StageIx", "replica_stages"]
+__all__ = ["FastScorer", "StageIx", "refills_keep_power", "replica_stages"]
 
 #: A stage in index space: domain index, GPU indices (plan order), power multiplier.
 StageIx = tuple[int, np.ndarray, float]
@@ -46,6 +46,24 @@ def replica_stages(layout: Layout) -> list[list[StageIx]]:
 def _fastest_first(speed: np.ndarray, gpus: np.ndarray) -> np.ndarray:
     """``gpus`` sorted fastest first, ties by index (the recourse's pool order)."""
     return gpus[np.lexsort((gpus, -speed[gpus]))]
+
+
+def refills_keep_power(instance: Instance) -> bool:
+    """Whether every domain lies in one rack with one TDP and one board limit.
+
+    Then a GPU that recourse takes from a domain's pool replaces a failed GPU
+    of the same stage, rack and TDP, at a power multiplier no higher than
+    before: no rack's or the site's draw rises when failed GPUs are counted
+    at their idle draw (``docs/risk.md``).
+    """
+    a = instance.arrays
+    caps = instance.max_multiplier
+    return all(
+        len(np.unique(a.gpu_rack[m])) <= 1
+        and len(np.unique(a.tdp[m])) <= 1
+        and len(np.unique(caps[m])) <= 1
+        for m in a.domain_gpus
+    )
 
 
 class FastScorer:
@@ -77,13 +95,7 @@ class FastScorer:
         for g in scenarios.gpus:
             doms = a.gpu_domain[g]
             self.by_domain.append({int(d): g[doms == d] for d in np.unique(doms)})
-        caps = instance.max_multiplier  # one board limit per domain: a refill keeps the power
-        self.domain_ok = all(
-            len(np.unique(a.gpu_rack[m])) <= 1
-            and len(np.unique(a.tdp[m])) <= 1
-            and len(np.unique(caps[m])) <= 1
-            for m in a.domain_gpus
-        )
+        self.domain_ok = refills_keep_power(instance)
         self._dead = np.zeros(a.n_gpus, dtype=bool)
         self.replica_memo: dict[tuple[object, ...], tuple[int, float] | None] = {}
         self.value_memo: dict[tuple[tuple[int, float] | None, ...], float] = {}

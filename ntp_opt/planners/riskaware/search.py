@@ -3,7 +3,7 @@
 The search state is a :class:`~ntp_opt.model.layout.Layout`: every stage's
 replica, domain, power and GPU indices. Node ids appear only when a candidate
 becomes a :class:`~ntp_opt.model.plan.Plan` (:meth:`Search.plan`, through
-:meth:`Layout.to_plan`). Four move families (:data:`FAMILIES`) change the
+:meth:`Layout.to_plan`). Five move families (:data:`FAMILIES`) change the
 layout; :func:`local_search` keeps a move when it improves the training
 objective, or ties it and lowers the summed failure probability of the GPUs
 in use.
@@ -18,7 +18,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ntp_opt.model.instance import Instance
+from ntp_opt.model.instance import ClusterArrays, Instance
 from ntp_opt.model.job import Job
 from ntp_opt.model.layout import Layout
 from ntp_opt.model.plan import Plan
@@ -28,13 +28,13 @@ from ntp_opt.rules import goodput as gp
 from ntp_opt.rules.power import board_over, over_budget, rack_and_site_draw
 from ntp_opt.rules.tolerances import FLOAT_NOISE, PROB_CLIP
 
-__all__ = ["FAMILIES", "Search", "local_search"]
+__all__ = ["FAMILIES", "Search", "local_search", "relocate"]
 
 #: Relative improvement a move must bring to be accepted (guards against float noise).
 _IMPROVE_TOL = FLOAT_NOISE
 
 #: Move families in the order the search tries them.
-FAMILIES: tuple[str, ...] = ("regroup", "stage", "gpu", "swap")
+FAMILIES: tuple[str, ...] = ("regroup", "stage", "gpu", "swap", "domains")
 
 
 class Search:
@@ -229,7 +229,8 @@ class _Move:
     ``regroup`` (by risk; with ``speed_first`` by speed, then risk); ``stage``
     (stage ``s``, a flat index, moves to ``domain`` and ``gpus`` with ``power``);
     ``gpu`` (GPU ``old`` of stage ``s`` swapped for the free GPU ``new``);
-    ``swap`` (stages ``s`` and ``s2`` of different replicas exchanged).
+    ``swap`` (stages ``s`` and ``s2`` of different replicas exchanged);
+    ``domains`` (the stages of domains ``old`` and ``new`` exchanged).
     """
 
     kind: str
@@ -251,6 +252,8 @@ def _moves(s: Search, layout: Layout, family: str) -> list[_Move]:
         return _moves_stage(s, layout)
     if family == "gpu":
         return _moves_gpu(s, layout)
+    if family == "domains":
+        return _moves_domains(s, layout)
     return _moves_swap(s, layout)
 
 
@@ -325,10 +328,75 @@ def _moves_swap(s: Search, layout: Layout) -> list[_Move]:
     return moves
 
 
+def _same_kind(a: ClusterArrays, g: int, h: int) -> bool:
+    """GPUs ``g`` and ``h`` have the same speed, TDP and board limit."""
+    return bool(
+        a.speed[g] == a.speed[h] and a.tdp[g] == a.tdp[h] and a.max_power[g] == a.max_power[h]
+    )
+
+
+def _into(
+    s: Search, layout: Layout, old: int, new: int
+) -> list[tuple[int, int, np.ndarray, float]] | None:
+    """The stages of domain ``old`` moved onto the healthy GPUs of domain ``new``.
+
+    Each GPU maps to a GPU of ``new`` with the same speed, TDP and board
+    limit, the least risky first (``new``'s own stages are assumed to leave);
+    ``None`` when one has no match.
+    """
+    a = s.a
+    pool = [int(g) for g in a.domain_gpus[new] if a.healthy[g]]
+    pool.sort(key=lambda g: (float(s.risk[g]), g))
+    changes = []
+    for k in np.flatnonzero(layout.domain == old).tolist():
+        gpus = []
+        for g in layout.stage_gpus(k).tolist():
+            pick = next((h for h in pool if _same_kind(a, g, h)), None)
+            if pick is None:
+                return None
+            pool.remove(pick)
+            gpus.append(pick)
+        moved = np.sort(np.asarray(gpus, dtype=np.int64))
+        changes.append((k, new, moved, float(layout.power[k])))
+    return changes
+
+
+def _moves_domains(s: Search, layout: Layout) -> list[_Move]:
+    """Exchange the stages of two domains with the same healthy GPUs (one of them risky).
+
+    Riskiest domain first; a pair of two unused domains changes nothing and
+    is skipped.
+    """
+    a = s.a
+    used = np.zeros(a.n_domains, dtype=bool)
+    used[layout.domain] = True
+    risk = np.array([s.gpus_risk(m) for m in a.domain_gpus])
+    kind = [
+        tuple(
+            sorted(zip(a.speed[m].tolist(), a.tdp[m].tolist(), a.healthy[m].tolist(), strict=True))
+        )
+        for m in a.domain_gpus
+    ]
+    moves = []
+    for d in np.argsort(-risk, kind="stable").tolist():
+        if risk[d] <= 0:
+            break
+        for e in range(a.n_domains):
+            if e != d and kind[e] == kind[d] and (used[d] or used[e]):
+                moves.append(_Move("domains", old=d, new=e))
+    return moves
+
+
 def _apply(s: Search, layout: Layout, move: _Move) -> Layout | None:
     """``move`` applied to ``layout``, or ``None`` when it no longer applies."""
     if move.kind == "regroup":
         return _regroup(s, layout, speed_first=move.speed_first)
+    if move.kind == "domains":
+        there = _into(s, layout, move.old, move.new)
+        back = _into(s, layout, move.new, move.old)
+        if there is None or back is None:
+            return None
+        return _with_stages(layout, there + back)
     k = move.s
     if move.kind == "stage":
         assert move.gpus is not None
@@ -400,3 +468,36 @@ def local_search(s: Search, layout: Layout, plan: Plan, value: float) -> tuple[P
         # a family that kept a move sends the search back to the first family
         family = 0 if improved and family > 0 else family + 1
     return plan, value
+
+
+def relocate(s: Search, layout: Layout, domains: tuple[int, ...] | list[int]) -> Layout | None:
+    """``layout`` with the stages of its domains outside ``domains`` moved into the others.
+
+    Each domain the layout uses outside ``domains`` sends all its stages to
+    one unused domain of ``domains`` (in index order). A stage's GPUs map to
+    GPUs of the new domain with the same speed, TDP and board limit, the
+    least risky first; power multipliers and degrees are kept. Used to seed
+    the search with the domains of the bound's optimum
+    (:mod:`~ntp_opt.planners.riskaware.nonanticipative`), whose domains are
+    interchangeable.
+
+    Returns
+    -------
+    Layout or None
+        The new layout, or ``None`` when ``domains`` has too few unused
+        domains or a new domain lacks a matching GPU.
+    """
+    used = sorted({int(d) for d in layout.domain})
+    leave = [d for d in used if d not in set(domains)]
+    if not leave:
+        return layout
+    target = [d for d in domains if d not in set(used)]
+    if len(target) < len(leave):
+        return None
+    changes = []
+    for old, new in zip(leave, target, strict=False):
+        moved = _into(s, layout, old, new)
+        if moved is None:
+            return None
+        changes += moved
+    return _with_stages(layout, changes)

@@ -28,6 +28,17 @@ its GPUs are healthy, and the idle watts its failed GPUs no longer draw are
 at most what the budgets gained. When ``idle_power_fraction`` is 0 the
 relaxed instance is the instance itself, and the cap is the no-failure
 bound (so is the lowest tier's when a scenario fails no healthy GPU).
+
+Where every domain lies in one rack with one TDP and one board limit
+(:func:`~ntp_opt.planners.riskaware.scorer.refills_keep_power`) no relaxation
+is needed: recourse never raises a power multiplier, and each GPU it takes
+from a pool replaces a failed GPU of the same stage, rack and TDP, so no
+draw rises when the failed GPUs are counted at their idle draw. The
+recourse plan is then feasible for :func:`idle_instance` (the failed GPUs
+unusable but still drawing idle power), a restriction of the no-failure
+instance: every scenario's cap is the no-failure bound (``nominal_bound``,
+e.g. the risk-blind solve's), and each scenario is solved on
+:func:`idle_instance`.
 """
 
 from __future__ import annotations
@@ -47,9 +58,17 @@ from ntp_opt.planners.base import Limit
 from ntp_opt.planners.exact.bounds import capacity_bound
 from ntp_opt.planners.exact.search import solve_exact
 from ntp_opt.planners.riskaware.scenarios import Scenarios
+from ntp_opt.planners.riskaware.scorer import refills_keep_power
 from ntp_opt.rules.tolerances import REL_TOL
 
-__all__ = ["WS_MAX_GPUS", "WS_TIERS", "WaitAndSee", "relaxed_instance", "wait_and_see_bound"]
+__all__ = [
+    "WS_MAX_GPUS",
+    "WS_TIERS",
+    "WaitAndSee",
+    "idle_instance",
+    "relaxed_instance",
+    "wait_and_see_bound",
+]
 
 #: Largest instance (GPUs) whose scenarios are solved by the exact planner;
 #: above it every scenario gets the cap from :func:`capacity_bound`.
@@ -148,6 +167,41 @@ def relaxed_instance(instance: Instance, scenarios: Sequence[np.ndarray]) -> Ins
     return Instance(instance.name, g, instance.job, instance.meta)
 
 
+def idle_instance(instance: Instance, unusable: np.ndarray) -> Instance:
+    """The instance with the ``unusable`` GPUs failed but still drawing their idle power.
+
+    Parameters
+    ----------
+    instance
+        The instance.
+    unusable
+        Per GPU (``instance.arrays`` order), whether no plan may use it.
+
+    Returns
+    -------
+    Instance
+        Those GPUs ``failed``; each rack's budget, and the site's, lowered by
+        the idle draw those of them that are healthy in ``instance`` had there.
+        A plan is feasible here exactly when it uses none of them and is
+        feasible for ``instance``. When :func:`refills_keep_power` holds,
+        recourse to a scenario is such a plan with ``unusable`` the
+        scenario's failed GPUs (module docstring).
+    """
+    a = instance.arrays
+    mask = np.asarray(unusable, dtype=bool) & a.healthy
+    out = instance.with_health(healthy=a.healthy & ~mask)
+    watts = instance.job.idle_power_fraction * a.tdp * mask
+    if not watts.any():
+        return out
+    per_rack = np.bincount(a.gpu_rack, weights=watts, minlength=len(a.rack_ids))
+    g = out.cluster.copy()
+    for i, rid in enumerate(a.rack_ids):
+        if per_rack[i] > 0:
+            g.nodes[rid]["power_budget_w"] = float(a.rack_budget[i] - per_rack[i])
+    g.graph["power_budget_w"] = float(a.site_budget - watts.sum())
+    return Instance(instance.name, g, instance.job, instance.meta)
+
+
 def _avoids(plan_gpus: np.ndarray, failed: np.ndarray) -> bool:
     return not bool(np.isin(failed, plan_gpus, assume_unique=False).any())
 
@@ -162,6 +216,8 @@ def wait_and_see_bound(
     known: Sequence[tuple[Plan, float]] = (),
     cancel: threading.Event | None = None,
     max_gpus: int = WS_MAX_GPUS,
+    solve_scenarios: bool = True,
+    nominal_bound: float | None = None,
 ) -> WaitAndSee:
     """Upper bound on ``sum_s w_s G(P, s)`` over every plan ``P`` (module docstring).
 
@@ -189,6 +245,13 @@ def wait_and_see_bound(
     max_gpus
         Above this many GPUs no exact solve runs: the cap is
         :func:`capacity_bound` of the relaxed instance.
+    solve_scenarios
+        Solve the scenarios (default); ``False``: only the caps and the
+        known plans (every ``U_s`` is its tier's cap).
+    nominal_bound
+        A proven bound on ``instance``'s optimum (e.g. the risk-blind
+        solve's). When :func:`refills_keep_power` holds it is the cap of
+        every scenario, and no cap is solved.
 
     Returns
     -------
@@ -207,9 +270,11 @@ def wait_and_see_bound(
         left = remaining()
         return control.cancelled or (left is not None and left <= 0)
 
-    # the caps: one relaxed instance per tier of freed idle watts
+    # the caps: one relaxed instance per tier of freed idle watts; none is
+    # needed when recourse keeps the nominal draws (failed GPUs count at idle)
     a = instance.arrays
-    idle = instance.job.idle_power_fraction * a.tdp * a.healthy
+    keeps = refills_keep_power(instance)
+    idle = instance.job.idle_power_fraction * a.tdp * a.healthy * (not keeps)
     relief = np.array([float(idle[np.unique(g)].sum()) for g in scenarios.gpus])
     # tier levels: the freed watts at evenly spaced quantiles of the weight
     # (the smallest and the largest included)
@@ -220,9 +285,11 @@ def wait_and_see_bound(
     tier_caps = []
     for j, level in enumerate(tiers):
         members = [g for g, r in zip(scenarios.gpus, relief, strict=True) if r <= level]
-        relaxed = relaxed_instance(instance, members)
+        relaxed = instance if keeps else relaxed_instance(instance, members)
         cap_j = capacity_bound(relaxed)
-        if exact and not stopped():
+        if keeps and nominal_bound is not None:
+            cap_j = min(cap_j, nominal_bound)
+        elif exact and not stopped():
             left = remaining()
             out = solve_exact(
                 relaxed,
@@ -260,7 +327,7 @@ def wait_and_see_bound(
     )
     solved = proven = 0
     cache: dict[bytes, float] = {}
-    if exact:
+    if exact and solve_scenarios:
         for k, i in enumerate(order):
             if stopped():
                 limit_hit = True
@@ -271,7 +338,7 @@ def wait_and_see_bound(
                 continue
             mask = np.zeros(instance.arrays.n_gpus, dtype=bool)
             mask[scenarios.gpus[i]] = True
-            scenario = failed_instance(instance, mask)
+            scenario = idle_instance(instance, mask) if keeps else failed_instance(instance, mask)
             left = remaining()
             share = None if left is None else left * max(1 / (len(order) - k), SOLVE_SHARE)
             out = solve_exact(

@@ -1,0 +1,457 @@
+"""A bound on expected goodput with the plan's domains non-anticipative (``docs/risk.md``).
+
+The wait-and-see bound (:mod:`~ntp_opt.planners.riskaware.waitandsee`) lets
+every scenario choose its own plan. This one makes the *domains* of the plan
+a first-stage decision, the same in every scenario:
+
+* A plan has at most ``pp · dp_max`` stages and each stage lies in one
+  domain, so it uses at most ``K = min(pp · dp_max, usable domains)``
+  domains; extend its domains to a set ``D`` of exactly ``K`` (a choice made
+  from the plan alone, never from the scenario).
+* Recourse (``docs/failures.md``) never brings a domain outside the plan into
+  the job and never raises a power multiplier; when every domain lies in one
+  rack with one TDP and one board limit, each GPU it takes from a pool
+  replaces a failed GPU of the same stage and rack, so no draw rises when the
+  failed GPUs are counted at their idle draw. The recourse plan is then
+  feasible for the *restricted* instance (:func:`restricted_instance`): the
+  scenario's failed GPUs and every GPU outside ``D`` unusable, still drawing
+  idle power. So ``G(P, s) <= v_s(D)``, the exact planner's bound on it.
+* When every usable domain is alone in its rack and all have the same
+  healthy GPUs and rack budget, ``v_s(D)`` depends on ``D`` only through
+  ``T = D ∩ A_s`` (``A_s``: the domains ``s`` fails GPUs in): the other
+  ``K - |T|`` domains of ``D`` are interchangeable failure-free domains.
+  Restricted instances with the same failed-domain profiles are isomorphic and
+  solved once (:func:`domain_bound` keys them).
+* *Replica groups*, when a domain can hold only one stage (fewer than
+  ``2 · tp_min`` healthy GPUs) and ``pp >= 2``: a domain that ``s`` leaves
+  with fewer than ``tp_min`` healthy GPUs is *dead*, and every replica with a
+  stage there drops out. Binaries ``u_de`` (domains ``d``, ``e`` in one
+  replica, at most ``pp - 1`` partners each) are first-stage too; ``c``
+  groups of dead domains leave at most ``dp_max - c`` replicas, so
+  ``v_s(T, c)`` is solved with ``dp_max - c`` and the dead domains unusable.
+  ``c >= ceil(m / pp)`` and ``c >= m - (pairs of them in one replica)`` for
+  ``m`` dead domains. The padding domains of ``D`` are grouped ``pp`` at a
+  time, so their dead groups never exceed the replicas the plan lacks.
+
+Hence, for every plan,
+
+    sum_s w_s G(P, s)  <=  max_{|D| = K, u}  sum_s w_s v_s(D ∩ A_s, c_s),
+
+a small integer program over the domain indicators ``z_d`` and ``u`` (CP-SAT,
+one binary per domain and one per scenario option ``(T, c)``; its proven bound is
+used, so a cut solve stays valid). It is the extensive form of the
+two-stage relaxation; its Lagrangian dual over the non-anticipativity of
+``z`` (one copy per scenario, multipliers summing to zero) is never tighter,
+and with zero multipliers it is the wait-and-see bound over the same
+``v_s``. ``v_s(T)`` is computed lazily: an option whose value is not known
+yet counts with the scenario's own bound ``U_s``; after each master solve
+the options its optimum uses and whose value is unknown are solved, until the
+master's optimum uses only known values, the time runs out or the cancel is
+set. The bound is valid at every step.
+"""
+
+from __future__ import annotations
+
+import math
+import threading
+import time
+from dataclasses import dataclass
+from itertools import combinations
+
+import numpy as np
+from ortools.sat.python import cp_model
+
+from ntp_opt.model.control import Control
+from ntp_opt.model.instance import Instance
+from ntp_opt.planners.base import Limit
+from ntp_opt.planners.exact.bounds import capacity_bound
+from ntp_opt.planners.exact.search import solve_exact
+from ntp_opt.planners.riskaware.scenarios import Scenarios
+from ntp_opt.planners.riskaware.scorer import refills_keep_power
+from ntp_opt.planners.riskaware.waitandsee import idle_instance
+
+__all__ = [
+    "MAX_AFFECTED",
+    "DomainBound",
+    "domain_bound",
+    "domain_limit",
+    "restricted_instance",
+]
+
+#: A scenario failing GPUs in more than this many domains is not coupled
+#: (its only option is its own bound ``U_s``).
+MAX_AFFECTED = 7
+#: A restricted instance's solve may use the remaining time divided by the
+#: instances left to solve, but at least this share of it.
+SOLVE_SHARE = 0.25
+#: Largest share of the remaining time one master program may use.
+MASTER_SHARE = 0.25
+#: Seconds the last master program may use once the time is up.
+MASTER_MIN = 0.5
+#: Scale of the master's integer objective (its largest coefficient).
+SCALE = 1e12
+
+
+@dataclass(frozen=True)
+class DomainBound:
+    """The non-anticipative domain bound and how it was obtained.
+
+    Attributes
+    ----------
+    bound
+        Upper bound on ``sum_s w_s G(P, s)`` over every plan ``P``.
+    domains
+        ``K``: the domains any plan may use (``pp · dp_max``, at most the
+        usable domains).
+    chosen
+        The domains (``instance.arrays`` indices) of the master's last optimum.
+    options
+        Scenario options ``(s, T)`` in the master program.
+    solved
+        Distinct restricted instances solved by the exact planner.
+    proven
+        Of those, the ones solved to optimality.
+    masters
+        Master programs solved.
+    limit_hit
+        Time or a cancel stopped it before the master's optimum used only
+        known option values (the bound is valid, but might be tightened).
+    """
+
+    bound: float
+    domains: int
+    chosen: tuple[int, ...]
+    options: int
+    solved: int
+    proven: int
+    masters: int
+    limit_hit: bool
+
+
+def domain_limit(instance: Instance) -> int | None:
+    """``K``, the domains a plan may use, when the domain bound applies, else ``None``.
+
+    It applies when a plan cannot use every usable domain (``pp · dp_max``
+    below their number), every domain lies in one rack with one TDP and one
+    board limit (:func:`~ntp_opt.planners.riskaware.scorer.refills_keep_power`),
+    every usable domain is alone in its rack, and all usable domains have the
+    same healthy GPUs (speed, TDP, board limit) and rack budget.
+    """
+    a = instance.arrays
+    job = instance.job
+    assert job.dp_max is not None
+    usable = [d for d in range(a.n_domains) if a.healthy[a.domain_gpus[d]].any()]
+    k = min(job.pp * job.dp_max, len(usable))
+    if (k >= len(usable) and not _grouped(instance)) or not refills_keep_power(instance):
+        return None
+    profiles = set()
+    racks_seen: set[int] = set()
+    for d in usable:
+        gpus = a.domain_gpus[d]
+        racks = np.unique(a.gpu_rack[gpus])
+        if len(racks) != 1:
+            return None
+        r = int(racks[0])
+        if r in racks_seen or (a.gpu_rack == r).sum() != len(gpus):
+            return None  # the rack holds GPUs of another domain
+        racks_seen.add(r)
+        profiles.add((_profile(instance, gpus[a.healthy[gpus]]), float(a.rack_budget[r])))
+    return k if len(profiles) == 1 else None
+
+
+def _grouped(instance: Instance) -> bool:
+    """Replicas span ``pp >= 2`` domains and a domain holds at most one stage.
+
+    Every domain has fewer than two stages' worth (``2 · tp_min``) of healthy
+    GPUs, so in any plan a domain belongs to at most one replica, and a
+    replica's stages lie in ``pp`` distinct domains.
+    """
+    a = instance.arrays
+    job = instance.job
+    most = int(max((int(a.healthy[m].sum()) for m in a.domain_gpus), default=0))
+    return job.pp >= 2 and most < 2 * job.min_tp
+
+
+def _profile(instance: Instance, gpus: np.ndarray) -> tuple[tuple[float, float, float], ...]:
+    a = instance.arrays
+    return tuple(
+        sorted(
+            zip(
+                a.speed[gpus].tolist(),
+                a.tdp[gpus].tolist(),
+                a.max_power[gpus].tolist(),
+                strict=True,
+            )
+        )
+    )
+
+
+def restricted_instance(instance: Instance, usable: np.ndarray, failed: np.ndarray) -> Instance:
+    """The scenario's instance with only the ``usable`` domains' GPUs usable.
+
+    Parameters
+    ----------
+    instance
+        The instance.
+    usable
+        Domain indices whose GPUs (those not in ``failed``) stay usable.
+    failed
+        GPU indices failed in the scenario.
+
+    Returns
+    -------
+    Instance
+        :func:`~ntp_opt.planners.riskaware.waitandsee.idle_instance` with
+        ``failed`` and every GPU outside ``usable`` unusable (still drawing
+        their idle power). When :func:`domain_limit` applies, the recourse of
+        every plan whose domains lie in ``usable`` is feasible here.
+    """
+    a = instance.arrays
+    keep = np.zeros(a.n_domains, dtype=bool)
+    keep[np.asarray(usable, dtype=np.int64)] = True
+    mask = ~keep[a.gpu_domain]
+    mask[np.asarray(failed, dtype=np.int64)] = True
+    return idle_instance(instance, mask)
+
+
+@dataclass
+class _Option:
+    scenario: int
+    domains: tuple[int, ...]  # T: the affected domains in D
+    key: object  # None: uncoupled (value U_s, no constraint)
+    dead: tuple[int, ...] = ()  # the domains of T left without a stage's worth of GPUs
+    lost: int = 0  # replicas those take down at least (classes of ``dead``)
+
+
+def domain_bound(
+    instance: Instance,
+    scenarios: Scenarios,
+    scenario_bounds: np.ndarray,
+    *,
+    deadline: float | None = None,
+    seed: int = 0,
+    threads: int = 1,
+    cancel: threading.Event | None = None,
+) -> DomainBound | None:
+    """Upper bound on ``sum_s w_s G(P, s)`` over every plan (module docstring).
+
+    Parameters
+    ----------
+    instance
+        The instance.
+    scenarios
+        The scenarios and weights.
+    scenario_bounds
+        ``U_s`` per scenario: a proven bound on each scenario's optimum (e.g.
+        :attr:`WaitAndSee.scenario_bounds`); options not solved count with it.
+    deadline
+        ``time.perf_counter()`` value by which to stop (``None``: no limit).
+    seed, threads
+        Passed to the exact planner and to the master's CP-SAT.
+    cancel
+        Once set, no further program is solved; the bound so far is returned.
+
+    Returns
+    -------
+    DomainBound or None
+        ``None`` when the bound does not apply (:func:`domain_limit`).
+    """
+    k = domain_limit(instance)
+    if k is None:
+        return None
+    a = instance.arrays
+    control = Control("risk-aware", None, cancel)
+    weights = np.asarray(scenarios.weights, dtype=float)
+    caps = np.asarray(scenario_bounds, dtype=float)
+    usable = [d for d in range(a.n_domains) if a.healthy[a.domain_gpus[d]].any()]
+    job = instance.job
+    grouped = _grouped(instance)
+
+    def remaining() -> float | None:
+        return None if deadline is None else deadline - time.perf_counter()
+
+    def stopped() -> bool:
+        left = remaining()
+        return control.cancelled or (left is not None and left <= 0)
+
+    options: list[_Option] = []
+    per_scenario: list[list[int]] = []
+    affected: list[tuple[int, ...]] = []
+    for s, gpus in enumerate(scenarios.gpus):
+        g = np.asarray(gpus, dtype=np.int64)
+        g = g[a.healthy[g]]
+        dom = tuple(int(d) for d in np.unique(a.gpu_domain[g]))
+        affected.append(dom)
+        mine = []
+        if len(dom) > MAX_AFFECTED:
+            mine.append(len(options))
+            options.append(_Option(s, (), None))
+        else:
+            alive = {}
+            for d in dom:
+                dg = a.domain_gpus[d]
+                alive[d] = dg[a.healthy[dg] & ~np.isin(dg, g)]
+            for size in range(min(len(dom), k) + 1):
+                for t in combinations(dom, size):
+                    prof = tuple(sorted(_profile(instance, alive[d]) for d in t))
+                    dead = tuple(d for d in t if grouped and len(alive[d]) < job.min_tp)
+                    m = len(dead)
+                    for lost in range(-(-m // job.pp), m + 1):
+                        mine.append(len(options))
+                        options.append(_Option(s, t, (prof, lost), dead, lost))
+        per_scenario.append(mine)
+    values: dict[object, float] = {}
+    solved = proven = masters = 0
+    limit_hit = False
+    chosen: tuple[int, ...] = ()
+
+    def value(o: _Option) -> float:
+        v = values.get(o.key, math.inf) if o.key is not None else math.inf
+        return float(min(v, caps[o.scenario]))
+
+    best = float(np.dot(weights, caps))
+    fresh_values = True  # values changed since the last master
+    while fresh_values and not control.cancelled:
+        left = remaining()
+        if left is not None and left <= 0:
+            limit_hit = True
+            if masters > 0:  # one last master (short) uses what was solved
+                left = MASTER_MIN / MASTER_SHARE
+        ub, z, picked = _master(
+            options,
+            per_scenario,
+            affected,
+            usable,
+            k,
+            job.pp,
+            weights,
+            [value(o) for o in options],
+            None if left is None else MASTER_SHARE * left,
+            seed,
+        )
+        masters += 1
+        fresh_values = False
+        if ub < best or not chosen:
+            best, chosen = min(best, ub), z
+        if stopped():
+            limit_hit = True
+            break
+        todo: dict[object, tuple[float, _Option]] = {}
+        for i in picked:
+            o = options[i]
+            if o.key is not None and o.key not in values:
+                w, _ = todo.get(o.key, (0.0, o))
+                todo[o.key] = (w + float(weights[o.scenario]), o)
+        if not todo:
+            break
+        for n_left, (_, o) in enumerate(sorted(todo.values(), key=lambda x: -x[0]), start=0):
+            if stopped():
+                limit_hit = True
+                break
+            s = o.scenario
+            dom = affected[s]
+            fresh = [d for d in usable if d not in dom][: k - len(o.domains)]
+            live = [d for d in o.domains if d not in o.dead]
+            inst = restricted_instance(
+                instance, np.array([*live, *fresh], dtype=np.int64), scenarios.gpus[s]
+            )
+            if o.lost > 0:  # the replicas of the dead domains are gone
+                replicas = job.replicas_max - o.lost
+                if replicas <= 0:
+                    values[o.key] = 0.0
+                    fresh_values = True
+                    continue
+                inst = Instance(
+                    inst.name,
+                    inst.cluster,
+                    job.model_copy(update={"dp_max": replicas}),
+                    inst.meta,
+                )
+            left = remaining()
+            share = None if left is None else left * max(1 / (len(todo) - n_left), SOLVE_SHARE)
+            out = solve_exact(
+                inst,
+                "cpsat",
+                time_limit=share,
+                seed=seed,
+                threads=threads,
+                control=control,
+                report_bounds=False,
+            )
+            limit_hit = limit_hit or out.limit != Limit.NONE
+            values[o.key] = out.bound if out.bound is not None else capacity_bound(inst)
+            fresh_values = True
+            solved += 1
+            proven += int(out.proven)
+    return DomainBound(
+        bound=best,
+        domains=k,
+        chosen=chosen,
+        options=len(options),
+        solved=solved,
+        proven=proven,
+        masters=masters,
+        limit_hit=limit_hit,
+    )
+
+
+def _master(
+    options: list[_Option],
+    per_scenario: list[list[int]],
+    affected: list[tuple[int, ...]],
+    usable: list[int],
+    k: int,
+    pp: int,
+    weights: np.ndarray,
+    values: list[float],
+    time_limit: float | None,
+    seed: int,
+) -> tuple[float, tuple[int, ...], list[int]]:
+    """``max sum_s w_s v_s(D ∩ A_s)`` over ``|D| = k``: its proven bound, its ``D`` and options."""
+    top = max(values)
+    scale = SCALE / top if top > 0 else 1.0
+    m = cp_model.CpModel()
+    z = {d: m.new_bool_var(f"z{d}") for d in usable}
+    m.add(sum(z.values()) == k)
+    # u[d, e]: dead-able domains d and e in one replica (at most pp per replica)
+    deadable = sorted({d for o in options for d in o.dead})
+    u = {}
+    for i, d in enumerate(deadable):
+        for e in deadable[i + 1 :]:
+            u[d, e] = m.new_bool_var(f"u{d}_{e}")
+            m.add_implication(u[d, e], z[d])
+            m.add_implication(u[d, e], z[e])
+    for d in deadable:
+        m.add(sum(v for (x, y_), v in u.items() if d in (x, y_)) <= pp - 1)
+    y = [m.new_bool_var(f"y{i}") for i in range(len(options))]
+    constant = 0.0
+    terms = []
+    for s, mine in enumerate(per_scenario):
+        if len(mine) == 1 and options[mine[0]].key is None:
+            constant += float(weights[s]) * values[mine[0]]
+            m.add(y[mine[0]] == 1)
+            continue
+        m.add_exactly_one(y[i] for i in mine)
+        for i in mine:
+            o = options[i]
+            t = set(o.domains)
+            for d in affected[s]:
+                m.add_implication(y[i], z[d] if d in t else z[d].negated())
+            if o.lost < len(o.dead):  # the dead domains form at most `lost` groups
+                pairs = [u[d, e] for j, d in enumerate(o.dead) for e in o.dead[j + 1 :]]
+                m.add(sum(pairs) >= len(o.dead) - o.lost).only_enforce_if(y[i])
+        for i in mine:
+            terms.append((i, math.ceil(float(weights[s]) * values[i] * scale)))
+    m.maximize(sum(c * y[i] for i, c in terms))
+    solver = cp_model.CpSolver()
+    solver.parameters.num_workers = 1
+    solver.parameters.random_seed = seed
+    if time_limit is not None:
+        solver.parameters.max_time_in_seconds = max(time_limit, 0.01)
+    status = solver.solve(m)
+    if status in (cp_model.OPTIMAL, cp_model.FEASIBLE):
+        bound = solver.best_objective_bound / scale + constant
+        chosen = tuple(d for d in usable if solver.value(z[d]))
+        picked = [i for i in range(len(options)) if solver.value(y[i])]
+        return bound, chosen, picked
+    return math.inf, (), []
