@@ -209,3 +209,40 @@ def test_every_boost_is_needed(policy, inst):
             replicas[i] = Replica(r.tp, r.local_batch, tuple(stages))
             lowered = evaluate(inst, Plan(plan.instance, tuple(replicas)))
             assert lowered.goodput < base.goodput * (1 - 1e-7), (i, k, s.power)
+
+
+@given(small_instances())
+def test_no_replica_of_fast_holds_gpus_for_nothing(inst):
+    # a replica of fast's plan at the next lower allowed degree (its stages' fastest
+    # GPUs) lowers the goodput, or the plan is no longer valid: fast keeps no GPUs
+    # (and their watts) that its batch split does not use
+    plan = solve(inst, "fast").plan
+    assert plan is not None
+    base = evaluate(inst, plan)
+    allowed = sorted(inst.job.allowed)
+    for i, r in enumerate(plan.replicas):
+        lower = [t for t in allowed if t < r.tp]
+        if not lower:
+            continue
+        t = lower[-1]
+        stages = tuple(Stage(s.domain, s.gpus[:t], s.power) for s in r.stages)
+        replicas = list(plan.replicas)
+        replicas[i] = Replica(t, r.local_batch, stages)
+        lowered = evaluate(inst, Plan(plan.instance, tuple(replicas)))
+        assert not lowered.feasible or lowered.goodput < base.goodput * (1 - 1e-9), (i, r.tp, t)
+
+
+def test_trim_degrees_by_hand():
+    # two domains of 36 GPUs, 6 failed in d1, TP36 (any degree from 18), elastic B = 4,
+    # at most 2 per replica: two replicas of 2 sequences. The pace is set by the
+    # reduced replica (TP30 in d1); the TP36 one keeps it at TP30 too, on 6 GPUs fewer
+    g = topology.build_cluster(2, 36, 4, 9)
+    topology.fail_gpus(g, [f"d1.t0.g{j}" for j in range(4)] + ["d1.t1.g0", "d1.t1.g1"])
+    job = Job(
+        tp=36, tp_min=18, pp=1, dp=2, global_batch=4, max_local_batch=2, max_boost=0.0,
+        batch_policy="elastic",
+    )  # fmt: skip
+    inst = Instance("trim-degrees", g, job)
+    res = solve(inst, "fast")
+    assert sorted(r.tp for r in res.plan.replicas) == [30, 30]
+    assert res.relative_objective == pytest.approx(30 / 36 / 1.01, rel=1e-9)

@@ -73,9 +73,9 @@ from ntp_opt.planners.heuristics import (
     trim_packed,
     used_mask,
 )
-from ntp_opt.rules.goodput import BatchSplit
+from ntp_opt.rules.goodput import BatchSplit, goodput
 from ntp_opt.rules.power import boost_floor_stages, can_boost, headroom, over_budget
-from ntp_opt.rules.tolerances import BUDGET_SLACK, FLOAT_NOISE
+from ntp_opt.rules.tolerances import BUDGET_SLACK, FLOAT_NOISE, IMPROVE_TOL
 from ntp_opt.rules.validate import certified
 
 logger = logging.getLogger(__name__)
@@ -413,11 +413,64 @@ def _score(
 
 def _to_plan(instance: Instance, c: Candidate) -> Plan:
     powers = c.powers
-    if c.goodput > 0 and not bool((powers == 1.0).all()):
+    packing = c.packing
+    if c.goodput > 0:
         theta = float(sum(c.batches)) / c.goodput
-        powers = trim_packed(instance, c.packing, powers, BatchSplit(c.batches, theta, c.goodput))
-    replicas = packing_replicas(instance, c.packing, powers, c.batches)
+        split = BatchSplit(c.batches, theta, c.goodput)
+        if not bool((powers == 1.0).all()):
+            powers = trim_packed(instance, packing, powers, split)
+        packing = trim_degrees(instance, packing, powers, split)
+    replicas = packing_replicas(instance, packing, powers, c.batches)
     return Plan(instance.name, replicas, {"policy": "fast", "candidate": c.name})
+
+
+def trim_degrees(
+    instance: Instance, packing: Packing, powers: np.ndarray, split: BatchSplit
+) -> Packing:
+    """``packing`` with each replica at the smallest allowed degree that still carries
+    its batch at the split's pace: the same goodput on fewer GPUs.
+
+    Replica ``r`` needs the speed ``b_r (1 + rho) / theta`` only; one faster
+    than that (a TP36 replica beside TP33 ones, all with the same batch)
+    holds GPUs, and their watts, for nothing. Only where some replica with a
+    batch already runs below ``T`` (so that ``1 + rho`` stays as it is), at
+    the multipliers ``powers``; ``packing`` itself when nothing changes or the
+    goodput would drop (rounding).
+    """
+    job = instance.job
+    tp = packing.tp
+    batches = np.array(split.batches, dtype=np.int64)
+    if len(packing) == 0 or not np.isfinite(split.step_time) or split.step_time <= 0:
+        return packing
+    if not bool(((tp < job.tp) & (batches > 0)).any()):
+        return packing
+    need = batches * (1.0 + job.reshard_overhead) / split.step_time * (1.0 - FLOAT_NOISE)
+    boost = powers**job.power_exponent
+    new = tp.copy()
+    for t in sorted(job.allowed, reverse=True):
+        lower = t < new
+        if not lower.any():
+            continue
+        speed = (packing.slots.prefix[packing.members, t - 1] * boost).min(axis=1)
+        fast_enough = lower & (job.tp_factor(t) * speed / job.seq_time_s >= need)
+        new[fast_enough] = t
+    if np.array_equal(new, tp):
+        return packing
+    trimmed = packing.with_tp(new)
+    kept = batches > 0  # the plan's replicas
+    before = goodput(
+        job,
+        tp[kept].tolist(),
+        batches[kept].tolist(),
+        replica_speeds(instance, packing, powers)[kept].tolist(),
+    )
+    after = goodput(
+        job,
+        new[kept].tolist(),
+        batches[kept].tolist(),
+        replica_speeds(instance, trimmed, powers)[kept].tolist(),
+    )
+    return trimmed if after >= before * (1.0 - FLOAT_NOISE) else packing
 
 
 def candidates(instance: Instance, *, cancel: threading.Event | None = None) -> list[Candidate]:
@@ -557,7 +610,7 @@ def capped_boosted(instance: Instance, best: Candidate) -> Candidate | None:
         c = _score(
             instance, f"{best.name}+cap{t}", best.packing.with_tp(np.minimum(tp, t)), "floor"
         )
-        if c is not None and c.goodput > value * (1 + FLOAT_NOISE):
+        if c is not None and c.goodput > value * (1 + IMPROVE_TOL):
             found, value = c, c.goodput
     return found
 
@@ -599,7 +652,7 @@ def fewer_boosted(instance: Instance, best: Candidate) -> Candidate | None:
         if rest <= 0 or total <= 0:
             break
         gain = (1.0 + spare / rest) ** job.power_exponent * float(speeds[:k].sum()) / total
-        if gain <= 1 + FLOAT_NOISE:
+        if gain <= 1 + IMPROVE_TOL:
             break
         head = packing.head(k)
         scored = [
@@ -607,7 +660,7 @@ def fewer_boosted(instance: Instance, best: Candidate) -> Candidate | None:
             for b in ("floor", "slow")
         ]
         top = max((c for c in scored if c is not None), key=lambda c: c.goodput, default=None)
-        if top is None or top.goodput <= value * (1 + FLOAT_NOISE):
+        if top is None or top.goodput <= value * (1 + IMPROVE_TOL):
             break
         found, value = top, top.goodput
     return found

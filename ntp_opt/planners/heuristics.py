@@ -319,7 +319,8 @@ def pack(
     idx = np.arange(n_slots)
     if spread and n_slots:
         new_dom = np.concatenate([[True], table.domain[1:] != table.domain[:-1]])
-        idx = idx - np.maximum.accumulate(np.where(new_dom, idx, 0))  # j-th slot of its domain
+        # j-th slot of its domain (the tables list each domain's slots together)
+        idx = idx - np.maximum.accumulate(np.where(new_dom, idx, 0))
         idx = idx * n_slots + np.arange(n_slots)
     if by_value:
         factors = {int(t): job.tp_factor(int(t)) for t in np.unique(table.degree)}
