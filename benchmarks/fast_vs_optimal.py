@@ -58,8 +58,22 @@ def _random(n: int, seed: int) -> list:
     return out
 
 
-def _row(inst, time_limit: float) -> dict:
-    best = solve(inst, "optimal", time_limit=time_limit)
+def _optimal(inst, time_limit: float):
+    """``optimal``'s result; an exception of the exact planner (a deadline reached
+    while building a program, on a shared machine) is said and tried once more with
+    twice the time, then the instance is left out (``None``)."""
+    for limit in (time_limit, 2 * time_limit):
+        try:
+            return solve(inst, "optimal", time_limit=limit)
+        except Exception as err:
+            print(f"optimal failed on {inst.name} ({limit:g} s): {type(err).__name__}: {err}")
+    return None
+
+
+def _row(inst, time_limit: float) -> dict | None:
+    best = _optimal(inst, time_limit)
+    if best is None:
+        return None
     fast = solve(inst, "fast")
     pw = solve(inst, "ntp-pw")
     opt = best.objective or 0.0
@@ -83,6 +97,15 @@ def _row(inst, time_limit: float) -> dict:
     }
 
 
+def _more_watts(row: dict, i: int) -> bool:
+    """Does planner ``i`` (1 fast, 2 ntp-pw) draw more site power than ``optimal``
+    for no more goodput (a plan that spends watts for nothing)?"""
+    rel, kw = row["rel"], row["kw"]
+    if rel[i] is None or rel[0] is None or not np.isfinite(kw[i]) or not np.isfinite(kw[0]):
+        return False
+    return bool(kw[i] > kw[0] * (1 + 1e-9) and rel[i] <= rel[0] * (1 + 1e-9))
+
+
 def _summary(rows: list[dict], label: str) -> None:
     r = np.array([x["ratio"] for x in rows if x["opt"] > 0])
     rb = np.array([x["ratio_bound"] for x in rows if x["opt"] > 0])
@@ -97,6 +120,9 @@ def _summary(rows: list[dict], label: str) -> None:
         print(f"fast/bound (optimal's bound where unproven): min {rb.min():.4f}")
     paused = [x["name"] for x in rows if x["paused"]]
     print(f"fast paused where optimal runs: {len(paused)} {paused[:5]}")
+    for i, who in ((1, "fast"), (2, "ntp-pw")):
+        more = [x["name"] for x in rows if _more_watts(x, i)]
+        print(f"{who} spends more kW than optimal at <= its goodput: {len(more)} {more[:5]}")
     worst = sorted((x for x in rows if x["opt"] > 0), key=lambda x: x["ratio"])[:5]
     for x in worst:
         print(f"  worst: {x['name']} ({x['gpus']} GPUs) {x['ratio']:.4f} [{x['status']}]")
@@ -111,7 +137,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--no-library", action="store_true")
     args = ap.parse_args(argv)
     if args.random:
-        rows = [_row(inst, args.time_limit) for inst in _random(args.random, args.seed)]
+        drawn = [_row(inst, args.time_limit) for inst in _random(args.random, args.seed)]
+        rows = [x for x in drawn if x is not None]
+        if len(rows) < len(drawn):
+            print(f"left out (optimal failed twice): {len(drawn) - len(rows)}")
         _summary(rows, "random instances (tests/strategies.py)")
     if not args.no_library:
         lib = []
@@ -125,8 +154,10 @@ def main(argv: list[str] | None = None) -> int:
                 continue
             if inst.arrays.n_gpus > args.max_gpus:
                 continue
-            lib.append(_row(inst, args.time_limit))
-            x = lib[-1]
+            x = _row(inst, args.time_limit)
+            if x is None:
+                continue
+            lib.append(x)
             print(
                 f"| {x['name']} | {x['gpus']} | {x['status']} | "
                 + " | ".join(f"{v:.4f}" if v is not None else "-" for v in x["rel"])

@@ -93,3 +93,156 @@ def test_trim_keeps_goodput_and_lowers_power():
     assert split is not None
     trimmed = trim_packed(inst, packed, powers, split)
     assert (trimmed <= powers).all() and np.allclose(trimmed, 1.0)
+
+
+# ---------------------------------------------------------------------------
+# fast's further candidates and local steps (issue 32, item 2): each instance is
+# one where the plan before them was worse; the expected goodputs are by hand
+# ---------------------------------------------------------------------------
+
+
+def test_spread_stages_over_racks_to_boost_them_all():
+    # 3 domains of 4 GPUs, each its own rack of 4,600 W (1.15 x TDP): TP2, 3 replicas.
+    # Two replicas in one rack boost only to 1.15; one per rack, each reaches 1.3
+    # (2 x 1,300 W + 2 idle x 100 W = 2,800 W per rack, 8,400 W of the site's 12,000).
+    g = topology.build_cluster(3, 4, 2, 2, rack_power_factor=1.15)
+    g.graph["power_budget_w"] = 12_000.0
+    job = Job(tp=2, pp=1, dp=3, global_batch=9, max_local_batch=3, batch_policy="elastic")
+    inst = Instance("spread", g, job)
+    res = solve(inst, "fast")
+    assert sorted(r.stages[0].domain for r in res.plan.replicas) == ["d0", "d1", "d2"]
+    # each replica at 1.3 ** 0.65 / 0.7 sequences/s, b = 3: goodput = 3 v, relative = v c
+    assert res.relative_objective == pytest.approx(1.3**0.65, rel=1e-6)
+
+
+def test_even_stages_in_a_domain():
+    # one domain of 16 GPUs, 2 failed: the paper cuts TP8 + TP6; two TP7 stages carry
+    # the fixed batch (one sequence each) faster: the slowest replica sets the pace
+    g = topology.build_cluster(1, 16, 4, 4)
+    topology.fail_gpus(g, ["d0.t0.g0", "d0.t0.g1"])
+    job = Job(
+        tp=8, tp_min=3, pp=1, dp=2, global_batch=2, max_local_batch=1, max_boost=0.0,
+        batch_policy="fixed",
+    )  # fmt: skip
+    inst = Instance("even", g, job)
+    assert solve(inst, "ntp").relative_objective == pytest.approx(6 / 8 / 1.01, rel=1e-9)
+    res = solve(inst, "fast")
+    assert [r.tp for r in res.plan.replicas] == [7, 7]
+    assert res.relative_objective == pytest.approx(7 / 8 / 1.01, rel=1e-9)
+
+
+def test_level_degrees_to_fit_the_site():
+    # 2 domains (racks) of 32 GPUs, one failed: TP16 PP2 replicas of 32 and 30 GPUs, the
+    # site feeds 60 GPUs: lowering the largest degree (15 + 15) beats lowering the
+    # worst replica's (16 + 14), two sequences of three each
+    g = topology.build_cluster(2, 32, 4, 8)
+    topology.fail_gpus(g, ["d1.t0.g0"])
+    g.graph["power_budget_w"] = 60 * 1000.0
+    job = Job(
+        tp=16, tp_min=9, pp=2, dp=2, global_batch=6, max_local_batch=3, max_boost=0.0,
+        idle_power_fraction=0.0, batch_policy="elastic",
+    )  # fmt: skip
+    inst = Instance("level", g, job)
+    res = solve(inst, "fast")
+    assert sorted(r.tp for r in res.plan.replicas) == [15, 15]
+    assert res.relative_objective == pytest.approx(15 / 16 / 1.01, rel=1e-9)
+
+
+def test_cap_the_degree_and_boost_instead():
+    # TP16 and TP15 replicas (fixed, one sequence each) fill the site at power 1; the
+    # TP16 replica runs no faster than the pace the TP15 one sets. Both at TP15 free
+    # 1,000 W, which lifts all 30 GPUs to 31/30 (alpha 1)
+    g = topology.build_cluster(2, 16, 4, 4)
+    topology.fail_gpus(g, ["d1.t0.g0"])
+    g.graph["power_budget_w"] = 31 * 1000.0
+    job = Job(
+        tp=16, tp_min=14, pp=1, dp=2, global_batch=2, max_local_batch=1, power_exponent=1.0,
+        idle_power_fraction=0.0, batch_policy="fixed",
+    )  # fmt: skip
+    inst = Instance("cap", g, job)
+    assert solve(inst, "ntp-pw").relative_objective == pytest.approx(15 / 16 / 1.01, rel=1e-9)
+    res = solve(inst, "fast")
+    assert [r.tp for r in res.plan.replicas] == [15, 15]
+    assert res.relative_objective == pytest.approx(15 / 16 * 31 / 30 / 1.01, rel=1e-6)
+
+
+def test_drop_a_slow_replica_and_boost_the_others():
+    # 3 domains of 8 GPUs, d2 all at speed 0.5; the site feeds the 24 GPUs at power 1
+    # (alpha 1, no idle draw). Three replicas of one sequence each go at d2's pace
+    # (goodput 3 / 2); without d2, its 8,000 W lift the other 16 GPUs to 1.5: two
+    # sequences at speed 1.5 (goodput 3)
+    g = topology.build_cluster(3, 8, 4, 2, rack_power_factor=2.0)
+    topology.set_speed(g, [f"d2.t{k}.g{j}" for k in range(2) for j in range(4)], 0.5)
+    g.graph["power_budget_w"] = 24 * 1000.0
+    job = Job(
+        tp=8, pp=1, dp=3, global_batch=3, max_local_batch=1, power_exponent=1.0,
+        max_boost=1.0, idle_power_fraction=0.0, seq_time_s=1.0, batch_policy="elastic",
+    )  # fmt: skip
+    inst = Instance("drop", g, job)
+    assert solve(inst, "ntp-pw").relative_objective == pytest.approx(1.5 / 3, rel=1e-9)
+    res = solve(inst, "fast")
+    assert len(res.plan.replicas) == 2
+    assert res.relative_objective == pytest.approx(3 / 3, rel=1e-6)
+
+
+# ---------------------------------------------------------------------------
+# no watts for nothing (issue 32, item 3)
+# ---------------------------------------------------------------------------
+
+
+@given(small_instances())
+@pytest.mark.parametrize("policy", ["ntp-pw", "fast"])
+def test_every_boost_is_needed(policy, inst):
+    # lowering any boosted stage by a step of 0.01 % lowers the plan's goodput: no
+    # stage is boosted beyond what its replica's batch needs
+    res = solve(inst, policy)
+    plan = res.plan
+    assert plan is not None
+    base = evaluate(inst, plan)
+    for i, r in enumerate(plan.replicas):
+        for k, s in enumerate(r.stages):
+            if s.power <= 1.0:
+                continue
+            stages = list(r.stages)
+            stages[k] = Stage(s.domain, s.gpus, max(1.0, s.power * (1 - 1e-4)))
+            replicas = list(plan.replicas)
+            replicas[i] = Replica(r.tp, r.local_batch, tuple(stages))
+            lowered = evaluate(inst, Plan(plan.instance, tuple(replicas)))
+            assert lowered.goodput < base.goodput * (1 - 1e-7), (i, k, s.power)
+
+
+@given(small_instances())
+def test_no_replica_of_fast_holds_gpus_for_nothing(inst):
+    # a replica of fast's plan at the next lower allowed degree (its stages' fastest
+    # GPUs) lowers the goodput, or the plan is no longer valid: fast keeps no GPUs
+    # (and their watts) that its batch split does not use
+    plan = solve(inst, "fast").plan
+    assert plan is not None
+    base = evaluate(inst, plan)
+    allowed = sorted(inst.job.allowed)
+    for i, r in enumerate(plan.replicas):
+        lower = [t for t in allowed if t < r.tp]
+        if not lower:
+            continue
+        t = lower[-1]
+        stages = tuple(Stage(s.domain, s.gpus[:t], s.power) for s in r.stages)
+        replicas = list(plan.replicas)
+        replicas[i] = Replica(t, r.local_batch, stages)
+        lowered = evaluate(inst, Plan(plan.instance, tuple(replicas)))
+        assert not lowered.feasible or lowered.goodput < base.goodput * (1 - 1e-9), (i, r.tp, t)
+
+
+def test_trim_degrees_by_hand():
+    # two domains of 36 GPUs, 6 failed in d1, TP36 (any degree from 18), elastic B = 4,
+    # at most 2 per replica: two replicas of 2 sequences. The pace is set by the
+    # reduced replica (TP30 in d1); the TP36 one keeps it at TP30 too, on 6 GPUs fewer
+    g = topology.build_cluster(2, 36, 4, 9)
+    topology.fail_gpus(g, [f"d1.t0.g{j}" for j in range(4)] + ["d1.t1.g0", "d1.t1.g1"])
+    job = Job(
+        tp=36, tp_min=18, pp=1, dp=2, global_batch=4, max_local_batch=2, max_boost=0.0,
+        batch_policy="elastic",
+    )  # fmt: skip
+    inst = Instance("trim-degrees", g, job)
+    res = solve(inst, "fast")
+    assert sorted(r.tp for r in res.plan.replicas) == [30, 30]
+    assert res.relative_objective == pytest.approx(30 / 36 / 1.01, rel=1e-9)

@@ -108,7 +108,7 @@ def test_improve_equals_the_reference_on_large_chains(gpus):
     assert made  # the search moved something
 
 
-SWAPLESS = {"dgx-1k-0.4pct-fixed", "nvl72-576-tp36-0.4pct-elastic"}
+SWAPLESS = {"nvl72-576-tp36-0.4pct-elastic"}
 """Chains whose swap plan is never made (improve finds no move): the global path."""
 
 

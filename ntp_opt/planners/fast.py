@@ -17,13 +17,25 @@ Candidates (each packed by sorted grouping, see ``docs/milp.md``):
   the replicas a ``fixed`` batch needs, or for as many as may run): domains
   cut into more, smaller stages (:func:`count_fit_table`), so that ``fast``
   does not pause a job that smaller stages can run;
+* ``even`` (:func:`even_table`): each domain cut into as many stages as the
+  paper's cut, all of one degree (two TP33 rather than TP36 and TP30);
+* ``ntp-spread`` and ``even-spread`` (only when a rack could not feed all
+  its GPUs at their largest multiplier, :func:`racks_bind`): the same cuts
+  with each domain's GPUs and slots taken from every rack alike, so that the
+  replicas leave each rack room to boost;
 
 each also in a *degree-fit* variant when the budgets force replicas out
 (:func:`fit_power_by_degree`: one replica fewer dropped, degrees lowered
-instead), and each without power boost, with the boost of
+instead, worst replica first) and a *level-fit* one (the highest degrees
+lowered first), and each without power boost, with the boost of
 :func:`ntp_opt.baselines.ntp_pw`
 (slow replicas lifted to nominal speed, cheapest first) and with
 :func:`boost_floor` (every replica lifted to the highest common speed).
+From the best candidate (and the best spread one), two local steps when
+power can be boosted: :func:`capped_boosted` (every degree capped at a lower
+one, the watts freed spent on the floor boost) and :func:`fewer_boosted`
+(the worst replicas dropped, their watts spent on the others' boost), each
+kept only when it raises goodput.
 The winner's multipliers are lowered to what its batch split uses
 (:func:`ntp_opt.planners.heuristics.trim_packed`): the same goodput, no power
 spent for nothing. Deterministic: no randomness, ties broken by index.
@@ -56,13 +68,14 @@ from ntp_opt.planners.heuristics import (
     fits_at_power_one,
     pack,
     packing_replicas,
+    replica_speeds,
     split_packing,
     trim_packed,
     used_mask,
 )
-from ntp_opt.rules.goodput import BatchSplit
+from ntp_opt.rules.goodput import BatchSplit, goodput
 from ntp_opt.rules.power import boost_floor_stages, can_boost, headroom, over_budget
-from ntp_opt.rules.tolerances import BUDGET_SLACK
+from ntp_opt.rules.tolerances import BUDGET_SLACK, FLOAT_NOISE, IMPROVE_TOL
 from ntp_opt.rules.validate import certified
 
 logger = logging.getLogger(__name__)
@@ -142,6 +155,46 @@ def speed_aware_slots(instance: Instance) -> list[Slot]:
     return speed_aware_table(instance).slots()
 
 
+def even_table(instance: Instance, spread: bool = False) -> SlotTable:
+    """Each domain cut into as many stages as the paper's cut, all of one degree.
+
+    A domain of ``h`` healthy GPUs (fastest first) whose paper cut gives ``k``
+    slots (``h // T`` full ones and a reduced one) is cut into ``k`` stages of
+    the allowed degree ``t`` (``k t <= h``) maximising ``f(t) * s_{k t}``
+    (``s_i``: the ``i``-th fastest speed; larger ``t`` on ties): a domain of
+    66 GPUs under TP36 gives two TP33 stages rather than TP36 and TP30, and
+    stragglers are left out when a smaller degree on faster GPUs is worth
+    more. The replicas then run at even degrees and speeds, which the
+    ``fixed`` policy (the slowest replica sets the pace) and the budgets
+    (fewer watts per replica) both favour.
+    """
+    a = instance.arrays
+    job = instance.job
+    big_t = job.tp
+    g, counts, first = fastest_first(instance, spread)
+    lookup = np.array([job.largest_allowed(r) or 0 for r in range(big_t)], dtype=np.int64)
+    k = counts // big_t + (lookup[counts % big_t] > 0)
+    sp = a.speed[g] if len(g) else np.zeros(1)
+    best_t = np.zeros(len(counts), dtype=np.int64)
+    best_v = np.full(len(counts), -1.0)
+    for t in sorted(job.allowed):
+        ok = (k > 0) & (k * t <= counts)
+        last = np.where(ok, first + k * t - 1, 0)
+        v = job.tp_factor(t) * sp[last]
+        better = ok & (v >= best_v)
+        best_t[better] = t
+        best_v[better] = v[better]
+    has = best_t > 0
+    dom = np.repeat(np.flatnonzero(has), k[has])
+    deg = np.repeat(best_t[has], k[has])
+    rank = np.arange(len(dom)) - np.repeat(np.cumsum(k[has]) - k[has], k[has])
+    start = first[dom] + rank * deg
+    cols = np.arange(big_t)
+    idx = np.minimum(start[:, None] + cols, max(len(g) - 1, 0))
+    gpus = np.where(cols < deg[:, None], g[idx] if len(g) else -1, -1)
+    return SlotTable.build(a.speed, dom, deg, gpus)
+
+
 def boost_floor(instance: Instance, groups: list[tuple[int, list[Slot]]]) -> list[list[float]]:
     """Power multipliers raising every replica to the highest common speed the budgets allow.
 
@@ -188,10 +241,16 @@ def fit_power_by_degree(
     return [(t, list(m)) for t, (_, m) in zip(out.tp.tolist(), groups, strict=False)]
 
 
-def fit_by_degree(instance: Instance, packing: Packing, kept: Packing) -> Packing | None:
+def fit_by_degree(
+    instance: Instance, packing: Packing, kept: Packing, level: bool = False
+) -> Packing | None:
     """:func:`fit_power_by_degree` on a packing and its :func:`fit_packing` ``kept``.
 
-    The draws are updated on the racks a degree step touches only.
+    The draws are updated on the racks a degree step touches only. With
+    ``level``, each step lowers a replica of the highest degree (the worst of
+    them) instead of going round from the worst: the degrees end up even
+    (two TP15 replicas rather than TP16 and TP14), and under the ``fixed``
+    policy the slowest replica is what counts.
     """
     if len(kept) == len(packing):
         return None
@@ -213,6 +272,10 @@ def fit_by_degree(instance: Instance, packing: Packing, kept: Packing) -> Packin
     r = len(out) - 1  # worst replica first, one degree step each, round after round
     stuck = 0
     while n_over or site_over:
+        if level:
+            r = len(out) - 1 - int(np.argmax(tp[::-1]))  # the last of the highest degree
+            if lower.get(int(tp[r])) is None:
+                return None  # every replica at the smallest degree and still over budget
         t = int(tp[r])
         step = lower.get(t)
         if step is not None:
@@ -350,11 +413,64 @@ def _score(
 
 def _to_plan(instance: Instance, c: Candidate) -> Plan:
     powers = c.powers
-    if c.goodput > 0 and not bool((powers == 1.0).all()):
+    packing = c.packing
+    if c.goodput > 0:
         theta = float(sum(c.batches)) / c.goodput
-        powers = trim_packed(instance, c.packing, powers, BatchSplit(c.batches, theta, c.goodput))
-    replicas = packing_replicas(instance, c.packing, powers, c.batches)
+        split = BatchSplit(c.batches, theta, c.goodput)
+        if not bool((powers == 1.0).all()):
+            powers = trim_packed(instance, packing, powers, split)
+        packing = trim_degrees(instance, packing, powers, split)
+    replicas = packing_replicas(instance, packing, powers, c.batches)
     return Plan(instance.name, replicas, {"policy": "fast", "candidate": c.name})
+
+
+def trim_degrees(
+    instance: Instance, packing: Packing, powers: np.ndarray, split: BatchSplit
+) -> Packing:
+    """``packing`` with each replica at the smallest allowed degree that still carries
+    its batch at the split's pace: the same goodput on fewer GPUs.
+
+    Replica ``r`` needs the speed ``b_r (1 + rho) / theta`` only; one faster
+    than that (a TP36 replica beside TP33 ones, all with the same batch)
+    holds GPUs, and their watts, for nothing. Only where some replica with a
+    batch already runs below ``T`` (so that ``1 + rho`` stays as it is), at
+    the multipliers ``powers``; ``packing`` itself when nothing changes or the
+    goodput would drop (rounding).
+    """
+    job = instance.job
+    tp = packing.tp
+    batches = np.array(split.batches, dtype=np.int64)
+    if len(packing) == 0 or not np.isfinite(split.step_time) or split.step_time <= 0:
+        return packing
+    if not bool(((tp < job.tp) & (batches > 0)).any()):
+        return packing
+    need = batches * (1.0 + job.reshard_overhead) / split.step_time * (1.0 - FLOAT_NOISE)
+    boost = powers**job.power_exponent
+    new = tp.copy()
+    for t in sorted(job.allowed, reverse=True):
+        lower = t < new
+        if not lower.any():
+            continue
+        speed = (packing.slots.prefix[packing.members, t - 1] * boost).min(axis=1)
+        fast_enough = lower & (job.tp_factor(t) * speed / job.seq_time_s >= need)
+        new[fast_enough] = t
+    if np.array_equal(new, tp):
+        return packing
+    trimmed = packing.with_tp(new)
+    kept = batches > 0  # the plan's replicas
+    before = goodput(
+        job,
+        tp[kept].tolist(),
+        batches[kept].tolist(),
+        replica_speeds(instance, packing, powers)[kept].tolist(),
+    )
+    after = goodput(
+        job,
+        new[kept].tolist(),
+        batches[kept].tolist(),
+        replica_speeds(instance, trimmed, powers)[kept].tolist(),
+    )
+    return trimmed if after >= before * (1.0 - FLOAT_NOISE) else packing
 
 
 def candidates(instance: Instance, *, cancel: threading.Event | None = None) -> list[Candidate]:
@@ -384,11 +500,11 @@ def candidates(instance: Instance, *, cancel: threading.Event | None = None) -> 
     out: list[Candidate] = []
     # a packing another maker already built (the same degrees on the same GPUs,
     # stage by stage) scores the same: its candidates are reused under the new name
-    seen: dict[tuple[bytes, bytes], list[Candidate | None]] = {}
+    seen: dict[tuple[bytes, bytes, int], list[Candidate | None]] = {}
 
-    def score(name: str, packing: Packing) -> None:
-        kinds = ("", "slow", "floor") if boost else ("",)
-        key = (packing.tp.tobytes(), packing.stages().gpus.tobytes())
+    def score(name: str, packing: Packing, slow: bool = True) -> None:
+        kinds = (("", "slow", "floor") if slow else ("", "floor")) if boost else ("",)
+        key = (packing.tp.tobytes(), packing.stages().gpus.tobytes(), len(kinds))
         if key in seen:
             scored = [
                 None if c is None else Candidate(n, packing, c.powers, c.batches, c.goodput)
@@ -419,11 +535,26 @@ def candidates(instance: Instance, *, cancel: threading.Event | None = None) -> 
         more = count_fit_table(instance, most)
         if more is not None:
             makers["count-max"] = lambda: pack(instance, more)
-    # scored in the same order as ever, so that ties go the same way
+    makers["even"] = lambda: pack(instance, even_table(instance), by_value=True)
+    if boost and racks_bind(instance):
+        makers["ntp-spread"] = lambda: pack(
+            instance, domain_slot_table(instance, reduced=True, spread=True), spread=True
+        )
+        makers["even-spread"] = lambda: pack(
+            instance, even_table(instance, spread=True), by_value=True, spread=True
+        )
+    # scored in the same order as ever, so that ties go the same way; a maker
+    # whose packing an earlier one built (the paper's cut is often already even)
+    # adds nothing, nor do its degree fits
+    built: set[tuple[bytes, bytes]] = set()
     for name, make in makers.items():
         if stop():
             break
         packed = make()
+        key = (packed.tp.tobytes(), packed.stages().gpus.tobytes())
+        if key in built:
+            continue
+        built.add(key)
         packs[name] = (packed, fit_packing(instance, packed))
         score(name, packs[name][1])
     for name, (packed, kept) in packs.items():  # tight budgets: lower degrees, not a replica
@@ -432,8 +563,107 @@ def candidates(instance: Instance, *, cancel: threading.Event | None = None) -> 
         fitted = fit_by_degree(instance, packed, kept)
         if fitted is not None:
             score(f"{name}+degree-fit", fit_packing(instance, fitted))
+        level = fit_by_degree(instance, packed, kept, level=True)
+        if level is not None:  # even degrees: the floor boost is the one that fits them
+            score(f"{name}+level-fit", fit_packing(instance, level), slow=False)
     out.sort(key=lambda c: -c.goodput)
+    if out and boost and not stop():
+        # local steps from the best candidate, and from the best spread one (whose
+        # racks have room for the boost a step frees watts for)
+        starts = [out[0]]
+        starts += [c for c in out if "-spread" in c.name and c is not out[0]][:1]
+        better: list[Candidate] = []
+        for c in starts:
+            capped = capped_boosted(instance, c)
+            fewer = fewer_boosted(instance, capped or c)
+            better += [x for x in (capped, fewer) if x is not None]
+        out = sorted(out + better, key=lambda c: -c.goodput)  # stable: ties as before
     return out
+
+
+def racks_bind(instance: Instance) -> bool:
+    """Would some rack exceed its budget with all its healthy GPUs at their largest multiplier?
+
+    Only then does it matter which racks a plan's stages draw on
+    (``spread`` candidates).
+    """
+    a = instance.arrays
+    draw = np.where(a.healthy, a.tdp * instance.max_multiplier, 0.0)
+    per_rack = np.bincount(a.gpu_rack, weights=draw, minlength=len(a.rack_ids))
+    return bool((per_rack > a.rack_budget).any())
+
+
+def capped_boosted(instance: Instance, best: Candidate) -> Candidate | None:
+    """Lower degrees, more boost: ``best`` with every replica's degree capped at one of
+    its smaller degrees, the watts freed spent on the floor boost; the best cap
+    that raises goodput, or ``None``.
+
+    Under a tight budget and the ``fixed`` policy, replicas of a degree above
+    the slowest one's draw watts that raise no goodput: at one degree, every
+    replica can be boosted instead (ten TP68 and six TP72 replicas become
+    sixteen TP68 ones at 1.02).
+    """
+    tp = best.packing.tp
+    found: Candidate | None = None
+    value = best.goodput
+    for t in sorted(set(tp.tolist()), reverse=True)[1:]:
+        c = _score(
+            instance, f"{best.name}+cap{t}", best.packing.with_tp(np.minimum(tp, t)), "floor"
+        )
+        if c is not None and c.goodput > value * (1 + IMPROVE_TOL):
+            found, value = c, c.goodput
+    return found
+
+
+def fewer_boosted(instance: Instance, best: Candidate) -> Candidate | None:
+    """Fewer replicas, more boost: ``best`` without its last replicas, the watts they
+    drew spent on boosting the others, while goodput grows.
+
+    Where a budget caps the boost, a replica dropped may be worth less than
+    the boost its watts buy the others (a slow or reduced replica, ``alpha``
+    near 1, no idle draw). Replicas are dropped one at a time, last (worst)
+    first, each packing boosted both ways; the first drop that gains nothing
+    stops it. ``None`` when no drop gains. A drop is only tried when the watts it
+    frees (and the site's room), spread evenly over the others' GPUs, would
+    raise their speed by more than the share of speed dropped: with hundreds
+    of alike replicas (32k-131k GPUs) one replica's watts buy less than the
+    replica, and nothing is scored.
+    """
+    a = instance.arrays
+    job = instance.job
+    packing = best.packing
+    st = packing.stages()
+    sizes = np.diff(st.start)
+    per_gpu = np.repeat(best.powers.ravel(), sizes)
+    draw = a.tdp[st.gpus] * per_gpu
+    watts = np.bincount(np.repeat(st.replica, sizes), weights=draw, minlength=len(packing))
+    idle = a.tdp[st.gpus] * job.idle_power_fraction
+    freed = watts - np.bincount(np.repeat(st.replica, sizes), weights=idle, minlength=len(packing))
+    power_of = np.zeros(a.n_gpus)
+    power_of[st.gpus] = per_gpu
+    room = max(float(headroom(instance, power_of)[1]), 0.0)
+    speeds = replica_speeds(instance, packing, best.powers)
+    found: Candidate | None = None
+    value = best.goodput
+    total = float(speeds.sum())
+    for k in range(len(packing) - 1, 0, -1):
+        rest = float(watts[:k].sum())
+        spare = room + float(freed[k:].sum())
+        if rest <= 0 or total <= 0:
+            break
+        gain = (1.0 + spare / rest) ** job.power_exponent * float(speeds[:k].sum()) / total
+        if gain <= 1 + IMPROVE_TOL:
+            break
+        head = packing.head(k)
+        scored = [
+            _score(instance, f"{best.name}+drop{len(best.packing) - k}", head, b)
+            for b in ("floor", "slow")
+        ]
+        top = max((c for c in scored if c is not None), key=lambda c: c.goodput, default=None)
+        if top is None or top.goodput <= value * (1 + IMPROVE_TOL):
+            break
+        found, value = top, top.goodput
+    return found
 
 
 def plan_fast(

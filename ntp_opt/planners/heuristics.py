@@ -139,22 +139,55 @@ def _cut(
     return SlotTable.build(instance.arrays.speed, domain, degree, gpus)
 
 
-def fastest_first(instance: Instance) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Healthy GPUs by domain, fastest first (ties in index order); per domain: count and start."""
+def fastest_first(
+    instance: Instance, spread: bool = False
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Healthy GPUs by domain, fastest first (ties in index order); per domain: count and start.
+
+    With ``spread``, GPUs of equal speed alternate between the domain's racks
+    (the first of each rack, then the second of each, ...): stages cut from
+    the order draw on every rack alike, which leaves each rack room to boost.
+    Kept on the instance for its arrays (every ``fast`` candidate cuts from it).
+    """
+    a = instance.arrays
+    memo = instance.__dict__.get("_fastest_first")
+    if memo is None or memo[0] is not a:
+        orders: dict[bool, tuple[np.ndarray, np.ndarray, np.ndarray]] = {}
+        memo = (a, orders)
+        instance.__dict__["_fastest_first"] = memo  # a cache, not state
+    if spread not in memo[1]:
+        memo[1][spread] = _fastest_first(instance, spread)
+    out: tuple[np.ndarray, np.ndarray, np.ndarray] = memo[1][spread]
+    return out
+
+
+def _fastest_first(instance: Instance, spread: bool) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     a = instance.arrays
     ok = np.flatnonzero(a.healthy)
     dom = a.gpu_domain[ok]
     g = ok[np.lexsort((-a.speed[ok], dom))]
+    if spread and len(g):
+        rack = a.gpu_rack[g]
+        sp = a.speed[g]
+        d = a.gpu_domain[g]
+        by = np.lexsort((g, rack, -sp, d))  # (domain, speed, rack) groups in index order
+        key = np.stack([d[by], -sp[by], rack[by]])
+        new_group = np.concatenate([[True], (key[:, 1:] != key[:, :-1]).any(axis=0)])
+        pos = np.arange(len(by))
+        starts = np.maximum.accumulate(np.where(new_group, pos, 0))
+        rank = np.empty(len(g), dtype=np.int64)
+        rank[by] = pos - starts
+        g = g[np.lexsort((g, rack, rank, -sp, d))]
     counts = np.bincount(dom, minlength=a.n_domains)
     first = np.cumsum(counts) - counts
     return g, counts, first
 
 
-def domain_slot_table(instance: Instance, reduced: bool) -> SlotTable:
-    """:func:`domain_slots` as a :class:`SlotTable`."""
+def domain_slot_table(instance: Instance, reduced: bool, spread: bool = False) -> SlotTable:
+    """:func:`domain_slots` as a :class:`SlotTable` (``spread``: see :func:`fastest_first`)."""
     job = instance.job
     big_t = job.tp
-    g, counts, first = fastest_first(instance)
+    g, counts, first = fastest_first(instance, spread)
     n_dom = len(counts)
     full = counts // big_t
     dom = np.repeat(np.arange(n_dom, dtype=np.int64), full)
@@ -271,12 +304,24 @@ def _as_packing(instance: Instance, groups: Groups | Packing) -> Packing:
     return groups if isinstance(groups, Packing) else Packing.from_groups(instance, groups)
 
 
-def pack(instance: Instance, table: SlotTable, by_value: bool = False) -> Packing:
-    """:func:`pack_replicas` on a :class:`SlotTable`."""
+def pack(
+    instance: Instance, table: SlotTable, by_value: bool = False, spread: bool = False
+) -> Packing:
+    """:func:`pack_replicas` on a :class:`SlotTable`.
+
+    With ``spread``, ties (same degree and speed) go to each domain's first
+    slot before any domain's second one, and so on: the replicas draw on as
+    many domains (and racks) as they can, each left room to boost.
+    """
     job = instance.job
     n_slots = len(table)
     fast = table.speed(table.degree) if n_slots else np.zeros(0)
     idx = np.arange(n_slots)
+    if spread and n_slots:
+        new_dom = np.concatenate([[True], table.domain[1:] != table.domain[:-1]])
+        # j-th slot of its domain (the tables list each domain's slots together)
+        idx = idx - np.maximum.accumulate(np.where(new_dom, idx, 0))
+        idx = idx * n_slots + np.arange(n_slots)
     if by_value:
         factors = {int(t): job.tp_factor(int(t)) for t in np.unique(table.degree)}
         factor = np.array([factors[t] for t in table.degree.tolist()], dtype=float)
