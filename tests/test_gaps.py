@@ -419,3 +419,19 @@ def test_descent_settles_a_program_that_would_creep(seed, monkeypatch):
 
     assert oracle(c + 6) == (c, c)  # would lower the level by 1 with a gap of 5: settled
     assert oracle(c + 20) == (c, c + 5)  # lowers it by 15: the bound is enough
+
+
+def test_deadline_while_sizing_the_full_program_is_not_a_crash(monkeypatch):
+    # Under load, the deadline could pass while the search sized the full program of a
+    # case it had just given to column generation (inside the ModelTooLarge handler):
+    # DeadlineReached escaped solve() instead of the best plan with limit time_limit.
+    from ntp_opt.planners.exact.model import DeadlineReached
+
+    inst = exact_instance(0)
+    prep = prepare(inst)
+
+    def late(*args, **kwargs):
+        raise DeadlineReached("deadline")
+
+    monkeypatch.setattr(search, "build_capacity", late)
+    assert search._small_full_program(prep, inst.job.allowed, 0.0) is False

@@ -745,7 +745,7 @@ def _small_full_program(prep: Prepared, degrees: tuple[int, ...], deadline: floa
     crowded class."""
     try:
         top = build_capacity(prep, _theta_range(prep, degrees)[1], degrees, deadline)
-    except ModelTooLarge:
+    except (ModelTooLarge, DeadlineReached):  # the search meets the deadline itself
         return False
     return 0 < FULL_HIGHS_VARS and top.program.n_vars <= FULL_HIGHS_VARS and not _crowded_class(top)
 
