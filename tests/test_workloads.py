@@ -6,6 +6,7 @@ from __future__ import annotations
 import dataclasses
 import itertools
 import math
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -709,6 +710,20 @@ def test_bad_latency_and_memory_fields(spec: dict[str, object], needle: str) -> 
     text = str(err.value)
     assert "wl.json" in text and needle in text
     assert "\n" not in text.strip()
+
+
+def test_cli_names_a_bad_latency_field(tmp_path, capsys) -> None:  # type: ignore[no-untyped-def]
+    import json
+
+    from ntp_opt.app.cli import main
+
+    tiny_json = Path(__file__).resolve().parent.parent / "instances" / "tiny.json"
+    fleet = {"name": "chat", "throughput": {"4": 3.5}, "demand": 10.0, "min_tp": -2}
+    bad = tmp_path / "w.json"
+    bad.write_text(json.dumps({"format": "ntp-opt/workloads@1", "serving": [fleet]}))
+    assert main(["multi", str(tiny_json), str(bad)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert f"{bad}: serving[0].min_tp:" in err and "Traceback" not in err
 
 
 def test_infeasible_minimum_share() -> None:

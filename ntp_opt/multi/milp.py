@@ -26,7 +26,10 @@ rest is linear:
   with ``Y <= sum b n`` the training batch (``Y = B z`` under ``fixed``) and
   ``U_i = min(1, X_i / D_i)``.
 
-``docs/workloads.md`` states what is exact and what is not.
+Where GPU speeds differ inside a domain (stragglers) these programs restrict
+where stages and replicas go, so each step time also gets an *optimistic*
+program that admits every plan (:func:`_build`); its bound is the one
+reported. ``docs/workloads.md`` states what is exact and what is not.
 """
 
 from __future__ import annotations
