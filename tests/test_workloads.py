@@ -659,6 +659,12 @@ def test_straggler_makes_a_replica_miss_the_latency_target() -> None:
         {"d0.g0": 0.8},
     )
     assert solve_multi(ok, time_limit=TL).objective == pytest.approx((5 * 2.0 + 1.6) / 100.0)
+    # the static partition gives the fleet d2 (training's nominal block is d0, d1); with
+    # the straggler there its greedy forms the one TP2 replica on fast GPUs, not the late one
+    there = _with_speeds(tiny([], (fleet,), training_weight=0.0), {"d2.g0": 0.8})
+    plan, st = solve_static(there, time_limit=TL)
+    assert [r.domain for r in plan.serving] == ["d2"]
+    assert st.fleets["agents"].late == 0 and _gid("d2.g0") not in plan.serving[0].gpus
 
 
 def test_validator_memory_floor_and_late_replicas() -> None:
