@@ -804,9 +804,9 @@ def _search(
     whose bound cannot beat the best plan.
 
     ``exact`` (every healthy GPU at one speed): the programs' bounds hold for every
-    plan. Otherwise each step time first gets its optimistic program (see
-    :func:`_build`), whose bound holds for every plan, and its own program, which
-    finds plans, only where that bound can beat the best plan so far.
+    plan. Otherwise a step time's program finds plans only, and its optimistic
+    program (see :func:`_build`), whose bound holds for every plan, is solved after
+    it unless a plan already reaches the step time's upper bound.
     """
     job = multi.instance.job
     wl = multi.workloads
@@ -868,11 +868,18 @@ def _search(
     def incumbent() -> float:
         return out.best[1].weighted_goodput if out.best is not None else -math.inf
 
-    # training off: serving alone; it bounds the serving part of every program
+    def reached(ub: float) -> bool:
+        """Whether the best plan is within the tolerance of ``ub``."""
+        return ub <= incumbent() * (1 + REL_TOL) + ABS_NOISE
+
+    # training off: serving alone; it bounds the serving part of every program, and so
+    # does serving every fleet's whole demand
+    serving_max = sum(f.weight for f in wl.serving)
     serving_alone = run((), 1.0, 1.0, False)
     if not exact and not out.timed_out:
-        serving_alone = run((), 1.0, 1.0, True)
+        serving_alone = serving_max if reached(serving_max) else run((), 1.0, 1.0, True)
     if serving_alone is not None:
+        serving_alone = min(serving_alone, serving_max)
         out.bound = max(out.bound, serving_alone)
     cases: list[tuple[tuple[int, ...], float]] = [((job.tp,), 1.0)]
     if len(job.allowed) > 1:
@@ -889,14 +896,17 @@ def _search(
             continue  # training cannot run: every plan here is one of serving alone
         train_ub = wl.training_weight * job.seq_time_s * seqs / (job.dp * theta * factor)
         ub_here = train_ub + (serving_alone if serving_alone is not None else math.inf)
-        if ub_here <= incumbent() * (1 + REL_TOL) + ABS_NOISE:
+        if reached(ub_here):
             continue  # cannot beat the best plan: the serving part is at most serving_alone
-        got = None if out.timed_out else run(degrees, theta, factor, not exact)
+        got = None if out.timed_out else run(degrees, theta, factor, False)
+        if not exact and got is not None:
+            # that program's bound holds for its placements only; the optimistic
+            # program's holds for every plan (not needed once a plan reaches ub_here)
+            got = None if out.timed_out else ub_here
+            if not reached(ub_here) and not out.timed_out:
+                got = run(degrees, theta, factor, True)
         # a program not solved is bounded by ub_here
         out.bound = max(out.bound, ub_here if got is None else min(got, ub_here))
-        if not exact and got is not None and got > incumbent() * (1 + REL_TOL) + ABS_NOISE:
-            if not out.timed_out:
-                run(degrees, theta, factor, False)  # for a plan: its bound holds for it only
     return out
 
 
