@@ -59,6 +59,11 @@ from ntp_opt.rules.tolerances import (
 #: Units of a fleet's normalised throughput (1 = its whole demand): each replica's share
 #: is rounded down to 1e-8 of the demand.
 UNITS = 10**8
+#: Largest coefficient of a serving row: HiGHS's integrality tolerance is set from the
+#: largest row coefficient, and at its floor (1e-10, coefficients near 1e8) HiGHS's
+#: presolve returned a wrong optimum on a small program. A fleet whose replica would
+#: count for more than this many units is counted in units 10 or 100 times coarser.
+MAX_ROW_COEF = 10**6
 #: Scale of weights in the integer objective.
 WEIGHT_SCALE = 10**3
 #: Largest number of training configurations of one domain class.
@@ -481,20 +486,26 @@ def _build(
         count_cap = max(fleet.min_replicas, math.ceil(fleet.demand / slowest))
         if fleet.max_replicas is not None:
             count_cap = min(count_cap, fleet.max_replicas)
-        for t, sp in kinds:
+        # rounded down (FLOAT_NOISE forgives float noise, well inside the validator's
+        # SHARE_TOL); one replica never counts for more than the demand
+        shares = [fleet.rate(t, sp) / fleet.demand * (1 + FLOAT_NOISE) for t, sp in kinds]
+        coarse = 1  # this fleet's unit: 1 / (UNITS / coarse) of its demand
+        while coarse < UNITS and min(1.0, max(shares, default=0.0)) * UNITS > (
+            MAX_ROW_COEF * coarse
+        ):
+            coarse *= 10
+        fleet_units = UNITS // coarse
+        for (t, sp), share in zip(kinds, shares, strict=True):
             v = var(0, min(count_cap, total_gpus // t), 0, f"M[{fleet.name},{t},{sp}]")
             m_vars[(i, t, sp)] = v
             mine.append(v)
-            # rounded down (FLOAT_NOISE forgives float noise, well inside the
-            # validator's SHARE_TOL); one replica never counts for more than the demand
-            share = fleet.rate(t, sp) / fleet.demand * UNITS * (1 + FLOAT_NOISE)
-            units.append(min(UNITS, math.floor(share)))
+            units.append(min(fleet_units, math.floor(share * fleet_units)))
         w_int = round(fleet.weight * WEIGHT_SCALE)
-        u = var(0, UNITS, w_int, f"U[{fleet.name}]")
+        u = var(0, fleet_units, w_int * coarse, f"U[{fleet.name}]")
         # floor of each replica's units, and the weight's rounding
-        slack += fleet.weight * count_cap / UNITS + abs(w_int / WEIGHT_SCALE - fleet.weight)
+        slack += fleet.weight * count_cap / fleet_units + abs(w_int / WEIGHT_SCALE - fleet.weight)
         rows.append(Row((u, *mine), (1, *(-k for k in units)), None, 0, f"U<=X[{fleet.name}]"))
-        lo_units = math.ceil(fleet.min_fraction * UNITS)
+        lo_units = math.ceil(fleet.min_fraction * fleet_units)
         if mine:
             rows.append(
                 Row(
