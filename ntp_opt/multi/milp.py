@@ -769,21 +769,22 @@ def _training_cap(
     A replica carrying ``b`` sequences has ``pp`` stages of capability ``>= b``
     each, so ``Y = sum_beta #{replicas carrying >= beta}`` and that count is at most
     ``dp_max`` and ``S(beta) / pp``, ``S(beta)`` the stages of capability ``>= beta``
-    the domains can hold (each domain counted at its best configuration for that
-    level, from the optimistic configurations, whatever the degree).
+    the domains can hold: a domain of ``h`` healthy GPUs holds at most ``h // t``
+    stages of degree ``t``, none faster than its ``t`` fastest GPUs.
     """
     job = multi.instance.job
     top = min(job.local_batch_max, job.global_batch)
-    most = np.zeros(top + 1, dtype=np.int64)
+    most = np.zeros(top + 2, dtype=np.int64)
     for klass in classes:
-        per = np.zeros(top + 1, dtype=np.int64)
-        for cfg in _configs(multi, klass.speed, degrees, theta, optimistic=True)[1:]:
-            have = np.zeros(top + 2, dtype=np.int64)
-            for _, b, _ in cfg.stages:
-                have[b] += 1
-            per = np.maximum(per, np.cumsum(have[::-1])[::-1][: top + 1])
+        h = len(klass.speed)
+        per = np.zeros(top + 2, dtype=np.int64)
+        for t in degrees:
+            if t <= h:
+                b = _capability(multi, t, float(klass.speed[t - 1]), theta)
+                if b >= 1:
+                    per[1 : b + 1] = np.maximum(per[1 : b + 1], h // t)
         most += per * len(klass.domains)
-    levels = np.minimum(job.replicas_max, most[1:] // job.pp)
+    levels = np.minimum(job.replicas_max, most[1 : top + 1] // job.pp)
     return int(levels.sum())
 
 
@@ -901,14 +902,17 @@ def _search(
         for degrees, factor in cases
         for prio, theta in _candidates(multi, degrees)
     )
+    rest = serving_alone if serving_alone is not None else math.inf
+    per_seq = wl.training_weight * job.seq_time_s / job.dp
     for _, theta, degrees, factor in todo:
+        if reached(per_seq * cap_b / (theta * factor) + rest):
+            continue  # cannot beat the best plan: the serving part is at most serving_alone
         seqs = min(cap_b, _training_cap(multi, classes, degrees, theta))
         if job.batch_policy == "fixed" and seqs < job.global_batch:
             continue  # training cannot run: every plan here is one of serving alone
-        train_ub = wl.training_weight * job.seq_time_s * seqs / (job.dp * theta * factor)
-        ub_here = train_ub + (serving_alone if serving_alone is not None else math.inf)
+        ub_here = per_seq * seqs / (theta * factor) + rest
         if reached(ub_here):
-            continue  # cannot beat the best plan: the serving part is at most serving_alone
+            continue
         got = None if out.timed_out else run(degrees, theta, factor, False)
         if not exact and got is not None:
             # that program's bound holds for its placements only; the optimistic
