@@ -6,6 +6,7 @@ from __future__ import annotations
 import dataclasses
 import itertools
 import math
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -119,6 +120,116 @@ def brute_force(multi: MultiInstance) -> float:
             value += f.weight * min(1.0, x / f.demand)
         if ok:
             best = max(best, value)
+    return best
+
+
+# --------------------------------------------------------------------------------------
+# an independent brute force with GPU speeds, latency targets and memory floors
+# --------------------------------------------------------------------------------------
+
+
+def _domain_groups(
+    speeds: list[float], kinds: list[tuple[str, int]]
+) -> set[tuple[tuple[str, int, float], ...]]:
+    """Every way to cut a domain's healthy GPUs (their speeds) into groups of the given
+    kinds (name, size), each group at its slowest GPU: sorted tuples of (name, size, speed)."""
+    out: set[tuple[tuple[str, int, float], ...]] = set()
+
+    def rec(free: tuple[int, ...], groups: tuple[tuple[str, int, float], ...]) -> None:
+        if not free:
+            out.add(tuple(sorted(groups)))
+            return
+        first, rest = free[0], free[1:]
+        rec(rest, groups)  # the first free GPU stays idle
+        for name, size in kinds:
+            for others in itertools.combinations(rest, size - 1):
+                members = (first, *others)
+                left = tuple(g for g in rest if g not in others)
+                rec(left, (*groups, (name, size, min(speeds[g] for g in members))))
+
+    rec(tuple(range(len(speeds))), ())
+    return out
+
+
+def _training_values(job: Job, stages: tuple[tuple[int, float], ...]) -> list[float]:
+    """Relative goodputs of every training plan from these stages ``(degree, speed)``."""
+    values = [0.0]
+    cap = job.local_batch_max
+
+    def replicas(
+        left: tuple[tuple[int, float], ...], reps: tuple[tuple[int, float], ...]
+    ) -> list[tuple[tuple[int, float], ...]]:
+        if not left:
+            return [reps]
+        (t, s), rest = left[0], left[1:]
+        got = replicas(rest, reps)  # the first stage unused
+        same = [k for k, (t2, _) in enumerate(rest) if t2 == t]
+        for mates in itertools.combinations(same, job.pp - 1):
+            slow = min([s, *(rest[k][1] for k in mates)])
+            remain = tuple(st for k, st in enumerate(rest) if k not in mates)
+            got += replicas(remain, (*reps, (t, slow)))
+        return got
+
+    for reps in set(replicas(stages, ())):
+        if not 0 < len(reps) <= job.replicas_max:
+            continue
+        for batches in itertools.product(range(1, cap + 1), repeat=len(reps)):
+            total = sum(batches)
+            if total > job.global_batch or (
+                job.batch_policy == "fixed" and total != job.global_batch
+            ):
+                continue
+            pairs = zip(batches, reps, strict=True)
+            theta = max(b * job.seq_time_s * job.tp / (t * s) for b, (t, s) in pairs)
+            if any(t < job.tp for t, _ in reps):
+                theta *= 1 + job.reshard_overhead
+            values.append(total / theta * job.seq_time_s / job.dp)
+    return values
+
+
+def brute_force_speeds(multi: MultiInstance) -> float:
+    """Best weighted goodput over every way to cut every domain into training stages and
+    serving replicas (any GPUs, each group at its slowest GPU's speed); a replica counts
+    only at a degree of at least ``min_tp`` and within ``max_latency_ms``."""
+    inst = multi.instance
+    job = inst.job
+    wl = multi.workloads
+    a = inst.arrays
+    kinds = [("~train", t) for t in job.allowed] + sorted(
+        {(f.name, t) for f in wl.serving for t in f.degrees if t >= f.min_tp}
+    )
+    reach: set[tuple[tuple[str, int, float], ...]] = {()}
+    for members in a.domain_gpus:
+        speeds = [float(a.speed[g]) for g in members if a.healthy[g]]
+        options = _domain_groups(speeds, kinds)
+        reach = {tuple(sorted(r + o)) for r in reach for o in options}
+    best = -math.inf
+    cache: dict[tuple[tuple[int, float], ...], float] = {}
+    for groups in reach:
+        stages = tuple((t, s) for name, t, s in groups if name == "~train")
+        if stages not in cache:
+            ok = [
+                v
+                for v in _training_values(job, stages)
+                if v >= wl.training_min_relative_goodput * (1 - 1e-9)
+            ]
+            cache[stages] = max(ok, default=-math.inf)
+        value = wl.training_weight * cache[stages]
+        for f in wl.serving:
+            mine = [
+                (t, s)
+                for name, t, s in groups
+                if name == f.name
+                and (f.max_latency_ms is None or f.latency_ms[t] / s <= f.max_latency_ms)
+            ]
+            x = sum(f.throughput[t] * s for t, s in mine)
+            n = len(mine)
+            if n < f.min_replicas or (f.max_replicas is not None and n > f.max_replicas):
+                value = -math.inf
+            if x < f.min_fraction * f.demand * (1 - 1e-9):
+                value = -math.inf
+            value += f.weight * min(1.0, x / f.demand)
+        best = max(best, value)
     return best
 
 
@@ -403,26 +514,256 @@ def test_deterministic_with_seed() -> None:
 
 
 def test_stragglers_give_a_valid_plan_and_a_real_bound() -> None:
-    """With stragglers the bound comes from the instance with every healthy GPU at the
-    fastest speed: a real bound (never a gap of 0 by default), and ``optimal`` only
-    when the plan reaches it."""
+    """With stragglers the bound comes from the optimistic programs: a real bound (never
+    a gap of 0 by default), and ``optimal`` only when the plan reaches it."""
     inst = make_instance(domains=4, size=8, tray=4, stragglers=3, tp=8, pp=1, dp=3, global_batch=6)
     multi = MultiInstance(inst, Workloads(serving=(CHAT,)))
     res = solve_multi(multi, time_limit=TL)
     assert res.plan is not None and evaluate_multi(multi, res.plan).feasible
     assert res.bound is not None and res.objective is not None and res.gap is not None
     assert res.bound >= res.objective * (1 - 1e-9)
-    # the lifted instance is at least as good: its best plan is no better than the bound
+    # the bound is no looser than the same instance with every healthy GPU at the
+    # fastest speed (whose plans are at least as good as every plan here)
     a = inst.arrays
     lifted = MultiInstance(
         inst.with_health(speed=np.where(a.healthy, a.speed[a.healthy].max(), a.speed)),
         multi.workloads,
     )
     top = solve_multi(lifted, time_limit=TL)
-    assert top.objective is not None and top.objective <= res.bound * (1 + 1e-9)
+    assert top.bound is not None and res.bound <= top.bound * (1 + 1e-9)
     assert (res.status == "optimal") == (res.gap <= 1e-6)
     if res.status != "optimal":
         assert res.reason
+
+
+def _with_speeds(multi: MultiInstance, speeds: dict[str, float]) -> MultiInstance:
+    """``multi`` with these GPUs (tests' short names) slowed to these speeds."""
+    a = multi.instance.arrays
+    sp = a.speed.copy()
+    for name, v in speeds.items():
+        sp[a.gpu_index[_gid(name)]] = v
+    return MultiInstance(multi.instance.with_health(speed=sp), multi.workloads)
+
+
+def _random_speed_case(seed: int) -> MultiInstance:
+    """A tiny instance with stragglers, fleets with latency targets and memory floors."""
+    import random
+
+    rng = random.Random(seed)
+    fleets = []
+    for k in range(rng.choice((1, 2))):
+        degrees = rng.sample((1, 2, 4), 2)
+        fleets.append(
+            ServingWorkload(
+                name=f"f{k}",
+                throughput={t: round(rng.uniform(0.5, 1.2) * t, 2) for t in degrees},
+                demand=round(rng.uniform(1.0, 8.0), 1),
+                weight=rng.choice((0.5, 1.0, 2.0)),
+                min_replicas=rng.choice((0, 0, 1)),
+                min_fraction=rng.choice((0.0, 0.0, 0.25)),
+                max_replicas=rng.choice((None, 3)),
+                latency_ms={t: round(rng.uniform(20, 60) / t**0.5, 1) for t in degrees},
+                max_latency_ms=rng.choice((None, 30.0, 40.0)),
+                min_tp=rng.choice((1, 1, 2)),
+            )
+        )
+    healthy = [f"d{d}.g{n}" for d in range(3) for n in range(4)]
+    multi = tiny(
+        [_gid(g) for g in rng.sample(healthy, rng.choice((0, 1)))],
+        tuple(fleets),
+        training_weight=rng.choice((0.5, 1.0, 3.0)),
+        batch_policy=rng.choice(("fixed", "elastic")),
+        pp=rng.choice((1, 2)),
+        dp=2,
+        global_batch=rng.choice((2, 3, 4)),
+    )
+    slow = rng.sample(healthy, rng.choice((1, 2, 3)))
+    return _with_speeds(multi, {g: rng.choice((0.7, 0.8, 0.9)) for g in slow})
+
+
+@pytest.mark.parametrize("seed", range(16))
+def test_stragglers_latency_and_memory_against_brute_force(seed: int) -> None:
+    """Stragglers, latency targets and memory floors: the bound holds against every way
+    to cut the domains (brute force), and a plan labelled optimal reaches it."""
+    multi = _random_speed_case(seed)
+    expected = brute_force_speeds(multi)
+    res = solve_multi(multi, time_limit=TL)
+    if expected == -math.inf:
+        assert res.status == "infeasible"
+        return
+    assert res.objective is not None and res.bound is not None
+    assert res.objective <= expected + 1e-9
+    assert res.bound >= expected * (1 - 1e-9)
+    assert res.gap is not None
+    if res.status == "optimal":  # up to the rounding of the replicas' shares (1e-6 each)
+        assert res.gap <= 1e-4
+        assert res.objective == pytest.approx(expected, rel=1e-6, abs=1e-9)
+    else:
+        assert res.gap > 1e-6 and res.reason and "stragglers" in res.reason
+
+
+def test_highs_tolerance_regression_keeps_the_optimum() -> None:
+    """Found by the brute force: with row coefficients near 1e8 HiGHS ran at its
+    tightest integrality tolerance and its presolve returned a wrong optimum (training
+    paused, 2.142), and the optimistic bound was as wrong. By hand: TP3 on d0 and on
+    d2's three fast GPUs (speed 1): 3 * 2 / (2 * 4/3 * 1.01); f1's TP1 on d2's 0.9 GPU
+    (25.8 / 0.9 = 28.7 ms); f0's TP4 on d1 at 0.7 (20.7 / 0.7 = 29.6 ms)."""
+    f0 = ServingWorkload(
+        name="f0",
+        throughput={2: 1.52, 4: 3.54},
+        demand=6.9,
+        min_fraction=0.25,
+        latency_ms={2: 24.6, 4: 20.7},
+        max_latency_ms=30.0,
+    )
+    f1 = ServingWorkload(
+        name="f1",
+        throughput={1: 1.15, 4: 2.65},
+        demand=3.5,
+        weight=0.5,
+        min_replicas=1,
+        max_replicas=3,
+        latency_ms={1: 25.8, 4: 22.4},
+        max_latency_ms=30.0,
+    )
+    base = tiny([_gid("d0.g1")], (f0, f1), training_weight=3.0, global_batch=2, max_local_batch=1)
+    multi = _with_speeds(base, {"d1.g0": 0.9, "d1.g1": 0.7, "d2.g3": 0.9})
+    want = 3 * 2 / (2 * 4 / 3 * 1.01) + 0.5 * 1.15 * 0.9 / 3.5 + 3.54 * 0.7 / 6.9
+    assert brute_force_speeds(multi) == pytest.approx(want, rel=1e-12)
+    res = solve_multi(multi, time_limit=TL)
+    assert res.objective == pytest.approx(want, rel=1e-9)
+    assert res.bound is not None and res.bound >= want * (1 - 1e-9)
+
+
+def test_fleet_served_only_at_high_tp() -> None:
+    """TP1 cannot hold the model (min_tp=2) and TP2 misses the latency target: only
+    TP4 replicas serve. Training is worth nothing here, so the fleet takes what it can:
+    one TP4 per whole domain (d0 lost a GPU), 2 x 3.0 req/s of 9.0 by hand."""
+    big = ServingWorkload(
+        name="big",
+        throughput={1: 1.0, 2: 2.0, 4: 3.0},
+        demand=9.0,
+        latency_ms={1: 100.0, 2: 60.0, 4: 40.0},
+        max_latency_ms=50.0,
+        min_tp=2,
+    )
+    multi = tiny([_gid("d0.g0")], (big,), training_weight=0.0)
+    res = solve_multi(multi, time_limit=TL)
+    assert res.status == "optimal" and res.plan is not None
+    assert res.objective == pytest.approx(2 * 3.0 / 9.0, rel=1e-9)
+    assert res.objective == pytest.approx(brute_force_speeds(multi), rel=1e-9)
+    assert sorted(r.tp for r in res.plan.serving) == [4, 4]
+    # without the floor and the target, TP1 replicas on all 11 GPUs serve everything
+    free = ServingWorkload(name="big", throughput={1: 1.0, 2: 2.0, 4: 3.0}, demand=9.0)
+    loose = solve_multi(tiny([_gid("d0.g0")], (free,), training_weight=0.0), time_limit=TL)
+    assert loose.objective == pytest.approx(1.0)
+    # the static partition never forms a replica that cannot count
+    plan, ev = solve_static(multi, time_limit=TL)
+    assert all(r.tp == 4 for r in plan.serving) and ev.fleets["big"].late == 0
+
+
+def test_straggler_makes_a_replica_miss_the_latency_target() -> None:
+    """d0.g0 at speed 0.8: a TP2 replica holding it takes 50 / 0.8 = 62.5 ms > 55 ms.
+    The planner leaves d0.g0 and its partner out and forms the other five TP2
+    replicas (5 x 2.0 req/s of 100), and proves it."""
+    fleet = ServingWorkload(
+        name="agents",
+        throughput={2: 2.0},
+        demand=100.0,
+        latency_ms={2: 50.0},
+        max_latency_ms=55.0,
+    )
+    multi = _with_speeds(tiny([], (fleet,), training_weight=0.0), {"d0.g0": 0.8})
+    res = solve_multi(multi, time_limit=TL)
+    assert res.status == "optimal" and res.plan is not None
+    assert res.objective == pytest.approx(5 * 2.0 / 100.0, rel=1e-9)
+    assert len(res.plan.serving) == 5
+    assert all(_gid("d0.g0") not in r.gpus for r in res.plan.serving)
+    # the validator counts a late replica as serving nothing
+    used = {g for r in res.plan.serving for g in r.gpus}
+    spare = next(_gid(f"d0.g{n}") for n in range(1, 4) if _gid(f"d0.g{n}") not in used)
+    late = ServingReplica("agents", 2, "d0", (_gid("d0.g0"), spare))
+    bad = MultiPlan(res.plan.training, (*res.plan.serving, late))
+    ev = evaluate_multi(multi, bad)
+    assert ev.feasible and ev.fleets["agents"].late == 1
+    assert ev.weighted_goodput == pytest.approx(res.objective, rel=1e-12)
+    # with a looser target the sixth replica counts at speed 0.8
+    ok = _with_speeds(
+        tiny([], (fleet.model_copy(update={"max_latency_ms": 70.0}),), training_weight=0.0),
+        {"d0.g0": 0.8},
+    )
+    assert solve_multi(ok, time_limit=TL).objective == pytest.approx((5 * 2.0 + 1.6) / 100.0)
+    # the static partition gives the fleet d2 (training's nominal block is d0, d1); with
+    # the straggler there its greedy forms the one TP2 replica on fast GPUs, not the late one
+    there = _with_speeds(tiny([], (fleet,), training_weight=0.0), {"d2.g0": 0.8})
+    plan, st = solve_static(there, time_limit=TL)
+    assert [r.domain for r in plan.serving] == ["d2"]
+    assert st.fleets["agents"].late == 0 and _gid("d2.g0") not in plan.serving[0].gpus
+
+
+def test_validator_memory_floor_and_late_replicas() -> None:
+    fleet = ServingWorkload(
+        name="f",
+        throughput={1: 1.0, 2: 2.0},
+        demand=10.0,
+        min_replicas=1,
+        latency_ms={1: 80.0, 2: 40.0},
+        max_latency_ms=60.0,
+        min_tp=2,
+    )
+    multi = tiny([], (fleet,), training_weight=0.0)
+    empty = Plan(multi.name, ())
+    small = MultiPlan(empty, (ServingReplica("f", 1, "d0", (_gid("d0.g0"),)),))
+    rules = _rules(multi, small)
+    assert "serving-memory" in rules and "min-replicas" in rules
+    good = MultiPlan(empty, (ServingReplica("f", 2, "d0", (_gid("d0.g0"), _gid("d0.g1"))),))
+    assert validate_multi(multi, good) == []
+    # the same replica with a slow GPU misses the target: it no longer counts
+    slow = _with_speeds(multi, {"d0.g1": 0.6})
+    ev = evaluate_multi(slow, good)
+    assert ev.fleets["f"].late == 1 and ev.fleets["f"].served == 0.0
+    assert [v.rule for v in ev.violations] == ["min-replicas"]
+    assert "latency target" in ev.violations[0].message
+
+
+@pytest.mark.parametrize(
+    ("spec", "needle"),
+    [
+        ({"latency_ms": {"2": 10.0}}, "missing [1]"),
+        ({"latency_ms": {"1": 10.0, "2": 5.0, "4": 3.0}}, "not in throughput [4]"),
+        ({"latency_ms": {"1": -1.0, "2": 5.0}}, "latency_ms"),
+        ({"max_latency_ms": 50.0}, "max_latency_ms"),
+        ({"latency_ms": {"1": 10.0, "2": 5.0}, "max_latency_ms": -5.0}, "max_latency_ms"),
+        ({"min_tp": 4}, "min_tp"),
+        ({"min_tp": 0}, "min_tp"),
+        ({"latency_target": 5}, "latency_target"),
+    ],
+)
+def test_bad_latency_and_memory_fields(spec: dict[str, object], needle: str) -> None:
+    from ntp_opt.model.files import InputError
+    from ntp_opt.multi.files import workloads_from_dict
+
+    fleet = {"name": "f", "throughput": {"1": 1.0, "2": 2.0}, "demand": 1.0, **spec}
+    data = {"format": "ntp-opt/workloads@1", "serving": [fleet]}
+    with pytest.raises(InputError) as err:
+        workloads_from_dict(data, "wl.json")
+    text = str(err.value)
+    assert "wl.json" in text and needle in text
+    assert "\n" not in text.strip()
+
+
+def test_cli_names_a_bad_latency_field(tmp_path, capsys) -> None:  # type: ignore[no-untyped-def]
+    import json
+
+    from ntp_opt.app.cli import main
+
+    tiny_json = Path(__file__).resolve().parent.parent / "instances" / "tiny.json"
+    fleet = {"name": "chat", "throughput": {"4": 3.5}, "demand": 10.0, "min_tp": -2}
+    bad = tmp_path / "w.json"
+    bad.write_text(json.dumps({"format": "ntp-opt/workloads@1", "serving": [fleet]}))
+    assert main(["multi", str(tiny_json), str(bad)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert f"{bad}: serving[0].min_tp:" in err and "Traceback" not in err
 
 
 def test_infeasible_minimum_share() -> None:

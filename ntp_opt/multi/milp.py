@@ -26,7 +26,10 @@ rest is linear:
   with ``Y <= sum b n`` the training batch (``Y = B z`` under ``fixed``) and
   ``U_i = min(1, X_i / D_i)``.
 
-``docs/workloads.md`` states what is exact and what is not.
+Where GPU speeds differ inside a domain (stragglers) these programs restrict
+where stages and replicas go, so each step time also gets an *optimistic*
+program that admits every plan (:func:`_build`); its bound is the one
+reported. ``docs/workloads.md`` states what is exact and what is not.
 """
 
 from __future__ import annotations
@@ -42,7 +45,7 @@ from ntp_opt.model.plan import Plan, Replica, Stage
 from ntp_opt.multi.validate import MultiEvaluation, check_multi, evaluate_multi
 from ntp_opt.multi.workloads import MultiInstance, MultiPlan, ServingReplica
 from ntp_opt.planners.base import Status
-from ntp_opt.planners.exact.backends import solve_program
+from ntp_opt.planners.exact.backends import available_backends, solve_program
 from ntp_opt.planners.exact.program import IntProgram, Row
 from ntp_opt.rules.goodput import replica_speed, split_batch
 from ntp_opt.rules.tolerances import (
@@ -56,6 +59,11 @@ from ntp_opt.rules.tolerances import (
 #: Units of a fleet's normalised throughput (1 = its whole demand): each replica's share
 #: is rounded down to 1e-8 of the demand.
 UNITS = 10**8
+#: Largest coefficient of a serving row: HiGHS's integrality tolerance is set from the
+#: largest row coefficient, and at its floor (1e-10, coefficients near 1e8) HiGHS's
+#: presolve returned a wrong optimum on a small program. A fleet whose replica would
+#: count for more than this many units is counted in units 10 or 100 times coarser.
+MAX_ROW_COEF = 10**6
 #: Scale of weights in the integer objective.
 WEIGHT_SCALE = 10**3
 #: Largest number of training configurations of one domain class.
@@ -119,10 +127,15 @@ class MultiResult:
 
 @dataclass(frozen=True)
 class _Config:
-    """Training stages of one domain: ``(degree, capability, first position)``."""
+    """Training stages of one domain: ``(degree, capability, first position)``, and
+    the positions ``[lo, hi)`` they leave free for serving."""
 
     stages: tuple[tuple[int, int, int], ...]
     used: int
+    free: tuple[int, int]
+    #: optimistic configurations: per stage, the slowest speed that still gives its
+    #: capability (its GPUs are at least that fast)
+    needs: tuple[float, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -157,11 +170,24 @@ def _capability(multi: MultiInstance, t: int, slowest: float, theta: float) -> i
 
 
 def _configs(
-    multi: MultiInstance, speed: np.ndarray, degrees: tuple[int, ...], theta: float
+    multi: MultiInstance,
+    speed: np.ndarray,
+    degrees: tuple[int, ...],
+    theta: float,
+    optimistic: bool = False,
 ) -> list[_Config]:
-    """Every multiset of training stage degrees the domain holds (empty first)."""
+    """Every multiset of training stage degrees the domain holds (empty first).
+
+    Stages sit on the domain's fastest GPUs, largest first; when speeds differ
+    inside the domain, each multiset is also listed on its slowest GPUs (the
+    fast ones left to serving). ``optimistic`` gives every stage of degree ``t``
+    the capability of the domain's ``t`` fastest GPUs (an upper bound on where
+    any plan can put it), and lists it with every lower capability the
+    domain's speeds give too, each needing GPUs at least as fast as the slowest
+    speed giving it (:attr:`_Config.needs`).
+    """
     h = len(speed)
-    out = [_Config((), 0)]
+    out = [_Config((), 0, (0, h))]
     desc = sorted(degrees, reverse=True)
 
     def extend(start: int, first: int, stages: list[tuple[int, int, int]]) -> None:
@@ -169,11 +195,12 @@ def _configs(
             t = desc[k]
             if start + t > h:
                 continue
-            b = _capability(multi, t, float(speed[start + t - 1]), theta)
+            slowest = speed[t - 1] if optimistic else speed[start + t - 1]
+            b = _capability(multi, t, float(slowest), theta)
             if b < 1:
                 continue
             new = [*stages, (t, b, start)]
-            out.append(_Config(tuple(new), start + t))
+            out.append(_Config(tuple(new), start + t, (start + t, h)))
             if len(out) > MAX_CONFIGS:
                 raise ValueError(
                     f"more than {MAX_CONFIGS} training configurations per domain: "
@@ -183,6 +210,89 @@ def _configs(
 
     if degrees:
         extend(0, 0, [])
+    if speed[0] == speed[h - 1]:
+        return out
+    if optimistic:
+        return [out[0], *_capability_variants(multi, speed, out[1:], theta)]
+    for cfg in out[1:]:
+        shift = h - cfg.used
+        back = [
+            (t, _capability(multi, t, float(speed[first + shift + t - 1]), theta), first + shift)
+            for t, _, first in cfg.stages
+        ]
+        if all(b >= 1 for _, b, _ in back):
+            out.append(_Config(tuple(back), cfg.used, (0, shift)))
+    return out
+
+
+def _capability_variants(
+    multi: MultiInstance, speed: np.ndarray, configs: list[_Config], theta: float
+) -> list[_Config]:
+    """Optimistic configurations: each stage at any capability the domain's speeds
+    give (up to that of its ``t`` fastest GPUs), with the speeds it needs, as long as
+    the domain has enough GPUs at least as fast for all stages together."""
+    levels = sorted({float(v) for v in speed})
+    at_least = {v: int(np.sum(speed >= v)) for v in levels}
+    out: list[_Config] = []
+    seen: set[tuple[tuple[int, int, float], ...]] = set()
+    for cfg in configs:
+        choices = []
+        for t, _, _ in cfg.stages:
+            caps: dict[int, float] = {}
+            for v in levels:  # ascending: the first speed giving a capability is its need
+                if v <= speed[t - 1]:
+                    b = _capability(multi, t, v, theta)
+                    if b >= 1:
+                        caps.setdefault(b, v)
+            choices.append([(t, b, v) for b, v in caps.items()])
+        for pick in itertools.product(*choices):
+            key = tuple(sorted(pick))
+            if key in seen:
+                continue
+            if any(sum(t for t, _, v in pick if v >= lv) > at_least[lv] for lv in levels):
+                continue
+            seen.add(key)
+            stages = tuple((t, b, 0) for t, b, _ in key)
+            out.append(_Config(stages, cfg.used, cfg.free, tuple(v for _, _, v in key)))
+    return out
+
+
+#: Largest number of speed drops in a domain's leftover GPUs for which the planner
+#: tries cutting the leftover into sub-bins of their own speed (more: one bin).
+MAX_CUT_RUNS = 4
+
+
+def _sub_bins(
+    speed: np.ndarray, start: int, end: int, chain: tuple[int, ...]
+) -> list[tuple[tuple[int, int, float], ...]]:
+    """Ways to cut a domain's leftover GPUs ``speed[start:end]`` (fastest first) into
+    serving bins ``(first position, size, speed)``, each valued at its slowest GPU.
+
+    One bin valued at the slowest leftover GPU is always a way. Where the
+    leftover's speed drops, it may be cut at the drop or a little before it
+    (at a multiple of a serving degree from the previous cut), so that replicas
+    on the faster GPUs keep their speed (a latency target may depend on it).
+    """
+    h = end
+    if start >= h:
+        return [()]
+    drops = [e for e in range(start + 1, h) if speed[e] < speed[e - 1]]
+    if not drops or len(drops) > MAX_CUT_RUNS:
+        return [((start, h - start, float(speed[h - 1])),)]
+    out: list[tuple[tuple[int, int, float], ...]] = []
+
+    def cut(k: int, c: int, bins: tuple[tuple[int, int, float], ...]) -> None:
+        if k == len(drops):
+            out.append((*bins, (c, h - c, float(speed[h - 1]))) if c < h else bins)
+            return
+        e = drops[k]
+        if e <= c:
+            cut(k + 1, c, bins)
+            return
+        for p in sorted({c, e, *(c + s * ((e - c) // s) for s in chain)}):
+            cut(k + 1, p, (*bins, (c, p - c, float(speed[p - 1]))) if p > c else bins)
+
+    cut(0, start, ())
     return out
 
 
@@ -206,10 +316,15 @@ def _check_supported(multi: MultiInstance) -> None:
         )
 
 
+#: A column of a domain class: ``(variable, configuration, serving bins)``, every bin
+#: ``(first position, size, speed)`` in the class's fastest-first GPU order.
+_Column = tuple[int, _Config, tuple[tuple[int, int, float], ...]]
+
+
 @dataclass
 class _Built:
     program: IntProgram
-    cls_cols: list[list[tuple[int, _Config, int, float]]]  # (var, config, leftover, speed)
+    cls_cols: list[list[_Column]]
     n_vars: dict[tuple[int, int], int]
     m_vars: dict[tuple[int, int, float], int]
     z_var: int | None
@@ -224,8 +339,18 @@ def _build(
     theta: float,
     factor: float,
     share_domains: bool,
+    optimistic: bool = False,
 ) -> _Built | None:
-    """The program at step time ``theta`` (``degrees`` empty: training off)."""
+    """The program at step time ``theta`` (``degrees`` empty: training off).
+
+    ``optimistic``: the relaxation whose optimum bounds every plan when GPU
+    speeds differ inside a domain: every stage of degree ``t`` carries what the
+    domain's ``t`` fastest GPUs carry (:func:`_configs`), and the serving rows are
+    nested by speed: replicas at speed ``>= v`` fit, in every domain, into
+    ``min(#GPUs at speed >= v, GPUs training leaves)`` (each domain's share of the
+    row for chain degree ``s`` rounded down to a multiple of ``s``). Every plan
+    meets these rows, with its own stages and replicas at their real speeds.
+    """
     inst = multi.instance
     job = inst.job
     wl = multi.workloads
@@ -245,23 +370,58 @@ def _build(
     stage_terms: dict[tuple[int, int], dict[int, int]] = {}  # (t, level) -> {x var: count}
     bin_terms: dict[tuple[float, int], dict[int, int]] = {}  # (speed, s) -> {x var: cap}
     chain = wl.serving_degrees
-    cls_cols: list[list[tuple[int, _Config, int, float]]] = []
+    cls_cols: list[list[_Column]] = []
+    speed_levels = sorted({float(v) for k in classes for v in k.speed})
     for c, klass in enumerate(classes):
-        cols = []
+        cols: list[_Column] = []
         n = len(klass.domains)
         h = len(klass.speed)
-        for j, cfg in enumerate(_configs(multi, klass.speed, degrees, theta)):
-            left = h - cfg.used if (share_domains or not cfg.stages) else 0
-            sp = float(klass.speed[h - 1]) if left else 0.0
-            v = var(0, n, 0, f"x[{c},{j}]")
-            cols.append((v, cfg, left, sp))
-            for t, b, _ in cfg.stages:
-                stage_terms.setdefault((t, b), {})
-                stage_terms[(t, b)][v] = stage_terms[(t, b)].get(v, 0) + 1
-            for s in chain:
-                k = s * (left // s)
-                if k:
-                    bin_terms.setdefault((sp, s), {})[v] = k
+        for j, cfg in enumerate(_configs(multi, klass.speed, degrees, theta, optimistic)):
+            lo, hi = cfg.free if (share_domains or not cfg.stages) else (h, h)
+            seen: set[tuple[tuple[float, int, int], ...]] = set()
+            cuts = [()] if optimistic else _sub_bins(klass.speed, lo, hi, chain)
+            for q, bins in enumerate(cuts):
+                if optimistic:
+                    at_least = [
+                        max(
+                            0,
+                            min(
+                                hi - lo,
+                                int(np.sum(klass.speed >= v))
+                                - sum(
+                                    t
+                                    for (t, _, _), need in zip(
+                                        cfg.stages,
+                                        cfg.needs or (0.0,) * len(cfg.stages),
+                                        strict=True,
+                                    )
+                                    if need >= v
+                                ),
+                            ),
+                        )
+                        for v in speed_levels
+                    ]
+                    caps = tuple(
+                        (v, s, s * (n // s))
+                        for v, n in zip(speed_levels, at_least, strict=True)
+                        for s in chain
+                    )
+                else:
+                    caps = tuple(
+                        sorted((sp, s, s * (size // s)) for _, size, sp in bins for s in chain)
+                    )
+                if caps in seen:
+                    continue  # the same serving room as another cut
+                seen.add(caps)
+                v = var(0, n, 0, f"x[{c},{j},{q}]")
+                cols.append((v, cfg, bins))
+                for t, b, _ in cfg.stages:
+                    stage_terms.setdefault((t, b), {})
+                    stage_terms[(t, b)][v] = stage_terms[(t, b)].get(v, 0) + 1
+                for sp, s, k in caps:
+                    if k:
+                        terms = bin_terms.setdefault((sp, s), {})
+                        terms[v] = terms.get(v, 0) + k
         rows.append(Row(tuple(v for v, *_ in cols), (1,) * len(cols), n, n, f"class{c}"))
         cls_cols.append(cols)
     # training: replicas n[t, b]; Hall's condition per degree and capability level
@@ -317,27 +477,35 @@ def _build(
     for i, fleet in enumerate(wl.serving):
         mine: list[int] = []
         units: list[int] = []
+        # a replica type counts only if its degree holds the model and it meets the
+        # latency target at its bins' speed (types that do not are not formed)
+        kinds = [(t, sp) for t in fleet.fitting_degrees for sp in speeds if fleet.usable(t, sp)]
         # more replicas than this reach the demand with any degree and speed:
         # a plan never needs them (dropping the excess keeps its value)
-        slowest = min((fleet.rate(t, sp) for t in fleet.degrees for sp in speeds), default=1.0)
+        slowest = min((fleet.rate(t, sp) for t, sp in kinds), default=1.0)
         count_cap = max(fleet.min_replicas, math.ceil(fleet.demand / slowest))
         if fleet.max_replicas is not None:
             count_cap = min(count_cap, fleet.max_replicas)
-        for t in fleet.degrees:
-            for sp in speeds:
-                v = var(0, min(count_cap, total_gpus // t), 0, f"M[{fleet.name},{t},{sp}]")
-                m_vars[(i, t, sp)] = v
-                mine.append(v)
-                # rounded down (FLOAT_NOISE forgives float noise, well inside the
-                # validator's SHARE_TOL); one replica never counts for more than the demand
-                share = fleet.rate(t, sp) / fleet.demand * UNITS * (1 + FLOAT_NOISE)
-                units.append(min(UNITS, math.floor(share)))
+        # rounded down (FLOAT_NOISE forgives float noise, well inside the validator's
+        # SHARE_TOL); one replica never counts for more than the demand
+        shares = [fleet.rate(t, sp) / fleet.demand * (1 + FLOAT_NOISE) for t, sp in kinds]
+        coarse = 1  # this fleet's unit: 1 / (UNITS / coarse) of its demand
+        while coarse < UNITS and min(1.0, max(shares, default=0.0)) * UNITS > (
+            MAX_ROW_COEF * coarse
+        ):
+            coarse *= 10
+        fleet_units = UNITS // coarse
+        for (t, sp), share in zip(kinds, shares, strict=True):
+            v = var(0, min(count_cap, total_gpus // t), 0, f"M[{fleet.name},{t},{sp}]")
+            m_vars[(i, t, sp)] = v
+            mine.append(v)
+            units.append(min(fleet_units, math.floor(share * fleet_units)))
         w_int = round(fleet.weight * WEIGHT_SCALE)
-        u = var(0, UNITS, w_int, f"U[{fleet.name}]")
+        u = var(0, fleet_units, w_int * coarse, f"U[{fleet.name}]")
         # floor of each replica's units, and the weight's rounding
-        slack += fleet.weight * count_cap / UNITS + abs(w_int / WEIGHT_SCALE - fleet.weight)
+        slack += fleet.weight * count_cap / fleet_units + abs(w_int / WEIGHT_SCALE - fleet.weight)
         rows.append(Row((u, *mine), (1, *(-k for k in units)), None, 0, f"U<=X[{fleet.name}]"))
-        lo_units = math.ceil(fleet.min_fraction * UNITS)
+        lo_units = math.ceil(fleet.min_fraction * fleet_units)
         if mine:
             rows.append(
                 Row(
@@ -354,7 +522,11 @@ def _build(
             return None
     for sp in speeds:
         for s in chain:
-            use = {m_vars[(i, t, sp)]: t for (i, t, g) in m_vars if g == sp and t >= s}
+            use = {
+                m_vars[(i, t, g)]: t
+                for (i, t, g) in m_vars
+                if (g >= sp if optimistic else g == sp) and t >= s
+            }
             room = bin_terms.get((sp, s), {})
             if use:
                 rows.append(
@@ -379,14 +551,16 @@ def _expand(multi: MultiInstance, classes: list[_Class], built: _Built, x: np.nd
     bins: dict[float, list[tuple[int, list[int]]]] = {}
     for klass, cols in zip(classes, built.cls_cols, strict=True):
         pos = 0
-        for v, cfg, left, sp in cols:
+        for v, cfg, cut in cols:
             for _ in range(int(x[v])):
                 d, gpus = klass.domains[pos], klass.gpus[pos]
                 pos += 1
                 for t, b, start in cfg.stages:
                     stages.setdefault(t, []).append((b, d, gpus[start : start + t]))
-                if left:
-                    bins.setdefault(sp, []).append((d, [int(g) for g in gpus[cfg.used :]]))
+                for first, size, sp in cut:
+                    bins.setdefault(sp, []).append(
+                        (d, [int(g) for g in gpus[first : first + size]])
+                    )
     replicas: list[tuple[int, list[Stage]]] = []
     training_on = built.z_var is None or int(x[built.z_var]) == 1
     if training_on:
@@ -529,121 +703,44 @@ def solve_multi(
     _check_supported(multi)
     start = time.perf_counter()
     deadline = None if time_limit is None else start + time_limit
-    inst = multi.instance
-    job = inst.job
-    wl = multi.workloads
     classes = _classes(multi)
-    a = inst.arrays
+    a = multi.instance.arrays
     exact = len({float(s) for s in a.speed[a.healthy].tolist()}) <= 1
     log: list[str] = []
-    best: tuple[MultiPlan, MultiEvaluation] | None = None
-    bound = 0.0
-    timed_out = False
-    infeasible_all = True
-    unproven = False
-    programs = 0
-    serving_alone: float | None = None
-    resolution = 0.0  # largest rounding slack of a program solved
-
-    def run(degrees: tuple[int, ...], theta: float, factor: float) -> float | None:
-        """Solve one program; return its bound in weighted-goodput units (None: timed out)."""
-        nonlocal best, infeasible_all, unproven, programs, timed_out, resolution
-        built = _build(multi, classes, degrees, theta, factor, share_domains)
-        if built is None:
-            return 0.0
-        resolution = max(resolution, built.slack)
-        remaining = None
-        if deadline is not None:
-            remaining = deadline - time.perf_counter()
-            if remaining <= 0.01:
-                timed_out = True
-                return None
-        sol = solve_program(
-            built.program, backend, time_limit=remaining, threads=threads, seed=seed
-        )
-        programs += 1
-        log.append(
-            f"degrees={list(degrees)} theta'={theta:.9g} vars={built.program.n_vars} "
-            f"status={sol.status} obj={sol.objective} {sol.runtime_s:.3f}s"
-        )
-        if sol.status == "infeasible":
-            return 0.0
-        infeasible_all = False
-        if sol.x is not None:
-            plan = _expand(multi, classes, built, sol.x)
-            ev = evaluate_multi(multi, plan)
-            if not ev.feasible:
-                raise RuntimeError(f"multi-workload plan broke rules (bug): {ev.violations[:3]}")
-            if best is None or ev.weighted_goodput > best[1].weighted_goodput:
-                best = (plan, ev)
-        if sol.status != "optimal":
-            unproven = True
-            if sol.time_limit_hit:
-                timed_out = True
-        if sol.bound is None:
-            return math.inf
-        return sol.bound / built.value_scale + built.slack
-
-    # training off: serving alone; it bounds the serving part of every program
-    off = run((), 1.0, 1.0)
-    if off is not None:
-        serving_alone = off
-        bound = max(bound, off)
-    cases: list[tuple[tuple[int, ...], float]] = [((job.tp,), 1.0)]
-    if len(job.allowed) > 1:
-        cases.append((job.allowed, 1.0 + job.reshard_overhead))
-    cap_b = min(job.global_batch, job.replicas_max * job.local_batch_max)
-    todo = sorted(
-        (prio, theta, degrees, factor)
-        for degrees, factor in cases
-        for prio, theta in _candidates(multi, degrees)
-    )
-    for _, theta, degrees, factor in todo:
-        train_ub = wl.training_weight * job.seq_time_s * cap_b / (job.dp * theta * factor)
-        ub_here = train_ub + (serving_alone if serving_alone is not None else math.inf)
-        current = best[1].weighted_goodput if best is not None else -math.inf
-        if ub_here <= current * (1 + REL_TOL) + ABS_NOISE:
-            continue  # cannot beat the best plan: the serving part is at most serving_alone
-        got = None if timed_out else run(degrees, theta, factor)
-        # a program not solved is bounded by ub_here
-        bound = max(bound, ub_here if got is None else min(got, ub_here))
-    runtime = time.perf_counter() - start
+    found = _search(multi, classes, deadline, seed, threads, backend, share_domains, log, exact)
+    best = found.best
     if best is None:
-        status = (
-            MultiStatus.INFEASIBLE
-            if (infeasible_all and not timed_out)
-            else (MultiStatus.NO_SOLUTION)
-        )
+        if found.infeasible_all and not found.timed_out:
+            status, why = MultiStatus.INFEASIBLE, "minimum shares cannot all be met"
+        elif found.timed_out:
+            status, why = MultiStatus.NO_SOLUTION, "time limit"
+        else:
+            status = MultiStatus.NO_SOLUTION
+            why = "stragglers: no plan found where the programs place stages and replicas"
         return MultiResult(
             status,
-            timed_out,
+            found.timed_out,
             None,
             None,
             None,
-            runtime,
-            programs,
-            reason="minimum shares cannot all be met" if status == "infeasible" else "time limit",
+            time.perf_counter() - start,
+            found.programs,
+            reason=why,
             log=tuple(log),
         )
     plan, _ = best
     ev = check_multi(multi, plan)  # never trust the planner
     value = ev.weighted_goodput
-    reason = None
-    if not exact:
-        # the program takes each domain's fastest GPUs: its bound holds for that model
-        # only. Every healthy GPU lifted to the fastest speed gives an instance on which
-        # each plan here is feasible and at least as good: its bound holds here.
-        bound = _lifted_bound(multi, deadline, seed, threads, backend, share_domains)
-        if math.isinf(bound):
-            reason = "stragglers: training takes each domain's fastest GPUs (no bound)"
-    # optimal up to the model's rounding (serving throughput in 1e-6 of demand)
+    bound, timed_out = found.bound, found.timed_out
+    # optimal up to the model's rounding (serving throughput in 1e-8 of demand)
     proven = (
         (not timed_out)
-        and ((exact and not unproven) or (not exact and not math.isinf(bound)))
-        and bound <= value * (1 + REL_TOL) + resolution + BOUND_ABS_SLACK
+        and (not found.unproven)
+        and bound <= value * (1 + REL_TOL) + found.resolution + BOUND_ABS_SLACK
     )
-    if not exact and not proven and not math.isinf(bound):
-        reason = "stragglers: bound from every healthy GPU at the fastest speed"
+    reason: str | None = None
+    if not exact and not proven:
+        reason = "stragglers: bound from the optimistic programs (docs/workloads.md)"
     if timed_out:
         reason = "time limit"
     final_bound = None if math.isinf(bound) else max(bound, value)
@@ -656,45 +753,176 @@ def solve_multi(
         plan,
         value,
         final_bound,
-        runtime,
-        programs,
+        time.perf_counter() - start,
+        found.programs,
         evaluation=ev,
         reason=reason,
         log=tuple(log),
     )
 
 
-def _lifted_bound(
+def _training_cap(
+    multi: MultiInstance, classes: list[_Class], degrees: tuple[int, ...], theta: float
+) -> int:
+    """An upper bound on the training sequences any plan carries at step time ``theta``.
+
+    A replica carrying ``b`` sequences has ``pp`` stages of capability ``>= b``
+    each, so ``Y = sum_beta #{replicas carrying >= beta}`` and that count is at most
+    ``dp_max`` and ``S(beta) / pp``, ``S(beta)`` the stages of capability ``>= beta``
+    the domains can hold: a domain of ``h`` healthy GPUs holds at most ``h // t``
+    stages of degree ``t``, none faster than its ``t`` fastest GPUs.
+    """
+    job = multi.instance.job
+    top = min(job.local_batch_max, job.global_batch)
+    most = np.zeros(top + 2, dtype=np.int64)
+    for klass in classes:
+        h = len(klass.speed)
+        per = np.zeros(top + 2, dtype=np.int64)
+        for t in degrees:
+            if t <= h:
+                b = _capability(multi, t, float(klass.speed[t - 1]), theta)
+                if b >= 1:
+                    per[1 : b + 1] = np.maximum(per[1 : b + 1], h // t)
+        most += per * len(klass.domains)
+    levels = np.minimum(job.replicas_max, most[1 : top + 1] // job.pp)
+    return int(levels.sum())
+
+
+@dataclass
+class _Search:
+    """What one walk over the step times found."""
+
+    best: tuple[MultiPlan, MultiEvaluation] | None = None
+    bound: float = 0.0  # on every plan (pruned step times: on the incumbent)
+    timed_out: bool = False
+    infeasible_all: bool = True  # every bounding program was infeasible
+    unproven: bool = False  # some bounding program stopped without a proof
+    programs: int = 0
+    resolution: float = 0.0  # largest rounding slack of a program solved
+
+
+def _search(
     multi: MultiInstance,
+    classes: list[_Class],
     deadline: float | None,
     seed: int,
     threads: int,
     backend: str,
     share_domains: bool,
-) -> float:
-    """An upper bound on ``multi``'s weighted goodput from the same instance with every
-    healthy GPU at the fastest healthy speed (no straggler: the program is exact there,
-    and speeds only add goodput); ``inf`` when it cannot be had in the time left."""
-    inst = multi.instance
-    a = inst.arrays
-    top = float(a.speed[a.healthy].max()) if a.healthy.any() else 1.0
-    remaining = None if deadline is None else deadline - time.perf_counter()
-    if remaining is not None and remaining <= 0.01:
-        return math.inf
-    lifted = MultiInstance(
-        inst.with_health(speed=np.where(a.healthy, top, a.speed)), multi.workloads
+    log: list[str],
+    exact: bool,
+) -> _Search:
+    """Solve the programs at every candidate step time, best first, skipping those
+    whose bound cannot beat the best plan.
+
+    ``exact`` (every healthy GPU at one speed): the programs' bounds hold for every
+    plan. Otherwise a step time's program finds plans only, and its optimistic
+    program (see :func:`_build`), whose bound holds for every plan, is solved after
+    it unless a plan already reaches the step time's upper bound.
+    """
+    job = multi.instance.job
+    wl = multi.workloads
+    out = _Search()
+
+    def run(
+        degrees: tuple[int, ...], theta: float, factor: float, optimistic: bool
+    ) -> float | None:
+        """Solve one program; return its bound in weighted-goodput units (None: timed out)."""
+        bounding = optimistic or exact
+        built = _build(multi, classes, degrees, theta, factor, share_domains, optimistic)
+        if built is None:
+            return 0.0
+        out.resolution = max(out.resolution, built.slack)
+        remaining = None
+        if deadline is not None:
+            remaining = deadline - time.perf_counter()
+            if remaining <= 0.01:
+                out.timed_out = True
+                return None
+        try:
+            sol = solve_program(
+                built.program, backend, time_limit=remaining, threads=threads, seed=seed
+            )
+        except RuntimeError as err:  # the solver's own failure on a sound program
+            other = next((b for b in available_backends() if b != backend), None)
+            if other is None:
+                raise
+            log.append(f"{backend} failed ({err}): solved by {other}")
+            sol = solve_program(
+                built.program, other, time_limit=remaining, threads=threads, seed=seed
+            )
+        out.programs += 1
+        log.append(
+            f"{'optimistic ' if optimistic else ''}degrees={list(degrees)} theta'={theta:.9g} "
+            f"vars={built.program.n_vars} status={sol.status} obj={sol.objective} "
+            f"{sol.runtime_s:.3f}s"
+        )
+        if sol.status == "infeasible":
+            return 0.0
+        if bounding:
+            out.infeasible_all = False
+        if sol.x is not None and not optimistic:
+            plan = _expand(multi, classes, built, sol.x)
+            ev = evaluate_multi(multi, plan)
+            if not ev.feasible:
+                raise RuntimeError(f"multi-workload plan broke rules (bug): {ev.violations[:3]}")
+            if out.best is None or ev.weighted_goodput > out.best[1].weighted_goodput:
+                out.best = (plan, ev)
+        if sol.status != "optimal":
+            if bounding:
+                out.unproven = True
+            if sol.time_limit_hit:
+                out.timed_out = True
+        if sol.bound is None:
+            return math.inf
+        return sol.bound / built.value_scale + built.slack
+
+    def incumbent() -> float:
+        return out.best[1].weighted_goodput if out.best is not None else -math.inf
+
+    def reached(ub: float) -> bool:
+        """Whether the best plan is within the tolerance of ``ub``."""
+        return ub <= incumbent() * (1 + REL_TOL) + ABS_NOISE
+
+    # training off: serving alone; it bounds the serving part of every program, and so
+    # does serving every fleet's whole demand
+    serving_max = sum(f.weight for f in wl.serving)
+    serving_alone = run((), 1.0, 1.0, False)
+    if not exact and not out.timed_out:
+        serving_alone = serving_max if reached(serving_max) else run((), 1.0, 1.0, True)
+    if serving_alone is not None:
+        serving_alone = min(serving_alone, serving_max)
+        out.bound = max(out.bound, serving_alone)
+    cases: list[tuple[tuple[int, ...], float]] = [((job.tp,), 1.0)]
+    if len(job.allowed) > 1:
+        cases.append((job.allowed, 1.0 + job.reshard_overhead))
+    cap_b = min(job.global_batch, job.replicas_max * job.local_batch_max)
+    todo = sorted(
+        (prio, theta, degrees, factor)
+        for degrees, factor in cases
+        for prio, theta in _candidates(multi, degrees)
     )
-    got = solve_multi(
-        lifted,
-        time_limit=remaining,
-        seed=seed,
-        threads=threads,
-        backend=backend,
-        share_domains=share_domains,
-    )
-    if got.status == MultiStatus.INFEASIBLE:
-        return 0.0
-    return math.inf if got.bound is None else float(got.bound)
+    rest = serving_alone if serving_alone is not None else math.inf
+    per_seq = wl.training_weight * job.seq_time_s / job.dp
+    for _, theta, degrees, factor in todo:
+        if reached(per_seq * cap_b / (theta * factor) + rest):
+            continue  # cannot beat the best plan: the serving part is at most serving_alone
+        seqs = min(cap_b, _training_cap(multi, classes, degrees, theta))
+        if job.batch_policy == "fixed" and seqs < job.global_batch:
+            continue  # training cannot run: every plan here is one of serving alone
+        ub_here = per_seq * seqs / (theta * factor) + rest
+        if reached(ub_here):
+            continue
+        got = None if out.timed_out else run(degrees, theta, factor, False)
+        if not exact and got is not None:
+            # that program's bound holds for its placements only; the optimistic
+            # program's holds for every plan (not needed once a plan reaches ub_here)
+            got = None if out.timed_out else ub_here
+            if not reached(ub_here) and not out.timed_out:
+                got = run(degrees, theta, factor, True)
+        # a program not solved is bounded by ub_here
+        out.bound = max(out.bound, ub_here if got is None else min(got, ub_here))
+    return out
 
 
 def gpus_by_owner(plan: MultiPlan) -> dict[str, int]:

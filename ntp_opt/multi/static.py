@@ -9,16 +9,17 @@ largest domain's size):
 * training: ``ceil(dp * pp / floor(S / tp))`` domains, the domains its
   nominal replicas occupy;
 * a serving fleet: the GPUs its demand needs at its most GPU-efficient degree
-  ``t*`` (largest ``throughput[t] / t``, the smaller degree on ties),
+  ``t*`` (largest ``throughput[t] / t``, the smaller degree on ties, among the
+  degrees of at least ``min_tp`` that meet the latency target at speed 1.0),
   ``ceil(demand / throughput[t*]) * t*`` (at most ``max_replicas * t*``, at
   least ``min_replicas * t*``), divided by ``S``.
 
 Fleet blocks are apportioned by largest remainders. Inside its block the training
 job is planned with :func:`ntp_opt.solve` (default ``optimal-nopower``, with a
 time limit) and every fleet greedily: domain by domain, replicas of the most
-efficient degree that fits the free GPUs, until the demand or
-``max_replicas`` is reached. GPUs a block cannot use stay idle: that is what a
-static partition costs.
+efficient degree that fits the free GPUs (fastest first) and meets the latency
+target on them, until the demand or ``max_replicas`` is reached. GPUs a block
+cannot use stay idle: that is what a static partition costs.
 """
 
 from __future__ import annotations
@@ -48,8 +49,17 @@ def nominal_need(multi: MultiInstance) -> dict[str, float]:
     return out
 
 
+def _efficient(fleet: ServingWorkload) -> list[int]:
+    """Degrees a replica of ``fleet`` may have (at least ``min_tp``), most GPU-efficient
+    first, those meeting the latency target at speed 1.0 before the others."""
+    return sorted(
+        fleet.fitting_degrees,
+        key=lambda t: (not fleet.meets_latency(t), -fleet.rate(t) / t, t),
+    )
+
+
 def _best_degree(fleet: ServingWorkload) -> int:
-    return min(fleet.degrees, key=lambda t: (-fleet.rate(t) / t, t))
+    return _efficient(fleet)[0]
 
 
 def partition(multi: MultiInstance) -> dict[str, list[int]]:
@@ -98,7 +108,7 @@ def _serve(
     multi: MultiInstance, fleet: ServingWorkload, domains: list[int]
 ) -> list[ServingReplica]:
     a = multi.instance.arrays
-    degrees = sorted(fleet.degrees, key=lambda t: (-fleet.rate(t) / t, t))
+    degrees = _efficient(fleet)
     out: list[ServingReplica] = []
     served = 0.0
     limit = fleet.max_replicas if fleet.max_replicas is not None else math.inf
@@ -107,7 +117,13 @@ def _serve(
         free = members[a.healthy[members]]
         free = list(free[np.argsort(-a.speed[free], kind="stable")])
         while served < fleet.demand and len(out) < limit:
-            fits = [t for t in degrees if t <= len(free)]
+            # the free GPUs fastest first: a replica on the next t misses the target
+            # only if its slowest is too slow for degree t
+            fits = [
+                t
+                for t in degrees
+                if t <= len(free) and fleet.usable(t, float(a.speed[free[t - 1]]))
+            ]
             if not fits:
                 break
             t = fits[0]

@@ -26,13 +26,16 @@ MULTI_RULES: dict[str, str] = {
     "serving-workload": "a serving replica names no serving workload",
     "serving-tp": "a serving replica's TP degree is not one its workload allows",
     "serving-size": "a serving replica does not have exactly its TP degree of GPUs",
+    "serving-memory": "a serving replica's TP degree is below its workload's min_tp (the model "
+    "does not fit)",
     "domain-unknown": "a serving replica names a node that is not a domain",
     "gpu-unknown": "a serving replica names a node that is not a GPU",
     "gpu-failed": "a serving replica uses a failed GPU",
     "gpu-outside-domain": "a serving replica uses a GPU of another domain",
     "gpu-reused": "a GPU is used twice (by any two replicas of any workloads)",
     "max-replicas": "a serving workload has more than max_replicas replicas",
-    "min-replicas": "a serving workload has fewer than min_replicas replicas",
+    "min-replicas": "a serving workload has fewer than min_replicas replicas that count "
+    "(a replica missing the latency target does not)",
     "min-fraction": "a serving workload serves less than min_fraction of its demand",
     "training-min": "training's relative goodput is below training_min_relative_goodput",
     "rack-power": "a rack draws more than its budget (all workloads together)",
@@ -52,15 +55,19 @@ class FleetFigures:
     gpus
         GPUs they use.
     throughput
-        Requests/s, ``sum throughput[t] * slowest speed``.
+        Requests/s, ``sum throughput[t] * slowest speed`` over the replicas that
+        count (degree at least ``min_tp``, latency target met).
     served
         ``min(1, throughput / demand)``.
+    late
+        Replicas that miss the latency target (they serve nothing).
     """
 
     replicas: int
     gpus: int
     throughput: float
     served: float
+    late: int = 0
 
 
 @dataclass(frozen=True)
@@ -108,6 +115,8 @@ class MultiEvaluation:
         for name, f in self.fleets.items():
             out[f"{name}_served"] = f.served
             out[f"{name}_replicas"] = f.replicas
+            if f.late:
+                out[f"{name}_late"] = f.late
         return out
 
 
@@ -148,6 +157,8 @@ def evaluate_multi(multi: MultiInstance, plan: MultiPlan) -> MultiEvaluation:
     fleets = wl.by_name()
     through = dict.fromkeys(fleets, 0.0)
     count = dict.fromkeys(fleets, 0)
+    counted = dict.fromkeys(fleets, 0)
+    late = dict.fromkeys(fleets, 0)
     gpus = dict.fromkeys(fleets, 0)
     for k, srv in enumerate(plan.serving):
         where = f"serving replica {k} ({srv.workload!r})"
@@ -165,6 +176,13 @@ def evaluate_multi(multi: MultiInstance, plan: MultiPlan) -> MultiEvaluation:
                 Violation(
                     "serving-tp",
                     f"{where}: TP degree {srv.tp} not in allowed {list(fleet.degrees)}",
+                )
+            )
+        elif srv.tp < fleet.min_tp:
+            out.append(
+                Violation(
+                    "serving-memory",
+                    f"{where}: TP degree {srv.tp} < min_tp={fleet.min_tp}: the model does not fit",
                 )
             )
         if len(srv.gpus) != srv.tp:
@@ -213,12 +231,16 @@ def evaluate_multi(multi: MultiInstance, plan: MultiPlan) -> MultiEvaluation:
             count[fleet.name] += 1
             gpus[fleet.name] += len(srv.gpus)
             if srv.tp in fleet.throughput and srv.gpus and math.isfinite(slowest):
-                through[fleet.name] += fleet.rate(srv.tp, slowest)
+                if not fleet.meets_latency(srv.tp, slowest):
+                    late[fleet.name] += 1  # misses the latency target: serves nothing
+                elif srv.tp >= fleet.min_tp:
+                    through[fleet.name] += fleet.rate(srv.tp, slowest)
+                    counted[fleet.name] += 1
     figures: dict[str, FleetFigures] = {}
     value = wl.training_weight * train.relative_goodput
     for name, fleet in fleets.items():
         served = min(1.0, through[name] / fleet.demand)
-        figures[name] = FleetFigures(count[name], gpus[name], through[name], served)
+        figures[name] = FleetFigures(count[name], gpus[name], through[name], served, late[name])
         value += fleet.weight * served
         if fleet.max_replicas is not None and count[name] > fleet.max_replicas:
             out.append(
@@ -228,12 +250,13 @@ def evaluate_multi(multi: MultiInstance, plan: MultiPlan) -> MultiEvaluation:
                     f"{fleet.max_replicas}",
                 )
             )
-        if count[name] < fleet.min_replicas:
+        if counted[name] < fleet.min_replicas:
             out.append(
                 Violation(
                     "min-replicas",
-                    f"serving workload {name!r}: {count[name]} replicas < min_replicas="
-                    f"{fleet.min_replicas}",
+                    f"serving workload {name!r}: {counted[name]} replicas that count < "
+                    f"min_replicas={fleet.min_replicas}"
+                    + (f" ({late[name]} miss the latency target)" if late[name] else ""),
                 )
             )
         if through[name] < fleet.min_fraction * fleet.demand * (1 - SHARE_TOL):

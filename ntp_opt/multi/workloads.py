@@ -23,6 +23,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from ntp_opt.model.instance import Instance
 from ntp_opt.model.plan import Plan
+from ntp_opt.rules.tolerances import FLOAT_NOISE
 
 #: Name reserved for the training workload in reports.
 TRAINING = "training"
@@ -48,12 +49,27 @@ class ServingWorkload(BaseModel):
         Smallest share of ``demand`` a plan must serve, in ``[0, 1]``.
     max_replicas
         Largest number of replicas (``None``: no limit besides the demand).
+    latency_ms
+        ``{TP degree: ms}``, the latency of one replica of that degree at speed
+        1.0 (a replica whose slowest GPU has speed ``s`` takes ``latency_ms[t] / s``);
+        every degree of ``throughput`` needs one. ``None``: not known.
+    max_latency_ms
+        The latency target: a replica slower than this serves nothing
+        (``None``: no target; needs ``latency_ms``).
+    min_tp
+        Smallest TP degree whose replica holds the model's weights and KV cache;
+        a replica of a smaller degree cannot run.
 
     Examples
     --------
     >>> s = ServingWorkload(name="chat", throughput={4: 10.0, 8: 18.0}, demand=100.0)
     >>> s.degrees
     (4, 8)
+    >>> a = ServingWorkload(name="agents", throughput={2: 2.0, 4: 3.5, 8: 6.0}, demand=9.0,
+    ...                     latency_ms={2: 90.0, 4: 50.0, 8: 30.0}, max_latency_ms=60.0,
+    ...                     min_tp=4)
+    >>> a.usable(4, 1.0), a.usable(4, 0.8), a.usable(8, 0.8), a.usable(2, 1.0)
+    (True, False, True, False)
     """
 
     model_config = ConfigDict(extra="forbid", frozen=True)
@@ -65,6 +81,9 @@ class ServingWorkload(BaseModel):
     min_replicas: int = Field(default=0, ge=0, le=10_000_000)
     min_fraction: float = Field(default=0.0, ge=0.0, le=1.0, allow_inf_nan=False)
     max_replicas: int | None = Field(default=None, ge=0, le=10_000_000)
+    latency_ms: dict[int, float] | None = None
+    max_latency_ms: float | None = Field(default=None, gt=0.0, le=1e9, allow_inf_nan=False)
+    min_tp: int = Field(default=1, ge=1, le=1_000_000)
 
     @model_validator(mode="after")
     def _check(self) -> ServingWorkload:
@@ -84,7 +103,35 @@ class ServingWorkload(BaseModel):
                 f"max_replicas of {self.name!r} ({self.max_replicas}) is below "
                 f"min_replicas ({self.min_replicas})"
             )
+        self._check_latency()
+        if self.min_tp > max(self.throughput):
+            raise ValueError(
+                f"min_tp of {self.name!r}: {self.min_tp} is above every TP degree of "
+                f"throughput {list(self.degrees)}: no replica can hold the model"
+            )
         return self
+
+    def _check_latency(self) -> None:
+        if self.latency_ms is not None:
+            missing = sorted(set(self.throughput) - set(self.latency_ms))
+            extra = sorted(set(self.latency_ms) - set(self.throughput))
+            if missing or extra:
+                raise ValueError(
+                    f"latency_ms of {self.name!r}: give one latency per TP degree of "
+                    f"throughput {list(self.degrees)}"
+                    + (f"; missing {missing}" if missing else "")
+                    + (f"; not in throughput {extra}" if extra else "")
+                )
+            for t, ms in self.latency_ms.items():
+                if not (math.isfinite(ms) and 0 < ms <= 1e9):
+                    raise ValueError(
+                        f"latency_ms of {self.name!r}[{t}]: {ms!r} must be a number in (0, 1e9]"
+                    )
+        if self.max_latency_ms is not None and self.latency_ms is None:
+            raise ValueError(
+                f"max_latency_ms of {self.name!r}: a latency target needs latency_ms "
+                "(the latency of each TP degree)"
+            )
 
     @property
     def degrees(self) -> tuple[int, ...]:
@@ -94,6 +141,31 @@ class ServingWorkload(BaseModel):
     def rate(self, t: int, speed: float = 1.0) -> float:
         """Requests/s of one replica of degree ``t`` whose slowest GPU has ``speed``."""
         return float(self.throughput[t]) * float(speed)
+
+    @property
+    def fitting_degrees(self) -> tuple[int, ...]:
+        """Allowed TP degrees that hold the model (``>= min_tp``), ascending."""
+        return tuple(t for t in self.degrees if t >= self.min_tp)
+
+    def latency(self, t: int, speed: float = 1.0) -> float | None:
+        """Latency in ms of a replica of degree ``t`` whose slowest GPU has ``speed``
+        (``None``: ``latency_ms`` not given)."""
+        if self.latency_ms is None:
+            return None
+        return float(self.latency_ms[t]) / float(speed)
+
+    def meets_latency(self, t: int, speed: float = 1.0) -> bool:
+        """Whether a replica of degree ``t`` whose slowest GPU has ``speed`` meets
+        ``max_latency_ms`` (always, without a target)."""
+        ms = self.latency(t, speed)
+        if self.max_latency_ms is None or ms is None:
+            return True
+        return ms <= self.max_latency_ms * (1 + FLOAT_NOISE)
+
+    def usable(self, t: int, speed: float = 1.0) -> bool:
+        """Whether a replica of degree ``t`` whose slowest GPU has ``speed`` counts:
+        an allowed degree, at least ``min_tp``, meeting the latency target."""
+        return t in self.throughput and t >= self.min_tp and self.meets_latency(t, speed)
 
 
 class Workloads(BaseModel):
