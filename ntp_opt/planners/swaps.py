@@ -23,7 +23,6 @@ to 1 by the search; the caller re-applies boosts
 from __future__ import annotations
 
 import heapq
-from dataclasses import dataclass
 from itertools import repeat
 from operator import itemgetter
 from typing import Any
@@ -37,14 +36,70 @@ from ntp_opt.rules.goodput import split_batch
 from ntp_opt.rules.tolerances import ABS_NOISE, IMPROVE_TOL
 
 
-@dataclass
 class _Slot:
-    domain: int
-    gpus: np.ndarray  # GPU indices, fastest first
-    speeds: np.ndarray  # their speeds, descending
-    table: np.ndarray  # ``s(t)`` per allowed degree, -inf where the slot is too small
-    origin: int = -1  # the layout stage it was read from (-1: a spare domain, or unknown)
-    same: bool = False  # its first GPUs are that stage's, in the plan's order
+    """One slot: its domain, its GPUs (fastest first) and their speeds, its
+    table ``s(t)`` per allowed degree (-inf where the slot is too small), the
+    layout stage it was read from (-1: a spare domain, or unknown) and whether
+    its first GPUs are that stage's, in the plan's order.
+
+    Read from a layout, a slot keeps its place in the arrays of all slots
+    (``src``: GPUs, speeds, tables, bounds) and slices them when first read:
+    most slots of a large plan are never read one by one.
+    """
+
+    __slots__ = ("domain", "origin", "same", "_gpus", "_speeds", "_table", "_src", "_k")
+
+    def __init__(
+        self,
+        domain: int,
+        gpus: np.ndarray | None = None,
+        speeds: np.ndarray | None = None,
+        table: np.ndarray | None = None,
+        origin: int = -1,
+        same: bool = False,
+        src: tuple[np.ndarray, np.ndarray, np.ndarray, list[int]] | None = None,
+        k: int = -1,
+    ) -> None:
+        self.domain = domain
+        self.origin = origin
+        self.same = same
+        self._gpus = gpus
+        self._speeds = speeds
+        self._table = table
+        self._src = src
+        self._k = k
+
+    def _read(self) -> None:
+        assert self._src is not None
+        flat, speed, tables, bounds = self._src
+        k = self._k
+        self._gpus = flat[bounds[k] : bounds[k + 1]]
+        self._speeds = speed[bounds[k] : bounds[k + 1]]
+        self._table = tables[k]
+
+    @property
+    def gpus(self) -> np.ndarray:
+        """GPU indices, fastest first."""
+        if self._gpus is None:
+            self._read()
+        assert self._gpus is not None
+        return self._gpus
+
+    @property
+    def speeds(self) -> np.ndarray:
+        """Their speeds, descending."""
+        if self._speeds is None:
+            self._read()
+        assert self._speeds is not None
+        return self._speeds
+
+    @property
+    def table(self) -> np.ndarray:
+        """``s(t)`` per allowed degree, -inf where the slot is too small."""
+        if self._table is None:
+            self._read()
+        assert self._table is not None
+        return self._table
 
 
 def _slots(
@@ -99,17 +154,10 @@ def _slots(
         same = (np.logical_and.reduceat(hit, layout.offsets[:-1]) | (stage_sizes == 0)).tolist()
     else:
         same = []
+    src = (flat, speed, tables, bounds)
     slots = [
-        _Slot(
-            d,
-            flat[bounds[k] : bounds[k + 1]],
-            speed[bounds[k] : bounds[k + 1]],
-            tables[k],
-            k if k < n_stages else -1,
-            k < n_stages and same[k],
-        )
-        for k, d in enumerate(doms)
-    ]
+        _Slot(d, None, None, None, k, same[k], src, k) for k, d in enumerate(doms[:n_stages])
+    ] + [_Slot(d, src=src, k=n_stages + j) for j, d in enumerate(spare_d)]
     reps: list[list[_Slot]] = [[] for _ in plan.replicas]
     for k, r in enumerate(layout.replica.tolist()):
         reps[r].append(slots[k])
@@ -213,7 +261,13 @@ class _Search:
             tables = [np.array([x.table for x in r]) for r in reps]
             cur = [self.best(t) for t in tables]
             return tables, [t for t, _ in cur], [v for _, v in cur]
-        big = np.stack([x.table for r in reps for x in r]).reshape(len(reps), n_st.pop(), -1)
+        src = reps[0][0]._src
+        if src is not None and all(x._src is src for r in reps for x in r):
+            # read from one layout: the rows of its tables, never sliced one by one
+            rows = np.array([x._k for r in reps for x in r], dtype=np.int64)
+            big = src[2][rows].reshape(len(reps), n_st.pop(), -1)
+        else:
+            big = np.stack([x.table for r in reps for x in r]).reshape(len(reps), n_st.pop(), -1)
         worst = big.min(axis=1) * self.factor
         worst = np.where(np.isfinite(worst), worst, -np.inf)
         n_deg = worst.shape[1]
@@ -393,11 +447,22 @@ def _plan(
     if split is None:
         return None
     kept = [(r, int(b)) for r, b in zip(keep, split.batches, strict=True) if b > 0]
-    parts = [x.gpus[: tps[r]] for r, _ in kept for x in reps[r]]
-    flat = np.concatenate(parts) if parts else np.empty(0, dtype=np.int64)
+    order = [(x, tps[r]) for r, _ in kept for x in reps[r]]
+    src = order[0][0]._src if order else None
+    if src is not None and all(x._src is src for x, _ in order):
+        # every slot read from one layout: its first GPUs gathered at once
+        bounds = src[3]
+        lens = np.array([t for _, t in order], dtype=np.int64)
+        firsts = np.array([bounds[x._k] for x, _ in order], dtype=np.int64)
+        ends = np.cumsum(lens)
+        at = np.arange(int(ends[-1])) + np.repeat(firsts - (ends - lens), lens)
+        flat = src[0][at]
+    else:
+        parts = [x.gpus[:t] for x, t in order]
+        flat = np.concatenate(parts) if parts else np.empty(0, dtype=np.int64)
     # a stage read from the layout whose first GPUs are its own, in order, and
     # as many: the plan's stage (its node ids, the object itself at power 1)
-    old: list[Stage | None] = [None] * len(parts)  # per stage of the result, in order
+    old: list[Stage | None] = [None] * len(order)  # per stage of the result, in order
     if layout is not None and plan.replicas:
         rep_of, st_of = layout.replica.tolist(), layout.stage.tolist()
         sizes = np.diff(layout.offsets).tolist()
@@ -408,7 +473,9 @@ def _plan(
                     old[i] = plan.replicas[rep_of[x.origin]].stages[st_of[x.origin]]
                 i += 1
     # the other stages' GPU ids in one lookup, then sliced per stage
-    fresh = [g for part, o in zip(parts, old, strict=True) if o is None for g in part.tolist()]
+    fresh = [
+        g for (x, t), o in zip(order, old, strict=True) if o is None for g in x.gpus[:t].tolist()
+    ]
     names: tuple[Any, ...] = (
         itemgetter(*fresh)(a.gpu_ids) if len(fresh) > 1 else tuple(a.gpu_ids[g] for g in fresh)
     )

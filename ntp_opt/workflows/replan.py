@@ -689,7 +689,11 @@ def _step(
             # boosted plan when it passes, else the plan as improved
             assert better_lay is not None
             swap, swap_lay = better, better_lay
-            got = reboost_layout(new_inst, swap, swap_lay) if swap.replicas else None
+            got = (
+                reboost_layout(new_inst, swap, swap_lay, None, state.memo)
+                if swap.replicas
+                else None
+            )
             boost_ev = None if got is None else _evaluate(new_inst, *got, check_mode)
             if got is not None and boost_ev is not None and boost_ev.feasible:
                 (swap, swap_lay), ev = got, boost_ev
