@@ -228,6 +228,18 @@ def _max_last(x: np.ndarray) -> np.ndarray:
     return out
 
 
+def _leading(gain: np.ndarray, top: int) -> tuple[np.ndarray, ...]:
+    """``np.nonzero(gain > ABS_NOISE)`` less the moves that cannot be among the
+    ``top`` best: those whose gain is below the ``top``-th largest of them (ties
+    kept, so the best ``top`` moves in the search's order are all there)."""
+    ok = gain > ABS_NOISE
+    n = int(np.count_nonzero(ok))
+    if n > top:
+        vals = gain[ok]
+        ok &= gain >= np.partition(vals, n - top)[n - top]
+    return np.nonzero(ok)
+
+
 class _Search:
     def __init__(self, instance: Instance, reps: list[list[_Slot]], spare: list[_Slot]):
         job = instance.job
@@ -237,6 +249,8 @@ class _Search:
         self.reps = reps
         self.spare = spare
         self.whole: np.ndarray | None = None  # the tables of :meth:`tables` as one array
+        # every slot read from one layout (:func:`_slots`): its tables are rows of one array
+        self.read = bool(reps) and all(r and r[0]._src is not None for r in reps)
 
     def best(self, tables: np.ndarray) -> tuple[int, float]:
         """Degree and power-1 speed (``f(t) * min s``) of a replica from its slot tables."""
@@ -262,7 +276,7 @@ class _Search:
             cur = [self.best(t) for t in tables]
             return tables, [t for t, _ in cur], [v for _, v in cur]
         src = reps[0][0]._src
-        if src is not None and all(x._src is src for r in reps for x in r):
+        if self.read and src is not None:
             # read from one layout: the rows of its tables, never sliced one by one
             rows = np.array([x._k for r in reps for x in r], dtype=np.int64)
             big = src[2][rows].reshape(len(reps), n_st.pop(), -1)
@@ -366,7 +380,7 @@ def improve_layout(
             vb = _max_last(np.minimum(ex[None], big[a_i][:, None, None, :]) * f)
             gain = va + vb - cur_v[a_i] - cur_v[None, :, None]  # (pp, replicas, pp)
             gain[:, a_i, :] = -np.inf
-            ii, bb, jj = np.nonzero(gain > ABS_NOISE)
+            ii, bb, jj = _leading(gain, top)
             cands.extend(
                 zip(
                     (-gain[ii, bb, jj]).tolist(),
@@ -380,7 +394,7 @@ def improve_layout(
             )
             if len(sp_tab):
                 vs = _max_last(np.minimum(rest[:, None, :], sp_tab[None]) * f) - cur_v[a_i]
-                ii, jj = np.nonzero(vs > ABS_NOISE)
+                ii, jj = _leading(vs, top)
                 cands.extend(
                     zip(
                         (-vs[ii, jj]).tolist(),
@@ -448,8 +462,8 @@ def _plan(
         return None
     kept = [(r, int(b)) for r, b in zip(keep, split.batches, strict=True) if b > 0]
     order = [(x, tps[r]) for r, _ in kept for x in reps[r]]
-    src = order[0][0]._src if order else None
-    if src is not None and all(x._src is src for x, _ in order):
+    src = order[0][0]._src if order and layout is not None else None
+    if src is not None:
         # every slot read from one layout: its first GPUs gathered at once
         bounds = src[3]
         lens = np.array([t for _, t in order], dtype=np.int64)
