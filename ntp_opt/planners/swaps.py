@@ -47,7 +47,7 @@ class _Slot:
     most slots of a large plan are never read one by one.
     """
 
-    __slots__ = ("domain", "origin", "same", "_gpus", "_speeds", "_table", "_src", "_k")
+    __slots__ = ("_gpus", "_k", "_speeds", "_src", "_table", "domain", "origin", "same")
 
     def __init__(
         self,
