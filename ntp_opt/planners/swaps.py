@@ -23,6 +23,7 @@ to 1 by the search; the caller re-applies boosts
 from __future__ import annotations
 
 import heapq
+from dataclasses import dataclass
 from itertools import repeat
 from operator import itemgetter
 from typing import Any
@@ -32,80 +33,37 @@ import numpy as np
 from ntp_opt.model.instance import Instance
 from ntp_opt.model.layout import Layout
 from ntp_opt.model.plan import Plan, Replica, Stage
-from ntp_opt.rules.goodput import split_batch
+from ntp_opt.rules.goodput import BatchSplit, split_batch
 from ntp_opt.rules.tolerances import ABS_NOISE, IMPROVE_TOL
 
 
-class _Slot:
-    """One slot: its domain, its GPUs (fastest first) and their speeds, its
-    table ``s(t)`` per allowed degree (-inf where the slot is too small), the
-    layout stage it was read from (-1: a spare domain, or unknown) and whether
-    its first GPUs are that stage's, in the plan's order.
+@dataclass(frozen=True)
+class _Slots:
+    """Every slot as arrays, slot ``k`` by its index: its GPUs
+    ``gpus[bounds[k]:bounds[k + 1]]`` (fastest first) and their speeds, its
+    row ``tables[k]`` of ``s(t)`` per allowed degree (-inf where the slot is
+    too small), its domain, the layout stage it was read from (``origin``,
+    -1: a spare domain, or unknown) and whether its first GPUs are that
+    stage's, in the plan's order (``same``). The search moves slot indices."""
 
-    Read from a layout, a slot keeps its place in the arrays of all slots
-    (``src``: GPUs, speeds, tables, bounds) and slices them when first read:
-    most slots of a large plan are never read one by one.
-    """
+    gpus: np.ndarray
+    speeds: np.ndarray
+    tables: np.ndarray
+    bounds: list[int]
+    domain: list[int]
+    origin: list[int]
+    same: list[bool]
 
-    __slots__ = ("_gpus", "_k", "_speeds", "_src", "_table", "domain", "origin", "same")
-
-    def __init__(
-        self,
-        domain: int,
-        gpus: np.ndarray | None = None,
-        speeds: np.ndarray | None = None,
-        table: np.ndarray | None = None,
-        origin: int = -1,
-        same: bool = False,
-        src: tuple[np.ndarray, np.ndarray, np.ndarray, list[int]] | None = None,
-        k: int = -1,
-    ) -> None:
-        self.domain = domain
-        self.origin = origin
-        self.same = same
-        self._gpus = gpus
-        self._speeds = speeds
-        self._table = table
-        self._src = src
-        self._k = k
-
-    def _read(self) -> None:
-        assert self._src is not None
-        flat, speed, tables, bounds = self._src
-        k = self._k
-        self._gpus = flat[bounds[k] : bounds[k + 1]]
-        self._speeds = speed[bounds[k] : bounds[k + 1]]
-        self._table = tables[k]
-
-    @property
-    def gpus(self) -> np.ndarray:
-        """GPU indices, fastest first."""
-        if self._gpus is None:
-            self._read()
-        assert self._gpus is not None
-        return self._gpus
-
-    @property
-    def speeds(self) -> np.ndarray:
-        """Their speeds, descending."""
-        if self._speeds is None:
-            self._read()
-        assert self._speeds is not None
-        return self._speeds
-
-    @property
-    def table(self) -> np.ndarray:
-        """``s(t)`` per allowed degree, -inf where the slot is too small."""
-        if self._table is None:
-            self._read()
-        assert self._table is not None
-        return self._table
+    def first(self, k: int, t: int) -> np.ndarray:
+        """The ``t`` fastest GPUs of slot ``k``."""
+        return self.gpus[self.bounds[k] : self.bounds[k] + t]
 
 
 def _slots(
     instance: Instance, plan: Plan, layout: Layout | None = None
-) -> tuple[list[list[_Slot]], list[_Slot]]:
-    """Slots of every replica's stages, and one slot per unused domain.
+) -> tuple[_Slots, list[list[int]], list[int]]:
+    """Slots of every replica's stages, and one slot per unused domain: the
+    slots, and per replica and for the spare domains the slots' indices.
 
     ``layout``: the plan's :class:`~ntp_opt.model.layout.Layout`, when known:
     the same slots, read from its arrays with every slot's GPUs sorted at
@@ -129,11 +87,14 @@ def _slots(
     parts = [layout.gpus]
     owners = [np.repeat(np.arange(n_stages, dtype=np.int64), np.diff(layout.offsets))]
     single = np.flatnonzero((stages_in[layout.domain] == 1) & has_free[layout.domain]).tolist()
-    for k, d in [(k, doms[k]) for k in single] + [(n_stages + j, d) for j, d in enumerate(spare_d)]:
-        members = a.domain_gpus[d]
-        extra = members[free[members]]
-        parts.append(extra)
-        owners.append(np.full(len(extra), k, dtype=np.int64))
+    # the unused GPUs of those domains at once, each domain's in its own order
+    # (``domain_gpus`` lists a domain's GPUs by index): one slot per domain
+    slot_of = np.full(a.n_domains, -1, dtype=np.int64)
+    slot_of[layout.domain[single]] = single
+    slot_of[spare_d] = np.arange(n_stages, n_stages + len(spare_d))
+    extra = np.flatnonzero(free & (slot_of[a.gpu_domain] >= 0))
+    parts.append(extra)
+    owners.append(slot_of[a.gpu_domain[extra]])
     flat = np.concatenate(parts)
     owner = np.concatenate(owners)
     speed = a.speed[flat]
@@ -154,14 +115,13 @@ def _slots(
         same = (np.logical_and.reduceat(hit, layout.offsets[:-1]) | (stage_sizes == 0)).tolist()
     else:
         same = []
-    src = (flat, speed, tables, bounds)
-    slots = [
-        _Slot(d, None, None, None, k, same[k], src, k) for k, d in enumerate(doms[:n_stages])
-    ] + [_Slot(d, src=src, k=n_stages + j) for j, d in enumerate(spare_d)]
-    reps: list[list[_Slot]] = [[] for _ in plan.replicas]
-    for k, r in enumerate(layout.replica.tolist()):
-        reps[r].append(slots[k])
-    return reps, slots[n_stages:]
+    slots = _Slots(
+        flat, speed, tables, bounds, doms, list(range(n_stages)) + [-1] * len(spare_d), same
+    )
+    # a layout lists each replica's stages together, in order
+    cut = np.searchsorted(layout.replica, np.arange(len(plan.replicas) + 1)).tolist()
+    reps = [list(range(cut[r], cut[r + 1])) for r in range(len(plan.replicas))]
+    return slots, reps, list(range(n_stages, len(doms)))
 
 
 def _table(degrees: np.ndarray, speeds: np.ndarray) -> np.ndarray:
@@ -172,7 +132,7 @@ def _table(degrees: np.ndarray, speeds: np.ndarray) -> np.ndarray:
     return out
 
 
-def _slots_of_plan(instance: Instance, plan: Plan) -> tuple[list[list[_Slot]], list[_Slot]]:
+def _slots_of_plan(instance: Instance, plan: Plan) -> tuple[_Slots, list[list[int]], list[int]]:
     """:func:`_slots` from the plan's node ids, one slot at a time."""
     a = instance.arrays
     index = a.gpu_index
@@ -185,14 +145,17 @@ def _slots_of_plan(instance: Instance, plan: Plan) -> tuple[list[list[_Slot]], l
             stages_in[d] = stages_in.get(d, 0) + 1
             used[[index[g] for g in st.gpus]] = True
     free = a.healthy & ~used
+    parts: list[np.ndarray] = []
+    doms: list[int] = []
 
-    def make(d: int, own: np.ndarray) -> _Slot:
+    def make(d: int, own: np.ndarray) -> int:
         g = own
         if stages_in.get(d, 0) <= 1:
             members = a.domain_gpus[d]
             g = np.concatenate([own, members[free[members]]])
-        g = g[np.argsort(-a.speed[g], kind="stable")]
-        return _Slot(d, g, a.speed[g], _table(degrees, a.speed[g]))
+        parts.append(g[np.argsort(-a.speed[g], kind="stable")])
+        doms.append(d)
+        return len(parts) - 1
 
     reps = [
         [
@@ -206,7 +169,14 @@ def _slots_of_plan(instance: Instance, plan: Plan) -> tuple[list[list[_Slot]], l
         for d in range(a.n_domains)
         if d not in stages_in and free[a.domain_gpus[d]].any()
     ]
-    return reps, spare
+    flat = np.concatenate(parts) if parts else np.empty(0, dtype=np.int64)
+    bounds = np.concatenate(([0], np.cumsum([len(g) for g in parts], dtype=np.int64)))
+    tables = np.array([_table(degrees, a.speed[g]) for g in parts]).reshape(
+        len(parts), len(degrees)
+    )
+    n = len(parts)
+    slots = _Slots(flat, a.speed[flat], tables, bounds.tolist(), doms, [-1] * n, [False] * n)
+    return slots, reps, spare
 
 
 def _exclusive_min(t: np.ndarray) -> np.ndarray:
@@ -241,16 +211,15 @@ def _leading(gain: np.ndarray, top: int) -> tuple[np.ndarray, ...]:
 
 
 class _Search:
-    def __init__(self, instance: Instance, reps: list[list[_Slot]], spare: list[_Slot]):
+    def __init__(self, instance: Instance, slots: _Slots, reps: list[list[int]], spare: list[int]):
         job = instance.job
         self.job = job
         self.degrees = np.array(job.allowed, dtype=np.int64)
         self.factor = np.array([job.tp_factor(int(t)) for t in self.degrees])
+        self.slots = slots
         self.reps = reps
         self.spare = spare
         self.whole: np.ndarray | None = None  # the tables of :meth:`tables` as one array
-        # every slot read from one layout (:func:`_slots`): its tables are rows of one array
-        self.read = bool(reps) and all(r and r[0]._src is not None for r in reps)
 
     def best(self, tables: np.ndarray) -> tuple[int, float]:
         """Degree and power-1 speed (``f(t) * min s``) of a replica from its slot tables."""
@@ -272,16 +241,11 @@ class _Search:
         n_st = {len(r) for r in reps}
         self.whole = None
         if len(n_st) != 1 or 0 in n_st:
-            tables = [np.array([x.table for x in r]) for r in reps]
+            tables = [self.slots.tables[r] for r in reps]
             cur = [self.best(t) for t in tables]
             return tables, [t for t, _ in cur], [v for _, v in cur]
-        src = reps[0][0]._src
-        if self.read and src is not None:
-            # read from one layout: the rows of its tables, never sliced one by one
-            rows = np.array([x._k for r in reps for x in r], dtype=np.int64)
-            big = src[2][rows].reshape(len(reps), n_st.pop(), -1)
-        else:
-            big = np.stack([x.table for r in reps for x in r]).reshape(len(reps), n_st.pop(), -1)
+        rows = np.array([k for r in reps for k in r], dtype=np.int64)
+        big = self.slots.tables[rows].reshape(len(reps), n_st.pop(), -1)
         worst = big.min(axis=1) * self.factor
         worst = np.where(np.isfinite(worst), worst, -np.inf)
         n_deg = worst.shape[1]
@@ -293,10 +257,14 @@ class _Search:
         self.whole = big
         return list(big), tps, speeds
 
-    def goodput(self, tps: list[int], speeds: list[float]) -> float:
+    def split(self, tps: list[int], speeds: list[float]) -> BatchSplit | None:
+        """The exact split of the replicas of degree ``tps[r] > 0`` at ``speeds``."""
         keep = [i for i, t in enumerate(tps) if t > 0]
         c = self.job.seq_time_s
-        split = split_batch(self.job, [speeds[i] / c for i in keep], [tps[i] for i in keep])
+        return split_batch(self.job, [speeds[i] / c for i in keep], [tps[i] for i in keep])
+
+    def goodput(self, tps: list[int], speeds: list[float]) -> float:
+        split = self.split(tps, speeds)
         return 0.0 if split is None else split.goodput
 
 
@@ -355,15 +323,16 @@ def improve_layout(
     """
     if not plan.replicas or not focus:
         return None
-    reps, spare = _slots(instance, plan, layout)
-    s = _Search(instance, reps, spare)
+    slots, reps, spare = _slots(instance, plan, layout)
+    s = _Search(instance, slots, reps, spare)
     tables, tps, speeds = s.tables()
     whole = s.whole  # every table as one array (views of it), when the replicas allow
-    spare_tab = [x.table.copy() for x in spare]
+    spare_tab = [slots.tables[k].copy() for k in spare]
     value = s.goodput(tps, speeds)
     start_value = value
     focus = {f for f in focus if 0 <= f < len(reps)}
     changed = False
+    last: BatchSplit | None = None  # the split of the last move taken (at ``tps``, ``speeds``)
     for _ in range(rounds):
         cands: list[tuple[float, str, int, int, int, int]] = []  # (-gain, kind, A, i, B, j)
         big = np.stack(tables) if whole is None else whole  # (replicas, pp, degrees)
@@ -423,12 +392,13 @@ def improve_layout(
                 new_a = ta.copy()
                 new_a[i] = spare_tab[j]
                 new_t[a_i], new_v[a_i] = s.best(new_a)
-            g = s.goodput(new_t, new_v)
+            got = s.split(new_t, new_v)
+            g = 0.0 if got is None else got.goodput
             if g > value * (1 + IMPROVE_TOL) and (best_move is None or g > best_move[0]):
-                best_move = (g, kind, a_i, i, b_i, j, new_t, new_v)
+                best_move = (g, kind, a_i, i, b_i, j, new_t, new_v, got)
         if best_move is None:
             break
-        value, kind, a_i, i, b_i, j, tps, speeds = best_move
+        value, kind, a_i, i, b_i, j, tps, speeds, last = best_move
         if kind == "swap":
             reps[a_i][i], reps[b_i][j] = reps[b_i][j], reps[a_i][i]
             tables[a_i][i], tables[b_i][j] = tables[b_i][j].copy(), tables[a_i][i].copy()
@@ -443,37 +413,38 @@ def improve_layout(
         # the slots' best degrees may still differ from the plan's (repairs)
         if all(t == rep.tp for t, rep in zip(tps, plan.replicas, strict=True)):
             return None
-    return _plan(instance, plan, reps, tps, speeds, layout)
+    return _plan(instance, plan, slots, reps, tps, speeds, layout, last if changed else None)
 
 
 def _plan(
     instance: Instance,
     plan: Plan,
-    reps: list[list[_Slot]],
+    slots: _Slots,
+    reps: list[list[int]],
     tps: list[int],
     speeds: list[float],
     layout: Layout | None = None,
+    split: BatchSplit | None = None,
 ) -> tuple[Plan, Layout] | None:
+    """The plan and layout of the slots ``reps`` at degrees ``tps``; ``split``:
+    the exact split at ``tps`` and ``speeds`` when the search has it."""
     a = instance.arrays
     job = instance.job
     keep = [r for r, t in enumerate(tps) if t > 0]
-    split = split_batch(job, [speeds[r] / job.seq_time_s for r in keep], [tps[r] for r in keep])
+    if split is None:
+        c = job.seq_time_s
+        split = split_batch(job, [speeds[r] / c for r in keep], [tps[r] for r in keep])
     if split is None:
         return None
     kept = [(r, int(b)) for r, b in zip(keep, split.batches, strict=True) if b > 0]
-    order = [(x, tps[r]) for r, _ in kept for x in reps[r]]
-    src = order[0][0]._src if order and layout is not None else None
-    if src is not None:
-        # every slot read from one layout: its first GPUs gathered at once
-        bounds = src[3]
-        lens = np.array([t for _, t in order], dtype=np.int64)
-        firsts = np.array([bounds[x._k] for x, _ in order], dtype=np.int64)
-        ends = np.cumsum(lens)
-        at = np.arange(int(ends[-1])) + np.repeat(firsts - (ends - lens), lens)
-        flat = src[0][at]
-    else:
-        parts = [x.gpus[:t] for x, t in order]
-        flat = np.concatenate(parts) if parts else np.empty(0, dtype=np.int64)
+    order = [(k, tps[r]) for r, _ in kept for k in reps[r]]
+    # every stage's first GPUs gathered at once
+    bounds = slots.bounds
+    lens = np.array([t for _, t in order], dtype=np.int64)
+    firsts = np.array([bounds[k] for k, _ in order], dtype=np.int64)
+    ends = np.cumsum(lens)
+    total = int(ends[-1]) if len(ends) else 0
+    flat = slots.gpus[np.arange(total) + np.repeat(firsts - (ends - lens), lens)]
     # a stage read from the layout whose first GPUs are its own, in order, and
     # as many: the plan's stage (its node ids, the object itself at power 1)
     old: list[Stage | None] = [None] * len(order)  # per stage of the result, in order
@@ -481,14 +452,19 @@ def _plan(
         rep_of, st_of = layout.replica.tolist(), layout.stage.tolist()
         sizes = np.diff(layout.offsets).tolist()
         i = 0
+        origin, same = slots.origin, slots.same
         for r, _ in kept:
-            for x in reps[r]:
-                if x.origin >= 0 and x.same and sizes[x.origin] == tps[r]:
-                    old[i] = plan.replicas[rep_of[x.origin]].stages[st_of[x.origin]]
+            for k in reps[r]:
+                at = origin[k]
+                if at >= 0 and same[k] and sizes[at] == tps[r]:
+                    old[i] = plan.replicas[rep_of[at]].stages[st_of[at]]
                 i += 1
     # the other stages' GPU ids in one lookup, then sliced per stage
     fresh = [
-        g for (x, t), o in zip(order, old, strict=True) if o is None for g in x.gpus[:t].tolist()
+        g
+        for (k, t), o in zip(order, old, strict=True)
+        if o is None
+        for g in slots.first(k, t).tolist()
     ]
     names: tuple[Any, ...] = (
         itemgetter(*fresh)(a.gpu_ids) if len(fresh) > 1 else tuple(a.gpu_ids[g] for g in fresh)
@@ -500,13 +476,13 @@ def _plan(
     for r, b in kept:
         t = tps[r]
         stages = []
-        for x in reps[r]:
+        for k in reps[r]:
             o = old[i]
             i += 1
             if o is not None:
                 stages.append(o if o.power == 1.0 else Stage(o.domain, o.gpus, 1.0))
                 continue
-            stages.append(Stage(domain_ids[x.domain], names[pos : pos + t], 1.0))
+            stages.append(Stage(domain_ids[slots.domain[k]], names[pos : pos + t], 1.0))
             pos += t
         replicas.append(Replica(tp=t, local_batch=b, stages=tuple(stages)))
     pp = np.array([len(reps[r]) for r, _ in kept], dtype=np.int64)
@@ -517,7 +493,7 @@ def _plan(
     lay = Layout(
         replica=np.repeat(np.arange(len(kept), dtype=np.int64), pp),
         stage=np.arange(n, dtype=np.int64) - np.repeat(starts, pp),
-        domain=np.array([x.domain for r, _ in kept for x in reps[r]], dtype=np.int64),
+        domain=np.array([slots.domain[k] for k, _ in order], dtype=np.int64),
         offsets=offsets,
         gpus=flat.astype(np.int64, copy=False),
         power=np.ones(n),
