@@ -106,7 +106,7 @@ def replica_speed(
 
 def overhead_factor(job: Job, tps: Sequence[int]) -> float:
     """``1 + rho`` when some replica runs below ``T``, else 1."""
-    return 1.0 + job.reshard_overhead if any(t < job.tp for t in tps) else 1.0
+    return 1.0 + job.reshard_overhead if len(tps) and min(tps) < job.tp else 1.0
 
 
 def step_time(
