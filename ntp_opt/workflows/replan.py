@@ -41,7 +41,12 @@ plan it is given in full; a :class:`Replanner` keeps that check, the layout
 and the bound's multipliers (:class:`PlanState`) from one event to the next
 and updates the bound instead of searching it (``Replanned.bound_kind``;
 with a ``fixed`` batch the ``fixed`` refinement's speed bounds are kept and
-re-checked too, :attr:`PlanState.fixed`).
+re-checked too, :attr:`PlanState.fixed`). When the updated bound does not
+settle the local plan, the swap plan is made before the full bound is
+searched: the updated bound settles the choice when the local plan is kept
+over the swap plan and the better of the two is within ``tolerance`` of it
+(the full bound, at most the updated one, would keep the local plan too);
+otherwise the full bound decides, as without a state.
 The swap plan is made from the local plan's layout
 (:func:`~ntp_opt.planners.swaps.improve_layout`, which also returns the
 swap plan's own layout), re-boosted on that layout and checked once in index
