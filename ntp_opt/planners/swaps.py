@@ -340,13 +340,16 @@ def improve_layout(
         cur_v = np.array(speeds)
         f = s.factor
         sp_tab = np.array(spare_tab) if spare_tab else np.zeros((0, len(f)))
+        # the tables times f(t) first: f(t) * min(x, y) is min(f(t) x, f(t) y),
+        # rounding included (f(t) > 0), so the products are taken once a round
+        fbig, fex, fsp = big * f, ex * f, sp_tab * f
         for a_i in sorted(focus):
             # every slot i of A against every slot (b, j) at once: A gets (b, j)
             # and b gets A's slot i (element for element the same numbers as
             # one slot at a time)
-            rest = ex[a_i]  # (pp, degrees): min over A's other stages
-            va = _max_last(np.minimum(rest[:, None, None, :], big[None]) * f)
-            vb = _max_last(np.minimum(ex[None], big[a_i][:, None, None, :]) * f)
+            rest = fex[a_i]  # (pp, degrees): min over A's other stages, times f(t)
+            va = _max_last(np.minimum(rest[:, None, None, :], fbig[None]))
+            vb = _max_last(np.minimum(fex[None], fbig[a_i][:, None, None, :]))
             gain = va + vb - cur_v[a_i] - cur_v[None, :, None]  # (pp, replicas, pp)
             gain[:, a_i, :] = -np.inf
             ii, bb, jj = _leading(gain, top)
@@ -362,7 +365,7 @@ def improve_layout(
                 )
             )
             if len(sp_tab):
-                vs = _max_last(np.minimum(rest[:, None, :], sp_tab[None]) * f) - cur_v[a_i]
+                vs = _max_last(np.minimum(rest[:, None, :], fsp[None])) - cur_v[a_i]
                 ii, jj = _leading(vs, top)
                 cands.extend(
                     zip(
