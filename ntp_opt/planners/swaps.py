@@ -440,63 +440,70 @@ def _plan(
     if split is None:
         return None
     kept = [(r, int(b)) for r, b in zip(keep, split.batches, strict=True) if b > 0]
-    order = [(k, tps[r]) for r, _ in kept for k in reps[r]]
+    pp = np.array([len(reps[r]) for r, _ in kept], dtype=np.int64)
+    n = int(pp.sum())
+    starts = np.cumsum(pp) - pp
+    ks = np.fromiter((k for r, _ in kept for k in reps[r]), dtype=np.int64, count=n)
+    lens = np.repeat(np.array([tps[r] for r, _ in kept], dtype=np.int64), pp)
     # every stage's first GPUs gathered at once
-    bounds = slots.bounds
-    lens = np.array([t for _, t in order], dtype=np.int64)
-    firsts = np.array([bounds[k] for k, _ in order], dtype=np.int64)
+    firsts = np.asarray(slots.bounds, dtype=np.int64)[ks]
     ends = np.cumsum(lens)
-    total = int(ends[-1]) if len(ends) else 0
+    total = int(ends[-1]) if n else 0
     flat = slots.gpus[np.arange(total) + np.repeat(firsts - (ends - lens), lens)]
     # a stage read from the layout whose first GPUs are its own, in order, and
-    # as many: the plan's stage (its node ids, the object itself at power 1)
-    old: list[Stage | None] = [None] * len(order)  # per stage of the result, in order
-    if layout is not None and plan.replicas:
-        rep_of, st_of = layout.replica.tolist(), layout.stage.tolist()
-        sizes = np.diff(layout.offsets).tolist()
-        i = 0
-        origin, same = slots.origin, slots.same
-        for r, _ in kept:
-            for k in reps[r]:
-                at = origin[k]
-                if at >= 0 and same[k] and sizes[at] == tps[r]:
-                    old[i] = plan.replicas[rep_of[at]].stages[st_of[at]]
-                i += 1
+    # as many: the plan's stage (its node ids, the object itself at power 1);
+    # a replica of such stages, all of one plan replica in its order and at
+    # power 1: that replica's stages
+    is_old = np.zeros(n, dtype=bool)
+    whole = np.zeros(len(kept), dtype=bool)
+    rep_of: list[int] = []
+    st_of: list[int] = []
+    origin = np.asarray(slots.origin, dtype=np.int64)[ks]
+    if layout is not None and plan.replicas and n:
+        sizes = np.diff(layout.offsets)
+        at = np.maximum(origin, 0)
+        is_old = (origin >= 0) & np.asarray(slots.same, dtype=bool)[ks] & (sizes[at] == lens)
+        p_of = layout.replica[at]
+        if (pp > 0).all():
+            ok = (
+                is_old
+                & (layout.stage[at] == np.arange(n) - np.repeat(starts, pp))
+                & (p_of == np.repeat(p_of[starts], pp))
+            )
+            whole = np.logical_and.reduceat(ok, starts)
+        rep_of, st_of = p_of.tolist(), layout.stage[at].tolist()
     # the other stages' GPU ids in one lookup, then sliced per stage
-    fresh = [
-        g
-        for (k, t), o in zip(order, old, strict=True)
-        if o is None
-        for g in slots.first(k, t).tolist()
-    ]
+    fresh = flat[np.repeat(~is_old, lens)].tolist()
     names: tuple[Any, ...] = (
         itemgetter(*fresh)(a.gpu_ids) if len(fresh) > 1 else tuple(a.gpu_ids[g] for g in fresh)
     )
     domain_ids = a.domain_ids
+    old_l, ks_l, first_l, whole_l = is_old.tolist(), ks.tolist(), starts.tolist(), whole.tolist()
     replicas = []
     pos = 0
-    i = 0
-    for r, b in kept:
+    for q, (r, b) in enumerate(kept):
         t = tps[r]
+        i0 = first_l[q]
+        if whole_l[q]:
+            src = plan.replicas[rep_of[i0]].stages
+            if len(src) == len(reps[r]) and all(st.power == 1.0 for st in src):
+                replicas.append(Replica(tp=t, local_batch=b, stages=src))
+                continue
         stages = []
-        for k in reps[r]:
-            o = old[i]
-            i += 1
-            if o is not None:
+        for i in range(i0, i0 + len(reps[r])):
+            if old_l[i]:
+                o = plan.replicas[rep_of[i]].stages[st_of[i]]
                 stages.append(o if o.power == 1.0 else Stage(o.domain, o.gpus, 1.0))
                 continue
-            stages.append(Stage(domain_ids[slots.domain[k]], names[pos : pos + t], 1.0))
+            stages.append(Stage(domain_ids[slots.domain[ks_l[i]]], names[pos : pos + t], 1.0))
             pos += t
         replicas.append(Replica(tp=t, local_batch=b, stages=tuple(stages)))
-    pp = np.array([len(reps[r]) for r, _ in kept], dtype=np.int64)
-    n = int(pp.sum())
-    starts = np.cumsum(pp) - pp
     offsets = np.zeros(n + 1, dtype=np.int64)
-    np.cumsum(np.repeat([tps[r] for r, _ in kept], pp), out=offsets[1:])
+    np.cumsum(lens, out=offsets[1:])
     lay = Layout(
         replica=np.repeat(np.arange(len(kept), dtype=np.int64), pp),
         stage=np.arange(n, dtype=np.int64) - np.repeat(starts, pp),
-        domain=np.array([slots.domain[k] for k, _ in order], dtype=np.int64),
+        domain=np.array(slots.domain, dtype=np.int64)[ks],
         offsets=offsets,
         gpus=flat.astype(np.int64, copy=False),
         power=np.ones(n),
