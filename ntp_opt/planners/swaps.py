@@ -198,6 +198,27 @@ def _max_last(x: np.ndarray) -> np.ndarray:
     return out
 
 
+def _distinct(x: np.ndarray) -> tuple[np.ndarray, np.ndarray | None]:
+    """The distinct rows of a small 2-D array (first seen first) and each row's
+    index among them (``rows[back]`` is ``x``); ``None`` when every row differs."""
+    seen: dict[tuple[float, ...], int] = {}
+    firsts: list[int] = []
+    back: list[int] = []
+    for i, row in enumerate(x.tolist()):
+        j = seen.setdefault(tuple(row), len(firsts))
+        if j == len(firsts):
+            firsts.append(i)
+        back.append(j)
+    if len(firsts) == len(back):
+        return x, None
+    return x[firsts], np.array(back, dtype=np.int64)
+
+
+def _expand(v: np.ndarray, back: np.ndarray | None) -> np.ndarray:
+    """``v[back]``, or ``v`` itself when ``back`` is ``None`` (see :func:`_distinct`)."""
+    return v if back is None else v[back]
+
+
 def _leading(gain: np.ndarray, top: int) -> tuple[np.ndarray, ...]:
     """``np.nonzero(gain > ABS_NOISE)`` less the moves that cannot be among the
     ``top`` best: those whose gain is below the ``top``-th largest of them (ties
@@ -348,8 +369,11 @@ def improve_layout(
             # and b gets A's slot i (element for element the same numbers as
             # one slot at a time)
             rest = fex[a_i]  # (pp, degrees): min over A's other stages, times f(t)
-            va = _max_last(np.minimum(rest[:, None, None, :], fbig[None]))
-            vb = _max_last(np.minimum(fex[None], fbig[a_i][:, None, None, :]))
+            # each distinct row once (A's slots mostly share their tables)
+            rows, back = _distinct(rest)
+            va = _expand(_max_last(np.minimum(rows[:, None, None, :], fbig[None])), back)
+            rows, back = _distinct(fbig[a_i])
+            vb = _expand(_max_last(np.minimum(fex[None], rows[:, None, None, :])), back)
             gain = va + vb - cur_v[a_i] - cur_v[None, :, None]  # (pp, replicas, pp)
             gain[:, a_i, :] = -np.inf
             ii, bb, jj = _leading(gain, top)
