@@ -729,8 +729,9 @@ def _step(
     if bound_kind == "pending":
         if settled() and _choose(options, tolerance) == "local":
             # the incremental bound settles it: the full bound would too (it is
-            # at most the incremental one), and whether it settled the local
-            # plan alone or with the swap plan, the local plan is kept
+            # at most the incremental one, up to its bisection's resolution),
+            # and whether it settled the local plan alone or with the swap
+            # plan, the local plan is kept
             bound_kind = "incremental"
         else:  # the full bound decides, as without a state
             full_bound()
