@@ -361,3 +361,45 @@ def test_a_replanner_finds_trays_in_the_arrays_and_names_unknown_nodes():
     assert out.instance.cluster.nodes[inst.arrays.gpu_ids[0]]["state"] == "failed"
     with pytest.raises(ValueError, match="not a GPU or tray"):
         runner.replan([ClusterEvent("fail", "nope")])
+
+
+def test_the_swap_plan_settled_by_the_incremental_bound_is_the_full_bounds_choice():
+    """A chain of failures on a 16k NVL32 cluster (elastic) where the local plan
+    is below the incremental bound, the swap plan is made first and the
+    incremental bound settles the choice with it: the same plan, choice and
+    migration as the one-shot re-plan, which searches the full bound."""
+    from ntp_opt.model import topology
+    from ntp_opt.model.job import Job
+
+    gpus = 16384
+    g = topology.nvl32(gpus // 32, rack_power_factor=1.3)
+    job = Job(
+        tp=32,
+        tp_allowed=(28, 30, 32),
+        pp=8,
+        dp=gpus // 256,
+        global_batch=gpus // 16,
+        batch_policy="elastic",
+    )
+    topology.fail_random(g, fraction=1e-3, seed=1)
+    topology.add_stragglers(g, count=4, speed=(0.7, 0.95), seed=2)
+    inst = Instance("nvl32", g, job, {}, copy_graph=False)
+    plan = solve(inst, "fast").plan
+    assert plan is not None
+    runner = Replanner(inst, plan)
+    rng = np.random.default_rng(7)
+    cur_inst, cur_plan = inst, plan
+    paths = []
+    for _ in range(6):
+        used = np.zeros(inst.arrays.n_gpus, dtype=bool)
+        used[runner.state.layout.gpus] = True
+        gpu = inst.arrays.gpu_ids[int(rng.choice(np.flatnonzero(used)))]
+        out = runner.replan([ClusterEvent("fail", gpu)])
+        ref = replan(cur_inst, cur_plan, [ClusterEvent("fail", gpu)])
+        assert out.plan.replicas == ref.plan.replicas
+        assert (out.choice, out.moved, out.goodput) == (ref.choice, ref.moved, ref.goodput)
+        assert out.goodput <= out.bound * (1 + 1e-9)
+        paths.append((out.bound_kind, "swap" in out.details, out.choice))
+        cur_inst, cur_plan = out.instance, out.plan
+    # the path this test is about: settled by the incremental bound, swap plan made
+    assert ("incremental", True, "local") in paths

@@ -33,24 +33,37 @@ import numpy as np
 from ntp_opt.model.instance import Instance
 from ntp_opt.model.layout import Layout
 from ntp_opt.model.plan import Plan, Replica, Stage
-from ntp_opt.rules.goodput import split_batch
+from ntp_opt.rules.goodput import BatchSplit, split_batch
 from ntp_opt.rules.tolerances import ABS_NOISE, IMPROVE_TOL
 
 
-@dataclass
-class _Slot:
-    domain: int
-    gpus: np.ndarray  # GPU indices, fastest first
-    speeds: np.ndarray  # their speeds, descending
-    table: np.ndarray  # ``s(t)`` per allowed degree, -inf where the slot is too small
-    origin: int = -1  # the layout stage it was read from (-1: a spare domain, or unknown)
-    same: bool = False  # its first GPUs are that stage's, in the plan's order
+@dataclass(frozen=True)
+class _Slots:
+    """Every slot as arrays, slot ``k`` by its index: its GPUs
+    ``gpus[bounds[k]:bounds[k + 1]]`` (fastest first) and their speeds, its
+    row ``tables[k]`` of ``s(t)`` per allowed degree (-inf where the slot is
+    too small), its domain, the layout stage it was read from (``origin``,
+    -1: a spare domain, or unknown) and whether its first GPUs are that
+    stage's, in the plan's order (``same``). The search moves slot indices."""
+
+    gpus: np.ndarray
+    speeds: np.ndarray
+    tables: np.ndarray
+    bounds: list[int]
+    domain: list[int]
+    origin: list[int]
+    same: list[bool]
+
+    def first(self, k: int, t: int) -> np.ndarray:
+        """The ``t`` fastest GPUs of slot ``k``."""
+        return self.gpus[self.bounds[k] : self.bounds[k] + t]
 
 
 def _slots(
     instance: Instance, plan: Plan, layout: Layout | None = None
-) -> tuple[list[list[_Slot]], list[_Slot]]:
-    """Slots of every replica's stages, and one slot per unused domain.
+) -> tuple[_Slots, list[list[int]], list[int]]:
+    """Slots of every replica's stages, and one slot per unused domain: the
+    slots, and per replica and for the spare domains the slots' indices.
 
     ``layout``: the plan's :class:`~ntp_opt.model.layout.Layout`, when known:
     the same slots, read from its arrays with every slot's GPUs sorted at
@@ -74,11 +87,14 @@ def _slots(
     parts = [layout.gpus]
     owners = [np.repeat(np.arange(n_stages, dtype=np.int64), np.diff(layout.offsets))]
     single = np.flatnonzero((stages_in[layout.domain] == 1) & has_free[layout.domain]).tolist()
-    for k, d in [(k, doms[k]) for k in single] + [(n_stages + j, d) for j, d in enumerate(spare_d)]:
-        members = a.domain_gpus[d]
-        extra = members[free[members]]
-        parts.append(extra)
-        owners.append(np.full(len(extra), k, dtype=np.int64))
+    # the unused GPUs of those domains at once, each domain's in its own order
+    # (``domain_gpus`` lists a domain's GPUs by index): one slot per domain
+    slot_of = np.full(a.n_domains, -1, dtype=np.int64)
+    slot_of[layout.domain[single]] = single
+    slot_of[spare_d] = np.arange(n_stages, n_stages + len(spare_d))
+    extra = np.flatnonzero(free & (slot_of[a.gpu_domain] >= 0))
+    parts.append(extra)
+    owners.append(slot_of[a.gpu_domain[extra]])
     flat = np.concatenate(parts)
     owner = np.concatenate(owners)
     speed = a.speed[flat]
@@ -99,21 +115,13 @@ def _slots(
         same = (np.logical_and.reduceat(hit, layout.offsets[:-1]) | (stage_sizes == 0)).tolist()
     else:
         same = []
-    slots = [
-        _Slot(
-            d,
-            flat[bounds[k] : bounds[k + 1]],
-            speed[bounds[k] : bounds[k + 1]],
-            tables[k],
-            k if k < n_stages else -1,
-            k < n_stages and same[k],
-        )
-        for k, d in enumerate(doms)
-    ]
-    reps: list[list[_Slot]] = [[] for _ in plan.replicas]
-    for k, r in enumerate(layout.replica.tolist()):
-        reps[r].append(slots[k])
-    return reps, slots[n_stages:]
+    slots = _Slots(
+        flat, speed, tables, bounds, doms, list(range(n_stages)) + [-1] * len(spare_d), same
+    )
+    # a layout lists each replica's stages together, in order
+    cut = np.searchsorted(layout.replica, np.arange(len(plan.replicas) + 1)).tolist()
+    reps = [list(range(cut[r], cut[r + 1])) for r in range(len(plan.replicas))]
+    return slots, reps, list(range(n_stages, len(doms)))
 
 
 def _table(degrees: np.ndarray, speeds: np.ndarray) -> np.ndarray:
@@ -124,7 +132,7 @@ def _table(degrees: np.ndarray, speeds: np.ndarray) -> np.ndarray:
     return out
 
 
-def _slots_of_plan(instance: Instance, plan: Plan) -> tuple[list[list[_Slot]], list[_Slot]]:
+def _slots_of_plan(instance: Instance, plan: Plan) -> tuple[_Slots, list[list[int]], list[int]]:
     """:func:`_slots` from the plan's node ids, one slot at a time."""
     a = instance.arrays
     index = a.gpu_index
@@ -137,14 +145,17 @@ def _slots_of_plan(instance: Instance, plan: Plan) -> tuple[list[list[_Slot]], l
             stages_in[d] = stages_in.get(d, 0) + 1
             used[[index[g] for g in st.gpus]] = True
     free = a.healthy & ~used
+    parts: list[np.ndarray] = []
+    doms: list[int] = []
 
-    def make(d: int, own: np.ndarray) -> _Slot:
+    def make(d: int, own: np.ndarray) -> int:
         g = own
         if stages_in.get(d, 0) <= 1:
             members = a.domain_gpus[d]
             g = np.concatenate([own, members[free[members]]])
-        g = g[np.argsort(-a.speed[g], kind="stable")]
-        return _Slot(d, g, a.speed[g], _table(degrees, a.speed[g]))
+        parts.append(g[np.argsort(-a.speed[g], kind="stable")])
+        doms.append(d)
+        return len(parts) - 1
 
     reps = [
         [
@@ -158,7 +169,14 @@ def _slots_of_plan(instance: Instance, plan: Plan) -> tuple[list[list[_Slot]], l
         for d in range(a.n_domains)
         if d not in stages_in and free[a.domain_gpus[d]].any()
     ]
-    return reps, spare
+    flat = np.concatenate(parts) if parts else np.empty(0, dtype=np.int64)
+    bounds = np.concatenate(([0], np.cumsum([len(g) for g in parts], dtype=np.int64)))
+    tables = np.array([_table(degrees, a.speed[g]) for g in parts]).reshape(
+        len(parts), len(degrees)
+    )
+    n = len(parts)
+    slots = _Slots(flat, a.speed[flat], tables, bounds.tolist(), doms, [-1] * n, [False] * n)
+    return slots, reps, spare
 
 
 def _exclusive_min(t: np.ndarray) -> np.ndarray:
@@ -180,12 +198,46 @@ def _max_last(x: np.ndarray) -> np.ndarray:
     return out
 
 
+def _distinct(x: np.ndarray) -> tuple[np.ndarray, np.ndarray | None]:
+    """The distinct rows of a small 2-D array (first seen first) and each row's
+    index among them (``rows[back]`` is ``x``); ``None`` when every row differs."""
+    seen: dict[tuple[float, ...], int] = {}
+    firsts: list[int] = []
+    back: list[int] = []
+    for i, row in enumerate(x.tolist()):
+        j = seen.setdefault(tuple(row), len(firsts))
+        if j == len(firsts):
+            firsts.append(i)
+        back.append(j)
+    if len(firsts) == len(back):
+        return x, None
+    return x[firsts], np.array(back, dtype=np.int64)
+
+
+def _expand(v: np.ndarray, back: np.ndarray | None) -> np.ndarray:
+    """``v[back]``, or ``v`` itself when ``back`` is ``None`` (see :func:`_distinct`)."""
+    return v if back is None else v[back]
+
+
+def _leading(gain: np.ndarray, top: int) -> tuple[np.ndarray, ...]:
+    """``np.nonzero(gain > ABS_NOISE)`` less the moves that cannot be among the
+    ``top`` best: those whose gain is below the ``top``-th largest of them (ties
+    kept, so the best ``top`` moves in the search's order are all there)."""
+    ok = gain > ABS_NOISE
+    n = int(np.count_nonzero(ok))
+    if n > top:
+        vals = gain[ok]
+        ok &= gain >= np.partition(vals, n - top)[n - top]
+    return np.nonzero(ok)
+
+
 class _Search:
-    def __init__(self, instance: Instance, reps: list[list[_Slot]], spare: list[_Slot]):
+    def __init__(self, instance: Instance, slots: _Slots, reps: list[list[int]], spare: list[int]):
         job = instance.job
         self.job = job
         self.degrees = np.array(job.allowed, dtype=np.int64)
         self.factor = np.array([job.tp_factor(int(t)) for t in self.degrees])
+        self.slots = slots
         self.reps = reps
         self.spare = spare
         self.whole: np.ndarray | None = None  # the tables of :meth:`tables` as one array
@@ -210,10 +262,11 @@ class _Search:
         n_st = {len(r) for r in reps}
         self.whole = None
         if len(n_st) != 1 or 0 in n_st:
-            tables = [np.array([x.table for x in r]) for r in reps]
+            tables = [self.slots.tables[r] for r in reps]
             cur = [self.best(t) for t in tables]
             return tables, [t for t, _ in cur], [v for _, v in cur]
-        big = np.stack([x.table for r in reps for x in r]).reshape(len(reps), n_st.pop(), -1)
+        rows = np.array([k for r in reps for k in r], dtype=np.int64)
+        big = self.slots.tables[rows].reshape(len(reps), n_st.pop(), -1)
         worst = big.min(axis=1) * self.factor
         worst = np.where(np.isfinite(worst), worst, -np.inf)
         n_deg = worst.shape[1]
@@ -225,10 +278,14 @@ class _Search:
         self.whole = big
         return list(big), tps, speeds
 
-    def goodput(self, tps: list[int], speeds: list[float]) -> float:
+    def split(self, tps: list[int], speeds: list[float]) -> BatchSplit | None:
+        """The exact split of the replicas of degree ``tps[r] > 0`` at ``speeds``."""
         keep = [i for i, t in enumerate(tps) if t > 0]
         c = self.job.seq_time_s
-        split = split_batch(self.job, [speeds[i] / c for i in keep], [tps[i] for i in keep])
+        return split_batch(self.job, [speeds[i] / c for i in keep], [tps[i] for i in keep])
+
+    def goodput(self, tps: list[int], speeds: list[float]) -> float:
+        split = self.split(tps, speeds)
         return 0.0 if split is None else split.goodput
 
 
@@ -287,15 +344,16 @@ def improve_layout(
     """
     if not plan.replicas or not focus:
         return None
-    reps, spare = _slots(instance, plan, layout)
-    s = _Search(instance, reps, spare)
+    slots, reps, spare = _slots(instance, plan, layout)
+    s = _Search(instance, slots, reps, spare)
     tables, tps, speeds = s.tables()
     whole = s.whole  # every table as one array (views of it), when the replicas allow
-    spare_tab = [x.table.copy() for x in spare]
+    spare_tab = [slots.tables[k].copy() for k in spare]
     value = s.goodput(tps, speeds)
     start_value = value
     focus = {f for f in focus if 0 <= f < len(reps)}
     changed = False
+    last: BatchSplit | None = None  # the split of the last move taken (at ``tps``, ``speeds``)
     for _ in range(rounds):
         cands: list[tuple[float, str, int, int, int, int]] = []  # (-gain, kind, A, i, B, j)
         big = np.stack(tables) if whole is None else whole  # (replicas, pp, degrees)
@@ -303,16 +361,22 @@ def improve_layout(
         cur_v = np.array(speeds)
         f = s.factor
         sp_tab = np.array(spare_tab) if spare_tab else np.zeros((0, len(f)))
+        # the tables times f(t) first: f(t) * min(x, y) is min(f(t) x, f(t) y),
+        # rounding included (f(t) > 0), so the products are taken once a round
+        fbig, fex, fsp = big * f, ex * f, sp_tab * f
         for a_i in sorted(focus):
             # every slot i of A against every slot (b, j) at once: A gets (b, j)
             # and b gets A's slot i (element for element the same numbers as
             # one slot at a time)
-            rest = ex[a_i]  # (pp, degrees): min over A's other stages
-            va = _max_last(np.minimum(rest[:, None, None, :], big[None]) * f)
-            vb = _max_last(np.minimum(ex[None], big[a_i][:, None, None, :]) * f)
+            rest = fex[a_i]  # (pp, degrees): min over A's other stages, times f(t)
+            # each distinct row once (A's slots mostly share their tables)
+            rows, back = _distinct(rest)
+            va = _expand(_max_last(np.minimum(rows[:, None, None, :], fbig[None])), back)
+            rows, back = _distinct(fbig[a_i])
+            vb = _expand(_max_last(np.minimum(fex[None], rows[:, None, None, :])), back)
             gain = va + vb - cur_v[a_i] - cur_v[None, :, None]  # (pp, replicas, pp)
             gain[:, a_i, :] = -np.inf
-            ii, bb, jj = np.nonzero(gain > ABS_NOISE)
+            ii, bb, jj = _leading(gain, top)
             cands.extend(
                 zip(
                     (-gain[ii, bb, jj]).tolist(),
@@ -325,8 +389,8 @@ def improve_layout(
                 )
             )
             if len(sp_tab):
-                vs = _max_last(np.minimum(rest[:, None, :], sp_tab[None]) * f) - cur_v[a_i]
-                ii, jj = np.nonzero(vs > ABS_NOISE)
+                vs = _max_last(np.minimum(rest[:, None, :], fsp[None])) - cur_v[a_i]
+                ii, jj = _leading(vs, top)
                 cands.extend(
                     zip(
                         (-vs[ii, jj]).tolist(),
@@ -355,12 +419,13 @@ def improve_layout(
                 new_a = ta.copy()
                 new_a[i] = spare_tab[j]
                 new_t[a_i], new_v[a_i] = s.best(new_a)
-            g = s.goodput(new_t, new_v)
+            got = s.split(new_t, new_v)
+            g = 0.0 if got is None else got.goodput
             if g > value * (1 + IMPROVE_TOL) and (best_move is None or g > best_move[0]):
-                best_move = (g, kind, a_i, i, b_i, j, new_t, new_v)
+                best_move = (g, kind, a_i, i, b_i, j, new_t, new_v, got)
         if best_move is None:
             break
-        value, kind, a_i, i, b_i, j, tps, speeds = best_move
+        value, kind, a_i, i, b_i, j, tps, speeds, last = best_move
         if kind == "swap":
             reps[a_i][i], reps[b_i][j] = reps[b_i][j], reps[a_i][i]
             tables[a_i][i], tables[b_i][j] = tables[b_i][j].copy(), tables[a_i][i].copy()
@@ -375,68 +440,94 @@ def improve_layout(
         # the slots' best degrees may still differ from the plan's (repairs)
         if all(t == rep.tp for t, rep in zip(tps, plan.replicas, strict=True)):
             return None
-    return _plan(instance, plan, reps, tps, speeds, layout)
+    return _plan(instance, plan, slots, reps, tps, speeds, layout, last if changed else None)
 
 
 def _plan(
     instance: Instance,
     plan: Plan,
-    reps: list[list[_Slot]],
+    slots: _Slots,
+    reps: list[list[int]],
     tps: list[int],
     speeds: list[float],
     layout: Layout | None = None,
+    split: BatchSplit | None = None,
 ) -> tuple[Plan, Layout] | None:
+    """The plan and layout of the slots ``reps`` at degrees ``tps``; ``split``:
+    the exact split at ``tps`` and ``speeds`` when the search has it."""
     a = instance.arrays
     job = instance.job
     keep = [r for r, t in enumerate(tps) if t > 0]
-    split = split_batch(job, [speeds[r] / job.seq_time_s for r in keep], [tps[r] for r in keep])
+    if split is None:
+        c = job.seq_time_s
+        split = split_batch(job, [speeds[r] / c for r in keep], [tps[r] for r in keep])
     if split is None:
         return None
     kept = [(r, int(b)) for r, b in zip(keep, split.batches, strict=True) if b > 0]
-    parts = [x.gpus[: tps[r]] for r, _ in kept for x in reps[r]]
-    flat = np.concatenate(parts) if parts else np.empty(0, dtype=np.int64)
+    pp = np.array([len(reps[r]) for r, _ in kept], dtype=np.int64)
+    n = int(pp.sum())
+    starts = np.cumsum(pp) - pp
+    ks = np.fromiter((k for r, _ in kept for k in reps[r]), dtype=np.int64, count=n)
+    lens = np.repeat(np.array([tps[r] for r, _ in kept], dtype=np.int64), pp)
+    # every stage's first GPUs gathered at once
+    firsts = np.asarray(slots.bounds, dtype=np.int64)[ks]
+    ends = np.cumsum(lens)
+    total = int(ends[-1]) if n else 0
+    flat = slots.gpus[np.arange(total) + np.repeat(firsts - (ends - lens), lens)]
     # a stage read from the layout whose first GPUs are its own, in order, and
-    # as many: the plan's stage (its node ids, the object itself at power 1)
-    old: list[Stage | None] = [None] * len(parts)  # per stage of the result, in order
-    if layout is not None and plan.replicas:
-        rep_of, st_of = layout.replica.tolist(), layout.stage.tolist()
-        sizes = np.diff(layout.offsets).tolist()
-        i = 0
-        for r, _ in kept:
-            for x in reps[r]:
-                if x.origin >= 0 and x.same and sizes[x.origin] == tps[r]:
-                    old[i] = plan.replicas[rep_of[x.origin]].stages[st_of[x.origin]]
-                i += 1
+    # as many: the plan's stage (its node ids, the object itself at power 1);
+    # a replica of such stages, all of one plan replica in its order and at
+    # power 1: that replica's stages
+    is_old = np.zeros(n, dtype=bool)
+    whole = np.zeros(len(kept), dtype=bool)
+    rep_of: list[int] = []
+    st_of: list[int] = []
+    origin = np.asarray(slots.origin, dtype=np.int64)[ks]
+    if layout is not None and plan.replicas and n:
+        sizes = np.diff(layout.offsets)
+        at = np.maximum(origin, 0)
+        is_old = (origin >= 0) & np.asarray(slots.same, dtype=bool)[ks] & (sizes[at] == lens)
+        p_of = layout.replica[at]
+        if (pp > 0).all():
+            ok = (
+                is_old
+                & (layout.stage[at] == np.arange(n) - np.repeat(starts, pp))
+                & (p_of == np.repeat(p_of[starts], pp))
+            )
+            whole = np.logical_and.reduceat(ok, starts)
+        rep_of, st_of = p_of.tolist(), layout.stage[at].tolist()
     # the other stages' GPU ids in one lookup, then sliced per stage
-    fresh = [g for part, o in zip(parts, old, strict=True) if o is None for g in part.tolist()]
+    fresh = flat[np.repeat(~is_old, lens)].tolist()
     names: tuple[Any, ...] = (
         itemgetter(*fresh)(a.gpu_ids) if len(fresh) > 1 else tuple(a.gpu_ids[g] for g in fresh)
     )
     domain_ids = a.domain_ids
+    old_l, ks_l, first_l, whole_l = is_old.tolist(), ks.tolist(), starts.tolist(), whole.tolist()
     replicas = []
     pos = 0
-    i = 0
-    for r, b in kept:
+    for q, (r, b) in enumerate(kept):
         t = tps[r]
+        i0 = first_l[q]
+        if whole_l[q]:
+            src = plan.replicas[rep_of[i0]].stages
+            if len(src) == len(reps[r]) and all(st.power == 1.0 for st in src):
+                replicas.append(Replica(tp=t, local_batch=b, stages=src))
+                continue
         stages = []
-        for x in reps[r]:
-            o = old[i]
-            i += 1
-            if o is not None:
+        for i in range(i0, i0 + len(reps[r])):
+            if old_l[i]:
+                o = plan.replicas[rep_of[i]].stages[st_of[i]]
                 stages.append(o if o.power == 1.0 else Stage(o.domain, o.gpus, 1.0))
                 continue
-            stages.append(Stage(domain_ids[x.domain], names[pos : pos + t], 1.0))
+            stages.append(Stage(domain_ids[slots.domain[ks_l[i]]], names[pos : pos + t], 1.0))
             pos += t
         replicas.append(Replica(tp=t, local_batch=b, stages=tuple(stages)))
-    pp = np.array([len(reps[r]) for r, _ in kept], dtype=np.int64)
-    n = int(pp.sum())
-    starts = np.cumsum(pp) - pp
     offsets = np.zeros(n + 1, dtype=np.int64)
-    np.cumsum(np.repeat([tps[r] for r, _ in kept], pp), out=offsets[1:])
+    np.cumsum(lens, out=offsets[1:])
     lay = Layout(
         replica=np.repeat(np.arange(len(kept), dtype=np.int64), pp),
         stage=np.arange(n, dtype=np.int64) - np.repeat(starts, pp),
-        domain=np.array([x.domain for r, _ in kept for x in reps[r]], dtype=np.int64),
+        domain=np.array(slots.domain, dtype=np.int64)[ks],
         offsets=offsets,
         gpus=flat.astype(np.int64, copy=False),
         power=np.ones(n),

@@ -106,7 +106,7 @@ def replica_speed(
 
 def overhead_factor(job: Job, tps: Sequence[int]) -> float:
     """``1 + rho`` when some replica runs below ``T``, else 1."""
-    return 1.0 + job.reshard_overhead if any(t < job.tp for t in tps) else 1.0
+    return 1.0 + job.reshard_overhead if len(tps) and min(tps) < job.tp else 1.0
 
 
 def step_time(
@@ -237,8 +237,9 @@ def split_batch(
     if excess > 0:
         chosen[np.flatnonzero(chosen & ~first)[::-1][:excess]] = False
     batches = np.bincount(owner[chosen], minlength=n)
-    batches_t = tuple(int(x) for x in batches)
-    theta = max(bb / vv for bb, vv in zip(batches_t, v, strict=True)) * factor
+    batches_t = tuple(batches.tolist())
+    # the largest b_r / v_r, each quotient as in Python (int over float64)
+    theta = float((batches / v).max()) * factor
     return BatchSplit(batches_t, float(theta), float(sum(batches_t)) / float(theta))
 
 

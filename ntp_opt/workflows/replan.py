@@ -41,7 +41,12 @@ plan it is given in full; a :class:`Replanner` keeps that check, the layout
 and the bound's multipliers (:class:`PlanState`) from one event to the next
 and updates the bound instead of searching it (``Replanned.bound_kind``;
 with a ``fixed`` batch the ``fixed`` refinement's speed bounds are kept and
-re-checked too, :attr:`PlanState.fixed`).
+re-checked too, :attr:`PlanState.fixed`). When the updated bound does not
+settle the local plan, the swap plan is made before the full bound is
+searched: the updated bound settles the choice when the local plan is kept
+over the swap plan and the better of the two is within ``tolerance`` of it
+(the full bound, at most the updated one, would keep the local plan too);
+otherwise the full bound decides, as without a state.
 The swap plan is made from the local plan's layout
 (:func:`~ntp_opt.planners.swaps.improve_layout`, which also returns the
 swap plan's own layout), re-boosted on that layout and checked once in index
@@ -582,6 +587,15 @@ def _degree_dropped(before: Layout, after: Layout) -> bool:
     return int(after.degree.sum()) < int(before.degree.sum())
 
 
+def _choose(options: Mapping[str, tuple[Plan, float, int]], tolerance: float) -> str:
+    """The plan kept: the fewest moves among the plans within ``tolerance`` of the best."""
+    top = max(v for _, v, _ in options.values())
+    return min(
+        (name for name, (_, v, _) in options.items() if v >= top * (1 - tolerance)),
+        key=lambda name: (options[name][2], -options[name][1]),
+    )
+
+
 def _step(
     state: PlanState,
     evs: list[ClusterEvent],
@@ -637,11 +651,18 @@ def _step(
         bound = stage_bound_at(new_inst, points, rows, state.fixed, fixed)
         bound_kind = "incremental"
         if mode == "auto" and local_ev.goodput < bound * (1 - tolerance):
-            bound_kind = "skipped"  # undecided: the full bound decides, as without a state
-    if want_bound and bound_kind == "skipped":
+            # undecided: the swap plan is made first; the incremental bound may
+            # settle the choice with it, else the full bound decides (below)
+            bound_kind = "pending"
+
+    def full_bound() -> None:
+        nonlocal rows, fixed, bound, points, bound_kind
         rows = domain_rows(new_inst) if rows is None else rows
         fixed = {} if new_inst.job.batch_policy == "fixed" else None
         (bound, points), bound_kind = stage_bound_point(new_inst, rows, fixed), "computed"
+
+    if want_bound and bound_kind == "skipped":
+        full_bound()
     before = state.assignment
     healthy = new_inst.arrays.healthy
 
@@ -666,11 +687,9 @@ def _step(
             for node in e.nodes
             for i in _gpus_of(instance, node, state.trays)
         }
-        focus = {
-            r
-            for r, rep in enumerate(local.replicas)
-            if any(a.domain_index[st.domain] in touched for st in rep.stages)
-        }
+        # the replicas with a stage in a touched domain (read from the local layout)
+        hit = np.isin(local_lay.domain, np.fromiter(touched, dtype=np.int64, count=len(touched)))
+        focus = set(local_lay.replica[hit].tolist())
         got = improve_layout(new_inst, local, focus, layout=None if legacy else local_lay)
         better, better_lay = (None, None) if got is None else got
         if better is not None and legacy:  # as before issue 30 (tests compare)
@@ -689,7 +708,11 @@ def _step(
             # boosted plan when it passes, else the plan as improved
             assert better_lay is not None
             swap, swap_lay = better, better_lay
-            got = reboost_layout(new_inst, swap, swap_lay) if swap.replicas else None
+            got = (
+                reboost_layout(new_inst, swap, swap_lay, None, state.memo)
+                if swap.replicas
+                else None
+            )
             boost_ev = None if got is None else _evaluate(new_inst, *got, check_mode)
             if got is not None and boost_ev is not None and boost_ev.feasible:
                 (swap, swap_lay), ev = got, boost_ev
@@ -703,6 +726,19 @@ def _step(
                     ev.goodput,
                     moved_by(swap, swap_lay),
                 )
+    if bound_kind == "pending":
+        if settled() and _choose(options, tolerance) == "local":
+            # the incremental bound settles it: the full bound would too (it is
+            # at most the incremental one, up to its bisection's resolution),
+            # and whether it settled the local plan alone or with the swap
+            # plan, the local plan is kept
+            bound_kind = "incremental"
+        else:  # the full bound decides, as without a state
+            full_bound()
+            if "swap" in options and local_ev.goodput >= bound * (1 - tolerance):
+                # the full bound settles the local plan alone: no swap plan is made
+                for kept in (options, evals, layouts):
+                    kept.pop("swap", None)
     if mode == "global" or (mode == "auto" and not settled()):
         from ntp_opt.planners.fast import plan_fast
 
@@ -720,12 +756,8 @@ def _step(
         )
     if mode == "global":
         choice = "global"
-    else:  # fewest moves among the plans within tolerance of the best
-        top = max(v for _, v, _ in options.values())
-        choice = min(
-            (name for name, (_, v, _) in options.items() if v >= top * (1 - tolerance)),
-            key=lambda name: (options[name][2], -options[name][1]),
-        )
+    else:
+        choice = _choose(options, tolerance)
     chosen, value, moved = options[choice]
     if value > bound * (1 + BOUND_TOL):  # a bug, never hidden
         raise RuntimeError(f"re-planned goodput {value} above the bound {bound}")
