@@ -97,12 +97,12 @@ def test_import_ntp_opt_imports_no_layer() -> None:
 
 def test_lazy_names_resolve_to_the_api() -> None:
     """Every name of ``__all__``, whatever was imported first (``ntp_opt.solve`` is a
-    module too, and so is the deprecated path ``ntp_opt.validate``: the package keeps
-    the functions)."""
+    module too: the package keeps the function; the deprecated path
+    ``ntp_opt.validate``: tests/test_old_paths.py)."""
     _modules_after(
         "import json, importlib, types, warnings\n"
-        "warnings.simplefilter('ignore', DeprecationWarning)\n"
-        "import ntp_opt.solve, ntp_opt.validate, ntp_opt.workflows.replan\n"
+        "warnings.filterwarnings('error', 'ntp_opt.* is deprecated', DeprecationWarning)\n"
+        "import ntp_opt.solve, ntp_opt.workflows.replan\n"
         "import ntp_opt\n"
         "assert callable(ntp_opt.solve) and ntp_opt.solve.__name__ == 'solve'\n"
         "assert callable(ntp_opt.validate) and ntp_opt.validate.__name__ == 'validate'\n"

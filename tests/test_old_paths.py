@@ -9,11 +9,13 @@ Each still gives the very module of its layered home for one release, with a
 from __future__ import annotations
 
 import ast
+import contextlib
 import importlib
 import pathlib
 import re
 import subprocess
 import sys
+import textwrap
 import types
 import warnings
 
@@ -135,6 +137,16 @@ def test_the_public_names_do_not_warn_and_validate_stays_the_function(
     assert isinstance(ntp_opt.validate, types.FunctionType)  # not rebound to the module
 
 
+def test_under_pytest_an_old_path_is_an_error(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``filterwarnings`` of ``pyproject.toml``: a use left anywhere fails its test."""
+    monkeypatch.delitem(sys.modules, "ntp_opt.replan", raising=False)
+    monkeypatch.delattr(ntp_opt, "replan", raising=False)
+    with pytest.raises(DeprecationWarning, match=r"ntp_opt\.replan is deprecated"):
+        importlib.import_module("ntp_opt.replan")
+    with pytest.raises(DeprecationWarning, match=r"ntp_opt\.replan is deprecated"):
+        ntp_opt.replan  # noqa: B018
+
+
 def test_an_unknown_name_is_still_an_error() -> None:
     with pytest.raises(AttributeError, match="no attribute 'nope'"):
         ntp_opt.nope  # noqa: B018
@@ -159,9 +171,10 @@ def test_python_m_runs_the_command_line(module: str) -> None:
     assert ("ntp_opt.cli is deprecated" in done.stderr) == (module == "ntp_opt.cli")
 
 
-def _old_imports(path: pathlib.Path) -> list[str]:
+def _old_imports(tree: ast.AST, where: str, line: int = 0) -> list[str]:
+    """The old paths ``tree`` imports, also in code held in its strings (a child's)."""
     found = []
-    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+    for node in ast.walk(tree):
         names = []
         if isinstance(node, ast.ImportFrom) and not node.level and node.module:
             names = [node.module]  # ``from ntp_opt import replan`` is an old path too:
@@ -169,7 +182,12 @@ def _old_imports(path: pathlib.Path) -> list[str]:
                 names += [f"ntp_opt.{a.name}" for a in node.names if a.name not in PUBLIC]
         elif isinstance(node, ast.Import):
             names = [a.name for a in node.names]
-        found += [f"{path.relative_to(ROOT)}:{node.lineno}: {n}" for n in names if n in OLD_TO_NEW]
+        elif isinstance(node, ast.Constant) and isinstance(node.value, str):
+            with contextlib.suppress(SyntaxError, ValueError):
+                code = ast.parse(textwrap.dedent(node.value))
+                found += _old_imports(code, where, line or node.lineno)
+        at = line or getattr(node, "lineno", 0)
+        found += [f"{where}:{at}: {n}" for n in names if n in OLD_TO_NEW]
     return found
 
 
@@ -180,5 +198,9 @@ def test_nothing_in_the_repository_imports_an_old_path() -> None:
         *(ROOT / "benchmarks").rglob("*.py"),
         ROOT / "instances" / "generate.py",
     ]
-    found = [hit for path in files if path != pathlib.Path(__file__) for hit in _old_imports(path)]
+    found = []
+    for path in files:
+        if path != pathlib.Path(__file__):
+            text = path.read_text(encoding="utf-8")
+            found += _old_imports(ast.parse(text), str(path.relative_to(ROOT)))
     assert not found, "old module paths imported:\n" + "\n".join(found)
