@@ -10,7 +10,7 @@ For every instance of the library (default ``instances/*.json`` and
 ``topology.yaml`` -> Slurm, ``nodes.json`` -> Kubernetes with the rack label
 ``example.com/rack``, one instance per ``job*.json``), each main policy
 (``ntp``, ``ntp-pw``, ``fast``, ``optimal``, ``optimal-megatron``) is solved
-and its plan exported in memory (:func:`ntp_opt.export.megatron_export`,
+and its plan exported in memory (:func:`ntp_opt.app.export.megatron_export`,
 ``reorder=True``; with ``--spare-hosts N``, N named placeholder hosts
 ``spare0000 ...`` of the cluster's largest host size); ``optimal-megatron`` plans
 are exported as they are (one local batch). Each plan counts as one of:
@@ -37,7 +37,7 @@ from contextlib import redirect_stdout
 from pathlib import Path
 
 from ntp_opt import Instance, load_instance, solve
-from ntp_opt.export import MegatronError, megatron_export
+from ntp_opt.app.export import MegatronError, megatron_export
 
 ROOT = Path(__file__).resolve().parent.parent
 POLICIES = ("ntp", "ntp-pw", "fast", "optimal", "optimal-megatron")
@@ -48,8 +48,8 @@ RACK_LABEL = "example.com/rack"
 
 def _fixtures() -> Iterator[tuple[str, Instance]]:
     """Instances of the importer fixtures, one per job file."""
-    from ntp_opt.importers import import_k8s, import_slurm
-    from ntp_opt.importers.cli import load_job
+    from ntp_opt.app.importers import import_k8s, import_slurm
+    from ntp_opt.app.importers.cli import load_job
 
     def quiet(_: str) -> None:
         return None

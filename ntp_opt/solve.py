@@ -60,7 +60,7 @@ class Result:
     log
         Solver log when asked for, else ``None``.
     evaluation
-        The validator's full :class:`~ntp_opt.validate.Evaluation` of ``plan``.
+        The validator's full :class:`~ntp_opt.rules.validate.Evaluation` of ``plan``.
     reason
         Why there is no plan (status ``infeasible``) or why the plan is the
         paused job (no replicas); ``None`` otherwise.
@@ -151,7 +151,7 @@ def solve(
         ``"optimal"`` (exact, CP-SAT), ``"optimal-nopower"`` (exact, no power
         boost), ``"cpsat"``, ``"highs"``, ``"cbc"`` (exact with that backend),
         ``"optimal-megatron"`` / ``"optimal-megatron-nopower"`` (exact, restricted to
-        plans Megatron-LM's NTP runtime can run: see :mod:`ntp_opt.megatron`),
+        plans Megatron-LM's NTP runtime can run: see :mod:`ntp_opt.planners.megatron`),
         a heuristic: ``"dp-drop"``, ``"ntp"``, ``"ntp-pw"``, ``"fast"``
         (the best of several sort-and-pack candidates, with a proven bound;
         for 32k-131k GPUs and re-planning), or ``"risk-aware"`` (maximises
@@ -172,7 +172,7 @@ def solve(
     log
         Keep the search log in :attr:`Result.log`.
     callback
-        Called with a :class:`ntp_opt.control.SolveProgress` (planner,
+        Called with a :class:`ntp_opt.model.control.SolveProgress` (planner,
         elapsed, incumbent goodput, bound, gap) whenever the incumbent or the
         bound improves (exact planners: every better plan of the step-time
         search; heuristics: once, at the end) and once more with
@@ -188,7 +188,7 @@ def solve(
     Returns
     -------
     Result
-        Its plan, if any, has passed :func:`ntp_opt.validate.check`. Before the
+        Its plan, if any, has passed :func:`ntp_opt.rules.validate.check`. Before the
         check, the GPUs of each stage are re-dealt among interchangeable GPUs
         of its domain, whole hosts first (:func:`ntp_opt.model.hosts.pack_hosts`:
         goodput, power and expected goodput unchanged), so that launchers

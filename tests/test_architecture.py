@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import ast
-import importlib
 import pathlib
 import shutil
 import subprocess
@@ -45,7 +44,7 @@ def _imports(name: str, path: pathlib.Path) -> list[tuple[str, list[str], int]]:
 
 
 def test_import_linter_contracts_hold() -> None:
-    """``lint-imports`` (the layers and the compatibility-path contracts of ``.importlinter``)."""
+    """``lint-imports`` (the layers contract of ``.importlinter``)."""
     exe = shutil.which("lint-imports") or str(pathlib.Path(sys.executable).parent / "lint-imports")
     if not pathlib.Path(exe).exists():
         pytest.fail("import-linter is not installed: pip install -e '.[dev]'")
@@ -57,7 +56,7 @@ def test_import_linter_contracts_hold() -> None:
         check=False,
     )
     assert done.returncode == 0, done.stdout + done.stderr
-    assert "Contracts: 2 kept, 0 broken." in done.stdout
+    assert "Contracts: 1 kept, 0 broken." in done.stdout
 
 
 def test_no_private_name_is_imported_from_another_module() -> None:
@@ -75,14 +74,14 @@ def test_no_private_name_is_imported_from_another_module() -> None:
 
 
 def test_no_import_cycle_between_modules() -> None:
-    """The module graph (every import, also inside functions) is acyclic, shims aside."""
+    """The module graph (every import, also inside functions) is acyclic."""
     modules = _modules()
     graph: dict[str, set[str]] = {name: set() for name in modules}
     for name, path in modules.items():
         for module, names, _ in _imports(name, path):
             targets = [module] + [f"{module}.{n}" for n in names]
             for target in targets:
-                if target in modules and target != name and not _is_shim(modules[target]):
+                if target in modules and target != name:
                     graph[name].add(target)
     # a package's __init__ importing its own submodules is not a cycle of behaviour
     for name in graph:
@@ -105,42 +104,6 @@ def test_no_import_cycle_between_modules() -> None:
         return None
 
     for node in sorted(graph):
-        if node not in state and not _is_shim(modules[node]):
+        if node not in state:
             cycle = visit(node)
             assert cycle is None, "import cycle: " + " -> ".join(cycle)
-
-
-def _is_shim(path: pathlib.Path) -> bool:
-    return path.read_text().startswith('"""Compatibility path:')
-
-
-@pytest.mark.parametrize(
-    "old, new",
-    [
-        ("ntp_opt.validate", "ntp_opt.rules.validate"),
-        ("ntp_opt.topology", "ntp_opt.model.topology"),
-        ("ntp_opt.replan", "ntp_opt.workflows.replan"),
-        ("ntp_opt.milp.search", "ntp_opt.planners.exact.search"),
-        ("ntp_opt.importers.slurm", "ntp_opt.app.importers.slurm"),
-    ],
-)
-def test_compatibility_paths_are_the_same_module(
-    old: str, new: str, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """A documented old path gives the very module (monkeypatching one patches the other)."""
-    # importing ``ntp_opt.validate`` the first time rebinds the package's ``validate``
-    # (the function) to the module: put it back afterwards for the tests that follow
-    parent, _, leaf = old.rpartition(".")
-    package = importlib.import_module(parent)
-    if hasattr(package, leaf):
-        monkeypatch.setattr(package, leaf, getattr(package, leaf))
-    assert importlib.import_module(old) is importlib.import_module(new)
-
-
-def test_compatibility_paths_do_not_shadow_the_api() -> None:
-    """Importing every compatibility path leaves ``ntp_opt.validate`` etc. the functions."""
-    for path in sorted(PACKAGE.glob("*.py")):
-        if _is_shim(path):
-            importlib.import_module(f"ntp_opt.{path.stem}")
-    assert callable(ntp_opt.validate) and ntp_opt.validate.__name__ == "validate"
-    assert callable(ntp_opt.solve) and ntp_opt.solve.__name__ == "solve"

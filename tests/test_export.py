@@ -251,7 +251,7 @@ def test_order_error_and_reorder(hand: Instance) -> None:
     assert "replica 1" in problems[0].message
     # the CLI option first, the function for Python callers
     assert "export with --reorder" in problems[0].message
-    assert "ntp_opt.megatron.megatron_order" in problems[0].message
+    assert "ntp_opt.planners.megatron.megatron_order" in problems[0].message
     with pytest.raises(MegatronError, match="megatron-order"):
         megatron_export(hand, plan)
     ex = megatron_export(hand, plan, reorder=True)

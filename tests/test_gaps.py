@@ -327,8 +327,8 @@ def test_unproven_feasible_never_has_limit_none(monkeypatch):
 def _dgx256_elastic() -> Instance:
     from pathlib import Path
 
-    from ntp_opt.importers import import_k8s
-    from ntp_opt.importers.cli import load_job
+    from ntp_opt.app.importers import import_k8s
+    from ntp_opt.app.importers.cli import load_job
 
     root = Path(__file__).resolve().parent / "fixtures" / "import" / "dgx-h100-k8s-256"
     cluster = import_k8s(

@@ -221,7 +221,7 @@ def test_item1_atomic_write_keeps_old_content_on_error(tmp_path):
 # signal. No timing: the child blocks on stdin until it is signalled.
 _PAUSED_GEN = """
 import contextlib, sys
-from ntp_opt import safeio
+from ntp_opt.model import safeio
 from ntp_opt.model.files import dump
 from ntp_opt.app.cli import main
 

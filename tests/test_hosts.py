@@ -12,15 +12,15 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from ntp_opt import solve
-from ntp_opt.export import (
+from ntp_opt.app.export import (
     MegatronError,
     equal_batch,
     export_megatron,
     import_megatron,
     megatron_export,
 )
-from ntp_opt.importers import import_k8s
-from ntp_opt.importers.cli import load_job
+from ntp_opt.app.importers import import_k8s
+from ntp_opt.app.importers.cli import load_job
 from ntp_opt.model import topology
 from ntp_opt.model.hosts import host_splits, pack_hosts, pack_plan_hosts
 from ntp_opt.model.instance import Instance

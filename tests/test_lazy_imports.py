@@ -96,12 +96,13 @@ def test_import_ntp_opt_imports_no_layer() -> None:
 
 
 def test_lazy_names_resolve_to_the_api() -> None:
-    """Every name of ``__all__``, whatever was imported first (``ntp_opt.solve`` and the
-    compatibility path ``ntp_opt.validate`` are modules too: the package keeps the
-    functions)."""
+    """Every name of ``__all__``, whatever was imported first (``ntp_opt.solve`` is a
+    module too: the package keeps the function; the deprecated path
+    ``ntp_opt.validate``: tests/test_old_paths.py)."""
     _modules_after(
-        "import json, importlib, types\n"
-        "import ntp_opt.solve, ntp_opt.validate\n"
+        "import json, importlib, types, warnings\n"
+        "warnings.filterwarnings('error', 'ntp_opt.* is deprecated', DeprecationWarning)\n"
+        "import ntp_opt.solve, ntp_opt.workflows.replan\n"
         "import ntp_opt\n"
         "assert callable(ntp_opt.solve) and ntp_opt.solve.__name__ == 'solve'\n"
         "assert callable(ntp_opt.validate) and ntp_opt.validate.__name__ == 'validate'\n"
@@ -109,7 +110,9 @@ def test_lazy_names_resolve_to_the_api() -> None:
         "for name in ntp_opt.__all__:\n"
         "    value = getattr(ntp_opt, name)\n"
         "    assert not isinstance(value, types.ModuleType) or name == 'topology', name\n"
+        "    assert name in ('PLANNERS', 'topology') or value.__module__.startswith('ntp_opt.')\n"
         "assert Instance.__module__ == 'ntp_opt.model.instance' and topology.build\n"
+        "assert Replanner.__module__ == 'ntp_opt.workflows.replan'\n"
         "assert set(ntp_opt.__all__) <= set(dir(ntp_opt))\n"
         "import ntp_opt.model.topology.build\n"
         "assert callable(ntp_opt.topology.build)\n"

@@ -190,7 +190,7 @@ def read_rows(path: Path, problems: list[str] | None = None) -> list[dict[str, A
 
     Raises
     ------
-    ntp_opt.safeio.UnsafeTargetError
+    ntp_opt.model.safeio.UnsafeTargetError
         When ``path`` exists and is not a regular file.
     """
     if check_target(path) is None:
@@ -311,7 +311,7 @@ def run_bench(
 
     Raises
     ------
-    ntp_opt.safeio.LockedError
+    ntp_opt.model.safeio.LockedError
         When another runner holds ``out``'s lock (:data:`LOCK`).
     """
     if backend not in BACKENDS:

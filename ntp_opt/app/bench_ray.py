@@ -8,7 +8,7 @@ when it submits the task, so a run that is still going ``timeout`` seconds
 later is force-cancelled (``ray.cancel(force=True)`` kills its worker process)
 and recorded as a ``timeout``. Tasks are never retried (``max_retries=0``): a
 worker that dies is an ``error`` row. Only the driver writes files, so the
-append-and-resume rules of :mod:`ntp_opt.bench` hold unchanged.
+append-and-resume rules of :mod:`ntp_opt.app.bench` hold unchanged.
 
 Needs the optional extra ``ray`` (``pip install 'ntp-opt[ray]'``). On a real
 cluster every node must have ``ntp_opt`` (and any ``module:function``

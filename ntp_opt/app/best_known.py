@@ -134,7 +134,7 @@ def merge(
     table
         A table as returned by :func:`load`.
     rows
-        Bench rows (``ntp_opt.bench`` result rows).
+        Bench rows (``ntp_opt.app.bench`` result rows).
     base
         Folder of the table; file paths are stored relative to it.
     sha

@@ -72,7 +72,7 @@ def compile_cluster(graph: nx.Graph) -> ClusterArrays:
     Parameters
     ----------
     graph
-        A cluster that passes :func:`ntp_opt.topology.check_topology`.
+        A cluster that passes :func:`ntp_opt.model.topology.check_topology`.
 
     Returns
     -------
@@ -164,7 +164,7 @@ class Instance:
     """A cluster and a job: the input of every planner.
 
     Construction checks the topology and the job against it and raises
-    :class:`ntp_opt.topology.TopologyError` with every problem found. The
+    :class:`ntp_opt.model.topology.TopologyError` with every problem found. The
     graph is copied and frozen, so later changes to the caller's graph do not
     leak in.
 

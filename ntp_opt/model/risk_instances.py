@@ -84,4 +84,6 @@ def risk_instance(name: str) -> Instance:
             job = Job(tp=32, pp=pp, dp=dp, global_batch=b, batch_policy="elastic")
     else:
         raise ValueError(f"name must be one of {RISK_INSTANCES}, got {name!r}")
-    return Instance(name, g, job, {"builder": "ntp_opt.riskaware.risk_instance", "name": name})
+    return Instance(
+        name, g, job, {"builder": "ntp_opt.model.risk_instances.risk_instance", "name": name}
+    )

@@ -2,8 +2,8 @@
 
 Made for instances too large for the exact planner (32k–131k GPUs) and for
 re-planning: it builds a few candidate plans in array form, scores each with
-the exact batch split, turns only the best into a :class:`~ntp_opt.plan.Plan`
-(validated) and reports :func:`ntp_opt.milp.bounds.capacity_bound` next to it.
+the exact batch split, turns only the best into a :class:`~ntp_opt.model.plan.Plan`
+(validated) and reports :func:`ntp_opt.planners.exact.bounds.capacity_bound` next to it.
 
 Candidates (each packed by sorted grouping, see ``docs/milp.md``):
 
@@ -694,7 +694,7 @@ def plan_fast(
     -------
     (Plan, float)
         The plan (empty when every candidate pauses) and
-        :func:`~ntp_opt.milp.bounds.capacity_bound` (``inf`` unless ``bound``).
+        :func:`~ntp_opt.planners.exact.bounds.capacity_bound` (``inf`` unless ``bound``).
     """
     with gc_paused():
         found = candidates(instance, cancel=cancel)

@@ -26,7 +26,7 @@ Power multipliers are not a restriction: the runtime never sees them, the
 site's power manager applies them as per-GPU power limits (``docs/export.md``).
 
 :func:`megatron_compatible` lists the broken restrictions like
-:func:`ntp_opt.validate.validate` lists broken rules; :func:`megatron_order`
+:func:`ntp_opt.rules.validate.validate` lists broken rules; :func:`megatron_order`
 moves the reduced replicas first; :func:`launch_batch` is the one local batch
 of ``n`` replicas; :func:`solve_megatron` is the exact planner behind
 ``solve(instance, "optimal-megatron")``, which plans under all of these.
@@ -85,7 +85,7 @@ def megatron_compatible(
     """The restrictions of Megatron-LM's NTP runtime that ``plan`` breaks.
 
     Only the runtime's restrictions are checked; the model's rules are
-    :func:`ntp_opt.validate.validate`'s job.
+    :func:`ntp_opt.rules.validate.validate`'s job.
 
     Parameters
     ----------
@@ -127,7 +127,8 @@ def megatron_compatible(
                     "megatron-order",
                     f"replica {i} (TP{r.tp}) comes after full-TP replica {seen_full}: "
                     "num_reduced_tp_dp_ranks takes the first DP ranks as the reduced ones "
-                    "(export with --reorder; from Python, ntp_opt.megatron.megatron_order)",
+                    "(export with --reorder; from Python, "
+                    "ntp_opt.planners.megatron.megatron_order)",
                     replica=i,
                 )
             )

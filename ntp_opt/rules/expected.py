@@ -1,10 +1,10 @@
 """Expected goodput of a plan over failure scenarios (docs/model.md, spec section 4).
 
-``E[goodput after recourse]``, where recourse is :func:`ntp_opt.recourse.adapt`
-and scenarios come from :mod:`ntp_opt.failures`:
+``E[goodput after recourse]``, where recourse is :func:`ntp_opt.rules.recourse.adapt`
+and scenarios come from :mod:`ntp_opt.model.failures`:
 
 * ``method="exact"`` enumerates every scenario of the independent failure
-  units (at most :data:`ntp_opt.failures.MAX_EXACT_UNITS`); the interval is
+  units (at most :data:`ntp_opt.model.failures.MAX_EXACT_UNITS`); the interval is
   the point itself.
 * ``method="mc"`` samples ``samples`` scenarios; the interval is the normal
   approximation ``mean +- z * sd / sqrt(n)`` (``z = 1.96``, 95 %).
@@ -137,7 +137,7 @@ def expected_goodput(
     seed
         Monte Carlo seed.
     blast_radius, scale
-        As in :func:`ntp_opt.failures.sample_failures`.
+        As in :func:`ntp_opt.model.failures.sample_failures`.
 
     Returns
     -------

@@ -15,7 +15,7 @@
    stage order) and returns the others to the pool; a stage with fewer takes
    the first GPUs of its domain's pool.
 4. Every stage keeps its power multiplier (a refilled stage's is lowered to
-   the largest its new GPUs' boards accept, :func:`ntp_opt.power.stage_cap`,
+   the largest its new GPUs' boards accept, :func:`ntp_opt.rules.power.stage_cap`,
    when it exceeds it). If a rack is over budget, every
    stage with a GPU in such a rack goes back to power 1; if the site is still
    over budget, every stage does; if a budget still fails (possible only when
@@ -30,7 +30,7 @@
    under the job's policy; under ``fixed`` a set of replicas that cannot carry
    ``B`` pauses the job (empty plan).
 
-The result is feasible for :func:`ntp_opt.failures.failed_instance`.
+The result is feasible for :func:`ntp_opt.model.failures.failed_instance`.
 """
 
 from __future__ import annotations

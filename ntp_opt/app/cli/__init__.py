@@ -1,6 +1,6 @@
 """The ``ntp-opt`` command line: one module per sub-command.
 
-Every sub-command reads and writes the JSON formats of :mod:`ntp_opt.files`.
+Every sub-command reads and writes the JSON formats of :mod:`ntp_opt.model.files`.
 Bad input ends with one line ``ntp-opt: error: FILE: FIELD: message`` and exit
 status 2; an infeasible plan given to ``validate`` exits with status 1.
 """

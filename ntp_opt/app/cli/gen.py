@@ -166,7 +166,7 @@ def add_parser(sub: Any) -> None:
     g.add_argument(
         "--product",
         choices=sorted(hardware.PRODUCTS),
-        help="GPU product (ntp_opt.hardware): its board power as tdp_w and its maximum "
+        help="GPU product (ntp_opt.model.hardware): its board power as tdp_w and its maximum "
         "power limit as every GPU's max_power_w (default: none, the builder's TDP and "
         "boost up to 1 + max_boost)",
     )

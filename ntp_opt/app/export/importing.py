@@ -107,7 +107,7 @@ def import_megatron(path: str | os.PathLike[str], instance: Instance | None = No
     -------
     Plan
         Metrics ``{"policy": "megatron-import"}``; judge it with
-        :func:`ntp_opt.validate.evaluate`.
+        :func:`ntp_opt.rules.validate.evaluate`.
 
     Raises
     ------

@@ -162,7 +162,7 @@ def export_k8s(
 
     Raises
     ------
-    ntp_opt.validate.PlanError, MegatronError
+    ntp_opt.rules.validate.PlanError, MegatronError
         As :func:`ntp_opt.app.export.export_megatron` and :func:`k8s_files`;
         nothing is written then.
     """

@@ -69,7 +69,7 @@ def megatron_export(
 
     Raises
     ------
-    ntp_opt.validate.PlanError
+    ntp_opt.rules.validate.PlanError
         If the plan breaks a rule of the model (a plan for another instance included).
     MegatronError
         If Megatron-LM cannot run it as it is; the message names the limitation.
@@ -280,7 +280,7 @@ def export_megatron(
 
     Raises
     ------
-    ntp_opt.validate.PlanError, MegatronError
+    ntp_opt.rules.validate.PlanError, MegatronError
         As :func:`megatron_export` (and ``extra_files``); nothing is written then.
     UnsafeTargetError, OSError
         As :func:`write_launch_set`; the directory is then as it was.

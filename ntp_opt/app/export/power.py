@@ -85,7 +85,7 @@ def power_only(
 
     Raises
     ------
-    ntp_opt.validate.PlanError
+    ntp_opt.rules.validate.PlanError
         If the plan breaks a rule of the model.
     MegatronError
         If a host name or device index is unusable.

@@ -19,7 +19,7 @@ def equal_batch(instance: Instance, plan: Plan, *, iterations: int = 50) -> Plan
     Megatron-LM gives every DP rank the same local batch ``b``. With one ``b``
     the step time is ``b / min_r v_r`` (times the resharding overhead), so the
     goodput ``R b / theta`` no longer depends on ``b`` but only on the slowest
-    replica: ``b`` is :func:`ntp_opt.megatron.launch_batch` (``elastic``: the
+    replica: ``b`` is :func:`ntp_opt.planners.megatron.launch_batch` (``elastic``: the
     largest multiple of ``micro_batch`` up to ``min(max_local_batch, B // R)``;
     ``fixed``: ``B / R``, which must divide, fit and be such a multiple), and the power
     multipliers are re-chosen to maximise the slowest replica's speed: the
@@ -48,7 +48,7 @@ def equal_batch(instance: Instance, plan: Plan, *, iterations: int = 50) -> Plan
     ------
     MegatronError
         When no equal local batch fits.
-    ntp_opt.validate.PlanError
+    ntp_opt.rules.validate.PlanError
         If the plan breaks a rule of the model.
     """
     check(instance, plan)

@@ -1,7 +1,7 @@
 """``ntp-opt import slurm|k8s``: write an instance file from a real cluster's descriptions.
 
 Registered by :func:`add_parser` in :mod:`ntp_opt.app.cli`. Warnings go to stderr;
-bad input raises :class:`ntp_opt.files.InputError` (exit 2, nothing written).
+bad input raises :class:`ntp_opt.model.files.InputError` (exit 2, nothing written).
 """
 
 from __future__ import annotations
@@ -45,7 +45,7 @@ def load_job(path: str | Path) -> Job:
 
     Raises
     ------
-    ntp_opt.files.InputError
+    ntp_opt.model.files.InputError
         Naming the file and the field.
     """
     p = Path(path)

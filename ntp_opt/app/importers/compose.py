@@ -4,7 +4,7 @@ Each importer reduces its source to :class:`Host` records (the scheduler's view:
 name, GPU count, NVLink domain, rack, health, product) and, with
 ``--nvidia-smi``, :class:`SmiHost` records (the driver's view, per GPU). The
 function :func:`compose_cluster` joins them into the cluster graph of
-``docs/model.md`` section 1, built the way :mod:`ntp_opt.topology`'s builders
+``docs/model.md`` section 1, built the way :mod:`ntp_opt.model.topology`'s builders
 build theirs (containment edges gpu-tray, tray-domain, tray-rack; rack budget =
 sum of its GPUs' ``tdp_w``; site budget = sum of all ``tdp_w``), with node ids
 that keep the real names:
@@ -67,7 +67,7 @@ Warn = Callable[[str], None]
 
 
 def fail(where: str, msg: str, field_: str = "") -> NoReturn:
-    """Raise :class:`ntp_opt.files.InputError` for ``where``.
+    """Raise :class:`ntp_opt.model.files.InputError` for ``where``.
 
     Parameters
     ----------
@@ -125,7 +125,7 @@ def read_capped(path: str | os.PathLike[str], max_bytes: int, hint: str = "") ->
     ------
     UnreadableInput
         The file is empty (or only white space) or cannot be opened or read.
-    ntp_opt.files.InputError
+    ntp_opt.model.files.InputError
         Not a regular file, or too large.
     """
     src = str(path)
@@ -320,7 +320,7 @@ def compose_cluster(
 
     Raises
     ------
-    ntp_opt.files.InputError
+    ntp_opt.model.files.InputError
         When the sources disagree: more GPUs in the XML than the scheduler counts,
         duplicate device indices, fabric cliques that contradict the scheduler's
         domains, a node id used twice; a host with more than

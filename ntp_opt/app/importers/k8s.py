@@ -176,7 +176,7 @@ def read_nodes(
 
     Raises
     ------
-    ntp_opt.files.InputError
+    ntp_opt.model.files.InputError
         ``FILE: JSON path: message`` for malformed JSON, a file that is not a
         regular file or is too large, more than :data:`MAX_K8S_NODES` nodes, a
         node without a name or listed twice, GPU counts that disagree or are out
@@ -454,7 +454,7 @@ def import_k8s(
 
     Raises
     ------
-    ntp_opt.files.InputError
+    ntp_opt.model.files.InputError
         For every malformed or inconsistent source (see ``docs/import.md``).
     """
     from ntp_opt.app.importers.nvidia_smi import read_dir
@@ -501,7 +501,7 @@ def run_kubectl(
 
     Raises
     ------
-    ntp_opt.files.InputError
+    ntp_opt.model.files.InputError
         One line: kubectl missing, failing (its first error line), too slow, or
         printing too much.
     """

@@ -154,7 +154,7 @@ def read_xml(path: str | Path) -> SmiHost:
     ------
     ntp_opt.app.importers.compose.UnreadableInput
         The file is empty or cannot be read.
-    ntp_opt.files.InputError
+    ntp_opt.model.files.InputError
         ``FILE: XPATH: message`` for a file that is not a regular file or is too
         large, malformed XML, a root that is not ``nvidia_smi_log``, too many
         GPUs, out-of-range values, or a max limit below the default.
@@ -292,7 +292,7 @@ class XmlCache:
 
         Raises
         ------
-        ntp_opt.app.importers.compose.UnreadableInput, ntp_opt.files.InputError
+        ntp_opt.app.importers.compose.UnreadableInput, ntp_opt.model.files.InputError
             As :func:`read_xml`.
         """
         src = str(path)
@@ -352,7 +352,7 @@ def read_dir(
 
     Raises
     ------
-    ntp_opt.files.InputError
+    ntp_opt.model.files.InputError
         For a file whose stem is no known host (or alias), two files for one host,
         a GPU UUID found in two files (one of them is from another host), or an
         empty or unreadable file for a host the scheduler reports usable (for a

@@ -318,7 +318,7 @@ def scontrol(*args: str, timeout: float = SCONTROL_TIMEOUT_S) -> Source:
 
     Raises
     ------
-    ntp_opt.files.InputError
+    ntp_opt.model.files.InputError
         When scontrol is missing, exits non-zero (its first error line is quoted),
         runs longer than ``timeout`` or prints more than :data:`MAX_INPUT_BYTES`.
     """
@@ -699,7 +699,7 @@ def read_topology(path: str | Path | Source, *, topology_name: str | None = None
 
     Raises
     ------
-    ntp_opt.files.InputError
+    ntp_opt.model.files.InputError
         ``FILE:LINE: message`` for malformed files, bad hostlists, empty blocks,
         duplicate block names and hosts in two blocks.
     """
@@ -787,9 +787,9 @@ def parse_gres(value: str, where: str) -> tuple[int, str | None]:
 
     Raises
     ------
-    ntp_opt.files.InputError
+    ntp_opt.model.files.InputError
         On a malformed ``gpu`` entry (``gpu::4``), or more GPUs than an instance
-        may have nodes (:data:`ntp_opt.files.MAX_NODES`).
+        may have nodes (:data:`ntp_opt.model.files.MAX_NODES`).
     """
     total = 0
     gpu_type: str | None = None
@@ -836,7 +836,7 @@ def read_nodes(path: str | Path | Source) -> list[SlurmNode]:
 
     Raises
     ------
-    ntp_opt.files.InputError
+    ntp_opt.model.files.InputError
         ``FILE:LINE: message`` for lines that are not node records, a node without
         ``State=``, a malformed ``Gres=``, or a node listed twice.
     """
@@ -976,7 +976,7 @@ def import_slurm(
 
     Raises
     ------
-    ntp_opt.files.InputError
+    ntp_opt.model.files.InputError
         For every malformed or inconsistent source (see ``docs/import.md``).
     """
     from ntp_opt.app.importers.nvidia_smi import read_dir

@@ -13,12 +13,12 @@ if TYPE_CHECKING:  # pragma: no cover
 
 
 def plot_goodput_over_time(sim_result: SimResult, ax: Axes | None = None) -> Axes:
-    """Draw the relative goodput of a :func:`ntp_opt.simulate` run over time.
+    """Draw the relative goodput of a :func:`ntp_opt.workflows.simulate.simulate` run over time.
 
     Parameters
     ----------
     sim_result
-        The result of :func:`ntp_opt.simulate.simulate`.
+        The result of :func:`ntp_opt.workflows.simulate.simulate`.
     ax
         Axes to draw on (a new figure when ``None``).
 

@@ -406,7 +406,7 @@ def plot_plan(
         The instance.
     plan
         A plan for it; replica ``r`` is drawn as DP rank ``r`` (reorder the
-        plan first, e.g. with :func:`ntp_opt.megatron.megatron_order`, to see
+        plan first, e.g. with :func:`ntp_opt.planners.megatron.megatron_order`, to see
         the ranks of a ``--reorder`` export).
     ax
         Axes to draw on (a new figure when ``None``).

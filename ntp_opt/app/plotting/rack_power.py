@@ -18,7 +18,7 @@ if TYPE_CHECKING:  # pragma: no cover
 def plot_rack_power(instance: Instance, plan: Plan, ax: Axes | None = None) -> Axes:
     """Draw every rack's power draw against its budget.
 
-    Bars are the validator's rack sums (:func:`ntp_opt.validate.evaluate`,
+    Bars are the validator's rack sums (:func:`ntp_opt.rules.validate.evaluate`,
     ``rack_power_w``), red when above budget; the black ticks are the budgets.
 
     Parameters

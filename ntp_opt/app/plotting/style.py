@@ -38,7 +38,7 @@ def pyplot() -> Any:
         import matplotlib.pyplot as plt
     except ImportError:  # pragma: no cover - depends on the environment
         raise ImportError(
-            "ntp_opt.plot needs matplotlib: pip install 'ntp-opt[plot]'", name="matplotlib"
+            "ntp_opt.app.plotting needs matplotlib: pip install 'ntp-opt[plot]'", name="matplotlib"
         ) from None
     return plt
 

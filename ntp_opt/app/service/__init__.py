@@ -1,6 +1,6 @@
 """A small HTTP/JSON service for schedulers: ``ntp-opt serve``.
 
-Endpoints take and return the JSON formats of :mod:`ntp_opt.files`
+Endpoints take and return the JSON formats of :mod:`ntp_opt.model.files`
 (``ntp-opt/instance@1``, ``ntp-opt/plan@1``); the OpenAPI description is at
 ``/openapi.json`` (browsable at ``/docs``). See ``docs/service.md``.
 

@@ -81,7 +81,7 @@ class ExportRequest(_Body):
 
 
 class EventData(_Body):
-    """One event of ``POST /replan`` (see :class:`ntp_opt.replan.ClusterEvent`)."""
+    """One event of ``POST /replan`` (see :class:`ntp_opt.workflows.replan.ClusterEvent`)."""
 
     kind: Literal["fail", "repair", "speed"]
     nodes: list[str | int] = Field(min_length=1, description="GPU or tray ids")
@@ -114,7 +114,7 @@ class ReplanRequest(_Body):
 
 
 class ReplanResponse(BaseModel):
-    """What ``POST /replan`` returns (see :class:`ntp_opt.replan.Replanned`)."""
+    """What ``POST /replan`` returns (see :class:`ntp_opt.workflows.replan.Replanned`)."""
 
     choice: str = Field(description="local, swap or global: which plan was kept")
     moved: int = Field(description="GPUs whose replica or stage changed")
@@ -131,7 +131,7 @@ class ReplanResponse(BaseModel):
 
 
 class ViolationData(BaseModel):
-    """One broken rule (see :class:`ntp_opt.validate.Violation`)."""
+    """One broken rule (see :class:`ntp_opt.rules.validate.Violation`)."""
 
     rule: str
     message: str

@@ -20,7 +20,7 @@ from ntp_opt.model.safeio import atomic_open
 
 
 def write_json(data: Any, path: Path, inputs: Iterable[str | os.PathLike[str]] = ()) -> None:
-    """Write through :func:`ntp_opt.safeio.atomic_open` (temp file, fsync, rename).
+    """Write through :func:`ntp_opt.model.safeio.atomic_open` (temp file, fsync, rename).
 
     ``inputs`` are the files the command read: writing onto one is refused.
     """

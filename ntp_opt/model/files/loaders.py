@@ -365,7 +365,7 @@ def save_instance(
     """Write ``instance`` to ``path`` atomically (gzip if it ends in ``.gz``).
 
     ``inputs``: files the command read; writing onto one of them is refused
-    (:class:`ntp_opt.safeio.UnsafeTargetError`).
+    (:class:`ntp_opt.model.safeio.UnsafeTargetError`).
     """
     write_json(instance_to_dict(instance), Path(path), inputs)
 
@@ -377,7 +377,7 @@ def plan_from_dict(data: Any, source: str = "<plan>") -> Plan:
     """Build a :class:`Plan` from parsed JSON (schema checks only).
 
     The model's rules (healthy GPUs, budgets, ...) are the validator's job:
-    see :func:`ntp_opt.validate.validate`.
+    see :func:`ntp_opt.rules.validate.validate`.
     """
     check_format(data, PLAN_FORMAT, source)
     try:
@@ -402,7 +402,7 @@ def plan_to_dict(plan: Plan) -> dict[str, Any]:
     ------
     ValueError
         If the plan's metrics lack ``goodput`` or ``relative_goodput`` (use
-        :func:`ntp_opt.validate.evaluate` to compute them).
+        :func:`ntp_opt.rules.validate.evaluate` to compute them).
     """
     metrics = {
         k: v for k, v in plan.metrics.items() if not (isinstance(v, float) and not math.isfinite(v))
