@@ -24,7 +24,9 @@ unit of the same profile (healthy GPU speeds and TDPs in stage order, rack
 budgets): such units are aggregated into classes and the program counts how
 many units of a class take each configuration, so identical domains create no
 symmetry at all. Units with several domains (NVL8: four DGX nodes per rack)
-keep one binary per domain and configuration and their rack budgets as rows.
+keep one binary per domain and configuration and their rack budgets as rows;
+:func:`merged_capacity` bounds the same optimum with such units merged into
+classes (one variable per rack configuration of a class).
 
 Within a domain, GPUs are used fastest first (among equal speeds, the
 highest board power cap first; remaining ties alternate between the domain's
