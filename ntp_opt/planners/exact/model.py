@@ -966,6 +966,8 @@ def tighten(prep: Prepared, stages: Sequence[StagePick], theta: float) -> tuple[
 
 #: Largest number of rack combinations :func:`merged_capacity` tries per unit class.
 MERGED_COMBOS = 200_000
+#: Largest number of configurations of one domain :func:`merged_capacity` compares.
+MERGED_DOMAIN_CONFIGS = 1_000
 
 
 def _covers(big: tuple[tuple[int, int], ...], small: tuple[tuple[int, int], ...]) -> bool:
@@ -1051,8 +1053,9 @@ def merged_capacity(
     Returns
     -------
     IntProgram or None
-        ``None`` when there is no multi-domain unit, or a unit class has more
-        than :data:`MERGED_COMBOS` rack combinations to try.
+        ``None`` when there is no multi-domain unit, a domain of one has more
+        than :data:`MERGED_DOMAIN_CONFIGS` configurations, or a unit class has
+        more than :data:`MERGED_COMBOS` rack combinations to try.
 
     Raises
     ------
@@ -1083,11 +1086,14 @@ def merged_capacity(
         per_domain: list[list[_Option]] = []
         for d in unit.domains:
             kept: list[_Option] = []
-            for cfg in domain_configs(
+            listed = domain_configs(
                 prep, prep.domains[d], len(unit.racks), theta, degrees, deadline
-            ):
-                if not _unit_fits(unit, cfg.extra_w):
-                    continue
+            )
+            if len(listed) > MERGED_DOMAIN_CONFIGS:
+                return None  # the pairwise domination test would take too long
+            for cfg in listed:
+                if cfg.stages and not _unit_fits(unit, cfg.extra_w):
+                    continue  # (an unused domain is always allowed, as in build_capacity)
                 kinds = tuple(sorted(((st.t, st.b) for st in cfg.stages), reverse=True))
                 draw = tuple(ceil_mw(x) for x in cfg.extra_w)
                 opt: _Option = (kinds, draw, ceil_mw(sum(cfg.extra_w)))
