@@ -307,3 +307,71 @@ def test_target_question_branches_until_the_target_is_ruled_out(seed, closes, mo
         assert asked.lower <= want <= asked.upper <= first.upper, theta
         lowered += asked.upper < first.upper
     assert lowered > 0 or not closes
+
+
+def dgx_like_instance(seed: int) -> Instance:
+    """Racks of two to four 8-GPU domains (multi-domain units, some interchangeable),
+    failed GPUs and stragglers, boost with little rack headroom: where the merged
+    program drops levels and merges racks."""
+    rng = np.random.default_rng(1000 + seed)
+    per_rack = int(rng.choice([2, 4]))
+    n_dom = per_rack * int(rng.integers(2, 4))
+    g = topology.build_cluster(
+        n_dom, 8, 8, per_rack, rack_power_factor=float(rng.choice([1.0, 1.05]))
+    )
+    gpus = topology.gpus(g)
+    picks = rng.permutation(len(gpus))
+    n_fail, n_slow = int(rng.integers(1, 4)), int(rng.integers(0, 3))
+    topology.fail_gpus(g, [gpus[i] for i in picks[:n_fail]])
+    for i in picks[n_fail : n_fail + n_slow]:
+        topology.set_speed(g, [gpus[i]], 0.8)
+    g.graph["power_budget_w"] = float(rng.choice([1.0, 1.2])) * 1000 * len(gpus)
+    pp = int(rng.choice([1, 2]))
+    dp = n_dom // pp
+    job = Job(
+        tp=8, tp_min=int(rng.choice([7, 8])), pp=pp, dp=dp, dp_max=dp,
+        global_batch=16 * dp, max_local_batch=16, batch_policy="elastic",
+        power_exponent=0.65, max_boost=0.3, idle_power_fraction=float(rng.choice([0.1, 0.3])),
+    )  # fmt: skip
+    return Instance(f"dgx-like-{seed}", g, job)
+
+
+@pytest.mark.parametrize("seed", range(12))
+def test_merged_program_equals_full_program(seed):
+    """model.merged_capacity (racks merged, dominated levels dropped, stages serving
+    lower levels) is a relaxation of the capacity program, and in fact the same
+    optimum: checked against the full program (CP-SAT) at step times across the range."""
+    from ntp_opt.planners.exact.model import merged_capacity
+
+    inst = dgx_like_instance(seed) if seed % 2 else small_instance(3 + 5 * (seed // 2))
+    prep = prepare(inst)
+    assert prep.multi
+    checked = 0
+    for degrees in {(inst.job.tp,), inst.job.allowed}:
+        for theta in thetas(inst, degrees, 7):
+            merged = merged_capacity(prep, theta, degrees)
+            assert merged is not None
+            sol = solve_program(merged, "highs")
+            assert sol.status == "optimal"
+            assert int(sol.objective or 0) == full_capacity(inst, theta, degrees), (theta, degrees)
+            checked += 1
+    assert checked >= 7
+
+
+def test_merged_program_is_smaller_on_identical_racks():
+    """Identical racks are one class: the program does not grow with their number."""
+    from ntp_opt.planners.exact.model import merged_capacity
+
+    sizes = []
+    for n_racks in (2, 6):
+        g = topology.build_cluster(4 * n_racks, 8, 8, 4, rack_power_factor=1.0)
+        job = Job(tp=8, pp=4, dp=n_racks, global_batch=16 * n_racks, max_local_batch=16,
+                  batch_policy="elastic", power_exponent=0.65, max_boost=0.3)  # fmt: skip
+        inst = Instance(f"racks-{n_racks}", g, job)
+        merged = merged_capacity(prepare(inst), 15.5, (8,))
+        assert merged is not None
+        sizes.append(merged.n_vars)
+        sol = solve_program(merged, "highs")
+        # no headroom: every stage unboosted, 15 sequences per replica (15.5 s, speed 1)
+        assert sol.objective == 15 * n_racks
+    assert sizes[0] == sizes[1]

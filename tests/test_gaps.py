@@ -207,6 +207,28 @@ def test_unresolved_capacity_is_not_a_time_limit_and_keeps_a_valid_bound(monkeyp
 def test_open_generated_programs_are_settled_by_the_full_program(monkeypatch):
     # the same weakened oracle, the full program (HiGHS) asked where the generated
     # one stays open: every seed is proven, at the brute force's optimum
+    # (the merged program off: it would settle them first, see the next test)
+    settled = 0
+    for seed in UNRESOLVED_SEEDS:
+        inst = exact_instance(seed)
+        best, _ = brute_force(inst)
+        _weakened_oracle(monkeypatch, 1)
+        monkeypatch.setattr(search, "merged_capacity", lambda *args, **kwargs: None)
+        res = solve(inst, "cpsat", time_limit=HANG_GUARD, log=True)
+        assert res.status == "optimal"
+        assert res.limit == "none"
+        assert res.objective == pytest.approx(best, rel=1e-5, abs=1e-9)
+        assert res.bound is not None and res.bound >= best * (1 - 1e-9)
+        settled += "full program vars=" in res.log
+        monkeypatch.undo()
+    assert settled >= 5  # 6 of the 12 seeds meet a program left open
+
+
+@needs_colgen
+def test_open_generated_programs_are_settled_by_the_merged_program(monkeypatch):
+    # the same weakened oracle: the merged program (model.merged_capacity, racks of
+    # interchangeable units merged) settles where the generated one stays open, and
+    # every seed is proven at the brute force's optimum (its bound is valid)
     settled = 0
     for seed in UNRESOLVED_SEEDS:
         inst = exact_instance(seed)
@@ -217,9 +239,9 @@ def test_open_generated_programs_are_settled_by_the_full_program(monkeypatch):
         assert res.limit == "none"
         assert res.objective == pytest.approx(best, rel=1e-5, abs=1e-9)
         assert res.bound is not None and res.bound >= best * (1 - 1e-9)
-        settled += "full program vars=" in res.log
+        settled += "merged program vars=" in res.log
         monkeypatch.undo()
-    assert settled >= 5  # 6 of the 12 seeds meet a program left open
+    assert settled >= 5
 
 
 @needs_colgen
@@ -342,11 +364,12 @@ def _dgx256_elastic() -> Instance:
 
 
 @needs_colgen
-def test_dgx256_open_generated_program_is_settled():
+def test_dgx256_open_generated_program_is_settled(monkeypatch):
     # issue 32: on the DGX H100 fixture (32 domains in 4 racks, column generation),
     # the generated program at the top step time of the TP7/8 case stays open (its
     # integer master 384, the Lagrangian bound 430 after branching); the search
-    # settles it with the full program (which HiGHS, asked apart, proves)
+    # settles it with the merged program, or without it with the full program
+    # (which HiGHS, asked apart, proves)
     inst = _dgx256_elastic()
     prep = prepare(inst)
     degrees = (7, 8)
@@ -355,6 +378,15 @@ def test_dgx256_open_generated_program_is_settled():
     direct = solve_program(full.program, "highs", threads=1)
     assert direct.status == "optimal"
     start = search.baselines.dp_drop(inst)
+    s = search._Search(prep, "cpsat", None, 1, 0, True, start, -1.0)
+    gen = search.column_generation_for(prep, degrees, theta)
+    assert gen is not None
+    s.colgen[degrees] = gen
+    lower, upper, _ = s.capacity(theta, degrees)
+    assert lower == upper == direct.objective
+    assert any("merged program" in x for x in s.log)
+    assert not any("full program" in x for x in s.log)
+    monkeypatch.setattr(search, "merged_capacity", lambda *args, **kwargs: None)
     s = search._Search(prep, "cpsat", None, 1, 0, True, start, -1.0)
     gen = search.column_generation_for(prep, degrees, theta)
     assert gen is not None

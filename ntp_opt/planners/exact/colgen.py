@@ -44,6 +44,7 @@ import itertools
 import math
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -847,6 +848,7 @@ class ColumnGeneration:
         seed: int = 0,
         cancel: threading.Event | None = None,
         target: int | None = None,
+        bound: Callable[[], int] | None = None,
     ) -> MasterResult:
         """Bounds on ``C(theta')``: the LP bound and an integer solution over the columns.
 
@@ -868,6 +870,11 @@ class ColumnGeneration:
             master and the branching leave ``C`` open with ``lower < target <= upper``,
             a longer branch and bound (:data:`TARGET_NODES` nodes) prunes every node
             bounded below ``target``: ``upper`` drops below ``target`` when it closes.
+        bound
+            Called where the first integer master leaves a gap: an upper bound on
+            ``C(theta')`` from elsewhere (the merged program,
+            :func:`~ntp_opt.planners.exact.model.merged_capacity`). Where it meets
+            the integer master's value, ``C`` is proven without closing the gap here.
 
         Returns
         -------
@@ -907,6 +914,8 @@ class ColumnGeneration:
                 empty, sol, max(0, root.upper), lp_value, master.rounds, len(master.columns)
             )
         master.start_integer(root)
+        if bound is not None and master.open():
+            master.upper = max(master.lower, min(master.upper, bound()))
         master.close_gap(root)
         if target is not None and master.open() and master.lower <= target - 1 < master.upper:
             # the caller only asks whether C reaches `target`: prune the nodes below it
