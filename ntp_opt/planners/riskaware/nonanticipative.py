@@ -32,7 +32,17 @@ a first-stage decision, the same in every scenario:
   ``c >= ceil(m / pp)`` and ``c >= m - (pairs of them in one replica)`` for
   ``m`` dead domains. The padding domains of ``D`` are grouped ``pp`` at a
   time, so their dead groups never exceed the replicas the plan lacks.
-
+* *Degraded replica groups*, in the same setting when every domain's
+  healthy GPUs are alike: with no dead domain, the live domains of ``T``
+  (each lost a GPU) lie in at least ``g`` replicas (``g >= ceil(|T| / pp)``
+  and ``g >= |T| - (pairs of them in one replica)``, the same ``u``). A
+  replica's stages share its degree, so after recourse every stage of such a
+  replica keeps at most the survivors of its degraded domain; its
+  ``g · pp - |T|`` failure-free partners are failure-free domains of ``D``
+  (the padding, whole groups of ``pp`` when ``K = pp · dp_max``, is
+  interchangeable), and ``v_s(T, g)`` is solved with that
+  many of them keeping only the most survivors of a domain of ``T`` (their
+  other GPUs unusable, drawing idle power, as recourse leaves them).
 * *The power cap*, given the least nominal goodput ``min_nominal`` a plan
   must keep (:func:`power_cap`): when the exact planner proves that no plan
   leaving a healthy GPU of one of its domains unused reaches it (its bound
@@ -50,8 +60,8 @@ Hence, for every plan (every plan keeping ``min_nominal`` with the cap),
     sum_s w_s G(P, s)  <=  max_{|D| = K, u}  sum_s w_s v_s(D ∩ A_s, c_s),
 
 a small integer program over the domain indicators ``z_d`` and ``u`` (CP-SAT,
-one binary per domain and one per scenario option ``(T, c)``; its proven bound is
-used, so a cut solve stays valid). It is the extensive form of the
+one binary per domain and one per scenario option ``(T, c)`` or ``(T, g)``;
+its proven bound is used, so a cut solve stays valid). It is the extensive form of the
 two-stage relaxation; its Lagrangian dual over the non-anticipativity of
 ``z`` (one copy per scenario, multipliers summing to zero) is never tighter,
 and with zero multipliers it is the wait-and-see bound over the same
@@ -376,7 +386,8 @@ def domain_bound(
     usable = [d for d in range(a.n_domains) if a.healthy[a.domain_gpus[d]].any()]
     job = instance.job
     grouped = _grouped(instance)
-    degrade = grouped and _alike(instance, usable)
+    # the padding then forms whole groups of pp (their partners are padding)
+    degrade = grouped and _alike(instance, usable) and k == job.pp * job.dp_max
 
     def remaining() -> float | None:
         return None if deadline is None else deadline - time.perf_counter()
