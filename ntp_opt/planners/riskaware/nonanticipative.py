@@ -386,6 +386,7 @@ def domain_bound(
     usable = [d for d in range(a.n_domains) if a.healthy[a.domain_gpus[d]].any()]
     job = instance.job
     grouped = _grouped(instance)
+    assert job.dp_max is not None  # domain_limit applies
     # the padding then forms whole groups of pp (their partners are padding)
     degrade = grouped and _alike(instance, usable) and k == job.pp * job.dp_max
 
