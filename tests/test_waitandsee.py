@@ -32,7 +32,7 @@ from ntp_opt.planners.riskaware import (
     training_scenarios,
     wait_and_see_bound,
 )
-from ntp_opt.planners.riskaware.nonanticipative import restricted_instance
+from ntp_opt.planners.riskaware.nonanticipative import domain_bound, restricted_instance
 from ntp_opt.planners.riskaware.scorer import refills_keep_power
 from ntp_opt.planners.riskaware.waitandsee import idle_instance
 from ntp_opt.rules.expected import expected_goodput
@@ -363,3 +363,100 @@ def test_planner_equals_enumeration_on_tiny_instances() -> None:
         coupled += "na_bound" in m
     assert coupled == 25  # the domain bound ran on every uniform instance
     assert proven >= 20
+
+
+def _tiny_boosted(seed: int, boost: float = 0.3) -> Instance:
+    """4 identical domains of 3 GPUs (one rack each, budget 3 TDPs), TP3 PP2.
+
+    A TP3 stage fills its rack's budget at ``π = 1``; a stage that loses a GPU
+    could boost with the freed watts, which recourse never does. A domain
+    holds one stage (``tp_min`` 2), so the domain bound's replica groups and
+    its power cap both apply.
+    """
+    rng = np.random.default_rng(seed)
+    g = topology.build_cluster(4, 3, 1, 3)
+    gpus = topology.gpus(g)
+    for i in rng.permutation(len(gpus))[: int(rng.integers(2, 5))]:
+        topology.set_p_fail(g, float(rng.choice([0.1, 0.3])), [gpus[int(i)]])
+    job = Job(
+        tp=3,
+        tp_min=2,
+        pp=2,
+        dp=2,
+        dp_max=2,
+        global_batch=int(rng.integers(2, 7)),
+        batch_policy=str(rng.choice(["fixed", "elastic"])),
+        max_boost=boost,
+        idle_power_fraction=float(rng.choice([0.0, 0.1, 0.5])),
+        reshard_overhead=0.1,
+    )
+    return Instance(f"tiny-boosted-{seed}", g, job)
+
+
+def _full_plans(inst: Instance) -> list[Plan]:
+    """Every plan of two TP3 replicas at ``π = 1`` (replicas and stages in every order)."""
+    a = inst.arrays
+    doms = [
+        (d, tuple(a.gpu_ids[i] for i in idx))
+        for d, idx in zip(a.domain_ids, a.domain_gpus, strict=True)
+    ]
+    plans = []
+    for order in itertools.permutations(doms):
+        reps = (order[:2], order[2:])
+        raw = Plan(
+            inst.name,
+            tuple(
+                Replica(3, 1, tuple(Stage(domain=d, gpus=g, power=1.0) for d, g in r)) for r in reps
+            ),
+        )
+        plans.append(adapt(inst, raw, None))
+    return plans
+
+
+@pytest.mark.parametrize("seed", range(12))
+def test_power_cap_and_degraded_groups_against_enumeration(seed: int) -> None:
+    # a rack's budget is 3 TDPs, so a TP3 stage runs at π = 1 (π >= 1); a plan
+    # with a TP2 stage, even at the most power its rack allows, or with one
+    # replica, has less nominal goodput: every plan keeping the nominal
+    # optimum is two TP3 replicas at π = 1 over the 4 domains, enumerated
+    # here. The bound (power cap: no scenario program boosts; degraded domains
+    # in distinct replicas degrade their partners) must lie above each one's
+    # exact expectation, and the planner must reach the best of them; with
+    # boost the bound closes the gap. Seeds 8-11 have no boost (no power cap:
+    # the replica groups of degraded domains alone).
+    boost = 0.3 if seed < 8 else 0.0
+    inst = _tiny_boosted(seed, boost)
+    a, job = inst.arrays, inst.job
+    kept = _full_plans(inst)
+    nominal = max(evaluate(inst, p).goodput for p in kept)
+    assert all(evaluate(inst, p).goodput == pytest.approx(nominal, rel=1e-12) for p in kept)
+    doms = [tuple(a.gpu_ids[i] for i in idx) for idx in a.domain_gpus]
+    top = min(1 + job.max_boost, (3 - job.idle_power_fraction) / 2)  # TP2: what the rack allows
+    weaker = [
+        Plan(inst.name, (Replica(3, 1, (Stage("d0", doms[0], 1.0), Stage("d1", doms[1], 1.0))),)),
+        Plan(
+            inst.name,
+            (
+                Replica(3, 1, (Stage("d0", doms[0], 1.0), Stage("d1", doms[1], 1.0))),
+                Replica(2, 1, (Stage("d2", doms[2][:2], top), Stage("d3", doms[3][:2], top))),
+            ),
+        ),
+    ]
+    for p in weaker:
+        p = adapt(inst, p, None)
+        assert not p.replicas or evaluate(inst, p).goodput < nominal * (1 - 1e-6)
+    best = max(expected_goodput(inst, p, method="exact").mean for p in kept)
+    out = plan_risk_aware(inst, time_limit=None)
+    cap = out.plan.metrics["na_power_cap"]
+    assert cap is None if boost == 0 else cap == pytest.approx(1.0)  # 3 TDPs over 3 GPUs
+    assert out.bound is not None
+    assert best <= out.bound * (1 + 1e-9) + 1e-12
+    if boost > 0:  # the bound closes the gap on these eight (not on seed 9 without boost)
+        assert out.bound <= best * (1 + 1e-6)
+    assert out.stats["expected_objective"] == pytest.approx(best, rel=1e-9, abs=1e-12)
+    # the same bound over every plan (no nominal constraint, no cap) is looser
+    scen = training_scenarios(inst)
+    caps = wait_and_see_bound(inst, scen).scenario_bounds
+    free = domain_bound(inst, scen, caps)
+    assert free is not None and free.power_cap is None
+    assert free.bound >= out.bound * (1 - 1e-9)

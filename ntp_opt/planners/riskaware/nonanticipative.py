@@ -32,14 +32,36 @@ a first-stage decision, the same in every scenario:
   ``c >= ceil(m / pp)`` and ``c >= m - (pairs of them in one replica)`` for
   ``m`` dead domains. The padding domains of ``D`` are grouped ``pp`` at a
   time, so their dead groups never exceed the replicas the plan lacks.
+* *Degraded replica groups*, in the same setting when every domain's
+  healthy GPUs are alike: with no dead domain, the live domains of ``T``
+  (each lost a GPU) lie in at least ``g`` replicas (``g >= ceil(|T| / pp)``
+  and ``g >= |T| - (pairs of them in one replica)``, the same ``u``). A
+  replica's stages share its degree, so after recourse every stage of such a
+  replica keeps at most the survivors of its degraded domain; its
+  ``g · pp - |T|`` failure-free partners are failure-free domains of ``D``
+  (the padding, whole groups of ``pp`` when ``K = pp · dp_max``, is
+  interchangeable), and ``v_s(T, g)`` is solved with that
+  many of them keeping only the most survivors of a domain of ``T`` (their
+  other GPUs unusable, drawing idle power, as recourse leaves them).
+* *The power cap*, given the least nominal goodput ``min_nominal`` a plan
+  must keep (:func:`power_cap`): when the exact planner proves that no plan
+  leaving a healthy GPU of one of its domains unused reaches it (its bound
+  on ``restricted_instance(D, one GPU of a domain of D failed)``, every such
+  plan being feasible there up to a permutation of the identical domains and
+  of a domain's identical GPUs), every admissible plan uses every healthy
+  GPU of its domains, so a stage's multiplier is at most what the rack budget
+  leaves with the other GPUs at ``π >= 1``. Recourse keeps each stage's
+  multiplier, so the restricted instances are solved with ``max_boost``
+  lowered to that cap: the scenario programs can no longer spend the failed
+  GPUs' freed watts on boost, which recourse never does.
 
-Hence, for every plan,
+Hence, for every plan (every plan keeping ``min_nominal`` with the cap),
 
     sum_s w_s G(P, s)  <=  max_{|D| = K, u}  sum_s w_s v_s(D ∩ A_s, c_s),
 
 a small integer program over the domain indicators ``z_d`` and ``u`` (CP-SAT,
-one binary per domain and one per scenario option ``(T, c)``; its proven bound is
-used, so a cut solve stays valid). It is the extensive form of the
+one binary per domain and one per scenario option ``(T, c)`` or ``(T, g)``;
+its proven bound is used, so a cut solve stays valid). It is the extensive form of the
 two-stage relaxation; its Lagrangian dual over the non-anticipativity of
 ``z`` (one copy per scenario, multipliers summing to zero) is never tighter,
 and with zero multipliers it is the wait-and-see bound over the same
@@ -69,12 +91,14 @@ from ntp_opt.planners.exact.search import solve_exact
 from ntp_opt.planners.riskaware.scenarios import Scenarios
 from ntp_opt.planners.riskaware.scorer import refills_keep_power
 from ntp_opt.planners.riskaware.waitandsee import idle_instance
+from ntp_opt.rules.tolerances import POWER_TOL, REL_TOL, WATT_SLACK
 
 __all__ = [
     "MAX_AFFECTED",
     "DomainBound",
     "domain_bound",
     "domain_limit",
+    "power_cap",
     "restricted_instance",
 ]
 
@@ -90,6 +114,11 @@ MASTER_SHARE = 0.25
 MASTER_MIN = 0.5
 #: Scale of the master's integer objective (its largest coefficient).
 SCALE = 1e12
+#: Largest share of the remaining time the power cap's proof may use.
+CAP_SHARE = 0.1
+#: The power cap's proof needs the exact bound this far (relative) below
+#: ``min_nominal`` (well above the exact planner's tolerance).
+CAP_MARGIN = 100 * REL_TOL
 
 
 @dataclass(frozen=True)
@@ -116,6 +145,10 @@ class DomainBound:
     limit_hit
         Time or a cancel stopped it before the master's optimum used only
         known option values (the bound is valid, but might be tightened).
+    power_cap
+        The largest multiplier of an admissible plan's stage
+        (:func:`power_cap`) the restricted instances were solved with, or
+        ``None`` (the job's ``1 + max_boost``).
     """
 
     bound: float
@@ -126,6 +159,7 @@ class DomainBound:
     proven: int
     masters: int
     limit_hit: bool
+    power_cap: float | None = None
 
 
 def domain_limit(instance: Instance) -> int | None:
@@ -157,6 +191,84 @@ def domain_limit(instance: Instance) -> int | None:
         racks_seen.add(r)
         profiles.add((_profile(instance, gpus[a.healthy[gpus]]), float(a.rack_budget[r])))
     return k if len(profiles) == 1 else None
+
+
+def power_cap(
+    instance: Instance,
+    min_nominal: float,
+    *,
+    time_limit: float | None = None,
+    seed: int = 0,
+    threads: int = 1,
+    control: Control | None = None,
+) -> float | None:
+    """The largest stage multiplier of a plan keeping ``min_nominal``, when proven below the job's.
+
+    Parameters
+    ----------
+    instance
+        The instance (:func:`domain_limit` must apply).
+    min_nominal
+        The least nominal goodput a plan may have.
+    time_limit, seed, threads, control
+        For the exact planner's proof.
+
+    Returns
+    -------
+    float or None
+        ``π_cap < 1 + max_boost`` such that every stage of every plan with
+        nominal goodput at least ``min_nominal`` has ``π <= π_cap``; ``None``
+        when not proven (or no lower than the job's cap). The proof: every
+        healthy GPU of a domain is alike (speed, TDP, board limit), so a plan
+        leaving one unused in one of its domains is, up to a permutation of
+        the identical domains and GPUs, feasible for the restricted instance
+        of ``K`` domains with one GPU of the first failed (it drew idle
+        power anyway); when the exact planner's bound there is below
+        ``min_nominal``, every admissible plan uses every healthy GPU of its
+        domains, each at ``π >= 1``, so a stage of ``t`` GPUs in a rack of
+        budget ``B`` (the domain alone in it, ``n`` healthy GPUs of TDP
+        ``w``) has ``t π + n - t <= B / w``: ``π <= 1 + (B / w - n) / t``
+        with ``t = n`` when a domain holds one stage, else ``t >= tp_min``.
+    """
+    k = domain_limit(instance)
+    if k is None:
+        return None
+    a = instance.arrays
+    job = instance.job
+    usable = [d for d in range(a.n_domains) if a.healthy[a.domain_gpus[d]].any()]
+    first = a.domain_gpus[usable[0]]
+    healthy = first[a.healthy[first]]
+    if len(set(_profile(instance, healthy))) != 1:
+        return None  # a domain's GPUs differ: which one is left unused matters
+    n, w = len(healthy), float(a.tdp[healthy[0]])
+    # the validator's slack: an admissible plan may draw that much more
+    budget = float(a.rack_budget[int(a.gpu_rack[healthy[0]])]) * (1 + POWER_TOL) + WATT_SLACK
+    t = n if _grouped(instance) else job.min_tp
+    cap = max(1.0, 1.0 + (budget / w - n) / t)
+    if cap >= 1.0 + job.max_boost:
+        return None
+    inst = restricted_instance(instance, np.array(usable[:k], dtype=np.int64), healthy[:1])
+    out = solve_exact(
+        inst,
+        "cpsat",
+        time_limit=time_limit,
+        seed=seed,
+        threads=threads,
+        control=control,
+        report_bounds=False,
+    )
+    bound = out.bound if out.bound is not None else capacity_bound(inst)
+    return cap if bound * (1 + CAP_MARGIN) < min_nominal else None
+
+
+def _alike(instance: Instance, domains: list[int]) -> bool:
+    """The healthy GPUs of each of ``domains`` are alike (speed, TDP, board limit)."""
+    a = instance.arrays
+    for d in domains:
+        gpus = a.domain_gpus[d]
+        if len(set(_profile(instance, gpus[a.healthy[gpus]]))) > 1:
+            return False
+    return True
 
 
 def _grouped(instance: Instance) -> bool:
@@ -221,6 +333,9 @@ class _Option:
     key: object  # None: uncoupled (value U_s, no constraint)
     dead: tuple[int, ...] = ()  # the domains of T left without a stage's worth of GPUs
     lost: int = 0  # replicas those take down at least (classes of ``dead``)
+    degraded: tuple[int, ...] = ()  # no dead domain: the live domains of T
+    groups: int = 0  # replicas those lie in at least (classes of ``degraded``)
+    limit: int = 0  # the most GPUs a stage of those replicas may keep
 
 
 def domain_bound(
@@ -232,6 +347,7 @@ def domain_bound(
     seed: int = 0,
     threads: int = 1,
     cancel: threading.Event | None = None,
+    min_nominal: float | None = None,
 ) -> DomainBound | None:
     """Upper bound on ``sum_s w_s G(P, s)`` over every plan (module docstring).
 
@@ -250,6 +366,11 @@ def domain_bound(
         Passed to the exact planner and to the master's CP-SAT.
     cancel
         Once set, no further program is solved; the bound so far is returned.
+    min_nominal
+        The least nominal goodput a plan may have (the planner's
+        ``nominal_tolerance``): the bound is then over those plans only, and
+        :func:`power_cap` may lower the restricted instances' ``max_boost``.
+        ``None``: over every plan, no cap.
 
     Returns
     -------
@@ -266,6 +387,9 @@ def domain_bound(
     usable = [d for d in range(a.n_domains) if a.healthy[a.domain_gpus[d]].any()]
     job = instance.job
     grouped = _grouped(instance)
+    assert job.dp_max is not None  # domain_limit applies
+    # the padding then forms whole groups of pp (their partners are padding)
+    degrade = grouped and _alike(instance, usable) and k == job.pp * job.dp_max
 
     def remaining() -> float | None:
         return None if deadline is None else deadline - time.perf_counter()
@@ -274,6 +398,18 @@ def domain_bound(
         left = remaining()
         return control.cancelled or (left is not None and left <= 0)
 
+    cap = None
+    if min_nominal is not None and not stopped():
+        left = remaining()
+        cap = power_cap(
+            instance,
+            min_nominal,
+            time_limit=None if left is None else CAP_SHARE * left,
+            seed=seed,
+            threads=threads,
+            control=control,
+        )
+    updates: dict[str, object] = {} if cap is None else {"max_boost": cap - 1.0}
     options: list[_Option] = []
     per_scenario: list[list[int]] = []
     affected: list[tuple[int, ...]] = []
@@ -296,9 +432,18 @@ def domain_bound(
                     prof = tuple(sorted(_profile(instance, alive[d]) for d in t))
                     dead = tuple(d for d in t if grouped and len(alive[d]) < job.min_tp)
                     m = len(dead)
+                    if degrade and t and m == 0:
+                        # the replicas of the degraded domains: each partner
+                        # keeps at most the most GPUs one of them has left
+                        limit = max(len(alive[d]) for d in t)
+                        for groups in range(-(-len(t) // job.pp), len(t) + 1):
+                            mine.append(len(options))
+                            key = (prof, 0, groups)
+                            options.append(_Option(s, t, key, (), 0, t, groups, limit))
+                        continue
                     for lost in range(-(-m // job.pp), m + 1):
                         mine.append(len(options))
-                        options.append(_Option(s, t, (prof, lost), dead, lost))
+                        options.append(_Option(s, t, (prof, lost, 0), dead, lost))
         per_scenario.append(mine)
     values: dict[object, float] = {}
     solved = proven = masters = 0
@@ -352,21 +497,22 @@ def domain_bound(
             dom = affected[s]
             fresh = [d for d in usable if d not in dom][: k - len(o.domains)]
             live = [d for d in o.domains if d not in o.dead]
-            inst = restricted_instance(
-                instance, np.array([*live, *fresh], dtype=np.int64), scenarios.gpus[s]
-            )
+            failed = np.asarray(scenarios.gpus[s], dtype=np.int64)
+            if o.groups:  # the partners keep `limit` GPUs, the others draw idle
+                partners = fresh[: o.groups * job.pp - len(o.degraded)]
+                extra = [a.domain_gpus[d][a.healthy[a.domain_gpus[d]]][o.limit :] for d in partners]
+                failed = np.concatenate([failed, *extra]).astype(np.int64)
+            inst = restricted_instance(instance, np.array([*live, *fresh], dtype=np.int64), failed)
+            change = dict(updates)
             if o.lost > 0:  # the replicas of the dead domains are gone
                 replicas = job.replicas_max - o.lost
                 if replicas <= 0:
                     values[o.key] = 0.0
                     fresh_values = True
                     continue
-                inst = Instance(
-                    inst.name,
-                    inst.cluster,
-                    job.model_copy(update={"dp_max": replicas}),
-                    inst.meta,
-                )
+                change["dp_max"] = replicas
+            if change:
+                inst = Instance(inst.name, inst.cluster, job.model_copy(update=change), inst.meta)
             left = remaining()
             share = None if left is None else left * max(1 / (len(todo) - n_left), SOLVE_SHARE)
             out = solve_exact(
@@ -392,6 +538,7 @@ def domain_bound(
         proven=proven,
         masters=masters,
         limit_hit=limit_hit,
+        power_cap=cap,
     )
 
 
@@ -414,14 +561,18 @@ def _master(
     z = {d: m.new_bool_var(f"z{d}") for d in usable}
     m.add(sum(z.values()) == k)
     # u[d, e]: dead-able domains d and e in one replica (at most pp per replica)
-    deadable = sorted({d for o in options for d in o.dead})
+    # only pairs that some option counts (a pair no option reads can be 0)
     u = {}
-    for i, d in enumerate(deadable):
-        for e in deadable[i + 1 :]:
-            u[d, e] = m.new_bool_var(f"u{d}_{e}")
-            m.add_implication(u[d, e], z[d])
-            m.add_implication(u[d, e], z[e])
-    for d in deadable:
+    for o in options:
+        for group in (o.dead, o.degraded):
+            for j, d in enumerate(group):
+                for e in group[j + 1 :]:
+                    if (d, e) not in u:
+                        u[d, e] = m.new_bool_var(f"u{d}_{e}")
+                        m.add_implication(u[d, e], z[d])
+                        m.add_implication(u[d, e], z[e])
+    groupable = sorted({d for pair in u for d in pair})
+    for d in groupable:
         m.add(sum(v for (x, y_), v in u.items() if d in (x, y_)) <= pp - 1)
     y = [m.new_bool_var(f"y{i}") for i in range(len(options))]
     constant = 0.0
@@ -437,15 +588,28 @@ def _master(
             t = set(o.domains)
             for d in affected[s]:
                 m.add_implication(y[i], z[d] if d in t else z[d].negated())
-            if o.lost < len(o.dead):  # the dead domains form at most `lost` groups
-                pairs = [u[d, e] for j, d in enumerate(o.dead) for e in o.dead[j + 1 :]]
-                m.add(sum(pairs) >= len(o.dead) - o.lost).only_enforce_if(y[i])
+            # the dead domains form at most `lost` classes, the degraded ones
+            # at most `groups`: at least (members - classes) pairs among them
+            for group, classes in ((o.dead, o.lost), (o.degraded, o.groups)):
+                if classes < len(group):
+                    pairs = [u[d, e] for j, d in enumerate(group) for e in group[j + 1 :]]
+                    need = len(group) - classes
+                    if need == len(pairs):
+                        for v in pairs:
+                            m.add_implication(y[i], v)
+                    elif need == 1:
+                        m.add_bool_or(pairs).only_enforce_if(y[i])
+                    else:
+                        m.add(sum(pairs) >= need).only_enforce_if(y[i])
         for i in mine:
             terms.append((i, math.ceil(float(weights[s]) * values[i] * scale)))
     m.maximize(sum(c * y[i] for i, c in terms))
     solver = cp_model.CpSolver()
     solver.parameters.num_workers = 1
     solver.parameters.random_seed = seed
+    # the LP of every constraint: proves the grouped masters (pairs of
+    # degraded domains) in about a second where level 1 was cut at 10 s
+    solver.parameters.linearization_level = 2
     if time_limit is not None:
         solver.parameters.max_time_in_seconds = max(time_limit, 0.01)
     status = solver.solve(m)

@@ -266,6 +266,7 @@ def plan_risk_aware(
                 seed=seed,
                 threads=threads,
                 cancel=cancel,
+                min_nominal=s.min_nominal,
             )
             assert na is not None  # domain_limit said it applies
             bound_value = min(bound_value, na.bound)
@@ -289,6 +290,7 @@ def plan_risk_aware(
                 na_masters=na.masters,
                 na_limit=na.limit_hit,
                 na_reseeded=reseeded,
+                na_power_cap=na.power_cap,
             )
         # every bound is proven (to the exact planner's tolerance): a bound
         # below the objective is a bug, never hidden
