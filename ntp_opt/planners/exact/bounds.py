@@ -10,7 +10,7 @@ Lagrangian duality on that budget gives a bound for every multiplier; the
 best one is found by bisection. Goodput never exceeds total speed (each
 replica's batch is at most ``theta v_r``), nor ``dp_max`` replicas at the
 fastest possible speed. Rack budgets are left out, which keeps it valid.
-Each GPU's multiplier is capped by :attr:`ntp_opt.instance.Instance.max_multiplier`
+Each GPU's multiplier is capped by :attr:`ntp_opt.model.instance.Instance.max_multiplier`
 (``1 + max_boost``, or less where its board accepts less); in the stage
 bound a domain's stages are capped by the largest cap among its healthy GPUs
 (a stage's true cap, the smallest of its GPUs', is never above it).

@@ -8,14 +8,14 @@ slowest GPU has speed ``s`` reaches it with the power multiplier
     pi = max(1, (b c / (theta' f(t) s)) ** (1 / alpha)),  f(t) = t eta(t) / (T eta(T))
 
 (infeasible above the stage's cap: ``1 + max_boost``, or less where a GPU's
-board accepts less, ``max_power_w / tdp_w``; see :mod:`ntp_opt.power`), which
+board accepts less, ``max_power_w / tdp_w``; see :mod:`ntp_opt.rules.power`), which
 fixes its power draw. So at fixed
 ``theta'`` the planning problem is linear and integer: choose, for every
 domain, a *configuration* (the stages it hosts, each with its degree and
 batch level), such that stages of each class ``(t, b)`` come in multiples of
 ``pp`` (they form the replicas), budgets hold, and ``sum b`` is maximal. That
 maximum, the *capacity* ``C(theta')``, is monotone in ``theta'``; the search in
-:mod:`ntp_opt.milp.search` finds the best step time with it.
+:mod:`ntp_opt.planners.exact.search` finds the best step time with it.
 
 Symmetry: domains are grouped into *power units* (connected components of the
 domain–rack containment graph). A unit with one domain (NVL32, NVL72,

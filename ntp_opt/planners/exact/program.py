@@ -1,5 +1,5 @@
 """A solver-neutral integer program, the interface between the planning
-model (:mod:`ntp_opt.milp.model`) and the backends
+model (:mod:`ntp_opt.planners.exact.model`) and the backends
 (:mod:`ntp_opt.planners.exact.backends`).
 
 All data are integers: CP-SAT needs integer coefficients, and the planning

@@ -1,6 +1,6 @@
 """The exact planner: a search over the step time with the capacity program.
 
-``C(theta')`` (:mod:`ntp_opt.milp.model`) is the largest total batch any plan
+``C(theta')`` (:mod:`ntp_opt.planners.exact.model`) is the largest total batch any plan
 carries at pre-overhead step time ``theta'``; it is a non-decreasing step
 function. Two cases are searched: only the nominal degree ``T`` (no resharding
 overhead), and every allowed degree (step time ``theta' (1 + rho)``).
@@ -1164,7 +1164,7 @@ def solve_exact(
         Keep one line per capacity program solved (they also go to this
         module's logger at DEBUG level).
     control
-        Progress reports and the cancel token (:class:`ntp_opt.control.Control`):
+        Progress reports and the cancel token (:class:`ntp_opt.model.control.Control`):
         once it is set, the search stops at the next program (CP-SAT and
         HiGHS stop the running one) and returns its best plan, ``interrupted``.
     report_bounds

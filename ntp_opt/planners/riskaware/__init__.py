@@ -2,7 +2,7 @@
 
 The planner starts from the risk-blind optimum (``solve(instance,
 "optimal")``) and improves the *expected* goodput after the deterministic
-recourse of :func:`ntp_opt.recourse.adapt`, never letting the nominal goodput
+recourse of :func:`ntp_opt.rules.recourse.adapt`, never letting the nominal goodput
 (no new failure) fall below ``(1 - nominal_tolerance)`` times the optimum's.
 
 The expectation is taken over a fixed set of *training* scenarios:
@@ -10,7 +10,7 @@ The expectation is taken over a fixed set of *training* scenarios:
 * every scenario with its probability when the instance has at most
   ``exact_units`` independent failure units (the objective is then the exact
   expected goodput), else
-* ``samples`` scenarios drawn with :func:`ntp_opt.failures.sample_failure_events`
+* ``samples`` scenarios drawn with :func:`ntp_opt.model.failures.sample_failure_events`
   (sample-average approximation, SAA), seeded.
 
 What placement controls under the recourse rules (``docs/failures.md``):

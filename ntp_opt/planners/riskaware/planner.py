@@ -141,7 +141,7 @@ def plan_risk_aware(
         Fraction of the risk-blind optimum's nominal goodput the plan may
         give up for expected goodput (default 0: none).
     blast_radius, scale
-        As in :func:`ntp_opt.failures.sample_failures`.
+        As in :func:`ntp_opt.model.failures.sample_failures`.
     blind
         The risk-blind plan to start from (default: ``solve(instance, "optimal")``).
     cancel

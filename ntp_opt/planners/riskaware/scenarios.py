@@ -111,7 +111,7 @@ def training_scenarios(
         Enumerate every scenario (exact objective) when the instance has at
         most this many independent failure units (at most 20).
     blast_radius, scale
-        As in :func:`ntp_opt.failures.sample_failures`.
+        As in :func:`ntp_opt.model.failures.sample_failures`.
 
     Returns
     -------

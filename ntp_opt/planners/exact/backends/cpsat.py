@@ -76,7 +76,7 @@ def solve_cpsat(cp_model: Any, program: IntProgram, data: Data, opts: Options) -
     params.fix_variables_to_their_hinted_value = False
     params.log_search_progress = opts.log
     params.log_to_stdout = False
-    # ntp_opt handles Ctrl-C (ntp_opt.control): OR-Tools' own SIGINT handler
+    # ntp_opt handles Ctrl-C (ntp_opt.model.control): OR-Tools' own SIGINT handler
     # would leave SIGINT at its default action (process death) afterwards
     params.catch_sigint_signal = False
     lines: list[str] = []
