@@ -584,18 +584,21 @@ def evaluate_layout(instance: Instance, plan: Plan, layout: Layout) -> Evaluatio
                     np.isfinite(pw) & (pw >= 1.0 - POWER_TOL) & (pw <= hi_power * (1 + POWER_TOL))
                 ).all()
             )
-            and bool(((g >= 0) & (g < a.n_gpus)).all())
         )
+    power_of = np.zeros(a.n_gpus, dtype=float)
     if fine and g.size:
-        fine = (
-            bool(a.healthy[g].all())
-            and bool((a.gpu_domain[g] == np.repeat(lay.domain, sizes)).all())
-            and int(np.bincount(g, minlength=a.n_gpus).max()) <= 1
-        )
+        fine = int(g.min()) >= 0 and int(g.max()) < a.n_gpus
+        if fine:
+            power_of[g] = np.repeat(pw, sizes)
+            # every multiplier is > 0 (checked above): fewer GPUs drawing than
+            # listed means a GPU is in two stages
+            fine = (
+                int(np.count_nonzero(power_of)) == g.size
+                and bool(a.healthy[g].all())
+                and bool((a.gpu_domain[g] == np.repeat(lay.domain, sizes)).all())
+            )
     if not fine or _check_batch_sum(instance, plan):
         return evaluate(instance, plan)
-    power_of = np.zeros(a.n_gpus, dtype=float)
-    power_of[g] = np.repeat(pw, sizes)
     rack_w, site_w = rack_and_site_draw(instance, power_of)
     racks_over, site_over = over_budget(instance, rack_w, site_w)
     if racks_over.any() or site_over or board_over(instance, power_of).any():
@@ -620,7 +623,7 @@ def evaluate_layout(instance: Instance, plan: Plan, layout: Layout) -> Evaluatio
         replica_speeds=tuple(speeds),
         n_replicas=n_rep,
         n_reduced=sum(1 for t in tps if t < job.tp),
-        gpus_used=int((power_of > 0).sum()),
+        gpus_used=int(g.size),  # each listed once, at a multiplier > 0
         site_power_w=site_w,
         rack_power_w=tuple(rack_w.tolist()),
     )
