@@ -492,12 +492,40 @@ def evaluate(instance: Instance, plan: Plan) -> Evaluation:
     )
 
 
+def stage_slowest(
+    instance: Instance, layout: Layout, memo: dict[Any, Any] | None = None
+) -> np.ndarray:
+    """Per stage of a strict layout, the speed of its slowest GPU.
+
+    Parameters
+    ----------
+    instance, layout
+        The instance and the layout (every stage has a GPU).
+    memo
+        A dict kept by the caller (a re-planning chain's): the last result is
+        kept in it with the speed, GPU and offset arrays it was read from, and
+        returned again while the same three arrays (the same objects, which
+        re-planning never changes in place) are asked for. The same result
+        without it.
+    """
+    speed, gpus, offsets = instance.arrays.speed, layout.gpus, layout.offsets
+    kept = None if memo is None else memo.get("slowest")
+    if kept is not None and kept[0] is speed and kept[1] is gpus and kept[2] is offsets:
+        out: np.ndarray = kept[3]
+        return out
+    out = np.minimum.reduceat(speed[gpus], offsets[:-1])
+    if memo is not None:
+        memo["slowest"] = (speed, gpus, offsets, out)
+    return out
+
+
 def layout_speeds(
     instance: Instance,
     layout: Layout,
     *,
     powers: np.ndarray | None = None,
     slowest: np.ndarray | None = None,
+    memo: dict[Any, Any] | None = None,
 ) -> np.ndarray:
     """Per replica of a strict layout, :func:`ntp_opt.rules.goodput.replica_speed`, vectorised.
 
@@ -516,12 +544,15 @@ def layout_speeds(
     slowest
         Per stage, the speed of its slowest GPU, when known (the same for
         every ``powers``).
+    memo
+        Where :func:`stage_slowest` keeps its last result, when ``slowest``
+        is not given.
     """
     job = instance.job
     if layout.n_replicas == 0:
         return np.zeros(0)
     if slowest is None:
-        slowest = np.minimum.reduceat(instance.arrays.speed[layout.gpus], layout.offsets[:-1])
+        slowest = stage_slowest(instance, layout, memo)
     pw = layout.power if powers is None else powers
     per_stage = pw**job.power_exponent * slowest
     first = np.searchsorted(layout.replica, np.arange(layout.n_replicas))
@@ -532,7 +563,9 @@ def layout_speeds(
     return out
 
 
-def evaluate_layout(instance: Instance, plan: Plan, layout: Layout) -> Evaluation:
+def evaluate_layout(
+    instance: Instance, plan: Plan, layout: Layout, memo: dict[Any, Any] | None = None
+) -> Evaluation:
     """:func:`evaluate` of ``plan`` from its strict layout, on index arrays only.
 
     The re-planning path: ``layout`` is ``Layout.from_plan(instance, plan)``
@@ -552,6 +585,10 @@ def evaluate_layout(instance: Instance, plan: Plan, layout: Layout) -> Evaluatio
         the fall-back).
     layout
         The plan's strict layout.
+    memo
+        A re-planning chain's memo: the stages' slowest speeds are read
+        from it when the same arrays were read before
+        (:func:`stage_slowest`). The same figures without it.
 
     Returns
     -------
@@ -603,7 +640,7 @@ def evaluate_layout(instance: Instance, plan: Plan, layout: Layout) -> Evaluatio
     racks_over, site_over = over_budget(instance, rack_w, site_w)
     if racks_over.any() or site_over or board_over(instance, power_of).any():
         return evaluate(instance, plan)
-    speeds = layout_speeds(instance, lay).tolist()
+    speeds = layout_speeds(instance, lay, memo=memo).tolist()
     tps = deg.tolist()
     batches = batch.tolist()
     theta = gp.step_time(job, tps, batches, speeds)

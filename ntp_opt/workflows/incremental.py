@@ -35,7 +35,7 @@ from ntp_opt.rules.power import (
 )
 from ntp_opt.rules.recourse import SparePools, adapt_replica
 from ntp_opt.rules.tolerances import FLOAT_NOISE
-from ntp_opt.rules.validate import layout_speeds
+from ntp_opt.rules.validate import layout_speeds, stage_slowest
 
 __all__ = ["Local", "reboost_layout", "recourse_layout", "stages_of"]
 
@@ -226,7 +226,7 @@ def recourse_layout(
         racks_over, site_over = _draw(instance, new, alive)
     # batches (step 6)
     tps = degree
-    speeds_a = layout_speeds(instance, new) if degree else np.zeros(0)
+    speeds_a = layout_speeds(instance, new, memo=memo) if degree else np.zeros(0)
     speeds = speeds_a.tolist()
     split = _exact(job, speeds_a, np.array(tps, dtype=np.int64), memo)
     replicas: tuple[Replica, ...] = ()
@@ -429,7 +429,7 @@ def reboost_layout(
     a = instance.arrays
     stages = stages_of(layout)
     tp = layout.degree
-    slowest = stages.stage_min(a.speed)
+    slowest = stage_slowest(instance, layout, memo)
     if keep is None:
         got_keep = _split(instance, layout, layout.power, slowest, memo)
         value = -1.0 if got_keep is None else got_keep[0]
