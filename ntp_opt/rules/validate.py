@@ -19,7 +19,7 @@ from ntp_opt.model.instance import Instance
 from ntp_opt.model.layout import Layout
 from ntp_opt.model.plan import Plan, Replica
 from ntp_opt.rules import goodput as gp
-from ntp_opt.rules.power import board_over, over_budget, rack_and_site_draw
+from ntp_opt.rules.power import board_over, over_budget, rack_and_site_draw, redraw
 from ntp_opt.rules.tolerances import METRIC_ABS_TOL, METRIC_TOL, POWER_TOL
 
 #: Rule codes and what each one forbids.
@@ -588,7 +588,12 @@ def evaluate_layout(
     memo
         A re-planning chain's memo: the stages' slowest speeds are read
         from it when the same arrays were read before
-        (:func:`stage_slowest`). The same figures without it.
+        (:func:`stage_slowest`), and the power draw of the last check that
+        passed is kept in it: the next check draws again only the GPUs
+        whose multiplier or health changed, and checks health and boards
+        there only (:func:`ntp_opt.rules.power.redraw`; elsewhere a GPU
+        runs as in a check that passed). The same figures and violations
+        without it.
 
     Returns
     -------
@@ -629,16 +634,23 @@ def evaluate_layout(
             power_of[g] = np.repeat(pw, sizes)
             # every multiplier is > 0 (checked above): fewer GPUs drawing than
             # listed means a GPU is in two stages
-            fine = (
-                int(np.count_nonzero(power_of)) == g.size
-                and bool(a.healthy[g].all())
-                and bool((a.gpu_domain[g] == np.repeat(lay.domain, sizes)).all())
+            fine = int(np.count_nonzero(power_of)) == g.size and bool(
+                (a.gpu_domain[g] == np.repeat(lay.domain, sizes)).all()
             )
-    if not fine or _check_batch_sum(instance, plan):
+    if not fine:
         return evaluate(instance, plan)
-    rack_w, site_w = rack_and_site_draw(instance, power_of)
+    last = None if memo is None else memo.get("drawn")
+    drawn, changed = redraw(instance, power_of, last)
+    # where a GPU's multiplier and health are those of the last check, which
+    # passed, it is healthy if used and within its board's limit
+    at = None if changed is None else changed[power_of[changed] > 0]
+    if not (a.healthy[g] if at is None else a.healthy[at]).all() or _check_batch_sum(
+        instance, plan
+    ):
+        return evaluate(instance, plan)
+    rack_w, site_w = drawn.rack, drawn.site
     racks_over, site_over = over_budget(instance, rack_w, site_w)
-    if racks_over.any() or site_over or board_over(instance, power_of).any():
+    if racks_over.any() or site_over or board_over(instance, power_of, at=at).any():
         return evaluate(instance, plan)
     speeds = layout_speeds(instance, lay, memo=memo).tolist()
     tps = deg.tolist()
@@ -650,6 +662,8 @@ def evaluate_layout(
         float(claimed), value, rel_tol=METRIC_TOL, abs_tol=METRIC_ABS_TOL
     ):
         return evaluate(instance, plan)
+    if memo is not None:
+        memo["drawn"] = drawn  # passed: the next check starts from it
     return Evaluation(
         feasible=True,
         violations=(),
