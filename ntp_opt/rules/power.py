@@ -219,11 +219,24 @@ def largest_cap(instance: Instance, healthy_only: bool = True) -> float:
 
 
 def headroom(
-    instance: Instance, power_of: np.ndarray, alive: np.ndarray | None = None
+    instance: Instance,
+    power_of: np.ndarray,
+    alive: np.ndarray | None = None,
+    *,
+    memo: dict[Any, Any] | None = None,
 ) -> tuple[np.ndarray, float]:
-    """Watts left per rack (rack order) and at the site at the draw of :func:`gpu_draw`."""
+    """Watts left per rack (rack order) and at the site at the draw of :func:`gpu_draw`.
+
+    ``memo`` (the healthy GPUs idle only): the draw is kept in it and the
+    next call's drawn from it (:func:`redraw`); the same rooms without it.
+    """
     a = instance.arrays
-    rack, site = rack_and_site_draw(instance, power_of, alive)
+    if memo is not None and alive is None:
+        drawn, _ = redraw(instance, power_of, memo.get("headroom"))
+        memo["headroom"] = drawn
+        rack, site = drawn.rack, drawn.site
+    else:
+        rack, site = rack_and_site_draw(instance, power_of, alive)
     return a.rack_budget - rack, a.site_budget - site
 
 

@@ -465,7 +465,7 @@ def evaluate(instance: Instance, plan: Plan) -> Evaluation:
     tps = [rep.tp for rep in plan.replicas]
     batches = [int(rep.local_batch) for rep in plan.replicas]
     theta = gp.step_time(job, tps, batches, speeds)
-    value = gp.goodput(job, tps, batches, speeds)
+    value = gp.goodput_at(batches, theta)
     claimed = plan.metrics.get("goodput")
     if isinstance(claimed, int | float) and not math.isclose(
         float(claimed), value, rel_tol=METRIC_TOL, abs_tol=METRIC_ABS_TOL
@@ -656,7 +656,7 @@ def evaluate_layout(
     tps = deg.tolist()
     batches = batch.tolist()
     theta = gp.step_time(job, tps, batches, speeds)
-    value = gp.goodput(job, tps, batches, speeds)
+    value = gp.goodput_at(batches, theta)
     claimed = plan.metrics.get("goodput")
     if isinstance(claimed, int | float) and not math.isclose(
         float(claimed), value, rel_tol=METRIC_TOL, abs_tol=METRIC_ABS_TOL

@@ -437,7 +437,7 @@ def reboost_layout(
         value = keep
     used = np.zeros(a.n_gpus, dtype=bool)
     used[layout.gpus] = True
-    rack_room, site_room = headroom(instance, used.astype(float))
+    rack_room, site_room = headroom(instance, used.astype(float), memo=memo)
     ones = np.ones(layout.n_stages)
     target = 1.0 / job.seq_time_s
     at_one = layout_speeds(instance, layout, powers=ones, slowest=slowest)
