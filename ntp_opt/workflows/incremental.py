@@ -31,6 +31,7 @@ from ntp_opt.rules.power import (
     headroom,
     over_budget,
     rack_and_site_draw,
+    redraw,
     trim_powers,
 )
 from ntp_opt.rules.recourse import SparePools, adapt_replica
@@ -60,10 +61,21 @@ def stages_of(layout: Layout) -> Stages:
     return Stages(replica=layout.replica, gpus=layout.gpus, start=layout.offsets)
 
 
-def _draw(instance: Instance, lay: Layout, alive: np.ndarray) -> tuple[np.ndarray, bool]:
-    """Racks over budget and the site flag with the layout's stages at their powers."""
+def _draw(
+    instance: Instance, lay: Layout, alive: np.ndarray, memo: dict[Any, Any] | None = None
+) -> tuple[np.ndarray, bool]:
+    """Racks over budget and the site flag with the layout's stages at their powers.
+
+    ``memo``: where ``alive`` is the instance's healthy GPUs, the draw is
+    kept in it and the next one drawn from it (:func:`~ntp_opt.rules.power.redraw`;
+    the same flags without it).
+    """
     power_of = np.zeros(instance.arrays.n_gpus)
     power_of[lay.gpus] = np.repeat(lay.power, np.diff(lay.offsets))
+    if memo is not None and np.array_equal(alive, instance.arrays.healthy):
+        drawn, _ = redraw(instance, power_of, memo.get("recourse"))
+        memo["recourse"] = drawn
+        return over_budget(instance, drawn.rack, drawn.site)
     return over_budget(instance, *rack_and_site_draw(instance, power_of, alive))
 
 
@@ -194,18 +206,18 @@ def recourse_layout(
     dropped = n_rep - len(source)
     # power (step 4 of adapt)
     reduced_power = False
-    racks_over, site_over = _draw(instance, new, alive)
+    racks_over, site_over = _draw(instance, new, alive, memo)
     if racks_over.any():
         reduced_power = True
         sizes = np.diff(new.offsets)
         if new.n_stages:
             in_over = np.logical_or.reduceat(racks_over[a.gpu_rack[new.gpus]], new.offsets[:-1])
             new.power[in_over & (sizes > 0)] = 1.0
-        racks_over, site_over = _draw(instance, new, alive)
+        racks_over, site_over = _draw(instance, new, alive, memo)
     if site_over:
         reduced_power = True
         new.power[:] = 1.0
-        racks_over, site_over = _draw(instance, new, alive)
+        racks_over, site_over = _draw(instance, new, alive, memo)
     while degree and (racks_over.any() or site_over):
         reduced_power = True
         degree.pop()
@@ -223,7 +235,7 @@ def recourse_layout(
             degree=new.degree[:k],
             batch=new.batch[:k],
         )
-        racks_over, site_over = _draw(instance, new, alive)
+        racks_over, site_over = _draw(instance, new, alive, memo)
     # batches (step 6)
     tps = degree
     speeds_a = layout_speeds(instance, new, memo=memo) if degree else np.zeros(0)
