@@ -99,10 +99,15 @@ def rack_and_site_draw(
     instance: Instance, power_of: np.ndarray, alive: np.ndarray | None = None
 ) -> tuple[np.ndarray, float]:
     """Watts per rack (rack order) and for the site; see :func:`gpu_draw`."""
-    a = instance.arrays
     per_gpu = gpu_draw(instance, power_of, alive)
-    rack = np.bincount(a.gpu_rack, weights=per_gpu, minlength=len(a.rack_ids))
-    return rack, float(per_gpu.sum())
+    return _rack_sums(instance, per_gpu), float(per_gpu.sum())
+
+
+def _rack_sums(instance: Instance, per_gpu: np.ndarray) -> np.ndarray:
+    """Watts per rack: each rack's GPUs added in index order (:func:`redraw` relies on it)."""
+    a = instance.arrays
+    rack: np.ndarray = np.bincount(a.gpu_rack, weights=per_gpu, minlength=len(a.rack_ids))
+    return rack
 
 
 @dataclass(frozen=True, eq=False)
@@ -174,7 +179,7 @@ def redraw(
     )
     if last is None or not usable:
         per_gpu = gpu_draw(instance, power_of)
-        rack = np.bincount(a.gpu_rack, weights=per_gpu, minlength=len(a.rack_ids))
+        rack = _rack_sums(instance, per_gpu)
         order = np.argsort(a.gpu_rack, kind="stable")
         starts = np.searchsorted(a.gpu_rack[order], np.arange(len(a.rack_ids) + 1))
         drawn = Drawn(
