@@ -726,6 +726,7 @@ def boost_floor_stages(
     margin: float = BOOST_MARGIN,
     steps: int = 60,
     slowest: np.ndarray | None = None,
+    caps: np.ndarray | None = None,
     memo: dict[Any, Any] | None = None,
 ) -> np.ndarray:
     """Multipliers raising every replica to the highest common speed the rooms allow.
@@ -754,6 +755,9 @@ def boost_floor_stages(
         Share of the rooms left unspent; bisection steps.
     slowest
         Per stage, the speed of its slowest GPU, when known.
+    caps
+        Per stage, the least of its GPUs' largest multipliers
+        (``stages.stage_min(instance.max_multiplier)``), when known.
     memo
         A dict kept by the caller from one call to the next (re-planning):
         the stages' caps and (stage, rack) groups are kept in it and reused
@@ -788,7 +792,7 @@ def boost_floor_stages(
         stage_caps, tdp, of, rack = kept[2:]
     else:
         # per stage: the largest multiplier job and boards allow
-        stage_caps = stages.stage_min(instance.max_multiplier)
+        stage_caps = stages.stage_min(instance.max_multiplier) if caps is None else caps
         flat = stages.gpus
         # aggregate per (stage, rack): one power multiplier per stage
         stage = np.repeat(np.arange(len(sizes)), sizes)

@@ -463,7 +463,8 @@ def reboost_layout(
     best_case[slow] = target
     ub_slow = _bound(job, best_case, tp, memo)
     base = _factors(job, tp)[stages.replica] * slowest
-    top = float((base * stages.stage_min(instance.max_multiplier) ** job.power_exponent).min())
+    caps = stages.stage_min(instance.max_multiplier)
+    top = float((base * caps**job.power_exponent).min())
     ub_floor = _bound(job, np.maximum(at_one, top / job.seq_time_s), tp, memo)
 
     def slow_boost() -> tuple[np.ndarray, tuple[float, tuple[int, ...], float] | None]:
@@ -474,7 +475,7 @@ def reboost_layout(
 
     def floor_boost() -> tuple[np.ndarray, tuple[float, tuple[int, ...], float] | None]:
         pw = boost_floor_stages(
-            instance, stages, tp, rack_room, site_room, slowest=slowest, memo=memo
+            instance, stages, tp, rack_room, site_room, slowest=slowest, caps=caps, memo=memo
         )
         return pw, _split(instance, layout, pw, slowest, memo)
 
