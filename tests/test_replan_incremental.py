@@ -6,7 +6,9 @@
   re-boost it replaced (kept below as the reference);
 * :func:`ntp_opt.rules.validate.evaluate_layout` equals
   :func:`ntp_opt.rules.validate.evaluate`, figure for figure, violations
-  included;
+  included, also when it starts from the last check kept in a memo (random
+  edits and events), and :func:`ntp_opt.rules.power.redraw` equals the full
+  draw bit for bit;
 * a :class:`Replanner` replaying an event sequence returns what the one-shot
   :func:`replan` returns from the same plan, and every plan it returns passes
   the full validator.
