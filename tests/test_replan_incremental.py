@@ -6,7 +6,9 @@
   re-boost it replaced (kept below as the reference);
 * :func:`ntp_opt.rules.validate.evaluate_layout` equals
   :func:`ntp_opt.rules.validate.evaluate`, figure for figure, violations
-  included;
+  included, also when it starts from the last check kept in a memo (random
+  edits and events), and :func:`ntp_opt.rules.power.redraw` equals the full
+  draw bit for bit;
 * a :class:`Replanner` replaying an event sequence returns what the one-shot
   :func:`replan` returns from the same plan, and every plan it returns passes
   the full validator.
@@ -14,6 +16,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import numpy as np
@@ -25,7 +28,7 @@ from ntp_opt import Instance, Plan, Replica, Stage, check, solve
 from ntp_opt.model.layout import Layout
 from ntp_opt.planners.fast import boost_floor
 from ntp_opt.planners.heuristics import Slot, boost_slowest, split_groups
-from ntp_opt.rules.power import can_boost
+from ntp_opt.rules.power import can_boost, rack_and_site_draw, redraw
 from ntp_opt.rules.recourse import adapt_indices
 from ntp_opt.rules.tolerances import FLOAT_NOISE
 from ntp_opt.rules.validate import evaluate, evaluate_layout
@@ -193,6 +196,66 @@ def test_the_index_space_check_equals_the_validator(inst, data):
     events = _events(data, inst, 2)
     new = apply_events(inst, events)
     assert evaluate_layout(new, plan, layout) == evaluate(new, plan)
+
+
+def _edited(data: st.DataObject, inst: Instance, plan: Plan) -> Plan:
+    """``plan`` with one stage's multiplier or one of its GPUs replaced at random (any
+    multiplier, any GPU: the plan may break rules), claiming the validator's goodput."""
+    r = data.draw(st.integers(0, len(plan.replicas) - 1))
+    rep = plan.replicas[r]
+    s = data.draw(st.integers(0, len(rep.stages) - 1))
+    stage = rep.stages[s]
+    if data.draw(st.booleans()):
+        hi = 1.0 + inst.job.max_boost
+        power = data.draw(st.sampled_from([1.0, 1.0, 0.5 * (1.0 + hi), hi, 2.0 * hi]))
+        stage = dataclasses.replace(stage, power=power)
+    else:
+        a = inst.arrays
+        k = data.draw(st.integers(0, len(stage.gpus) - 1))
+        near = a.domain_gpus[a.domain_index[stage.domain]]  # mostly: the same domain
+        pool = near if data.draw(st.integers(0, 3)) else np.arange(a.n_gpus)
+        gpu = a.gpu_ids[int(data.draw(st.sampled_from(pool.tolist())))]
+        stage = dataclasses.replace(stage, gpus=(*stage.gpus[:k], gpu, *stage.gpus[k + 1 :]))
+    stages = (*rep.stages[:s], stage, *rep.stages[s + 1 :])
+    reps = (*plan.replicas[:r], dataclasses.replace(rep, stages=stages), *plan.replicas[r + 1 :])
+    edited = Plan(plan.instance, reps, dict(plan.metrics))
+    return edited.with_metrics(goodput=evaluate(inst, edited).goodput)
+
+
+@given(instances(), st.data())
+def test_the_check_from_the_last_one_equals_the_validator(inst, data):
+    """With a memo, ``evaluate_layout`` draws again only the GPUs whose multiplier or
+    health changed since the last check that passed: after random edits and events,
+    the same figures and violations as the validator."""
+    plan = data.draw(valid_plans(inst, min_replicas=1))
+    memo: dict = {}
+    cur = inst
+    passed = 0
+    for _ in range(data.draw(st.integers(1, 8))):
+        if data.draw(st.booleans()):
+            cur = apply_events(cur, _events(data, cur, 1))
+        else:
+            plan = _edited(data, cur, plan)
+        ref = evaluate(cur, plan)
+        assert evaluate_layout(cur, plan, Layout.from_plan(cur, plan, strict=False), memo) == ref
+        passed += ref.feasible
+    if passed:
+        assert "drawn" in memo  # the draw of a check that passed is kept
+
+
+@given(instances(), st.data())
+def test_a_redraw_equals_the_full_draw(inst, data):
+    a = inst.arrays
+    power_of = np.zeros(a.n_gpus)
+    last = None
+    for _ in range(data.draw(st.integers(1, 5))):
+        at = data.draw(st.lists(st.integers(0, a.n_gpus - 1), max_size=6))
+        power_of = power_of.copy()
+        power_of[at] = data.draw(st.sampled_from([0.0, 1.0, 1.1, 1.35]))
+        last, changed = redraw(inst, power_of, last)
+        rack, site = rack_and_site_draw(inst, power_of)
+        assert last.rack.tobytes() == rack.tobytes() and last.site == site  # bit for bit
+        assert changed is None or set(changed.tolist()) <= set(at)
 
 
 @given(instances(), st.data())

@@ -98,7 +98,7 @@ def _slots(
     flat = np.concatenate(parts)
     owner = np.concatenate(owners)
     speed = a.speed[flat]
-    order = np.lexsort((np.arange(len(flat)), -speed, owner))
+    order = np.lexsort((-speed, owner))  # stable: ties keep their order
     flat, speed = flat[order], speed[order]
     sizes = np.bincount(owner, minlength=len(doms))
     starts = np.concatenate(([0], np.cumsum(sizes)[:-1]))

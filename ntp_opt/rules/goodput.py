@@ -125,7 +125,11 @@ def step_time(
 
 def goodput(job: Job, tps: Sequence[int], batches: Sequence[int], speeds: Sequence[float]) -> float:
     """Goodput ``sum_r b_r / theta`` in sequences per second (0 for no replica)."""
-    theta = step_time(job, tps, batches, speeds)
+    return goodput_at(batches, step_time(job, tps, batches, speeds))
+
+
+def goodput_at(batches: Sequence[int], theta: float) -> float:
+    """:func:`goodput` at the step time ``theta`` (:func:`step_time`) of ``batches``."""
     if not np.isfinite(theta) or theta <= 0:
         return 0.0
     return float(sum(batches)) / theta

@@ -31,6 +31,7 @@ if TYPE_CHECKING:
     from ntp_opt.model.instance import Instance
 
 __all__ = [
+    "Drawn",
     "Stages",
     "board_over",
     "boost_floor_stages",
@@ -41,6 +42,7 @@ __all__ = [
     "largest_cap",
     "over_budget",
     "rack_and_site_draw",
+    "redraw",
     "stage_cap",
     "trim_powers",
 ]
@@ -58,7 +60,11 @@ def stage_cap(instance: Instance, gpus: np.ndarray | list[int]) -> float:
 
 
 def gpu_draw(
-    instance: Instance, power_of: np.ndarray, alive: np.ndarray | None = None
+    instance: Instance,
+    power_of: np.ndarray,
+    alive: np.ndarray | None = None,
+    *,
+    at: np.ndarray | None = None,
 ) -> np.ndarray:
     """Watts every GPU draws when GPU ``i`` runs at multiplier ``power_of[i]`` (0 = unused).
 
@@ -70,6 +76,8 @@ def gpu_draw(
         Per GPU: its stage's multiplier, or 0 when it is in no stage.
     alive
         Per GPU: may it draw idle power (default: the instance's healthy GPUs).
+    at
+        GPU indices: the draws of these GPUs only (the same values).
 
     Returns
     -------
@@ -80,7 +88,10 @@ def gpu_draw(
     a = instance.arrays
     idle = instance.job.idle_power_fraction
     ok = a.healthy if alive is None else alive
-    draw: np.ndarray = np.where(power_of > 0, power_of, np.where(ok, idle, 0.0)) * a.tdp
+    tdp = a.tdp
+    if at is not None:
+        power_of, ok, tdp = power_of[at], ok[at], tdp[at]
+    draw: np.ndarray = np.where(power_of > 0, power_of, np.where(ok, idle, 0.0)) * tdp
     return draw
 
 
@@ -88,10 +99,107 @@ def rack_and_site_draw(
     instance: Instance, power_of: np.ndarray, alive: np.ndarray | None = None
 ) -> tuple[np.ndarray, float]:
     """Watts per rack (rack order) and for the site; see :func:`gpu_draw`."""
-    a = instance.arrays
     per_gpu = gpu_draw(instance, power_of, alive)
-    rack = np.bincount(a.gpu_rack, weights=per_gpu, minlength=len(a.rack_ids))
-    return rack, float(per_gpu.sum())
+    return _rack_sums(instance, per_gpu), float(per_gpu.sum())
+
+
+def _rack_sums(instance: Instance, per_gpu: np.ndarray) -> np.ndarray:
+    """Watts per rack: each rack's GPUs added in index order (:func:`redraw` relies on it)."""
+    a = instance.arrays
+    rack: np.ndarray = np.bincount(a.gpu_rack, weights=per_gpu, minlength=len(a.rack_ids))
+    return rack
+
+
+@dataclass(frozen=True, eq=False)
+class Drawn:
+    """The draw of one set of multipliers on the instance's healthy GPUs (:func:`redraw`).
+
+    Attributes
+    ----------
+    power_of
+        Per GPU, its multiplier (0: unused).
+    healthy
+        The instance's healthy GPUs.
+    per_gpu
+        Watts per GPU (:func:`gpu_draw`).
+    rack
+        Watts per rack (rack order), as :func:`rack_and_site_draw`.
+    site
+        Watts at the site, as :func:`rack_and_site_draw`.
+    cluster
+        What the draw was read from besides the two masks: the TDP, rack and
+        board arrays (the objects) and the idle power fraction.
+    by_rack
+        The GPU indices by rack (by index within a rack), and each rack's
+        first position in it (one more entry than racks).
+    """
+
+    power_of: np.ndarray
+    healthy: np.ndarray
+    per_gpu: np.ndarray
+    rack: np.ndarray
+    site: float
+    cluster: tuple[Any, ...]
+    by_rack: tuple[np.ndarray, np.ndarray]
+
+
+def redraw(
+    instance: Instance, power_of: np.ndarray, last: Drawn | None = None
+) -> tuple[Drawn, np.ndarray | None]:
+    """:func:`rack_and_site_draw` (the healthy GPUs idle), from ``last`` where it can.
+
+    Where ``last`` was drawn on the same TDP, rack and board arrays (the same
+    objects) and idle fraction, only the GPUs whose multiplier or health
+    differs are drawn again and only their racks summed again (each rack's
+    GPUs in index order, as :func:`numpy.bincount` sums them): bit for bit
+    the draw of :func:`rack_and_site_draw`.
+
+    Parameters
+    ----------
+    instance
+        The instance.
+    power_of
+        Per GPU: its stage's multiplier, or 0 when it is in no stage.
+    last
+        An earlier draw (of another plan, or on the instance before an event).
+
+    Returns
+    -------
+    tuple of (Drawn, numpy.ndarray or None)
+        The draw, and the GPUs drawn again (``None``: every GPU, ``last`` not
+        usable).
+    """
+    a = instance.arrays
+    cluster = (a.tdp, a.gpu_rack, a.max_power, instance.job.idle_power_fraction)
+    usable = (
+        last is not None
+        and last.power_of.shape == power_of.shape
+        and all(x is y for x, y in zip(last.cluster[:3], cluster[:3], strict=True))
+        and last.cluster[3] == cluster[3]
+    )
+    if last is None or not usable:
+        per_gpu = gpu_draw(instance, power_of)
+        rack = _rack_sums(instance, per_gpu)
+        order = np.argsort(a.gpu_rack, kind="stable")
+        starts = np.searchsorted(a.gpu_rack[order], np.arange(len(a.rack_ids) + 1))
+        drawn = Drawn(
+            power_of, a.healthy, per_gpu, rack, float(per_gpu.sum()), cluster, (order, starts)
+        )
+        return drawn, None
+    changed = np.flatnonzero((power_of != last.power_of) | (a.healthy != last.healthy))
+    per_gpu = last.per_gpu.copy()
+    per_gpu[changed] = gpu_draw(instance, power_of, at=changed)
+    rack = last.rack.copy()
+    racks = np.unique(a.gpu_rack[changed])
+    if racks.size:
+        order, starts = last.by_rack
+        # each rack's GPUs by index, as the full sum adds them
+        idx = np.concatenate([order[starts[r] : starts[r + 1]] for r in racks.tolist()])
+        rack[racks] = np.bincount(
+            np.searchsorted(racks, a.gpu_rack[idx]), weights=per_gpu[idx], minlength=racks.size
+        )
+    drawn = Drawn(power_of, a.healthy, per_gpu, rack, float(per_gpu.sum()), cluster, last.by_rack)
+    return drawn, changed
 
 
 def can_boost(instance: Instance) -> bool:
@@ -116,11 +224,24 @@ def largest_cap(instance: Instance, healthy_only: bool = True) -> float:
 
 
 def headroom(
-    instance: Instance, power_of: np.ndarray, alive: np.ndarray | None = None
+    instance: Instance,
+    power_of: np.ndarray,
+    alive: np.ndarray | None = None,
+    *,
+    memo: dict[Any, Any] | None = None,
 ) -> tuple[np.ndarray, float]:
-    """Watts left per rack (rack order) and at the site at the draw of :func:`gpu_draw`."""
+    """Watts left per rack (rack order) and at the site at the draw of :func:`gpu_draw`.
+
+    ``memo`` (the healthy GPUs idle only): the draw is kept in it and the
+    next call's drawn from it (:func:`redraw`); the same rooms without it.
+    """
     a = instance.arrays
-    rack, site = rack_and_site_draw(instance, power_of, alive)
+    if memo is not None and alive is None:
+        drawn, _ = redraw(instance, power_of, memo.get("headroom"))
+        memo["headroom"] = drawn
+        rack, site = drawn.rack, drawn.site
+    else:
+        rack, site = rack_and_site_draw(instance, power_of, alive)
     return a.rack_budget - rack, a.site_budget - site
 
 
@@ -155,10 +276,18 @@ def over_budget(
     return racks, bool(site_w > a.site_budget * (1 + tol) + slack)
 
 
-def board_over(instance: Instance, power_of: np.ndarray) -> np.ndarray:
-    """Boolean per GPU: its multiplier asks for more than its board's ``max_power_w``."""
+def board_over(
+    instance: Instance, power_of: np.ndarray, *, at: np.ndarray | None = None
+) -> np.ndarray:
+    """Boolean per GPU: its multiplier asks for more than its board's ``max_power_w``.
+
+    ``at``: GPU indices; the flags of these GPUs only.
+    """
     a = instance.arrays
-    over: np.ndarray = power_of * a.tdp > a.max_power * (1 + POWER_TOL)
+    tdp, cap = a.tdp, a.max_power
+    if at is not None:
+        power_of, tdp, cap = power_of[at], tdp[at], cap[at]
+    over: np.ndarray = power_of * tdp > cap * (1 + POWER_TOL)
     return over
 
 
@@ -597,6 +726,7 @@ def boost_floor_stages(
     margin: float = BOOST_MARGIN,
     steps: int = 60,
     slowest: np.ndarray | None = None,
+    caps: np.ndarray | None = None,
     memo: dict[Any, Any] | None = None,
 ) -> np.ndarray:
     """Multipliers raising every replica to the highest common speed the rooms allow.
@@ -625,6 +755,9 @@ def boost_floor_stages(
         Share of the rooms left unspent; bisection steps.
     slowest
         Per stage, the speed of its slowest GPU, when known.
+    caps
+        Per stage, the least of its GPUs' largest multipliers
+        (``stages.stage_min(instance.max_multiplier)``), when known.
     memo
         A dict kept by the caller from one call to the next (re-planning):
         the stages' caps and (stage, rack) groups are kept in it and reused
@@ -659,7 +792,7 @@ def boost_floor_stages(
         stage_caps, tdp, of, rack = kept[2:]
     else:
         # per stage: the largest multiplier job and boards allow
-        stage_caps = stages.stage_min(instance.max_multiplier)
+        stage_caps = stages.stage_min(instance.max_multiplier) if caps is None else caps
         flat = stages.gpus
         # aggregate per (stage, rack): one power multiplier per stage
         stage = np.repeat(np.arange(len(sizes)), sizes)

@@ -19,7 +19,7 @@ from ntp_opt.model.instance import Instance
 from ntp_opt.model.layout import Layout
 from ntp_opt.model.plan import Plan, Replica
 from ntp_opt.rules import goodput as gp
-from ntp_opt.rules.power import board_over, over_budget, rack_and_site_draw
+from ntp_opt.rules.power import board_over, over_budget, rack_and_site_draw, redraw
 from ntp_opt.rules.tolerances import METRIC_ABS_TOL, METRIC_TOL, POWER_TOL
 
 #: Rule codes and what each one forbids.
@@ -465,7 +465,7 @@ def evaluate(instance: Instance, plan: Plan) -> Evaluation:
     tps = [rep.tp for rep in plan.replicas]
     batches = [int(rep.local_batch) for rep in plan.replicas]
     theta = gp.step_time(job, tps, batches, speeds)
-    value = gp.goodput(job, tps, batches, speeds)
+    value = gp.goodput_at(batches, theta)
     claimed = plan.metrics.get("goodput")
     if isinstance(claimed, int | float) and not math.isclose(
         float(claimed), value, rel_tol=METRIC_TOL, abs_tol=METRIC_ABS_TOL
@@ -492,12 +492,40 @@ def evaluate(instance: Instance, plan: Plan) -> Evaluation:
     )
 
 
+def stage_slowest(
+    instance: Instance, layout: Layout, memo: dict[Any, Any] | None = None
+) -> np.ndarray:
+    """Per stage of a strict layout, the speed of its slowest GPU.
+
+    Parameters
+    ----------
+    instance, layout
+        The instance and the layout (every stage has a GPU).
+    memo
+        A dict kept by the caller (a re-planning chain's): the last result is
+        kept in it with the speed, GPU and offset arrays it was read from, and
+        returned again while the same three arrays (the same objects, which
+        re-planning never changes in place) are asked for. The same result
+        without it.
+    """
+    speed, gpus, offsets = instance.arrays.speed, layout.gpus, layout.offsets
+    kept = None if memo is None else memo.get("slowest")
+    if kept is not None and kept[0] is speed and kept[1] is gpus and kept[2] is offsets:
+        out: np.ndarray = kept[3]
+        return out
+    out = np.minimum.reduceat(speed[gpus], offsets[:-1])
+    if memo is not None:
+        memo["slowest"] = (speed, gpus, offsets, out)
+    return out
+
+
 def layout_speeds(
     instance: Instance,
     layout: Layout,
     *,
     powers: np.ndarray | None = None,
     slowest: np.ndarray | None = None,
+    memo: dict[Any, Any] | None = None,
 ) -> np.ndarray:
     """Per replica of a strict layout, :func:`ntp_opt.rules.goodput.replica_speed`, vectorised.
 
@@ -516,12 +544,15 @@ def layout_speeds(
     slowest
         Per stage, the speed of its slowest GPU, when known (the same for
         every ``powers``).
+    memo
+        Where :func:`stage_slowest` keeps its last result, when ``slowest``
+        is not given.
     """
     job = instance.job
     if layout.n_replicas == 0:
         return np.zeros(0)
     if slowest is None:
-        slowest = np.minimum.reduceat(instance.arrays.speed[layout.gpus], layout.offsets[:-1])
+        slowest = stage_slowest(instance, layout, memo)
     pw = layout.power if powers is None else powers
     per_stage = pw**job.power_exponent * slowest
     first = np.searchsorted(layout.replica, np.arange(layout.n_replicas))
@@ -532,7 +563,9 @@ def layout_speeds(
     return out
 
 
-def evaluate_layout(instance: Instance, plan: Plan, layout: Layout) -> Evaluation:
+def evaluate_layout(
+    instance: Instance, plan: Plan, layout: Layout, memo: dict[Any, Any] | None = None
+) -> Evaluation:
     """:func:`evaluate` of ``plan`` from its strict layout, on index arrays only.
 
     The re-planning path: ``layout`` is ``Layout.from_plan(instance, plan)``
@@ -552,6 +585,15 @@ def evaluate_layout(instance: Instance, plan: Plan, layout: Layout) -> Evaluatio
         the fall-back).
     layout
         The plan's strict layout.
+    memo
+        A re-planning chain's memo: the stages' slowest speeds are read
+        from it when the same arrays were read before
+        (:func:`stage_slowest`), and the power draw of the last check that
+        passed is kept in it: the next check draws again only the GPUs
+        whose multiplier or health changed, and checks health and boards
+        there only (:func:`ntp_opt.rules.power.redraw`; elsewhere a GPU
+        runs as in a check that passed). The same figures and violations
+        without it.
 
     Returns
     -------
@@ -584,32 +626,44 @@ def evaluate_layout(instance: Instance, plan: Plan, layout: Layout) -> Evaluatio
                     np.isfinite(pw) & (pw >= 1.0 - POWER_TOL) & (pw <= hi_power * (1 + POWER_TOL))
                 ).all()
             )
-            and bool(((g >= 0) & (g < a.n_gpus)).all())
         )
-    if fine and g.size:
-        fine = (
-            bool(a.healthy[g].all())
-            and bool((a.gpu_domain[g] == np.repeat(lay.domain, sizes)).all())
-            and int(np.bincount(g, minlength=a.n_gpus).max()) <= 1
-        )
-    if not fine or _check_batch_sum(instance, plan):
-        return evaluate(instance, plan)
     power_of = np.zeros(a.n_gpus, dtype=float)
-    power_of[g] = np.repeat(pw, sizes)
-    rack_w, site_w = rack_and_site_draw(instance, power_of)
-    racks_over, site_over = over_budget(instance, rack_w, site_w)
-    if racks_over.any() or site_over or board_over(instance, power_of).any():
+    if fine and g.size:
+        fine = int(g.min()) >= 0 and int(g.max()) < a.n_gpus
+        if fine:
+            power_of[g] = np.repeat(pw, sizes)
+            # every multiplier is > 0 (checked above): fewer GPUs drawing than
+            # listed means a GPU is in two stages
+            fine = int(np.count_nonzero(power_of)) == g.size and bool(
+                (a.gpu_domain[g] == np.repeat(lay.domain, sizes)).all()
+            )
+    if not fine:
         return evaluate(instance, plan)
-    speeds = layout_speeds(instance, lay).tolist()
+    last = None if memo is None else memo.get("drawn")
+    drawn, changed = redraw(instance, power_of, last)
+    # where a GPU's multiplier and health are those of the last check, which
+    # passed, it is healthy if used and within its board's limit
+    at = None if changed is None else changed[power_of[changed] > 0]
+    if not (a.healthy[g] if at is None else a.healthy[at]).all() or _check_batch_sum(
+        instance, plan
+    ):
+        return evaluate(instance, plan)
+    rack_w, site_w = drawn.rack, drawn.site
+    racks_over, site_over = over_budget(instance, rack_w, site_w)
+    if racks_over.any() or site_over or board_over(instance, power_of, at=at).any():
+        return evaluate(instance, plan)
+    speeds = layout_speeds(instance, lay, memo=memo).tolist()
     tps = deg.tolist()
     batches = batch.tolist()
     theta = gp.step_time(job, tps, batches, speeds)
-    value = gp.goodput(job, tps, batches, speeds)
+    value = gp.goodput_at(batches, theta)
     claimed = plan.metrics.get("goodput")
     if isinstance(claimed, int | float) and not math.isclose(
         float(claimed), value, rel_tol=METRIC_TOL, abs_tol=METRIC_ABS_TOL
     ):
         return evaluate(instance, plan)
+    if memo is not None:
+        memo["drawn"] = drawn  # passed: the next check starts from it
     return Evaluation(
         feasible=True,
         violations=(),
@@ -620,7 +674,7 @@ def evaluate_layout(instance: Instance, plan: Plan, layout: Layout) -> Evaluatio
         replica_speeds=tuple(speeds),
         n_replicas=n_rep,
         n_reduced=sum(1 for t in tps if t < job.tp),
-        gpus_used=int((power_of > 0).sum()),
+        gpus_used=int(g.size),  # each listed once, at a multiplier > 0
         site_power_w=site_w,
         rack_power_w=tuple(rack_w.tolist()),
     )

@@ -31,11 +31,12 @@ from ntp_opt.rules.power import (
     headroom,
     over_budget,
     rack_and_site_draw,
+    redraw,
     trim_powers,
 )
 from ntp_opt.rules.recourse import SparePools, adapt_replica
 from ntp_opt.rules.tolerances import FLOAT_NOISE
-from ntp_opt.rules.validate import layout_speeds
+from ntp_opt.rules.validate import layout_speeds, stage_slowest
 
 __all__ = ["Local", "reboost_layout", "recourse_layout", "stages_of"]
 
@@ -60,10 +61,21 @@ def stages_of(layout: Layout) -> Stages:
     return Stages(replica=layout.replica, gpus=layout.gpus, start=layout.offsets)
 
 
-def _draw(instance: Instance, lay: Layout, alive: np.ndarray) -> tuple[np.ndarray, bool]:
-    """Racks over budget and the site flag with the layout's stages at their powers."""
+def _draw(
+    instance: Instance, lay: Layout, alive: np.ndarray, memo: dict[Any, Any] | None = None
+) -> tuple[np.ndarray, bool]:
+    """Racks over budget and the site flag with the layout's stages at their powers.
+
+    ``memo``: where ``alive`` is the instance's healthy GPUs, the draw is
+    kept in it and the next one drawn from it (:func:`~ntp_opt.rules.power.redraw`;
+    the same flags without it).
+    """
     power_of = np.zeros(instance.arrays.n_gpus)
     power_of[lay.gpus] = np.repeat(lay.power, np.diff(lay.offsets))
+    if memo is not None and np.array_equal(alive, instance.arrays.healthy):
+        drawn, _ = redraw(instance, power_of, memo.get("recourse"))
+        memo["recourse"] = drawn
+        return over_budget(instance, drawn.rack, drawn.site)
     return over_budget(instance, *rack_and_site_draw(instance, power_of, alive))
 
 
@@ -194,18 +206,18 @@ def recourse_layout(
     dropped = n_rep - len(source)
     # power (step 4 of adapt)
     reduced_power = False
-    racks_over, site_over = _draw(instance, new, alive)
+    racks_over, site_over = _draw(instance, new, alive, memo)
     if racks_over.any():
         reduced_power = True
         sizes = np.diff(new.offsets)
         if new.n_stages:
             in_over = np.logical_or.reduceat(racks_over[a.gpu_rack[new.gpus]], new.offsets[:-1])
             new.power[in_over & (sizes > 0)] = 1.0
-        racks_over, site_over = _draw(instance, new, alive)
+        racks_over, site_over = _draw(instance, new, alive, memo)
     if site_over:
         reduced_power = True
         new.power[:] = 1.0
-        racks_over, site_over = _draw(instance, new, alive)
+        racks_over, site_over = _draw(instance, new, alive, memo)
     while degree and (racks_over.any() or site_over):
         reduced_power = True
         degree.pop()
@@ -223,10 +235,10 @@ def recourse_layout(
             degree=new.degree[:k],
             batch=new.batch[:k],
         )
-        racks_over, site_over = _draw(instance, new, alive)
+        racks_over, site_over = _draw(instance, new, alive, memo)
     # batches (step 6)
     tps = degree
-    speeds_a = layout_speeds(instance, new) if degree else np.zeros(0)
+    speeds_a = layout_speeds(instance, new, memo=memo) if degree else np.zeros(0)
     speeds = speeds_a.tolist()
     split = _exact(job, speeds_a, np.array(tps, dtype=np.int64), memo)
     replicas: tuple[Replica, ...] = ()
@@ -429,7 +441,7 @@ def reboost_layout(
     a = instance.arrays
     stages = stages_of(layout)
     tp = layout.degree
-    slowest = stages.stage_min(a.speed)
+    slowest = stage_slowest(instance, layout, memo)
     if keep is None:
         got_keep = _split(instance, layout, layout.power, slowest, memo)
         value = -1.0 if got_keep is None else got_keep[0]
@@ -437,7 +449,7 @@ def reboost_layout(
         value = keep
     used = np.zeros(a.n_gpus, dtype=bool)
     used[layout.gpus] = True
-    rack_room, site_room = headroom(instance, used.astype(float))
+    rack_room, site_room = headroom(instance, used.astype(float), memo=memo)
     ones = np.ones(layout.n_stages)
     target = 1.0 / job.seq_time_s
     at_one = layout_speeds(instance, layout, powers=ones, slowest=slowest)
@@ -451,7 +463,8 @@ def reboost_layout(
     best_case[slow] = target
     ub_slow = _bound(job, best_case, tp, memo)
     base = _factors(job, tp)[stages.replica] * slowest
-    top = float((base * stages.stage_min(instance.max_multiplier) ** job.power_exponent).min())
+    caps = stages.stage_min(instance.max_multiplier)
+    top = float((base * caps**job.power_exponent).min())
     ub_floor = _bound(job, np.maximum(at_one, top / job.seq_time_s), tp, memo)
 
     def slow_boost() -> tuple[np.ndarray, tuple[float, tuple[int, ...], float] | None]:
@@ -462,7 +475,7 @@ def reboost_layout(
 
     def floor_boost() -> tuple[np.ndarray, tuple[float, tuple[int, ...], float] | None]:
         pw = boost_floor_stages(
-            instance, stages, tp, rack_room, site_room, slowest=slowest, memo=memo
+            instance, stages, tp, rack_room, site_room, slowest=slowest, caps=caps, memo=memo
         )
         return pw, _split(instance, layout, pw, slowest, memo)
 

@@ -565,15 +565,22 @@ def _settings(tolerance: float, mode: str, check_mode: str) -> None:
         raise ValueError(f"check must be incremental or full, got {check_mode!r}")
 
 
-def _evaluate(instance: Instance, plan: Plan, layout: Layout, check_mode: str) -> Evaluation:
+def _evaluate(
+    instance: Instance,
+    plan: Plan,
+    layout: Layout,
+    check_mode: str,
+    memo: dict[Any, Any] | None = None,
+) -> Evaluation:
     """The validator's figures of a plan made in index space.
 
     ``"incremental"``: :func:`ntp_opt.rules.validate.evaluate_layout` (every
     rule on the layout's arrays, no node id read). ``"full"``: also the full
     :func:`ntp_opt.rules.validate.evaluate`, which must agree figure for
-    figure (else ``RuntimeError``: a bug, never hidden).
+    figure (else ``RuntimeError``: a bug, never hidden). ``memo``: the
+    chain's (:class:`PlanState`), for the stages' slowest speeds.
     """
-    ev = evaluate_layout(instance, plan, layout)
+    ev = evaluate_layout(instance, plan, layout, memo)
     if check_mode == "full":
         full = evaluate(instance, plan)
         if full != ev:
@@ -633,11 +640,11 @@ def _step(
             new_inst, local, local_lay, keep if local.replicas else None, state.memo
         )
         if boosted is not None:
-            ev = _evaluate(new_inst, boosted.plan, boosted.layout, check_mode)
+            ev = _evaluate(new_inst, boosted.plan, boosted.layout, check_mode, state.memo)
             if ev.feasible:
                 (local, local_lay), local_ev = boosted, ev
     if local_ev is None:
-        local_ev = _evaluate(new_inst, local, local_lay, check_mode)
+        local_ev = _evaluate(new_inst, local, local_lay, check_mode, state.memo)
         if not local_ev.feasible:
             raise PlanError(list(local_ev.violations))
     bound, points, rows, bound_kind = math.inf, state.points, None, "skipped"
@@ -713,11 +720,11 @@ def _step(
                 if swap.replicas
                 else None
             )
-            boost_ev = None if got is None else _evaluate(new_inst, *got, check_mode)
+            boost_ev = None if got is None else _evaluate(new_inst, *got, check_mode, state.memo)
             if got is not None and boost_ev is not None and boost_ev.feasible:
                 (swap, swap_lay), ev = got, boost_ev
             else:
-                ev = _evaluate(new_inst, swap, swap_lay, check_mode)
+                ev = _evaluate(new_inst, swap, swap_lay, check_mode, state.memo)
             if ev.feasible:
                 evals["swap"] = ev
                 layouts["swap"] = swap_lay
