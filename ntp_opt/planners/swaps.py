@@ -1,6 +1,6 @@
 """Local search by stage swaps: improve a plan while moving few GPUs.
 
-Used by :func:`ntp_opt.replan.replan` after an event. A *slot* is one stage's
+Used by :func:`ntp_opt.workflows.replan.replan` after an event. A *slot* is one stage's
 share of its domain: the stage's GPUs, plus the domain's unused healthy GPUs
 when the stage is the only one in its domain. A replica of slots runs at the
 allowed degree ``t`` maximising ``f(t) * min_k s_k(t)``, where ``s_k(t)`` is
@@ -17,7 +17,7 @@ split:
 
 Each accepted move migrates about two stages' GPUs. Power multipliers are set
 to 1 by the search; the caller re-applies boosts
-(:func:`ntp_opt.replan.reboost`). Deterministic.
+(:func:`ntp_opt.workflows.replan.reboost`). Deterministic.
 """
 
 from __future__ import annotations

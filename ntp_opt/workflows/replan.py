@@ -6,14 +6,14 @@ the new instance and a validated plan for it, with the number of GPUs that
 migrate. Up to three plans are compared:
 
 * **local**: the running plan after the deterministic recourse of
-  :func:`ntp_opt.recourse.adapt` (failed GPUs replaced from in-domain spares,
+  :func:`ntp_opt.rules.recourse.adapt` (failed GPUs replaced from in-domain spares,
   degrees reduced, batches re-split), with its power boosts redone by
   :func:`reboost` when recourse reset them, speeds changed, or (``fixed``
   batch) a replica's degree dropped: every replica then carries its share
   of the batch at that replica's pace. It moves only the GPUs the events
   force to move.
 * **swap**: the local plan improved by a few stage swaps around the replicas
-  the events touched (:func:`ntp_opt.swaps.improve`): a damaged domain joins
+  the events touched (:func:`ntp_opt.planners.swaps.improve`): a damaged domain joins
   an already reduced replica, a spare domain comes in, a repaired replica
   returns to a higher degree. Each swap moves about two stages.
 * **global**: the :func:`ntp_opt.fast.plan_fast` plan of the new instance,
@@ -22,7 +22,7 @@ migrate. Up to three plans are compared:
 
 They are tried in that order, each only while the best so far is more than
 ``tolerance`` (default 0.1 %) below the proven bound
-:func:`ntp_opt.milp.bounds.stage_bound`. Among the plans tried, the one moving
+:func:`ntp_opt.planners.exact.bounds.stage_bound`. Among the plans tried, the one moving
 the fewest GPUs within ``tolerance`` of the best goodput is kept.
 
 Migration counts the GPUs, healthy after the events, whose assignment
@@ -151,7 +151,7 @@ def _as_events(events: Iterable[Any]) -> list[ClusterEvent]:
             out.append(e)
         elif isinstance(e, Mapping):
             out.append(ClusterEvent.from_dict(e))
-        elif hasattr(e, "kind") and hasattr(e, "gpu_ids"):  # ntp_opt.simulate.Event
+        elif hasattr(e, "kind") and hasattr(e, "gpu_ids"):  # ntp_opt.workflows.simulate.Event
             out.append(ClusterEvent(e.kind, tuple(e.gpu_ids)))
         else:
             raise TypeError(f"not an event: {e!r}")
@@ -185,7 +185,7 @@ def apply_events(instance: Instance, events: Iterable[Any]) -> Instance:
         The instance before.
     events
         :class:`ClusterEvent` objects, dicts of their fields, or
-        :class:`ntp_opt.simulate.Event` objects, applied in order.
+        :class:`ntp_opt.workflows.simulate.Event` objects, applied in order.
 
     Returns
     -------
