@@ -311,6 +311,17 @@ def replicas_needed(instance: Instance) -> int:
     return -(-job.global_batch // job.local_batch_max)
 
 
+def paper_slots(instance: Instance) -> int:
+    """How many slots the paper's cut makes: per domain, one per ``T`` healthy GPUs and
+    one reduced slot when the rest allows a degree (:func:`domain_slot_table`)."""
+    a = instance.arrays
+    job = instance.job
+    healthy = np.bincount(a.gpu_domain[a.healthy], minlength=a.n_domains)
+    lookup = np.array([job.largest_allowed(r) or 0 for r in range(job.tp)], dtype=np.int64)
+    rest = lookup[healthy % job.tp]
+    return int((healthy // job.tp).sum() + np.count_nonzero(rest))
+
+
 def count_fit_table(instance: Instance, replicas: int | None = None) -> SlotTable | None:
     """The paper's slots, with domains cut into more, smaller stages until ``pp`` times
     ``replicas`` (default :func:`replicas_needed`) slots exist; ``None`` when the
@@ -329,11 +340,7 @@ def count_fit_table(instance: Instance, replicas: int | None = None) -> SlotTabl
     need = want * job.pp
     if want <= 0 or need > min(job.replicas_max, job.global_batch) * job.pp:
         return None
-    a = instance.arrays
-    healthy = np.bincount(a.gpu_domain[a.healthy], minlength=a.n_domains)
-    lookup = np.array([job.largest_allowed(r) or 0 for r in range(job.tp)], dtype=np.int64)
-    rest = lookup[healthy % job.tp]
-    if int((healthy // job.tp).sum() + np.count_nonzero(rest)) >= need:
+    if paper_slots(instance) >= need:
         return None  # the paper's slots (domain_slot_table) suffice: the usual case
     base = domain_slot_table(instance, reduced=True)
     g, counts, first = fastest_first(instance)
@@ -366,6 +373,9 @@ def count_fit_table(instance: Instance, replicas: int | None = None) -> SlotTabl
             up = job.largest_allowed(min(big_t, t_k + spare)) or t_k
             spare -= up - t_k
             degree[j] = up
+        # the raised stages take the slowest GPUs: a replica run at ``t_k`` leaves
+        # out the slowest of them, not GPUs faster than those its other stages use
+        degree.sort()
         gpus = np.full((k, big_t), -1, dtype=np.int64)
         at = int(first[d])
         for j, t in enumerate(degree):
@@ -539,6 +549,13 @@ def candidates(instance: Instance, *, cancel: threading.Event | None = None) -> 
         more = count_fit_table(instance, most)
         if more is not None:
             makers["count-max"] = lambda: pack(instance, more)
+        # one replica more than the paper's slots hold, not as many as may run: the
+        # domains cut less finely (six TP11 stages of 71 GPUs rather than seven TP10)
+        one_more = paper_slots(instance) // job.pp + 1
+        if replicas_needed(instance) < one_more < most:
+            next_cut = count_fit_table(instance, one_more)
+            if next_cut is not None:
+                makers["count-next"] = lambda: pack(instance, next_cut)
     makers["even"] = lambda: pack(instance, even_table(instance), by_value=True)
     if boost and racks_bind(instance):
         makers["ntp-spread"] = lambda: pack(
