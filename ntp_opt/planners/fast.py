@@ -707,8 +707,9 @@ def rack_regrouped(instance: Instance, best: Candidate) -> Packing | None:
     replica whose stages share a rack with room is one that rack can boost
     alone, and dropping the last replica (:func:`fewer_boosted`) drops the
     slow leftovers rather than leaving one rack more stages to feed than
-    another. Only where every replica runs at one degree
-    (the stages are then interchangeable); ``None`` when nothing moves.
+    another. A stage counts in the rack of its first GPU (a domain across
+    racks: its fastest). Only where every replica runs at one degree (the
+    stages are then interchangeable); ``None`` when nothing moves.
     """
     packing = best.packing
     if len(packing) < 2 or len(set(packing.tp.tolist())) != 1:
@@ -759,6 +760,8 @@ def lead_boosted(instance: Instance, best: Candidate, most: int = 8) -> Candidat
     batches = np.array(best.batches, dtype=np.int64)
     order = np.lexsort((np.arange(len(packing)), -speeds, -batches))[:most]
     pp = packing.members.shape[1]
+    base = packing.stage_speeds()
+    alpha = instance.job.power_exponent
     changed = False
     for r in order.tolist():
         if batches[r] <= 0:
@@ -770,9 +773,7 @@ def lead_boosted(instance: Instance, best: Candidate, most: int = 8) -> Candidat
         rack_room, site_room = headroom(instance, power_of)
         one = Packing(packing.slots, packing.members[r : r + 1], packing.tp[r : r + 1])
         up = boost_floor_stages(instance, one.stages(), one.tp, rack_room, site_room)
-        base = packing.stage_speeds()[r]
-        alpha = instance.job.power_exponent
-        if (up**alpha * base).min() > (powers[r] ** alpha * base).min() * (1 + FLOAT_NOISE):
+        if (up**alpha * base[r]).min() > (powers[r] ** alpha * base[r]).min() * (1 + FLOAT_NOISE):
             powers[r] = up  # faster than before (the stages at a limit kept within the rooms)
             changed = True
     if not changed:
