@@ -246,3 +246,78 @@ def test_trim_degrees_by_hand():
     res = solve(inst, "fast")
     assert sorted(r.tp for r in res.plan.replicas) == [30, 30]
     assert res.relative_objective == pytest.approx(30 / 36 / 1.01, rel=1e-9)
+
+
+def test_regroup_replicas_by_rack_before_dropping_one():
+    # 6 domains of 4 GPUs, 3 per rack (each rack's budget = its TDP sum, 12 GPUs), d5 at
+    # speed 0.5; TP4 PP2, one sequence per replica, alpha 1, no idle draw. Three replicas
+    # must boost d5 (r1 holds 4 + 4 + 8 GPU-equivalents: floor 0.75, goodput 2.25). Packed
+    # by speed they pair (d0,d1), (d2,d3), (d4,d5): dropping the last leaves three stages
+    # in r0 (floor 1.0, goodput 2). Regrouped by rack, (d0,d1) and (d3,d4) leave each rack
+    # 8 GPUs: both at 1.5 (the site's 24 GPUs of TDP over 16): goodput 3
+    g = topology.build_cluster(6, 4, 4, 3)
+    topology.set_speed(g, [f"d5.t0.g{j}" for j in range(4)], 0.5)
+    job = Job(
+        tp=4, pp=2, dp=3, global_batch=3, max_local_batch=1, power_exponent=1.0,
+        max_boost=1.0, idle_power_fraction=0.0, seq_time_s=1.0, batch_policy="elastic",
+    )  # fmt: skip
+    inst = Instance("by-rack", g, job)
+    res = solve(inst, "fast")
+    assert sorted(s.domain for r in res.plan.replicas for s in r.stages) == ["d0", "d1", "d3", "d4"]
+    assert res.relative_objective == pytest.approx(3.0 / 3, rel=1e-6)
+
+
+def test_boost_the_replica_of_the_larger_batch_in_its_roomy_rack():
+    # two racks of one 8-GPU domain, TP4 PP1, fixed batch 3 (at most 2 per replica),
+    # alpha 1, idle 0.5, multipliers up to 1.8. d1 has 4 failed GPUs: its rack has 4 GPUs
+    # of room, d0's rack (one stage used, four idle) 2. The floor boost lifts both replicas
+    # to 1.5 (d0's rack): batches 2 and 1 at pace 2 / 1.5, goodput 2.25. The replica in d1
+    # alone can reach 1.8 (site: 2 + 3.2 of its 6 GPUs of room): pace 2 / 1.8, goodput 2.7
+    g = topology.build_cluster(2, 8, 4, 2)
+    topology.fail_gpus(g, [f"d1.t0.g{j}" for j in range(4)])
+    job = Job(
+        tp=4, pp=1, dp=2, global_batch=3, max_local_batch=2, power_exponent=1.0,
+        max_boost=0.8, idle_power_fraction=0.5, seq_time_s=1.0, batch_policy="fixed",
+    )  # fmt: skip
+    inst = Instance("lead", g, job)
+    res = solve(inst, "fast")
+    assert {r.stages[0].domain: r.local_batch for r in res.plan.replicas} == {"d0": 1, "d1": 2}
+    assert res.relative_objective == pytest.approx(2.7 / 2, rel=1e-6)
+
+
+def test_one_replica_more_than_the_paper_cut_not_as_many_as_may_run():
+    # one domain of 72 GPUs, one failed, TP16 PP3 (degrees 10-16), no boost, elastic with
+    # up to 3 replicas of 2 sequences. The paper's cut (four TP16 stages) holds one
+    # replica (relative 1 / 3); cut for three replicas (seven TP10 stages) it holds two
+    # TP10 ones (2 x 10/16 / 1.01 / 3); cut for two, six stages of TP11 (one raised to
+    # TP16 with the GPUs left over): two TP11 replicas, 2 x 11/16 / 1.01 / 3
+    g = topology.build_cluster(1, 72, 4, 18)
+    topology.fail_gpus(g, ["d0.t0.g0"])
+    job = Job(
+        tp=16, tp_min=10, pp=3, dp=3, global_batch=4, max_local_batch=2, max_boost=0.0,
+        batch_policy="elastic",
+    )  # fmt: skip
+    inst = Instance("count-next", g, job)
+    res = solve(inst, "fast")
+    assert [(r.tp, r.local_batch) for r in res.plan.replicas] == [(11, 2), (11, 2)]
+    assert res.relative_objective == pytest.approx(2 * 11 / 16 / 1.01 / 3, rel=1e-9)
+
+
+def test_stages_raised_by_the_count_cut_take_the_slowest_gpus():
+    # one domain of 36 GPUs, one failed and one at speed 0.5 (the slowest), TP16 PP2
+    # (degrees 8-16), fixed batch 2 of one sequence each: two replicas, four stages of
+    # TP8 and three GPUs left over, which raise one stage to TP11. Raised with the fastest
+    # GPUs, the slow GPU sits in a TP8 stage (relative 0.5 x 8/16 / 1.01); raised with the
+    # slowest, the TP11 stage runs at TP8 on its fastest 8 and leaves it out: 8/16 / 1.01
+    g = topology.build_cluster(1, 36, 4, 9)
+    topology.fail_gpus(g, ["d0.t0.g0"])
+    topology.set_speed(g, ["d0.t8.g3"], 0.5)
+    job = Job(
+        tp=16, tp_min=8, pp=2, dp=2, global_batch=2, max_local_batch=1, max_boost=0.0,
+        batch_policy="fixed",
+    )  # fmt: skip
+    inst = Instance("count-slow", g, job)
+    res = solve(inst, "fast")
+    used = {gpu for r in res.plan.replicas for s in r.stages for gpu in s.gpus}
+    assert "d0.t8.g3" not in used
+    assert res.relative_objective == pytest.approx(8 / 16 / 1.01, rel=1e-9)

@@ -35,7 +35,11 @@ From the best candidate (and the best spread one), two local steps when
 power can be boosted: :func:`capped_boosted` (every degree capped at a lower
 one, the watts freed spent on the floor boost) and :func:`fewer_boosted`
 (the worst replicas dropped, their watts spent on the others' boost), each
-kept only when it raises goodput.
+kept only when it raises goodput; the same drop after :func:`rack_regrouped`
+(the stages regrouped into whole replicas per rack, the slowest left over
+last). Last, :func:`lead_boosted` spends the watts the floor boost leaves in
+roomy racks on the replicas of the largest batch, from the best candidate
+and the best regrouped one.
 The winner's multipliers are lowered to what its batch split uses
 (:func:`ntp_opt.planners.heuristics.trim_packed`): the same goodput, no power
 spent for nothing. Deterministic: no randomness, ties broken by index.
@@ -307,6 +311,17 @@ def replicas_needed(instance: Instance) -> int:
     return -(-job.global_batch // job.local_batch_max)
 
 
+def paper_slots(instance: Instance) -> int:
+    """How many slots the paper's cut makes: per domain, one per ``T`` healthy GPUs and
+    one reduced slot when the rest allows a degree (:func:`domain_slot_table`)."""
+    a = instance.arrays
+    job = instance.job
+    healthy = np.bincount(a.gpu_domain[a.healthy], minlength=a.n_domains)
+    lookup = np.array([job.largest_allowed(r) or 0 for r in range(job.tp)], dtype=np.int64)
+    rest = lookup[healthy % job.tp]
+    return int((healthy // job.tp).sum() + np.count_nonzero(rest))
+
+
 def count_fit_table(instance: Instance, replicas: int | None = None) -> SlotTable | None:
     """The paper's slots, with domains cut into more, smaller stages until ``pp`` times
     ``replicas`` (default :func:`replicas_needed`) slots exist; ``None`` when the
@@ -325,11 +340,7 @@ def count_fit_table(instance: Instance, replicas: int | None = None) -> SlotTabl
     need = want * job.pp
     if want <= 0 or need > min(job.replicas_max, job.global_batch) * job.pp:
         return None
-    a = instance.arrays
-    healthy = np.bincount(a.gpu_domain[a.healthy], minlength=a.n_domains)
-    lookup = np.array([job.largest_allowed(r) or 0 for r in range(job.tp)], dtype=np.int64)
-    rest = lookup[healthy % job.tp]
-    if int((healthy // job.tp).sum() + np.count_nonzero(rest)) >= need:
+    if paper_slots(instance) >= need:
         return None  # the paper's slots (domain_slot_table) suffice: the usual case
     base = domain_slot_table(instance, reduced=True)
     g, counts, first = fastest_first(instance)
@@ -362,6 +373,9 @@ def count_fit_table(instance: Instance, replicas: int | None = None) -> SlotTabl
             up = job.largest_allowed(min(big_t, t_k + spare)) or t_k
             spare -= up - t_k
             degree[j] = up
+        # the raised stages take the slowest GPUs: a replica run at ``t_k`` leaves
+        # out the slowest of them, not GPUs faster than those its other stages use
+        degree.sort()
         gpus = np.full((k, big_t), -1, dtype=np.int64)
         at = int(first[d])
         for j, t in enumerate(degree):
@@ -535,6 +549,13 @@ def candidates(instance: Instance, *, cancel: threading.Event | None = None) -> 
         more = count_fit_table(instance, most)
         if more is not None:
             makers["count-max"] = lambda: pack(instance, more)
+        # one replica more than the paper's slots hold, not as many as may run: the
+        # domains cut less finely (six TP11 stages of 71 GPUs rather than seven TP10)
+        one_more = paper_slots(instance) // job.pp + 1
+        if replicas_needed(instance) < one_more < most:
+            next_cut = count_fit_table(instance, one_more)
+            if next_cut is not None:
+                makers["count-next"] = lambda: pack(instance, next_cut)
     makers["even"] = lambda: pack(instance, even_table(instance), by_value=True)
     if boost and racks_bind(instance):
         makers["ntp-spread"] = lambda: pack(
@@ -577,7 +598,18 @@ def candidates(instance: Instance, *, cancel: threading.Event | None = None) -> 
             capped = capped_boosted(instance, c)
             fewer = fewer_boosted(instance, capped or c)
             better += [x for x in (capped, fewer) if x is not None]
+            regrouped = rack_regrouped(instance, c)
+            if regrouped is not None:  # replicas by rack: the roomy racks boost their own
+                again = _score(instance, f"{c.name}+by-rack", regrouped, "floor")
+                if again is not None:
+                    better += [again]
+                    better += [x for x in (fewer_boosted(instance, again),) if x is not None]
         out = sorted(out + better, key=lambda c: -c.goodput)  # stable: ties as before
+        # the watts the floor boost leaves in roomy racks, spent on the replicas of
+        # the largest batch: from the best candidate and the best regrouped one
+        tops = [out[0], *[c for c in out if "+by-rack" in c.name and c is not out[0]][:1]]
+        leads = [x for x in (lead_boosted(instance, c) for c in tops) if x is not None]
+        out = sorted(leads + out, key=lambda c: -c.goodput)
     return out
 
 
@@ -664,6 +696,92 @@ def fewer_boosted(instance: Instance, best: Candidate) -> Candidate | None:
             break
         found, value = top, top.goodput
     return found
+
+
+def rack_regrouped(instance: Instance, best: Candidate) -> Packing | None:
+    """``best``'s stages regrouped rack by rack: each replica drawn from one rack where it can.
+
+    Each rack's fastest stages form as many whole replicas as they can, the
+    rack with the most watts left (at power 1) first; the stages left over
+    (the slowest of each rack) form the last replicas, fastest first. A
+    replica whose stages share a rack with room is one that rack can boost
+    alone, and dropping the last replica (:func:`fewer_boosted`) drops the
+    slow leftovers rather than leaving one rack more stages to feed than
+    another. A stage counts in the rack of its first GPU (a domain across
+    racks: its fastest). Only where every replica runs at one degree (the
+    stages are then interchangeable); ``None`` when nothing moves.
+    """
+    packing = best.packing
+    if len(packing) < 2 or len(set(packing.tp.tolist())) != 1:
+        return None
+    a = instance.arrays
+    t = int(packing.tp[0])
+    flat = packing.members.ravel()
+    rack = a.gpu_rack[packing.slots.gpus[flat, 0]]
+    room, _ = headroom(instance, used_mask(instance, packing).astype(float))
+    order_of_rack = np.empty(len(a.rack_budget), dtype=np.int64)
+    racks_by_room = np.argsort(-room, kind="stable")
+    order_of_rack[racks_by_room] = np.arange(len(racks_by_room))
+    speed = packing.slots.prefix[flat, t - 1]
+    pp = packing.members.shape[1]
+    by_rack = np.lexsort((np.arange(len(flat)), -speed, order_of_rack[rack]))
+    start = np.searchsorted(order_of_rack[rack][by_rack], order_of_rack[rack][by_rack])
+    within = np.empty(len(flat), dtype=np.int64)
+    within[by_rack] = np.arange(len(flat)) - start  # rank of the stage in its rack
+    whole = np.bincount(rack, minlength=len(room))[rack] // pp * pp
+    left = within >= whole  # the stages no whole replica of their rack takes: last
+    order = np.lexsort((np.arange(len(flat)), -speed, np.where(left, 0, order_of_rack[rack]), left))
+    members = flat[order].reshape(packing.members.shape)
+    if np.array_equal(members, packing.members):
+        return None
+    return Packing(packing.slots, members, packing.tp)
+
+
+def lead_boosted(instance: Instance, best: Candidate, most: int = 8) -> Candidate | None:
+    """``best`` with the watts its racks have left spent on its replicas of the largest
+    batch, each raised as far as its own racks allow; ``None`` when goodput does not grow.
+
+    The floor boost (:func:`boost_floor_packed`) raises every replica to one
+    speed, as far as the tightest rack allows: racks with room keep it. Under
+    the ``fixed`` policy the replica given the larger share of the batch sets
+    the pace; under ``elastic`` any faster replica carries more. The replicas
+    are taken largest batch first (then fastest, at most ``most`` of them),
+    each boosted (:func:`ntp_opt.rules.power.boost_floor_stages`, the
+    replica alone) within the rooms the others leave, and the batch split again.
+    """
+    packing = best.packing
+    if len(packing) == 0 or best.goodput <= 0:
+        return None
+    a = instance.arrays
+    powers = best.powers.copy()
+    st = packing.stages()
+    sizes = np.diff(st.start)
+    speeds = replica_speeds(instance, packing, powers)
+    batches = np.array(best.batches, dtype=np.int64)
+    order = np.lexsort((np.arange(len(packing)), -speeds, -batches))[:most]
+    pp = packing.members.shape[1]
+    base = packing.stage_speeds()
+    alpha = instance.job.power_exponent
+    changed = False
+    for r in order.tolist():
+        if batches[r] <= 0:
+            break
+        power_of = np.zeros(a.n_gpus)
+        power_of[st.gpus] = np.repeat(powers.ravel(), sizes)
+        lo, hi = st.start[r * pp], st.start[(r + 1) * pp]
+        power_of[st.gpus[lo:hi]] = 1.0
+        rack_room, site_room = headroom(instance, power_of)
+        one = Packing(packing.slots, packing.members[r : r + 1], packing.tp[r : r + 1])
+        up = boost_floor_stages(instance, one.stages(), one.tp, rack_room, site_room)
+        if (up**alpha * base[r]).min() > (powers[r] ** alpha * base[r]).min() * (1 + FLOAT_NOISE):
+            powers[r] = up  # faster than before (the stages at a limit kept within the rooms)
+            changed = True
+    if not changed:
+        return None
+    split = split_packing(instance, packing, powers)
+    if split is None or split.goodput <= best.goodput * (1 + IMPROVE_TOL):
+        return None
+    return Candidate(f"{best.name}+lead", packing, powers, split.batches, split.goodput)
 
 
 def plan_fast(
