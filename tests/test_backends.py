@@ -373,3 +373,19 @@ def test_cpsat_model_invalid():
     p = program([0], [2**62], [1], [Row((0,), (1,), None, 10)])
     with pytest.raises(RuntimeError, match=r"CP-SAT rejected the model: .*domain"):
         solve_program(p, "cpsat")
+
+
+@backend
+def test_a_deadline_already_past_stops_the_solve_not_the_planner(backend):
+    # Under load the deadline could pass between the search's check and the call:
+    # solve_or_highs passed a negative time limit and the backend raised ValueError
+    # out of solve(). Now the backend gets the shortest limit and returns.
+    import time
+
+    from ntp_opt.planners.exact.backends import solve_or_highs
+
+    p = random_knapsack(np.random.default_rng(3))
+    sol = solve_or_highs(p, backend, deadline=time.perf_counter() - 0.5, work=1.0)
+    assert sol.status in ("optimal", "feasible", "unknown")
+    if sol.status != "optimal":
+        assert sol.time_limit_hit

@@ -247,7 +247,9 @@ def solve_or_highs(
         The better answer; ``time_limit_hit`` only where the deadline, not the
         work limit, stopped the search.
     """
-    remaining = None if deadline is None else deadline - time.perf_counter()
+    # a deadline that passed since the caller looked (a loaded machine): the
+    # shortest limit, so that the backend stops at once and says the time did
+    remaining = None if deadline is None else max(0.01, deadline - time.perf_counter())
     work = work if backend == "cpsat" else None
     sol = solve_program(
         program, backend, time_limit=remaining, threads=threads, seed=seed,
