@@ -7,16 +7,22 @@ when a GPU under it failed; every replica at each allowed TP degree; one or
 two replicas fewer when the batch policy allows it) and, for each, fills the
 serving fleets greedily by marginal weighted goodput per GPU:
 
-* a fleet short of its demand *wants* replicas (its most GPU-efficient degree,
-  a smaller one for the last bit of demand), each worth ``w_i r / D_i`` less the
-  start cost; a fleet below its minimum share wants them first;
+* a fleet short of its demand *wants* replicas (its most GPU-efficient degree
+  among those :meth:`~ntp_opt.multi.workloads.ServingWorkload.usable` on the
+  fastest GPUs: at least ``min_tp``, meeting the latency target; a smaller one
+  for the last bit of demand), each worth ``w_i r / D_i`` less the start cost; a
+  fleet below its minimum share wants them first;
 * every running replica has a *price*: what stopping it loses (nothing for
   capacity above its fleet's demand, ``w_j r / D_j`` otherwise) plus the stop cost;
 * wants, best gain per GPU first, go to the NVLink domain where opening their
   degree's GPUs is cheapest (free GPUs first, then the cheapest replicas), if the
   gain exceeds that price; when no domain opens cheaply enough, replicas of
   smaller degree of other fleets move into free fragments of other domains at
-  their start and stop cost (compaction).
+  their start and stop cost (compaction);
+* a replica whose latency target some healthy GPU misses goes only where the
+  fastest free GPUs meet it (:func:`_open_fast`), and compaction does not move
+  it; a running replica that no longer counts (late after a speed change, or
+  below ``min_tp``) is stopped, which forces a re-plan.
 
 Each option is scored ``W - migration cost / horizon_s`` (:class:`MigrationCost`);
 the best one replaces the running plan only when it beats keeping the plan by
