@@ -669,7 +669,7 @@ def _place(
     """Start a replica of fleet ``i``, degree ``t``, on the fastest free GPUs of domain ``d``."""
     m = ctx.members[d]
     gs = m[~busy[m]][:t]
-    slowest = float(ctx.speed[gs].min())
+    slowest = float(ctx.speed[gs].min()) if len(gs) == t else 0.0
     if len(gs) < t or not ctx.fleets[i].usable(t, slowest):
         raise RuntimeError(f"re-planner placed fleet {i} TP{t} where it cannot count (bug)")
     busy[gs] = True
