@@ -234,8 +234,8 @@ def _replan_steps(
 ) -> list[tuple[MultiInstance, Any, Any]]:
     """``(instance, decision, plan)`` per step: the first plan (``solve_multi``; no
     decision), then ``replan_multi``'s decision from the running plan, each with the
-    instance (demand, health) it was made for. The reference demand is the previous
-    step's (the replay's, only after a re-plan)."""
+    instance (demand, health) it was made for; the deadband's reference is the demand
+    at the last re-plan, as in ``replay``."""
     events = events or {}
     instance = multi.instance
     plan = None
