@@ -7,16 +7,22 @@ when a GPU under it failed; every replica at each allowed TP degree; one or
 two replicas fewer when the batch policy allows it) and, for each, fills the
 serving fleets greedily by marginal weighted goodput per GPU:
 
-* a fleet short of its demand *wants* replicas (its most GPU-efficient degree,
-  a smaller one for the last bit of demand), each worth ``w_i r / D_i`` less the
-  start cost; a fleet below its minimum share wants them first;
+* a fleet short of its demand *wants* replicas (its most GPU-efficient degree
+  among those :meth:`~ntp_opt.multi.workloads.ServingWorkload.usable` on the
+  fastest GPUs: at least ``min_tp``, meeting the latency target; a smaller one
+  for the last bit of demand), each worth ``w_i r / D_i`` less the start cost; a
+  fleet below its minimum share wants them first;
 * every running replica has a *price*: what stopping it loses (nothing for
   capacity above its fleet's demand, ``w_j r / D_j`` otherwise) plus the stop cost;
 * wants, best gain per GPU first, go to the NVLink domain where opening their
   degree's GPUs is cheapest (free GPUs first, then the cheapest replicas), if the
   gain exceeds that price; when no domain opens cheaply enough, replicas of
   smaller degree of other fleets move into free fragments of other domains at
-  their start and stop cost (compaction).
+  their start and stop cost (compaction);
+* a replica whose latency target some healthy GPU misses goes only where the
+  fastest free GPUs meet it (:func:`_open_fast`), and compaction does not move
+  it; a running replica that no longer counts (late after a speed change, or
+  below ``min_tp``) is stopped, which forces a re-plan.
 
 Each option is scored ``W - migration cost / horizon_s`` (:class:`MigrationCost`);
 the best one replaces the running plan only when it beats keeping the plan by
@@ -250,10 +256,10 @@ def migration_loss(
 
     def share(rep: ServingReplica) -> float:
         f = fleets.get(rep.workload)
-        if f is None or rep.tp not in f.throughput:
-            return 0.0
         idx = [a.gpu_index[g] for g in rep.gpus if g in a.gpu_index]
         speed = float(a.speed[idx].min()) if idx else 0.0
+        if f is None or not idx or not f.usable(rep.tp, speed):
+            return 0.0  # a replica that cannot count serves nothing to lose
         return f.weight * min(f.rate(rep.tp, speed), f.demand) / f.demand
 
     old = {(r.workload, r.gpus): r for r in before.serving}
@@ -329,6 +335,19 @@ class _Ctx:
         self.members_l: list[list[int]] = [m.tolist() for m in self.members]
         self.healthy_l: list[bool] = self.healthy.tolist()
         self.speed_l: list[float] = self.speed.tolist()
+        up = self.speed[self.healthy]
+        top = float(up.max()) if up.size else 1.0
+        slow = float(up.min()) if up.size else 1.0
+        # degrees a fleet's new replica may have: at least min_tp, meeting the latency
+        # target on the fastest GPUs; ``strict``: those whose target some healthy GPU
+        # misses (their GPUs are chosen by :func:`_open_fast`)
+        self.degrees: list[tuple[int, ...]] = [
+            tuple(t for t in f.fitting_degrees if f.usable(t, top)) for f in self.fleets
+        ]
+        self.strict: list[frozenset[int]] = [
+            frozenset(t for t in ds if not f.usable(t, slow))
+            for f, ds in zip(self.fleets, self.degrees, strict=True)
+        ]
 
     def value_of(self, i: int, rate: float, have: float, count: int) -> float:
         """Weighted goodput (plus the minimum-share priority) ``rate`` adds to fleet ``i``
@@ -565,6 +584,26 @@ def _fill(ctx: _Ctx, option: _Option, kept: list[_Rep]) -> _Filled:
         failed: dict[tuple[int, int], float] = {}  # (fleet, degree) -> gain compaction missed
         for i, t, gain in wants:
             j = col[t]
+            if t in ctx.strict[i]:
+                # a latency target some GPUs miss: a domain whose fastest free GPUs
+                # (after evicting its cheapest replicas) meet it, or no replica
+                if gain <= failed.get((i, t), -1.0):
+                    continue
+                opened = _open_fast(ctx, i, t, gain, price[:, j], busy, by_domain, loss_of, reps)
+                if opened is None:
+                    failed[(i, t)] = gain
+                    continue
+                d, victims = opened
+                ks = by_domain.get(d, [])
+                for _ in range(victims):
+                    k = ks.pop(0)
+                    stopped.add(k)
+                    busy[list(reps[k].gpus)] = False
+                    free_cnt[d] += reps[k].tp
+                _place(ctx, reps, busy, free_cnt, i, t, d)
+                placed += 1
+                _reprice(d, chain, free_cnt, by_domain, loss_of, reps, price)
+                continue
             d = int(np.argmin(price[:, j]))
             if not price[d, j] < gain:
                 # no domain opens up cheaply enough: move small replicas of other fleets
@@ -630,15 +669,57 @@ def _place(
     """Start a replica of fleet ``i``, degree ``t``, on the fastest free GPUs of domain ``d``."""
     m = ctx.members[d]
     gs = m[~busy[m]][:t]
+    slowest = float(ctx.speed[gs].min()) if len(gs) == t else 0.0
+    if len(gs) < t or not ctx.fleets[i].usable(t, slowest):
+        raise RuntimeError(f"re-planner placed fleet {i} TP{t} where it cannot count (bug)")
     busy[gs] = True
     free_cnt[d] -= t
-    rate = ctx.fleets[i].rate(t, float(ctx.speed[gs].min()))
+    rate = ctx.fleets[i].rate(t, slowest)
     reps.append(_Rep(i, t, d, tuple(int(x) for x in gs), rate, True))
     return len(reps) - 1
 
 
 #: Domains :func:`_compact` tries per replica it must make room for.
 COMPACT_TRIES = 8
+#: Domains :func:`_open_fast` tries (cheapest first) per replica with a latency target.
+OPEN_TRIES = 32
+
+
+def _open_fast(
+    ctx: _Ctx,
+    i: int,
+    t: int,
+    gain: float,
+    price: np.ndarray,
+    busy: np.ndarray,
+    by_domain: dict[int, list[int]],
+    loss_of: dict[int, float],
+    reps: list[_Rep],
+) -> tuple[int, int] | None:
+    """A domain where fleet ``i``'s replica of degree ``t`` meets its latency target on
+    the ``t`` fastest free GPUs once the domain's cheapest replicas are evicted, for a
+    loss below ``gain``: the domain and how many of its cheapest replicas to evict
+    (``None``: no such domain among the :data:`OPEN_TRIES` cheapest)."""
+    f = ctx.fleets[i]
+    speed = ctx.speed_l
+    order = np.argsort(price, kind="stable")[:OPEN_TRIES].tolist()
+    for d in order:
+        if not price[d] < gain:
+            break
+        free = [g for g in ctx.members_l[d] if not busy[g]]
+        ks = by_domain.get(d, [])
+        loss, p = 0.0, 0
+        while loss < gain:
+            if len(free) >= t:
+                free.sort(key=lambda g: -speed[g])
+                if f.usable(t, speed[free[t - 1]]):
+                    return d, p
+            if p == len(ks):
+                break
+            free.extend(reps[ks[p]].gpus)
+            loss += loss_of[ks[p]]
+            p += 1
+    return None
 
 
 def _compact(
@@ -655,14 +736,20 @@ def _compact(
     """Open ``t`` free GPUs in one domain for fleet ``i`` by moving replicas of smaller
     degree (other fleets) into free GPUs of other domains, if their start and stop cost
     is below ``gain``; returns the domain and the moved replicas' new indices."""
+
+    def mover(k: int) -> bool:
+        # a replica whose latency target some GPU misses stays where it is
+        r = reps[k]
+        return r.tp < t and r.fleet != i and r.tp not in ctx.strict[r.fleet]
+
     room: dict[int, int] = {}
     for d, ks in by_domain.items():
-        small = sum(reps[k].tp for k in ks if reps[k].tp < t and reps[k].fleet != i)
+        small = sum(reps[k].tp for k in ks if mover(k))
         if free_cnt[d] + small >= t and free_cnt[d] < t:
             room[d] = int(t - free_cnt[d])
     for d in sorted(room, key=lambda x: (room[x], x))[:COMPACT_TRIES]:
         movers = sorted(
-            (k for k in by_domain[d] if reps[k].tp < t and reps[k].fleet != i),
+            (k for k in by_domain[d] if mover(k)),
             key=lambda k: (-reps[k].tp, k),
         )
         need = room[d]
@@ -729,7 +816,7 @@ def _wants(ctx: _Ctx, have: np.ndarray, count: np.ndarray) -> list[tuple[int, in
         limit = f.max_replicas if f.max_replicas is not None else cap
         while c < limit and len(out) < cap:
             best = None
-            for t in f.degrees:
+            for t in ctx.degrees[i]:
                 rt = f.rate(t)
                 g = ctx.value_of(i, rt, h, c) - ctx.start_cost(i, rt)
                 if g > 1e-12 and (best is None or g / t > best[0] / best[1] + 1e-15):
@@ -776,7 +863,11 @@ def _kept(ctx: _Ctx, running: MultiPlan) -> tuple[list[_Rep], bool]:
         if not all(healthy[g] for g in gs):
             lost = True
             continue
-        rate = ctx.fleets[i].rate(rep.tp, min(speed[g] for g in gs))
+        slowest = min(speed[g] for g in gs)
+        if not ctx.fleets[i].usable(rep.tp, slowest):
+            lost = True  # below min_tp, or late since a speed change: it serves nothing
+            continue
+        rate = ctx.fleets[i].rate(rep.tp, slowest)
         out.append(_Rep(i, rep.tp, int(a.domain_index[rep.domain]), gs, rate, False))
     return out, lost
 
@@ -870,8 +961,9 @@ def _decide(ctx: _Ctx, filled: _Filled, running: MultiPlan, reason: str) -> Deci
     plan = _to_plan(ctx, filled, running)
     ev = evaluate_multi(ctx.multi, plan)
     structural = [v for v in ev.violations if v.rule not in _SHARE_RULES]
-    if structural:
-        raise RuntimeError(f"re-planned plan broke rules (bug): {structural[:3]}")
+    late = {k: f.late for k, f in ev.fleets.items() if f.late}
+    if structural or late:
+        raise RuntimeError(f"re-planned plan broke rules (bug): {structural[:3]} late {late}")
     plan = plan.with_metrics(**ev.as_metrics())
     return Decision(plan, ev, filled.changed, reason, filled.option.name)
 

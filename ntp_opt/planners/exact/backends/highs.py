@@ -18,11 +18,13 @@ import tempfile
 import threading
 import time
 from collections.abc import Iterator
+from dataclasses import replace
 from typing import Any
 
 import numpy as np
 
 from ntp_opt.planners.exact.backends.common import (
+    MAX_SEED,
     BackendUnavailable,
     Data,
     Options,
@@ -194,7 +196,17 @@ def solve_highs(highspy: Any, data: Data, opts: Options) -> Raw:
     lp = highs_lp(highspy, data)
     t0 = time.perf_counter()
     tol = integrality_tolerance(data)
-    raw = highs_attempt(highspy, lp, data, opts, tol, opts.time_limit)
+    try:
+        raw = highs_attempt(highspy, lp, data, opts, tol, opts.time_limit)
+    except RuntimeError:
+        # HiGHS's own failure ("Solve error") on a sound program can depend on its
+        # random seed (a 15-variable multi-workload program failed with seed 0 only):
+        # once more with the next seed, in the time left
+        left = None if opts.time_limit is None else opts.time_limit - (time.perf_counter() - t0)
+        if left is not None and left <= 0.01:
+            raise
+        opts = replace(opts, seed=(opts.seed + 1) % (MAX_SEED + 1))
+        raw = highs_attempt(highspy, lp, data, opts, tol, left)
     if raw.values is None or tol <= HIGHS_MIN_INT_TOL or not rounding_breaks(data, raw.values):
         return raw
     left = None if opts.time_limit is None else opts.time_limit - (time.perf_counter() - t0)
