@@ -1,7 +1,7 @@
 """The multi-workload planner: an integer program over domain classes.
 
 The training job's pre-overhead step time ``theta'`` is fixed by an outer
-enumeration, as in :mod:`ntp_opt.milp.search` (no power boost here, so every
+enumeration, as in :mod:`ntp_opt.planners.exact.search` (no power boost here, so every
 step time where the training capacity can change is one of the finitely many
 breakpoints ``b c / (f(t) s)``). At a fixed ``theta'`` every stage of degree
 ``t`` on a block of GPUs whose slowest has speed ``s`` carries at most

@@ -3,7 +3,7 @@
 :func:`evaluate_multi` recomputes the weighted goodput of a
 :class:`~ntp_opt.multi.workloads.MultiPlan` from the instance and the plan
 alone and lists every broken rule (:data:`MULTI_RULES`); the training plan is
-judged by :func:`ntp_opt.validate.evaluate` except for power, which is
+judged by :func:`ntp_opt.rules.validate.evaluate` except for power, which is
 recomputed here over the GPUs of every workload. Planners never bypass it:
 every plan they return went through :func:`check_multi`.
 """
@@ -21,7 +21,7 @@ from ntp_opt.rules.power import over_budget, rack_and_site_draw
 from ntp_opt.rules.tolerances import METRIC_ABS_TOL, METRIC_TOL, SHARE_TOL
 from ntp_opt.rules.validate import Evaluation, Violation, certify, checked, evaluate
 
-#: Rule codes added to :data:`ntp_opt.validate.RULES` for multi-workload plans.
+#: Rule codes added to :data:`ntp_opt.rules.validate.RULES` for multi-workload plans.
 MULTI_RULES: dict[str, str] = {
     "serving-workload": "a serving replica names no serving workload",
     "serving-tp": "a serving replica's TP degree is not one its workload allows",
@@ -83,7 +83,7 @@ class MultiEvaluation:
     weighted_goodput
         ``w_T * relative_goodput_T + sum_i w_i * served_i``.
     training
-        The training plan's :class:`~ntp_opt.validate.Evaluation` (its power
+        The training plan's :class:`~ntp_opt.rules.validate.Evaluation` (its power
         figures count training GPUs only; see ``site_power_w`` here).
     fleets
         :class:`FleetFigures` by serving workload name (every workload listed).
@@ -322,7 +322,7 @@ def validate_multi(multi: MultiInstance, plan: MultiPlan) -> list[Violation]:
 
 
 def check_multi(multi: MultiInstance, plan: MultiPlan) -> MultiEvaluation:
-    """Evaluate ``plan`` and raise :class:`~ntp_opt.validate.PlanError` if it breaks a rule."""
+    """Evaluate ``plan``; raise :class:`~ntp_opt.rules.validate.PlanError` if it breaks a rule."""
     return checked(evaluate_multi, multi, plan)
 
 

@@ -1,6 +1,6 @@
 """Several workloads on one cluster: the description and the plan (issue #7, part 3).
 
-One *training* workload (the instance's :class:`~ntp_opt.job.Job`, docs/model.md
+One *training* workload (the instance's :class:`~ntp_opt.model.job.Job`, docs/model.md
 goodput) shares the cluster with *serving* fleets: many small model replicas,
 each one TP group of one NVLink domain. The weighted goodput of a plan is::
 
