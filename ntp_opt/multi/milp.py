@@ -48,6 +48,7 @@ from ntp_opt.planners.base import Status
 from ntp_opt.planners.exact.backends import available_backends, solve_program
 from ntp_opt.planners.exact.program import IntProgram, Row
 from ntp_opt.rules.goodput import replica_speed, split_batch
+from ntp_opt.rules.power import exceeds, gpu_draw
 from ntp_opt.rules.tolerances import (
     ABS_NOISE,
     BOUND_ABS_SLACK,
@@ -306,10 +307,11 @@ def _check_supported(multi: MultiInstance) -> None:
                 "(each divides the next, e.g. 1, 2, 4, 8) for the multi-workload planner"
             )
     a = multi.instance.arrays
-    full = np.where(a.healthy, a.tdp, 0.0)
+    full = gpu_draw(multi.instance, a.healthy.astype(float))  # every healthy GPU at TDP
     rack_full = np.bincount(a.gpu_rack, weights=full, minlength=len(a.rack_ids))
-    slack = 1 + BUDGET_SLACK
-    if np.any(rack_full > a.rack_budget * slack) or full.sum() > a.site_budget * slack:
+    if np.any(exceeds(rack_full, a.rack_budget, tol=BUDGET_SLACK, slack=0.0)) or exceeds(
+        full.sum(), a.site_budget, tol=BUDGET_SLACK, slack=0.0
+    ):
         raise ValueError(
             "power budgets: the multi-workload planner needs rack and site budgets that "
             "admit every healthy GPU at TDP (the default); it plans without power boost"

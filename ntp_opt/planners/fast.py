@@ -78,7 +78,17 @@ from ntp_opt.planners.heuristics import (
     used_mask,
 )
 from ntp_opt.rules.goodput import BatchSplit, goodput
-from ntp_opt.rules.power import boost_floor_stages, can_boost, headroom, over_budget
+from ntp_opt.rules.power import (
+    boost_floor_stages,
+    budget_limit,
+    can_boost,
+    exceeds,
+    extra_draw,
+    gpu_draw,
+    headroom,
+    idle_draw,
+    over_budget,
+)
 from ntp_opt.rules.tolerances import BUDGET_SLACK, FLOAT_NOISE, IMPROVE_TOL
 from ntp_opt.rules.validate import certified
 
@@ -267,11 +277,11 @@ def fit_by_degree(
     lower = {t: max((u for u in job.allowed if u < t), default=None) for t in job.allowed}
     rack, site = draw_at_power_one(instance, used_mask(instance, out))
     rack = rack.copy()
-    saving = a.tdp * (1.0 - job.idle_power_fraction)  # a GPU going from used to idle
+    saving = extra_draw(a.tdp, 1.0, job.idle_power_fraction)  # a GPU going from used to idle
     racks_over, site_over = over_budget(instance, rack, site, tol=BUDGET_SLACK, slack=0.0)
     n_over = int(racks_over.sum())
-    rack_cap = a.rack_budget * (1 + BUDGET_SLACK) + 0.0  # as over_budget(slack=0) compares
-    site_cap = a.site_budget * (1 + BUDGET_SLACK) + 0.0
+    rack_cap = budget_limit(a.rack_budget, tol=BUDGET_SLACK, slack=0.0)  # as over_budget's
+    site_cap = budget_limit(a.site_budget, tol=BUDGET_SLACK, slack=0.0)
 
     r = len(out) - 1  # worst replica first, one degree step each, round after round
     stuck = 0
@@ -620,9 +630,9 @@ def racks_bind(instance: Instance) -> bool:
     (``spread`` candidates).
     """
     a = instance.arrays
-    draw = np.where(a.healthy, a.tdp * instance.max_multiplier, 0.0)
+    draw = gpu_draw(instance, np.where(a.healthy, instance.max_multiplier, 0.0))
     per_rack = np.bincount(a.gpu_rack, weights=draw, minlength=len(a.rack_ids))
-    return bool((per_rack > a.rack_budget).any())
+    return bool(exceeds(per_rack, a.rack_budget, tol=0.0, slack=0.0).any())
 
 
 def capped_boosted(instance: Instance, best: Candidate) -> Candidate | None:
@@ -667,12 +677,12 @@ def fewer_boosted(instance: Instance, best: Candidate) -> Candidate | None:
     st = packing.stages()
     sizes = np.diff(st.start)
     per_gpu = np.repeat(best.powers.ravel(), sizes)
-    draw = a.tdp[st.gpus] * per_gpu
-    watts = np.bincount(np.repeat(st.replica, sizes), weights=draw, minlength=len(packing))
-    idle = a.tdp[st.gpus] * job.idle_power_fraction
-    freed = watts - np.bincount(np.repeat(st.replica, sizes), weights=idle, minlength=len(packing))
     power_of = np.zeros(a.n_gpus)
     power_of[st.gpus] = per_gpu
+    draw = gpu_draw(instance, power_of, at=st.gpus)
+    watts = np.bincount(np.repeat(st.replica, sizes), weights=draw, minlength=len(packing))
+    idle = idle_draw(instance)[st.gpus]  # the stages' GPUs are healthy
+    freed = watts - np.bincount(np.repeat(st.replica, sizes), weights=idle, minlength=len(packing))
     room = max(float(headroom(instance, power_of)[1]), 0.0)
     speeds = replica_speeds(instance, packing, best.powers)
     found: Candidate | None = None

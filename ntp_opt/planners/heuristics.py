@@ -35,7 +35,9 @@ from ntp_opt.rules.goodput import BatchSplit, goodput, overhead_factor, replica_
 from ntp_opt.rules.power import (
     Stages,
     boost_stages,
+    budget_limit,
     can_boost,
+    extra_draw,
     headroom,
     over_budget,
     rack_and_site_draw,
@@ -494,11 +496,11 @@ def _fit_estimate(instance: Instance, packing: Packing) -> int:
     idle = instance.job.idle_power_fraction
     n_racks = len(a.rack_ids)
     rack0, site0 = draw_at_power_one(instance, np.zeros(a.n_gpus, dtype=bool))
-    rack_cap = a.rack_budget * (1 + BUDGET_SLACK)
-    site_cap = a.site_budget * (1 + BUDGET_SLACK)
+    rack_cap = budget_limit(a.rack_budget, tol=BUDGET_SLACK, slack=0.0)  # as fits_at_power_one
+    site_cap = budget_limit(a.site_budget, tol=BUDGET_SLACK, slack=0.0)
     st = packing.stages()
     rep = np.repeat(st.replica, st.sizes)
-    delta = a.tdp[st.gpus] * (1.0 - np.where(a.healthy[st.gpus], idle, 0.0))
+    delta = extra_draw(a.tdp[st.gpus], 1.0, np.where(a.healthy[st.gpus], idle, 0.0))
     k = len(packing)
     site = site0 + np.cumsum(np.bincount(rep, weights=delta, minlength=len(packing)))
     over = np.flatnonzero(site > site_cap)

@@ -14,10 +14,18 @@ per-GPU caps are compiled once per instance
 
 Draw (docs/model.md, spec section 3): a used GPU draws ``tdp_w * pi``, an unused healthy
 GPU ``tdp_w * idle_power_fraction``, a failed GPU nothing.
+
+Budgets: every comparison of a draw with a rack or site budget goes through
+:func:`fits` / :func:`exceeds` (watts, a relative and an absolute slack: the
+validator's by default) or :func:`fits_mw` (the exact planner's integer
+milliwatts, draws rounded up with :func:`ceil_mw`, budgets down with
+:func:`floor_mw`); ``tests/test_power_once.py`` fails on a budget compared
+anywhere else in the package.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -25,27 +33,150 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from ntp_opt.rules.goodput import replica_speed
-from ntp_opt.rules.tolerances import BOOST_MARGIN, POWER_TOL, WATT_SLACK
+from ntp_opt.rules.tolerances import (
+    BOOST_MARGIN,
+    MW_ROUND_SLACK,
+    POWER_TOL,
+    WATT_SLACK,
+    WHOLE_WATT_NOISE,
+)
 
 if TYPE_CHECKING:
     from ntp_opt.model.instance import Instance
 
 __all__ = [
+    "MW",
     "Drawn",
     "Stages",
     "board_over",
     "boost_floor_stages",
     "boost_stages",
+    "budget_limit",
+    "budget_slack",
     "can_boost",
+    "ceil_mw",
+    "ceil_mw_array",
+    "exceeds",
+    "extra_draw",
+    "fits",
+    "fits_mw",
+    "floor_mw",
     "gpu_draw",
     "headroom",
+    "idle_draw",
     "largest_cap",
     "over_budget",
     "rack_and_site_draw",
     "redraw",
     "stage_cap",
     "trim_powers",
+    "whole_watts",
 ]
+
+
+#: Milliwatts per watt: power enters the exact planner's integer programs in mW.
+MW = 1000.0
+
+
+def budget_slack(budget: Any) -> Any:
+    """Watts over ``budget`` (scalar or array) the validator forgives.
+
+    ``budget * POWER_TOL + WATT_SLACK``: what :func:`budget_limit` adds to a budget
+    with its defaults (an upper bound that must hold for every plan the validator
+    accepts adds it to the budget's room).
+    """
+    return budget * POWER_TOL + WATT_SLACK
+
+
+def budget_limit(budget: Any, *, tol: float = POWER_TOL, slack: float = WATT_SLACK) -> Any:
+    """The largest draw within ``budget`` (watts, scalar or array): ``budget * (1 + tol) + slack``.
+
+    The defaults are the validator's; the planners' own power-1 fit tests pass
+    ``tol=BUDGET_SLACK, slack=0`` (stricter), the exact model's step-time
+    tightening ``tol=TIGHTEN_TOL, slack=0``.
+    """
+    return budget * (1 + tol) + slack
+
+
+def fits(draw: Any, budget: Any, *, tol: float = POWER_TOL, slack: float = WATT_SLACK) -> Any:
+    """``draw <= budget_limit(budget, tol=tol, slack=slack)``, elementwise for arrays.
+
+    Parameters
+    ----------
+    draw, budget
+        Watts (scalars or arrays of one shape).
+    tol, slack
+        Relative and absolute slack (:func:`budget_limit`); the validator's by default.
+
+    Returns
+    -------
+    bool or numpy.ndarray
+        Whether (each) draw is within its budget.
+    """
+    return draw <= budget_limit(budget, tol=tol, slack=slack)
+
+
+def exceeds(draw: Any, budget: Any, *, tol: float = POWER_TOL, slack: float = WATT_SLACK) -> Any:
+    """``draw > budget_limit(budget, tol=tol, slack=slack)``: the negation of :func:`fits`."""
+    return draw > budget_limit(budget, tol=tol, slack=slack)
+
+
+def whole_watts(tdp: float, power: float = 1.0) -> int:
+    """A GPU's draw at multiplier ``power`` in whole watts, rounded down (an exported limit).
+
+    ``floor(tdp * power + WHOLE_WATT_NOISE)``.
+    """
+    return math.floor(float(tdp) * float(power) + WHOLE_WATT_NOISE)
+
+
+def ceil_mw(watts: float) -> int:
+    """Watts as integer milliwatts, rounded up (draws are rounded up, budgets down).
+
+    :data:`~ntp_opt.rules.tolerances.MW_ROUND_SLACK` milliwatts are forgiven, so a
+    draw exactly at a budget is not excluded by float noise.
+    """
+    return math.ceil(watts * MW - MW_ROUND_SLACK)
+
+
+def ceil_mw_array(watts: np.ndarray) -> np.ndarray:
+    """:func:`ceil_mw` elementwise, as floats (the same integers)."""
+    out: np.ndarray = np.ceil(watts * MW - MW_ROUND_SLACK)
+    return out
+
+
+def floor_mw(watts: float) -> int:
+    """A budget in watts as integer milliwatts, rounded down (see :func:`ceil_mw`)."""
+    return math.floor(watts * MW + MW_ROUND_SLACK)
+
+
+def fits_mw(draw_w: Any, budget_mw: Any) -> Any:
+    """Does a draw (watts) fit a budget in integer milliwatts (:func:`floor_mw`)?
+
+    The draw is rounded up as :func:`ceil_mw` rounds it; arrays elementwise.
+    """
+    if isinstance(draw_w, np.ndarray):
+        return ceil_mw_array(draw_w) <= budget_mw
+    return ceil_mw(draw_w) <= budget_mw
+
+
+def idle_draw(instance: Instance, alive: np.ndarray | None = None) -> np.ndarray:
+    """Watts every GPU draws idle: ``tdp * idle_power_fraction`` if alive, else 0.
+
+    ``alive``: per GPU (default: the instance's healthy GPUs).
+    """
+    a = instance.arrays
+    ok = a.healthy if alive is None else alive
+    draw: np.ndarray = np.where(ok, a.tdp * instance.job.idle_power_fraction, 0.0)
+    return draw
+
+
+def extra_draw(tdp: Any, power: Any, idle: Any) -> Any:
+    """Watts a GPU of ``tdp`` draws at multiplier ``power`` beyond its idle draw.
+
+    ``tdp * (power - idle)`` (``idle``: the idle power fraction): a stage's
+    extra-draw coefficient per GPU; scalars or arrays.
+    """
+    return tdp * (power - idle)
 
 
 def stage_cap(instance: Instance, gpus: np.ndarray | list[int]) -> float:
@@ -272,8 +403,8 @@ def over_budget(
         Boolean mask of the racks over budget, and the site flag.
     """
     a = instance.arrays
-    racks = rack_w > a.rack_budget * (1 + tol) + slack
-    return racks, bool(site_w > a.site_budget * (1 + tol) + slack)
+    racks = exceeds(rack_w, a.rack_budget, tol=tol, slack=slack)
+    return racks, bool(exceeds(site_w, a.site_budget, tol=tol, slack=slack))
 
 
 def board_over(

@@ -35,6 +35,7 @@ __all__ = [
     "THRESHOLD_TOL",
     "TIGHTEN_TOL",
     "WATT_SLACK",
+    "WHOLE_WATT_NOISE",
 ]
 
 #: Relative slack of the validator's power checks (board limits, rack and site budgets):
@@ -43,6 +44,10 @@ POWER_TOL = 1e-9
 
 #: Absolute slack, in watts, added to a budget by the validator's power checks.
 WATT_SLACK = 1e-9
+
+#: Watts added before a draw is rounded down to whole watts (an exported power limit),
+#: so that float noise below a whole watt never costs one.
+WHOLE_WATT_NOISE = 1e-9
 
 #: Relative slack of the planners' own "fits at power 1" budget tests (stricter than
 #: the validator's, so a plan they accept always validates).

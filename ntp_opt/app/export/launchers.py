@@ -6,7 +6,6 @@
 from __future__ import annotations
 
 import json
-import math
 import re
 from collections.abc import Sequence
 
@@ -33,6 +32,7 @@ from ntp_opt.model.instance import Instance
 from ntp_opt.planners.megatron import (
     MegatronError,
 )
+from ntp_opt.rules.power import whole_watts
 from ntp_opt.rules.validate import Violation
 
 
@@ -311,7 +311,7 @@ def launch_files(instance: Instance, ex: Export) -> dict[str, str]:
     check_rows(ex.rows)
     a = instance.arrays
     hosts, device = gpu_hosts(instance)
-    tdp = {(hosts[i], int(device[i])): math.floor(float(a.tdp[i]) + 1e-9) for i in range(a.n_gpus)}
+    tdp = {(hosts[i], int(device[i])): whole_watts(float(a.tdp[i])) for i in range(a.n_gpus)}
     name = str(ex.extras["instance"])
     files = {
         CONFIG_NAME: _config_module(ex),

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import math
 import os
 from collections.abc import Sequence
 
@@ -11,6 +10,7 @@ from ntp_opt.app.export.rows import RankRow, active_row, check_rows, gpu_hosts
 from ntp_opt.app.export.writing import write_launch_set
 from ntp_opt.model.instance import Instance
 from ntp_opt.model.plan import Plan
+from ntp_opt.rules.power import whole_watts
 from ntp_opt.rules.validate import check
 
 
@@ -100,7 +100,7 @@ def power_only(
         for j, g in enumerate(st.gpus)
         for i in [a.gpu_index[g]]
     ]
-    tdp = {(hosts[i], int(device[i])): math.floor(float(a.tdp[i]) + 1e-9) for i in range(a.n_gpus)}
+    tdp = {(hosts[i], int(device[i])): whole_watts(float(a.tdp[i])) for i in range(a.n_gpus)}
     files = {
         POWER_SET_NAME: power_commands(rows, False, tdp),
         POWER_RESTORE_NAME: power_commands(rows, True, tdp),

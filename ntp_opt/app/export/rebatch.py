@@ -10,6 +10,7 @@ from ntp_opt.planners.megatron import (
     MegatronError,
     launch_batch,
 )
+from ntp_opt.rules.power import stage_cap
 from ntp_opt.rules.validate import Violation, check, evaluate
 
 
@@ -106,12 +107,7 @@ def _stage_speeds(instance: Instance, plan: Plan) -> tuple[list[list[float]], li
         for st in rep.stages:
             idx = [a.gpu_index[g] for g in st.gpus]
             base[-1].append(job.tp_factor(rep.tp) * min(float(a.speed[i]) for i in idx))
-            top = 1.0 + job.max_boost
-            for i in idx:
-                mx = instance.cluster.nodes[a.gpu_ids[i]].get("max_power_w")
-                if mx is not None:
-                    top = min(top, float(mx) / float(a.tdp[i]))
-            cap[-1].append(max(1.0, top))
+            cap[-1].append(max(1.0, stage_cap(instance, idx)))
     return base, cap
 
 

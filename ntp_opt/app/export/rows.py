@@ -15,6 +15,7 @@ from ntp_opt.model.plan import Plan, Stage
 from ntp_opt.planners.megatron import (
     MegatronError,
 )
+from ntp_opt.rules.power import whole_watts
 from ntp_opt.rules.validate import Violation
 
 
@@ -194,7 +195,7 @@ def power_watts(instance: Instance, gpu: int, power: float) -> int:
     when it has one.
     """
     a = instance.arrays
-    watts = math.floor(float(a.tdp[gpu]) * float(power) + 1e-9)
+    watts = whole_watts(float(a.tdp[gpu]), power)
     cap = instance.cluster.nodes[a.gpu_ids[gpu]].get("max_power_w")
     if cap is not None:
         watts = min(watts, math.floor(float(cap)))

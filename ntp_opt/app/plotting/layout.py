@@ -9,6 +9,7 @@ import numpy as np
 from ntp_opt.app.plotting.style import FAILED, FAILED_COLOR, SPARE, USED, replica_color
 from ntp_opt.model.instance import Instance
 from ntp_opt.model.plan import Plan
+from ntp_opt.rules.power import gpu_draw
 
 
 @dataclass(frozen=True, eq=False)
@@ -126,8 +127,7 @@ def plan_layout(instance: Instance, plan: Plan, diff: Plan | None = None) -> Pla
     a = instance.arrays
     replica, stage, mult = _assignment(instance, plan)
     state = np.where(~a.healthy, FAILED, np.where(replica >= 0, USED, SPARE)).astype(np.int64)
-    idle = instance.job.idle_power_fraction
-    watts = np.where(replica >= 0, mult, np.where(a.healthy, idle, 0.0)) * a.tdp
+    watts = gpu_draw(instance, np.where(replica >= 0, mult, 0.0))
     if diff is None:
         moved = np.zeros(a.n_gpus, dtype=bool)
     else:

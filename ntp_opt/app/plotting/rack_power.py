@@ -9,6 +9,7 @@ import numpy as np
 from ntp_opt.app.plotting.style import literal, pyplot
 from ntp_opt.model.instance import Instance
 from ntp_opt.model.plan import Plan
+from ntp_opt.rules.power import exceeds
 from ntp_opt.rules.validate import evaluate
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -44,7 +45,7 @@ def plot_rack_power(instance: Instance, plan: Plan, ax: Axes | None = None) -> A
     power = np.asarray(ev.rack_power_w, dtype=float) / 1e3
     budget = a.rack_budget / 1e3
     xs = np.arange(len(power))
-    over = power > budget * (1 + 1e-6)
+    over = exceeds(np.asarray(ev.rack_power_w, dtype=float), a.rack_budget)  # as the validator
     bars = ax.bar(
         xs,
         power,

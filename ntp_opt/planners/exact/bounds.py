@@ -29,8 +29,8 @@ import numpy as np
 
 from ntp_opt.model.instance import Instance
 from ntp_opt.model.job import Job
-from ntp_opt.rules.tolerances import BUDGET_SLACK, WATT_SLACK
-from ntp_opt.rules.validate import POWER_TOL
+from ntp_opt.rules.power import budget_limit, budget_slack, extra_draw, idle_draw
+from ntp_opt.rules.tolerances import BUDGET_SLACK, POWER_TOL
 
 
 def capacity_bound(instance: Instance) -> float:
@@ -76,7 +76,7 @@ def gpu_bound(instance: Instance) -> float:
     s, w, cap = s_vals[sw // nw], w_vals[sw % nw], c_vals[keys % nc]
     alpha = job.power_exponent
     idle = job.idle_power_fraction
-    room = a.site_budget - float((w * n * idle).sum()) + _slack(a.site_budget)
+    room = a.site_budget - float((w * n * idle).sum()) + budget_slack(a.site_budget)
     hi = cap * (1 + POWER_TOL)  # per group: 1 + max_boost, or its boards' limit
     phi = max(job.tp_factor(t) / t for t in job.allowed)
     v_max = max(job.tp_factor(t) for t in job.allowed) * float(s.max()) * float(hi.max()) ** alpha
@@ -92,9 +92,9 @@ def gpu_bound(instance: Instance) -> float:
 
     def dual(lam: float) -> tuple[float, float]:
         pi = best_pi(lam)
-        gain = s * pi**alpha - lam * w * (pi - idle)
+        gain = s * pi**alpha - extra_draw(lam * w, pi, idle)
         on = gain > 0
-        used = float((n * w * (pi - idle))[on].sum())
+        used = float(extra_draw(n * w, pi, idle)[on].sum())
         return lam * room + float((n * gain)[on].sum()), room - used
 
     # D is convex in lambda; its slope is `room - used watts`, increasing in lambda
@@ -114,15 +114,6 @@ def gpu_bound(instance: Instance) -> float:
         best = min(dual(lo)[0], dual(hi_lam)[0])
     speed_sum = best * phi / (job.pp * job.seq_time_s)
     return float(min(speed_sum, replicas_cap))
-
-
-def _slack(site_budget: float) -> float:
-    """Watts over the site budget the validator forgives (its power tolerance).
-
-    The bounds must hold for every plan the validator accepts, so they give
-    the site budget and the largest multiplier the same slack.
-    """
-    return site_budget * POWER_TOL + WATT_SLACK
 
 
 def _usable(h: int, degrees: tuple[int, ...]) -> int:
@@ -399,7 +390,7 @@ def _stage_bound(
     ok = a.healthy
     if not ok.any():
         return 0.0
-    room = a.site_budget - float((a.tdp[ok] * idle).sum()) + _slack(a.site_budget)
+    room = a.site_budget - float(idle_draw(instance)[ok].sum()) + budget_slack(a.site_budget)
     if room < 0:
         return 0.0
     if rows_in is None:
@@ -672,10 +663,12 @@ def _fixed_case_bound(
             else:
                 pi = np.where(v >= tau, 1.0, np.inf)
         pi = np.where(v > 0, pi, np.inf)
-        return np.where(pi <= hi * (1 + BUDGET_SLACK), w * (np.minimum(pi, hi) - idle), np.inf)
+        return np.where(
+            pi <= hi * (1 + BUDGET_SLACK), extra_draw(w, np.minimum(pi, hi), idle), np.inf
+        )
 
     k_all = np.concatenate([counts[single], m_cnt[multi]]).astype(float)
-    limit = room * (1 + BUDGET_SLACK)
+    limit = budget_limit(room, tol=BUDGET_SLACK, slack=0.0)
     # cost is element-wise: the single-stage classes' costs once per distinct
     # option row (values, watts, cap), gathered back (the same numbers)
     _, first, row_of = np.unique(

@@ -48,7 +48,8 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from ntp_opt.model.job import Job
-from ntp_opt.rules.tolerances import BUDGET_SLACK, FLOAT_NOISE, MW_ROUND_SLACK
+from ntp_opt.rules.power import ceil_mw_array, extra_draw, fits_mw
+from ntp_opt.rules.tolerances import BUDGET_SLACK, FLOAT_NOISE
 
 __all__ = [
     "MAX_SPLITS",
@@ -64,8 +65,6 @@ __all__ = [
 MAX_SPLITS = 2_000
 #: Largest number of split states per multiset of stage kinds (estimated: splits^stages).
 MAX_STATES = 20_000
-#: Milliwatts per watt (as in :mod:`ntp_opt.planners.exact.model`).
-_MW = 1000.0
 
 #: A listed configuration: its stages ``(t, b, power, GPU positions)`` and extra draw per rack.
 Listed = tuple[tuple[tuple[int, int, float, tuple[int, ...]], ...], tuple[float, ...]]
@@ -280,9 +279,9 @@ def _table(
             continue
         seen[key] = j
         k, pi = k[ok], pi[ok]
-        add = ((k * cd.tdp[None, :]) @ onehot) * (pi - idle)[:, None]
+        add = extra_draw((k * cd.tdp[None, :]) @ onehot, pi[:, None], idle)
         # a split whose draw alone breaks a rack never fits (draws only add up)
-        alone = np.all(np.ceil((idle_r + add) * _MW - MW_ROUND_SLACK) <= budget_r, axis=1)
+        alone = np.all(fits_mw(idle_r + add, budget_r), axis=1)
         k, pi, add = k[alone], pi[alone], add[alone]
         ks.append(k)
         adds.append(add)
@@ -415,7 +414,7 @@ def _listing(
 
     def _headroom(draw: np.ndarray) -> np.ndarray:
         """The least budget left in any rack (mW), per state (last axis: racks)."""
-        used = np.ceil((idle_r + draw) * _MW - MW_ROUND_SLACK)
+        used = ceil_mw_array(idle_r + draw)
         left: np.ndarray = (budget_r - used).min(axis=-1)
         return left
 
@@ -499,7 +498,7 @@ def _listing(
         new_used = table.k[cand][:, None, :] + used[None, :, :]
         new_draw = table.add[cand][:, None, :] + draw[None, :, :]
         ok = np.all(new_used <= sizes, axis=2)
-        ok &= np.all(np.ceil((idle_r + new_draw) * _MW - MW_ROUND_SLACK) <= budget_r, axis=2)
+        ok &= np.all(fits_mw(idle_r + new_draw, budget_r), axis=2)
         if not ok.any():
             if first is not None:
                 for r in reps:
@@ -508,7 +507,7 @@ def _listing(
         if cd.single:
             # the least site draw; among equal ones the most headroom in the tightest rack
             # (any is exact; this one keeps fitting longest as the step time shrinks)
-            site = np.where(ok, np.ceil(new_draw.sum(axis=2) * _MW - MW_ROUND_SLACK), np.inf)
+            site = np.where(ok, ceil_mw_array(new_draw.sum(axis=2)), np.inf)
             room = np.where(ok, _headroom(new_draw), -np.inf)
             best_s = _best(site, room)
             best_v = site[np.arange(len(cand)), best_s]
@@ -545,7 +544,7 @@ def _listing(
                             f"domain {name!r}: more than {MAX_STATES} split states"
                         )
                 if cd.single:
-                    site_u = np.ceil(d2.sum(axis=1) * _MW - MW_ROUND_SLACK)
+                    site_u = ceil_mw_array(d2.sum(axis=1))
                     picks = [int(_best(site_u[None, :], _headroom(d2)[None, :])[0])]
                 else:  # the racks are rows: every Pareto-minimal draw
                     picks = _pareto(d2)

@@ -25,10 +25,10 @@ from ntp_opt.planners.exact.model import (
     Config,
     ModelTooLarge,
     Prepared,
-    ceil_mw,
     domain_configs,
     max_level,
 )
+from ntp_opt.rules.power import ceil_mw, fits_mw
 
 __all__ = ["ListedPricing"]
 
@@ -109,7 +109,7 @@ class ListedPricing:
         """Whether a configuration with this extra draw per rack fits the unit's racks."""
         unit = self.unit
         return all(
-            ceil_mw(idle + x) <= budget
+            fits_mw(idle + x, budget)
             for idle, x, budget in zip(unit.idle_w, extra, unit.budget_mw, strict=True)
         )
 

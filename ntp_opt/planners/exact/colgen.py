@@ -55,7 +55,6 @@ from ntp_opt.planners.exact.backends.highs import new_highs
 from ntp_opt.planners.exact.choice_pricing import ListedPricing
 from ntp_opt.planners.exact.model import (
     MAX_CONFIGS,
-    MW,
     WHOLE_UNIT,
     Capacity,
     CapacityBuilder,
@@ -66,13 +65,13 @@ from ntp_opt.planners.exact.model import (
     Prepared,
     StageChoice,
     Unit,
-    ceil_mw,
     max_level,
     stage_power,
     unit_domain,
     unit_key,
 )
 from ntp_opt.planners.exact.program import IntProgram, IntSolution, Row
+from ntp_opt.rules.power import MW, ceil_mw, extra_draw, fits_mw
 
 __all__ = [
     "ColumnGeneration",
@@ -309,7 +308,9 @@ class Pricing:
                     dom = self.dom
                     span = slice(start, start + t)
                     drawn = np.zeros(self.n_racks)
-                    np.add.at(drawn, dom.rack_pos[span], dom.tdp[span] * (pi - self._idle_frac))
+                    np.add.at(
+                        drawn, dom.rack_pos[span], extra_draw(dom.tdp[span], pi, self._idle_frac)
+                    )
                     add = tuple(drawn.tolist())
                     self._adds[akey] = add
                 out = (pi, add)
@@ -348,7 +349,7 @@ class Pricing:
         """Whether a configuration with this extra draw per rack fits the unit's racks."""
         unit = self.unit
         return all(
-            ceil_mw(idle + x) <= budget
+            fits_mw(idle + x, budget)
             for idle, x, budget in zip(unit.idle_w, extra, unit.budget_mw, strict=True)
         )
 
@@ -660,7 +661,7 @@ class _PriceSearch:
         """The draw per rack with ``add`` on top of ``extra``; ``None`` when it does not fit."""
         if self.single:
             x0 = extra[0] + add[0]
-            if ceil_mw(self.idle0 + x0) > self.budget0:
+            if not fits_mw(self.idle0 + x0, self.budget0):
                 return None
             return (x0,)
         new_extra = tuple(x + y for x, y in zip(extra, add, strict=True))

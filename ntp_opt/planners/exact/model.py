@@ -65,19 +65,27 @@ from ntp_opt.planners.exact.choice import (
     choice_groups,
 )
 from ntp_opt.planners.exact.program import IntProgram, Row
+from ntp_opt.rules.power import (
+    ceil_mw,
+    exceeds,
+    extra_draw,
+    fits_mw,
+    floor_mw,
+    idle_draw,
+)
+from ntp_opt.rules.power import (
+    fits as budget_fits,
+)
 from ntp_opt.rules.tolerances import (
     BISECT_TOL,
     BUDGET_SLACK,
     EDGE_SLACK,
     FLOAT_NOISE,
-    MW_ROUND_SLACK,
     TIGHTEN_TOL,
 )
 
 #: Largest number of configurations, per domain class and in one program.
 MAX_CONFIGS = 20_000
-#: Milliwatts per watt: power enters the integer program in mW.
-MW = 1000.0
 
 
 class ModelTooLarge(RuntimeError):
@@ -125,15 +133,6 @@ MAX_BUILT = 50_000
 def _check_deadline(deadline: float | None) -> None:
     if deadline is not None and time.perf_counter() >= deadline:
         raise DeadlineReached("time limit reached while building a capacity program")
-
-
-def ceil_mw(watts: float) -> int:
-    """Watts as integer milliwatts, rounded up (draws are rounded up, budgets down)."""
-    return math.ceil(watts * MW - MW_ROUND_SLACK)
-
-
-def _floor_mw(watts: float) -> int:
-    return math.floor(watts * MW + MW_ROUND_SLACK)
 
 
 @dataclass(frozen=True)
@@ -197,6 +196,7 @@ def prepare(instance: Instance) -> Prepared:
     a = instance.arrays
     caps = instance.max_multiplier
     idle_frac = instance.job.idle_power_fraction
+    idle_w = idle_draw(instance)  # per GPU
     # power units: union-find over domains joined by shared racks
     parent = list(range(a.n_domains))
 
@@ -269,12 +269,12 @@ def prepare(instance: Instance) -> Prepared:
         idle = np.zeros(len(racks))
         for d in ds:
             dom = domains[d]
-            np.add.at(idle, dom.rack_pos, dom.tdp * idle_frac)
+            np.add.at(idle, dom.rack_pos, idle_w[dom.gpus])
         units.append(
             Unit(
                 tuple(ds),
                 tuple(racks),
-                tuple(_floor_mw(float(a.rack_budget[r])) for r in racks),
+                tuple(floor_mw(float(a.rack_budget[r])) for r in racks),
                 tuple(float(x) for x in idle),
             )
         )
@@ -333,7 +333,7 @@ def prepare(instance: Instance) -> Prepared:
         units=tuple(units),
         classes=tuple(tuple(us) for us in single.values()),
         multi=tuple(multi),
-        site_budget_mw=_floor_mw(a.site_budget),
+        site_budget_mw=floor_mw(a.site_budget),
         site_idle_w=site_idle,
         speeds=tuple(healthy_speeds),
         inexact=inexact,
@@ -638,7 +638,7 @@ def domain_configs(
             if pi is None:
                 continue
             # in GPU order, as np.add.at would add them
-            add = np.bincount(racks, weights=tdps * (pi - idle_frac), minlength=n_racks)
+            add = np.bincount(racks, weights=extra_draw(tdps, pi, idle_frac), minlength=n_racks)
             new_extra = extra + add
             new_stages = [*stages, StageChoice(t, b, start, pi)]
             configs.append(Config(tuple(new_stages), tuple(new_extra.tolist())))
@@ -670,7 +670,7 @@ class Capacity:
 
 def _unit_fits(unit: Unit, extra_w: tuple[float, ...]) -> bool:
     return all(
-        ceil_mw(idle + x) <= budget
+        fits_mw(idle + x, budget)
         for idle, x, budget in zip(unit.idle_w, extra_w, unit.budget_mw, strict=True)
     )
 
@@ -925,9 +925,7 @@ def tighten(prep: Prepared, stages: Sequence[StagePick], theta: float) -> tuple[
     idle = job.idle_power_fraction
     tdp = a.tdp[gpus]
     stage_tdp = np.array([float(x.sum()) for x in np.split(tdp, starts[1:])])
-    base_rack = np.bincount(
-        a.gpu_rack, weights=np.where(a.healthy, a.tdp * idle, 0.0), minlength=len(a.rack_ids)
-    )
+    base_rack = np.bincount(a.gpu_rack, weights=idle_draw(inst), minlength=len(a.rack_ids))
     n_racks = len(base_rack)
     # one bincount adds the idle draw first, then every stage GPU's extra draw in
     # stage order: the same additions in the same order as one np.add.at per stage
@@ -941,12 +939,12 @@ def tighten(prep: Prepared, stages: Sequence[StagePick], theta: float) -> tuple[
         pi = powers(th)
         if np.any(pi > hi_pi * (1 + BUDGET_SLACK)):
             return False
-        extra = tdp * (pi[stage_of] - idle)
+        extra = extra_draw(tdp, pi[stage_of], idle)
         rack = np.bincount(rack_idx, weights=np.concatenate((base_rack, extra)), minlength=n_racks)
-        if np.any(rack > rack_budget * (1 + TIGHTEN_TOL)):
+        if np.any(exceeds(rack, rack_budget, tol=TIGHTEN_TOL, slack=0.0)):
             return False
         site = float(base_rack.sum() + ((pi - idle) * stage_tdp).sum())
-        return site <= a.site_budget * (1 + TIGHTEN_TOL)
+        return bool(budget_fits(site, a.site_budget, tol=TIGHTEN_TOL, slack=0.0))
 
     lo = float((need / hi_pi**alpha).max())  # below this some stage needs too much power
     hi = theta

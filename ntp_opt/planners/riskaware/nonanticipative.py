@@ -91,7 +91,8 @@ from ntp_opt.planners.exact.search import solve_exact
 from ntp_opt.planners.riskaware.scenarios import Scenarios
 from ntp_opt.planners.riskaware.scorer import refills_keep_power
 from ntp_opt.planners.riskaware.waitandsee import idle_instance
-from ntp_opt.rules.tolerances import POWER_TOL, REL_TOL, WATT_SLACK
+from ntp_opt.rules.power import budget_limit
+from ntp_opt.rules.tolerances import REL_TOL
 
 __all__ = [
     "MAX_AFFECTED",
@@ -242,7 +243,7 @@ def power_cap(
         return None  # a domain's GPUs differ: which one is left unused matters
     n, w = len(healthy), float(a.tdp[healthy[0]])
     # the validator's slack: an admissible plan may draw that much more
-    budget = float(a.rack_budget[int(a.gpu_rack[healthy[0]])]) * (1 + POWER_TOL) + WATT_SLACK
+    budget = budget_limit(float(a.rack_budget[int(a.gpu_rack[healthy[0]])]))
     t = n if _grouped(instance) else job.min_tp
     cap = max(1.0, 1.0 + (budget / w - n) / t)
     if cap >= 1.0 + job.max_boost:

@@ -59,6 +59,7 @@ from ntp_opt.planners.exact.bounds import capacity_bound
 from ntp_opt.planners.exact.search import solve_exact
 from ntp_opt.planners.riskaware.scenarios import Scenarios
 from ntp_opt.planners.riskaware.scorer import refills_keep_power
+from ntp_opt.rules.power import idle_draw
 from ntp_opt.rules.tolerances import REL_TOL
 
 __all__ = [
@@ -154,7 +155,7 @@ def relaxed_instance(instance: Instance, scenarios: Sequence[np.ndarray]) -> Ins
             gpus = gpus[a.healthy[gpus]]
             if len(gpus) == 0:
                 continue
-            watts = idle * a.tdp[gpus]
+            watts = idle_draw(instance)[gpus]
             per_rack = np.bincount(a.gpu_rack[gpus], weights=watts, minlength=len(a.rack_ids))
             rack = np.maximum(rack, per_rack)
             site = max(site, float(watts.sum()))
@@ -190,7 +191,7 @@ def idle_instance(instance: Instance, unusable: np.ndarray) -> Instance:
     a = instance.arrays
     mask = np.asarray(unusable, dtype=bool) & a.healthy
     out = instance.with_health(healthy=a.healthy & ~mask)
-    watts = instance.job.idle_power_fraction * a.tdp * mask
+    watts = idle_draw(instance, mask)
     if not watts.any():
         return out
     per_rack = np.bincount(a.gpu_rack, weights=watts, minlength=len(a.rack_ids))
@@ -274,7 +275,7 @@ def wait_and_see_bound(
     # needed when recourse keeps the nominal draws (failed GPUs count at idle)
     a = instance.arrays
     keeps = refills_keep_power(instance)
-    idle = instance.job.idle_power_fraction * a.tdp * a.healthy * (not keeps)
+    idle = idle_draw(instance, a.healthy & (not keeps))
     relief = np.array([float(idle[np.unique(g)].sum()) for g in scenarios.gpus])
     # tier levels: the freed watts at evenly spaced quantiles of the weight
     # (the smallest and the largest included)
