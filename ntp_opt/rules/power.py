@@ -68,6 +68,7 @@ __all__ = [
     "over_budget",
     "rack_and_site_draw",
     "redraw",
+    "site_idle_draw",
     "stage_cap",
     "trim_powers",
     "whole_watts",
@@ -168,6 +169,17 @@ def idle_draw(instance: Instance, alive: np.ndarray | None = None) -> np.ndarray
     ok = a.healthy if alive is None else alive
     draw: np.ndarray = np.where(ok, a.tdp * instance.job.idle_power_fraction, 0.0)
     return draw
+
+
+def site_idle_draw(instance: Instance) -> float:
+    """Watts the site draws with every healthy GPU idle.
+
+    The healthy GPUs' TDPs summed, times ``idle_power_fraction`` (the exact
+    planner's integer programs round this figure to milliwatts: its order of
+    operations is kept).
+    """
+    a = instance.arrays
+    return float((a.tdp * a.healthy).sum() * instance.job.idle_power_fraction)
 
 
 def extra_draw(tdp: Any, power: Any, idle: Any) -> Any:

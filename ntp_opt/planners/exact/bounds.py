@@ -981,7 +981,7 @@ def _case_bound(
             if pa_u is None:
                 pa_u = pi_u**alpha
             gain_u = u_val * pa_u
-            gain_u -= lw * (pi_u - idle)
+            gain_u -= extra_draw(lw, pi_u, idle)
             gain_u -= mu3 * n_s
             gain_u[:, absent] = -np.inf
             k_u = np.argmax(gain_u, axis=2)
@@ -991,17 +991,17 @@ def _case_bound(
             k, g, pk = k_u[:, opt_of], g_u[:, opt_of], pk_u[:, opt_of]
             on = single & (g > 0)
             wk = wk_all.reshape(-1)[k + n_opt * np.arange(n_cls)]
-            s_val, s_watts = _masked_row_sums(on, g * counts, wk * (pk - idle) * counts)
+            s_val, s_watts = _masked_row_sums(on, g * counts, extra_draw(wk, pk, idle) * counts)
             total = total + s_val
             watts = watts + s_watts
             gpus = gpus + np.where(on, n_s[k] * counts, 0.0).sum(axis=1)
         if gv.size:
             lam2, mu2 = lam[:, None], mu[:, None]
             pi_u = best_pi(u_gv, u_gw, lam2, u_ghi)
-            gain_u = u_gv * pi_u**alpha - lam2 * u_gw * (pi_u - idle) - mu2
+            gain_u = u_gv * pi_u**alpha - extra_draw(lam2 * u_gw, pi_u, idle) - mu2
             pi, gain = pi_u[:, gpu_of], gain_u[:, gpu_of]
             on = gain > 0
-            m_val, m_watts = _masked_row_sums(on, gain * gc, gw * (pi - idle) * gc)
+            m_val, m_watts = _masked_row_sums(on, gain * gc, extra_draw(gw, pi, idle) * gc)
             total = total + m_val
             watts = watts + m_watts
             gpus = gpus + np.where(on, gc, 0.0).sum(axis=1)

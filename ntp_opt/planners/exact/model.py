@@ -72,6 +72,7 @@ from ntp_opt.rules.power import (
     fits_mw,
     floor_mw,
     idle_draw,
+    site_idle_draw,
 )
 from ntp_opt.rules.power import (
     fits as budget_fits,
@@ -195,7 +196,6 @@ def prepare(instance: Instance) -> Prepared:
     """
     a = instance.arrays
     caps = instance.max_multiplier
-    idle_frac = instance.job.idle_power_fraction
     idle_w = idle_draw(instance)  # per GPU
     # power units: union-find over domains joined by shared racks
     parent = list(range(a.n_domains))
@@ -326,7 +326,7 @@ def prepare(instance: Instance) -> Prepared:
             choice[dom.index] = grouped
         elif not inexact:
             inexact = f"{why}; no exact GPU choice: {too_many}"
-    site_idle = float((a.tdp * a.healthy).sum() * idle_frac)
+    site_idle = site_idle_draw(instance)
     return Prepared(
         instance=instance,
         domains=tuple(domains),
@@ -943,7 +943,7 @@ def tighten(prep: Prepared, stages: Sequence[StagePick], theta: float) -> tuple[
         rack = np.bincount(rack_idx, weights=np.concatenate((base_rack, extra)), minlength=n_racks)
         if np.any(exceeds(rack, rack_budget, tol=TIGHTEN_TOL, slack=0.0)):
             return False
-        site = float(base_rack.sum() + ((pi - idle) * stage_tdp).sum())
+        site = float(base_rack.sum() + extra_draw(stage_tdp, pi, idle).sum())
         return bool(budget_fits(site, a.site_budget, tol=TIGHTEN_TOL, slack=0.0))
 
     lo = float((need / hi_pi**alpha).max())  # below this some stage needs too much power

@@ -150,12 +150,13 @@ def relaxed_instance(instance: Instance, scenarios: Sequence[np.ndarray]) -> Ins
     rack = np.zeros(len(a.rack_ids))
     site = 0.0
     if idle > 0:
+        per_gpu = idle_draw(instance)
         for g in scenarios:
             gpus = np.unique(np.asarray(g, dtype=np.int64))
             gpus = gpus[a.healthy[gpus]]
             if len(gpus) == 0:
                 continue
-            watts = idle_draw(instance)[gpus]
+            watts = per_gpu[gpus]
             per_rack = np.bincount(a.gpu_rack[gpus], weights=watts, minlength=len(a.rack_ids))
             rack = np.maximum(rack, per_rack)
             site = max(site, float(watts.sum()))
