@@ -39,6 +39,7 @@ from ntp_opt.rules.tolerances import HIGHS_INT_TOL, HIGHS_MIN_INT_TOL, ROUNDING_
 
 __all__ = [
     "HighsBackend",
+    "HighsLP",
     "highs_attempt",
     "highs_lp",
     "integrality_tolerance",
@@ -376,3 +377,78 @@ class HighsBackend(SolverBackend):
             return None
         bound = float(info.mip_dual_bound)
         return bound if math.isfinite(bound) else None
+
+
+class HighsLP:
+    """A maximisation LP built and re-solved incrementally with HiGHS (column generation).
+
+    Rows are added once, with empty columns; columns are added one at a time
+    with their sparse entries; row bounds may change between solves.
+
+    Parameters
+    ----------
+    lo, hi
+        Bounds of the rows (``-inf``/``inf`` for none: :attr:`inf`).
+    threads, seed
+        HiGHS's ``threads`` and ``random_seed``.
+
+    Raises
+    ------
+    BackendUnavailable
+        ``highspy`` is missing (the message names the extra ``highs``).
+    """
+
+    def __init__(self, lo: list[float], hi: list[float], *, threads: int, seed: int) -> None:
+        highspy = load()
+        self._highspy = highspy
+        self.inf = float(highspy.kHighsInf)
+        h = new_highs(highspy)
+        h.setOptionValue("output_flag", False)
+        h.setOptionValue("threads", threads)
+        h.setOptionValue("random_seed", seed)
+        h.changeObjectiveSense(highspy.ObjSense.kMaximize)
+        n_rows = len(lo)
+        h.addRows(
+            n_rows,
+            np.array(lo),
+            np.array(hi),
+            0,
+            np.zeros(n_rows + 1, dtype=np.int32)[:n_rows],
+            np.zeros(0, dtype=np.int32),
+            np.zeros(0),
+        )
+        self._h = h
+
+    def add_col(
+        self, cost: float, lo: float, hi: float, rows: np.ndarray, values: np.ndarray
+    ) -> None:
+        """Add a column: objective ``cost``, bounds ``lo..hi``, ``values`` in ``rows``."""
+        idx = np.asarray(rows, dtype=np.int32)
+        self._h.addCol(cost, lo, hi, len(idx), idx, np.asarray(values, dtype=np.float64))
+
+    def set_row_bounds(self, row: int, lo: float, hi: float) -> None:
+        """Change the bounds of ``row``."""
+        self._h.changeRowBounds(row, lo, hi)
+
+    def solve(self) -> str:
+        """Solve; ``"optimal"``, ``"infeasible"`` or HiGHS's own words for another status."""
+        h, status_enum = self._h, self._highspy.HighsModelStatus
+        h.run()
+        status = h.getModelStatus()
+        if status == status_enum.kOptimal:
+            return "optimal"
+        if status == status_enum.kInfeasible:
+            return "infeasible"
+        return str(h.modelStatusToString(status))
+
+    def objective(self) -> float:
+        """The last solve's objective value."""
+        return float(self._h.getInfo().objective_function_value)
+
+    def row_duals(self) -> np.ndarray:
+        """The last solve's row duals."""
+        return np.asarray(self._h.getSolution().row_dual, dtype=np.float64)
+
+    def col_values(self) -> np.ndarray:
+        """The last solve's column values."""
+        return np.asarray(self._h.getSolution().col_value, dtype=np.float64)
