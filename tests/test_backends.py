@@ -181,6 +181,8 @@ def test_registry_holds_every_backend_once_in_order_of_preference():
         assert (found.name, found.extra) == (name, extra)
     # only HiGHS bounds a program by its relaxation
     assert [b for b in BACKENDS if isinstance(get_backend(b), RelaxingBackend)] == ["highs"]
+    # only CP-SAT has a deterministic work limit (solve_or_highs hands over past it)
+    assert [b for b in BACKENDS if get_backend(b).has_work_limit] == ["cpsat"]
     known = "unknown backend 'gurobi'; known backends: cpsat, highs, cbc"
     with pytest.raises(ValueError, match=known):
         get_backend("gurobi")

@@ -222,7 +222,7 @@ def solve_or_highs(
     # a deadline that passed since the caller looked (a loaded machine): the
     # shortest limit, so that the backend stops at once and says the time did
     remaining = None if deadline is None else max(0.01, deadline - time.perf_counter())
-    work = work if backend == "cpsat" else None
+    work = work if get_backend(backend).has_work_limit else None
     sol = solve_program(
         program, backend, time_limit=remaining, threads=threads, seed=seed,
         cancel=cancel, work_limit=work,

@@ -58,6 +58,11 @@ class Backend(Protocol):
         """The extra that installs the solver: ``pip install 'ntp-opt[<extra>]'``."""
         ...
 
+    @property
+    def has_work_limit(self) -> bool:
+        """Whether the backend honours ``Options.work_limit`` (a deterministic limit)."""
+        ...
+
     def load(self) -> Any:
         """Import the solver package; :class:`BackendUnavailable` naming the extra if missing."""
         ...
@@ -92,7 +97,8 @@ class RelaxingBackend(Backend, Protocol):
 class SolverBackend(ABC):
     """The shared part of a backend: load, check the program, run, check the answer.
 
-    A subclass sets ``name`` and ``extra`` and implements :meth:`load` and
+    A subclass sets ``name`` and ``extra`` (and ``has_work_limit`` when it
+    honours ``Options.work_limit``) and implements :meth:`load` and
     :meth:`run`; :meth:`solve` normalises the program
     (:func:`~ntp_opt.planners.exact.backends.common.prepare`), answers trivial
     programs itself, and rounds and checks the backend's :class:`Raw` answer
@@ -101,6 +107,7 @@ class SolverBackend(ABC):
 
     name: ClassVar[str]
     extra: ClassVar[str]
+    has_work_limit: ClassVar[bool] = False
 
     @abstractmethod
     def load(self) -> Any:

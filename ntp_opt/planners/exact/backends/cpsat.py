@@ -151,6 +151,7 @@ class CpSatBackend(SolverBackend):
 
     name = "cpsat"
     extra = "cpsat"
+    has_work_limit = True  # max_deterministic_time
 
     def load(self) -> Any:
         """The ``cp_model`` module (:func:`load`)."""
