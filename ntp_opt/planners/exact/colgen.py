@@ -49,11 +49,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from ntp_opt.planners.exact.backends import (
-    get_backend,
-    load_backend,
-    solve_or_highs,
-)
+from ntp_opt.planners.exact.backends import get_backend, load_backend, solve_or_highs
 from ntp_opt.planners.exact.backends.highs import HighsLP
 from ntp_opt.planners.exact.choice_pricing import ListedPricing
 from ntp_opt.planners.exact.model import (
