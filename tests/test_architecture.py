@@ -44,7 +44,7 @@ def _imports(name: str, path: pathlib.Path) -> list[tuple[str, list[str], int]]:
 
 
 def test_import_linter_contracts_hold() -> None:
-    """``lint-imports`` (the layers contract of ``.importlinter``)."""
+    """``lint-imports`` (the layers and solvers contracts of ``.importlinter``)."""
     exe = shutil.which("lint-imports") or str(pathlib.Path(sys.executable).parent / "lint-imports")
     if not pathlib.Path(exe).exists():
         pytest.fail("import-linter is not installed: pip install -e '.[dev]'")
@@ -56,7 +56,24 @@ def test_import_linter_contracts_hold() -> None:
         check=False,
     )
     assert done.returncode == 0, done.stdout + done.stderr
-    assert "Contracts: 1 kept, 0 broken." in done.stdout
+    assert "Contracts: 2 kept, 0 broken." in done.stdout
+
+
+#: Solver packages, and the one package allowed to import them.
+SOLVERS = ("highspy", "ortools", "pulp")
+BACKENDS = "ntp_opt.planners.exact.backends"
+
+
+def test_solver_packages_are_imported_only_by_the_backends() -> None:
+    """The ``solvers`` contract, checked on the source (lazy imports included)."""
+    outside = [
+        f"{name}:{line} imports {module}"
+        for name, path in _modules().items()
+        if name != BACKENDS and not name.startswith(BACKENDS + ".")
+        for module, _, line in _imports(name, path)
+        if module.split(".")[0] in SOLVERS
+    ]
+    assert outside == []
 
 
 def test_no_private_name_is_imported_from_another_module() -> None:

@@ -11,11 +11,15 @@ import pytest
 
 from ntp_opt.planners.exact.backends import (
     BACKENDS,
+    Backend,
     BackendUnavailable,
+    RelaxingBackend,
     available_backends,
     common,
     cpsat,
+    get_backend,
     highs,
+    register,
     solve_program,
 )
 from ntp_opt.planners.exact.program import IntProgram, Row
@@ -167,6 +171,33 @@ def test_missing_package(monkeypatch):
         solve_program(random_knapsack(np.random.default_rng(0)), "highs")
     assert "highs" not in available_backends()
     assert issubclass(BackendUnavailable, ImportError)
+
+
+def test_registry_holds_every_backend_once_in_order_of_preference():
+    assert BACKENDS == ("cpsat", "highs", "cbc")
+    for name, extra in (("cpsat", "cpsat"), ("highs", "highs"), ("cbc", "cbc")):
+        found = get_backend(name)
+        assert isinstance(found, Backend)
+        assert (found.name, found.extra) == (name, extra)
+    # only HiGHS bounds a program by its relaxation
+    assert [b for b in BACKENDS if isinstance(get_backend(b), RelaxingBackend)] == ["highs"]
+    # only CP-SAT has a deterministic work limit (solve_or_highs hands over past it)
+    assert [b for b in BACKENDS if get_backend(b).has_work_limit] == ["cpsat"]
+    known = "unknown backend 'gurobi'; known backends: cpsat, highs, cbc"
+    with pytest.raises(ValueError, match=known):
+        get_backend("gurobi")
+    with pytest.raises(ValueError, match="registered already"):
+        register(get_backend("cbc"))
+    assert BACKENDS == ("cpsat", "highs", "cbc")
+
+
+def test_missing_pulp_names_the_extra_for_the_malleus_program(monkeypatch):
+    from ntp_opt.planners import peers
+
+    monkeypatch.setitem(sys.modules, "pulp", None)  # makes `import pulp` fail
+    with pytest.raises(BackendUnavailable, match=r"needs pulp: pip install 'ntp-opt\[cbc\]'"):
+        peers.malleus_split([1.0, 2.0], 3)
+    assert "cbc" not in available_backends()
 
 
 def test_infeasible_answer_is_never_returned(monkeypatch):

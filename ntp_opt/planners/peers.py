@@ -32,7 +32,6 @@ from __future__ import annotations
 
 import math
 import time
-import warnings
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Literal, NamedTuple
@@ -409,7 +408,8 @@ def malleus_split(
     time_limit: float | None = 30.0,
     msg: bool = False,
 ) -> SplitOutcome:
-    """Malleus's batch split: the min-max integer program, solved with PuLP + CBC.
+    """Malleus's batch split: the min-max integer program, solved with PuLP + CBC
+    (:func:`~ntp_opt.planners.exact.backends.malleus.malleus_min_max`).
 
     ``minimise z`` subject to ``o_i m_i <= z``, ``sum_i m_i = N``, ``m_i >= 1``
     integer.
@@ -438,37 +438,23 @@ def malleus_split(
     ------
     ValueError
         On empty or non-positive times, or ``N`` below the replica count.
-    ImportError
-        Without PuLP (``pip install 'ntp-opt[cbc]'``).
+    BackendUnavailable
+        Without PuLP (an ``ImportError`` naming ``pip install 'ntp-opt[cbc]'``).
     """
     _check_split_input(times, n_micro_total)
-    import pulp  # optional dependency, imported only here
+    # imported here: the fast path (which imports this module) loads no backend
+    from ntp_opt.planners.exact.backends.malleus import malleus_min_max
 
     start = time.perf_counter()
-    n = len(times)
-    with warnings.catch_warnings():
-        # PuLP 3.x announces API changes for 4.0; this spelling works from 2.8 on.
-        warnings.simplefilter("ignore", DeprecationWarning)
-        prob = pulp.LpProblem("malleus_batch_split", pulp.LpMinimize)
-        z = pulp.LpVariable("z", lowBound=0)
-        m = [
-            pulp.LpVariable(f"m_{i}", lowBound=1, upBound=n_micro_total - n + 1, cat="Integer")
-            for i in range(n)
-        ]
-        prob += z
-        for i, o in enumerate(times):
-            prob += float(o) * m[i] <= z, f"time_{i}"
-        prob += pulp.lpSum(m) == n_micro_total, "all_micro_batches"
-        prob.solve(pulp.PULP_CBC_CMD(timeLimit=time_limit, msg=msg))
+    answer = malleus_min_max(times, n_micro_total, time_limit, msg)
     seconds = time.perf_counter() - start
-    has_point = prob.sol_status in (pulp.LpSolutionOptimal, pulp.LpSolutionIntegerFeasible)
-    values = [v.varValue for v in m]
-    if not has_point or any(v is None for v in values):
+    values = answer.values
+    if not values or any(v is None for v in values):
         return SplitOutcome([], math.inf, False, seconds)
     counts = [round(float(v)) for v in values if v is not None]
     if sum(counts) != n_micro_total or min(counts) < 1:  # never trust a solver's point
         return SplitOutcome([], math.inf, False, seconds)
-    proven = prob.status == pulp.LpStatusOptimal and prob.sol_status == pulp.LpSolutionOptimal
+    proven = answer.status_optimal and answer.solution_optimal
     return SplitOutcome(counts, split_objective(times, counts), proven, seconds)
 
 
@@ -542,33 +528,21 @@ def malleus_split_as_shipped(
     ------
     ValueError
         On empty or non-positive times, or ``N`` below the sum of the lower bounds.
-    ImportError
-        Without PuLP (``pip install 'ntp-opt[cbc]'``).
+    BackendUnavailable
+        Without PuLP (an ``ImportError`` naming ``pip install 'ntp-opt[cbc]'``).
     """
     _check_split_input(times, n_micro_total)
     n = len(times)
     lows = [int(stages)] * n if isinstance(stages, int) else [int(x) for x in stages]
     if len(lows) != n or min(lows) < 1 or sum(lows) > n_micro_total:
         raise ValueError("stages: one count >= 1 per pipeline, summing to at most N")
-    import pulp  # optional dependency, imported only here
+    from ntp_opt.planners.exact.backends.malleus import malleus_shipped
 
     start = time.perf_counter()
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", DeprecationWarning)
-        prob = pulp.LpProblem("malleus_as_shipped", pulp.LpMinimize)
-        z = pulp.LpVariable("z", lowBound=0)
-        m = [pulp.LpVariable(f"m_{i}", lowBound=0, cat="Integer") for i in range(n)]
-        prob += z
-        prob += pulp.lpSum(m) == n_micro_total
-        for i, o in enumerate(times):
-            prob += z >= float(o) * m[i]
-            prob += m[i] >= lows[i]
-        prob.solve(pulp.PULP_CBC_CMD(timeLimit=time_limit, msg=msg))
-        accepted = prob.status == pulp.LpStatusOptimal
-        proven = accepted and prob.sol_status == pulp.LpSolutionOptimal
-        by_name = [v for v in prob.variables() if "m_" in v.name]
-        values = [v.varValue for v in by_name]
-        reported = pulp.value(prob.objective)
+    answer = malleus_shipped(times, n_micro_total, lows, time_limit, msg)
+    accepted = answer.status_optimal
+    proven = accepted and answer.solution_optimal
+    values, reported = answer.values, answer.objective
     seconds = time.perf_counter() - start
     if not accepted or any(v is None for v in values) or reported is None:
         return ShippedOutcome([], math.inf, math.inf, accepted, proven, seconds)

@@ -32,8 +32,8 @@ level). This module solves the same program by column generation:
   :func:`~ntp_opt.planners.exact.model.iter_stages`. When it meets the bound,
   ``C(theta')`` is proven (price-and-branch).
 
-The LP is solved with HiGHS (``highspy``, extra ``ntp-opt[highs]``), imported
-lazily.
+The LP is solved with HiGHS (``highspy``, extra ``ntp-opt[highs]``) through
+:class:`~ntp_opt.planners.exact.backends.highs.HighsLP`, imported lazily.
 """
 
 from __future__ import annotations
@@ -46,12 +46,11 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
 
 import numpy as np
 
-from ntp_opt.planners.exact.backends import BackendUnavailable, solve_or_highs
-from ntp_opt.planners.exact.backends.highs import new_highs
+from ntp_opt.planners.exact.backends import get_backend, load_backend, solve_or_highs
+from ntp_opt.planners.exact.backends.highs import HighsLP
 from ntp_opt.planners.exact.choice_pricing import ListedPricing
 from ntp_opt.planners.exact.model import (
     MAX_CONFIGS,
@@ -799,20 +798,8 @@ def column_generation_for(
 
 
 def column_generation_available() -> bool:
-    """Whether the master LP's solver (``highspy``) can be imported."""
-    try:
-        _load_highspy()
-    except BackendUnavailable:
-        return False
-    return True
-
-
-def _load_highspy() -> Any:
-    try:
-        import highspy
-    except ImportError as exc:
-        raise BackendUnavailable("highs", "highspy") from exc
-    return highspy
+    """Whether the master LP's solver (HiGHS, ``highspy``) can be imported."""
+    return get_backend("highs").available()
 
 
 @dataclass
@@ -890,13 +877,12 @@ class ColumnGeneration:
         BackendUnavailable
             ``highspy`` (or the backend's package) is missing.
         """
-        highspy = _load_highspy()
+        load_backend("highs")  # the master LP's solver, or BackendUnavailable at once
         master = _Master(
             self.prep,
             self.owners,
             self.degrees,
             theta,
-            highspy,
             _IntOptions(backend, deadline, threads, seed, cancel),
         )
         if not master.kinds:  # no stage fits anywhere at this step time: C = 0
@@ -964,7 +950,6 @@ class _Master:
         owners: list[Owner],
         degrees: tuple[int, ...],
         theta: float,
-        highspy: Any,
         opts: _IntOptions,
     ) -> None:
         self.prep = prep
@@ -972,9 +957,8 @@ class _Master:
         self.owners = owners
         self.degrees = degrees
         self.theta = theta
-        self.highspy = highspy
         self.opts = opts
-        self.inf = float(highspy.kHighsInf)
+        self.inf = math.inf  # HiGHS reads it as no bound
         # a domain whose GPUs are chosen exactly is priced over its exact listing
         self.pricers: list[Pricing | ListedPricing] = [
             ListedPricing(prep, ow, theta, degrees, opts.deadline)
@@ -1036,24 +1020,10 @@ class _Master:
         for k in self.kinds:
             self.agg_row[k] = self._row(-inf, inf)
 
-    def _build_lp(self) -> Any:
-        """The HiGHS model with the rows, the ``n[t, b]`` and the artificial columns."""
-        highspy, job, kinds = self.highspy, self.job, self.kinds
-        h = new_highs(highspy)
-        h.setOptionValue("output_flag", False)
-        h.setOptionValue("threads", self.opts.threads)
-        h.setOptionValue("random_seed", self.opts.seed)
-        h.changeObjectiveSense(highspy.ObjSense.kMaximize)
-        n_rows = len(self.lo)
-        h.addRows(
-            n_rows,
-            np.array(self.lo),
-            np.array(self.hi),
-            0,
-            np.zeros(n_rows + 1, dtype=np.int32)[:n_rows],
-            np.zeros(0, dtype=np.int32),
-            np.zeros(0),
-        )
+    def _build_lp(self) -> HighsLP:
+        """The LP with the rows, the ``n[t, b]`` and the artificial columns."""
+        job, kinds = self.job, self.kinds
+        h = HighsLP(self.lo, self.hi, threads=self.opts.threads, seed=self.opts.seed)
         for t, b in kinds:
             below = self.below[(t, b)]
             rows_n = [self.kind_row[(t, b)], self.dp_row, self.gb_row] + [
@@ -1061,12 +1031,11 @@ class _Master:
             ]
             val = np.array([-float(job.pp), 1.0, float(b)] + [1.0] * len(below))
             idx = np.array(rows_n, dtype=np.int32)
-            h.addCol(float(b), 0.0, float(job.replicas_max), len(idx), idx, val)
+            h.add_col(float(b), 0.0, float(job.replicas_max), idx, val)
         big_m = 1000.0 * (1.0 + max((b for _, b in kinds), default=1))
         for k in kinds:
-            h.addCol(
-                -big_m, 0.0, self.inf, 1, np.array([self.kind_row[k]], dtype=np.int32), np.ones(1)
-            )
+            row = np.array([self.kind_row[k]], dtype=np.int32)
+            h.add_col(-big_m, 0.0, self.inf, row, np.ones(1))
         return h
 
     def add(self, oi: int, cfg: Config) -> bool:
@@ -1089,7 +1058,7 @@ class _Master:
                     entries[self.rack_row[(ow.multi, r)]] = ceil_mw(x) / MW
         idx = np.array(list(entries), dtype=np.int32)
         val = np.array(list(entries.values()))
-        self.h.addCol(0.0, 0.0, float(ow.size), len(idx), idx, val)
+        self.h.add_col(0.0, 0.0, float(ow.size), idx, val)
         self.columns.append((oi, cfg))
         return True
 
@@ -1117,25 +1086,22 @@ class _Master:
 
     def generate(self, nb: dict[tuple[int, int], tuple[int, int]]) -> _Node:
         """Column generation with the sums ``S[t, beta]`` kept within ``nb``."""
-        highspy, h, inf = self.highspy, self.h, self.inf
+        h, inf = self.h, self.inf
         for k, r in self.agg_row.items():
             lo_s, hi_s = nb.get(k, (-inf, inf))
-            h.changeRowBounds(r, float(lo_s), float(hi_s))
+            h.set_row_bounds(r, float(lo_s), float(hi_s))
         best: _Node | None = None
         while True:
             self.rounds += 1
-            h.run()
-            status = h.getModelStatus()
-            if status == highspy.HighsModelStatus.kInfeasible and nb:
+            status = h.solve()
+            if status == "infeasible" and nb:
                 # the branching rows contradict dp_max or global_batch (the
                 # artificial columns cover every stage row): no solution here
                 return _Node(-math.inf, -math.inf, {}, 0.0, [], [], {})
-            if status != highspy.HighsModelStatus.kOptimal:
-                raise RuntimeError(
-                    f"column generation: master LP status {h.modelStatusToString(status)!r}"
-                )
-            lp_value = float(h.getInfo().objective_function_value)
-            dual = np.asarray(h.getSolution().row_dual, dtype=np.float64)
+            if status != "optimal":
+                raise RuntimeError(f"column generation: master LP status {status!r}")
+            lp_value = h.objective()
+            dual = h.row_duals()
             node, added = self._price_round(dual, nb, lp_value)
             if best is None or node.bound < best.bound:
                 best = node
@@ -1209,7 +1175,7 @@ class _Master:
 
     def _read_solution(self, node: _Node, lp_value: float) -> None:
         """Store the last LP's value, replica sums and used configurations in ``node``."""
-        x = np.asarray(self.h.getSolution().col_value, dtype=np.float64)
+        x = self.h.col_values()
         kinds = self.kinds
         node.lp_value = lp_value
         node.n_values = {

@@ -40,10 +40,7 @@ from ntp_opt.model.plan import Plan
 from ntp_opt.planners import heuristics as baselines
 from ntp_opt.planners.base import Limit, Outcome, stop_limit
 from ntp_opt.planners.exact.backends import solve_or_highs, solve_program
-from ntp_opt.planners.exact.backends.common import BackendUnavailable
-from ntp_opt.planners.exact.backends.common import prepare as normalise_program
-from ntp_opt.planners.exact.backends.highs import highs_lp, new_highs
-from ntp_opt.planners.exact.backends.highs import load as load_highs
+from ntp_opt.planners.exact.backends.base import RelaxingBackend, registered
 from ntp_opt.planners.exact.bounds import capacity_bound, stage_bound
 from ntp_opt.planners.exact.colgen import ColumnGeneration, column_generation_for
 from ntp_opt.planners.exact.model import (
@@ -158,44 +155,16 @@ def lp_relaxation(
     float or None
         An upper bound on the program's integer optimum, up to solver tolerances.
     """
-    try:
-        highspy = load_highs()
-    except BackendUnavailable:
-        return None
-    data, broken = normalise_program(program)
-    if broken:
-        return None
-    lp = highs_lp(highspy, data)
-    n = len(data.lb)
-    first = n if integer_from is None else max(0, min(n, integer_from))
-    continuous, integer = highspy.HighsVarType.kContinuous, highspy.HighsVarType.kInteger
-    lp.integrality_ = [continuous] * first + [integer] * (n - first)
-    h = new_highs(highspy)
-    h.setOptionValue("output_flag", False)
-    h.setOptionValue("threads", threads)
-    if first < n:
-        # the objective is integral on the integer variables: a gap below 1 decides it
-        h.setOptionValue("mip_rel_gap", 0.0)
-        h.setOptionValue("mip_abs_gap", 1.0 - 1e-3)
-        if node_limit is not None:
-            h.setOptionValue("mip_max_nodes", node_limit)
-        if time_limit is not None:
-            h.setOptionValue("time_limit", max(0.01, time_limit))
-    h.passModel(lp)
-    h.run()
-    status = h.getModelStatus()
-    info = h.getInfo()
-    if first == n:
-        if status != highspy.HighsModelStatus.kOptimal:
-            return None
-        return float(info.objective_function_value)
-    # a mixed program: its dual bound, once proven (a solve error, e.g. a solution
-    # refused for a row violated by 1e-5, gives none)
-    stopped = (highspy.HighsModelStatus.kSolutionLimit, highspy.HighsModelStatus.kTimeLimit)
-    if status != highspy.HighsModelStatus.kOptimal and status not in stopped:
-        return None
-    bound = float(info.mip_dual_bound)
-    return bound if math.isfinite(bound) else None
+    for backend in registered():
+        if isinstance(backend, RelaxingBackend) and backend.available():
+            return backend.relax(
+                program,
+                threads,
+                integer_from=integer_from,
+                node_limit=node_limit,
+                time_limit=time_limit,
+            )
+    return None
 
 
 def _floor_bound(relaxed: float) -> int:

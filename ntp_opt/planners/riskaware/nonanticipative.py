@@ -61,15 +61,16 @@ Hence, for every plan (every plan keeping ``min_nominal`` with the cap),
 
 a small integer program over the domain indicators ``z_d`` and ``u`` (CP-SAT,
 one binary per domain and one per scenario option ``(T, c)`` or ``(T, g)``;
-its proven bound is used, so a cut solve stays valid). It is the extensive form of the
-two-stage relaxation; its Lagrangian dual over the non-anticipativity of
-``z`` (one copy per scenario, multipliers summing to zero) is never tighter,
-and with zero multipliers it is the wait-and-see bound over the same
-``v_s``. ``v_s(T)`` is computed lazily: an option whose value is not known
-yet counts with the scenario's own bound ``U_s``; after each master solve
-the options its optimum uses and whose value is unknown are solved, until the
-master's optimum uses only known values, the time runs out or the cancel is
-set. The bound is valid at every step.
+its proven bound is used, so a cut solve stays valid;
+:func:`~ntp_opt.planners.exact.backends.domains.domain_master` builds it). It
+is the extensive form of the two-stage relaxation; its Lagrangian dual over
+the non-anticipativity of ``z`` (one copy per scenario, multipliers summing
+to zero) is never tighter, and with zero multipliers it is the wait-and-see
+bound over the same ``v_s``. ``v_s(T)`` is computed lazily: an option whose
+value is not known yet counts with the scenario's own bound ``U_s``; after
+each master solve the options its optimum uses and whose value is unknown are
+solved, until the master's optimum uses only known values, the time runs out
+or the cancel is set. The bound is valid at every step.
 """
 
 from __future__ import annotations
@@ -81,11 +82,11 @@ from dataclasses import dataclass
 from itertools import combinations
 
 import numpy as np
-from ortools.sat.python import cp_model
 
 from ntp_opt.model.control import Control
 from ntp_opt.model.instance import Instance
 from ntp_opt.planners.base import Limit
+from ntp_opt.planners.exact.backends.domains import domain_master
 from ntp_opt.planners.exact.bounds import capacity_bound
 from ntp_opt.planners.exact.search import solve_exact
 from ntp_opt.planners.riskaware.scenarios import Scenarios
@@ -555,68 +556,11 @@ def _master(
     time_limit: float | None,
     seed: int,
 ) -> tuple[float, tuple[int, ...], list[int]]:
-    """``max sum_s w_s v_s(D ∩ A_s)`` over ``|D| = k``: its proven bound, its ``D`` and options."""
+    """``max sum_s w_s v_s(D ∩ A_s)`` over ``|D| = k``: its proven bound, its ``D`` and options
+    (:func:`~ntp_opt.planners.exact.backends.domains.domain_master`, with the
+    objective scaled to :data:`SCALE`)."""
     top = max(values)
     scale = SCALE / top if top > 0 else 1.0
-    m = cp_model.CpModel()
-    z = {d: m.new_bool_var(f"z{d}") for d in usable}
-    m.add(sum(z.values()) == k)
-    # u[d, e]: dead-able domains d and e in one replica (at most pp per replica)
-    # only pairs that some option counts (a pair no option reads can be 0)
-    u = {}
-    for o in options:
-        for group in (o.dead, o.degraded):
-            for j, d in enumerate(group):
-                for e in group[j + 1 :]:
-                    if (d, e) not in u:
-                        u[d, e] = m.new_bool_var(f"u{d}_{e}")
-                        m.add_implication(u[d, e], z[d])
-                        m.add_implication(u[d, e], z[e])
-    groupable = sorted({d for pair in u for d in pair})
-    for d in groupable:
-        m.add(sum(v for (x, y_), v in u.items() if d in (x, y_)) <= pp - 1)
-    y = [m.new_bool_var(f"y{i}") for i in range(len(options))]
-    constant = 0.0
-    terms = []
-    for s, mine in enumerate(per_scenario):
-        if len(mine) == 1 and options[mine[0]].key is None:
-            constant += float(weights[s]) * values[mine[0]]
-            m.add(y[mine[0]] == 1)
-            continue
-        m.add_exactly_one(y[i] for i in mine)
-        for i in mine:
-            o = options[i]
-            t = set(o.domains)
-            for d in affected[s]:
-                m.add_implication(y[i], z[d] if d in t else z[d].negated())
-            # the dead domains form at most `lost` classes, the degraded ones
-            # at most `groups`: at least (members - classes) pairs among them
-            for group, classes in ((o.dead, o.lost), (o.degraded, o.groups)):
-                if classes < len(group):
-                    pairs = [u[d, e] for j, d in enumerate(group) for e in group[j + 1 :]]
-                    need = len(group) - classes
-                    if need == len(pairs):
-                        for v in pairs:
-                            m.add_implication(y[i], v)
-                    elif need == 1:
-                        m.add_bool_or(pairs).only_enforce_if(y[i])
-                    else:
-                        m.add(sum(pairs) >= need).only_enforce_if(y[i])
-        for i in mine:
-            terms.append((i, math.ceil(float(weights[s]) * values[i] * scale)))
-    m.maximize(sum(c * y[i] for i, c in terms))
-    solver = cp_model.CpSolver()
-    solver.parameters.num_workers = 1
-    solver.parameters.random_seed = seed
-    # the LP of every constraint: proves the grouped masters (pairs of
-    # degraded domains) in about a second where level 1 was cut at 10 s
-    solver.parameters.linearization_level = 2
-    if time_limit is not None:
-        solver.parameters.max_time_in_seconds = max(time_limit, 0.01)
-    status = solver.solve(m)
-    if status in (cp_model.OPTIMAL, cp_model.FEASIBLE):
-        bound = solver.best_objective_bound / scale + constant
-        chosen = tuple(d for d in usable if solver.value(z[d]))
-        picked = [i for i in range(len(options)) if solver.value(y[i])]
-        return bound, chosen, picked
-    return math.inf, (), []
+    return domain_master(
+        options, per_scenario, affected, usable, k, pp, weights, values, time_limit, seed, scale
+    )

@@ -23,41 +23,52 @@ raises :class:`RuntimeError` instead of being returned.
 Statuses, time limits, determinism, cancelling and logs are common to every
 backend: see :mod:`ntp_opt.planners.exact.backends.common`. Limits of one
 backend are documented in its module (:mod:`~ntp_opt.planners.exact.backends.cbc`,
-:mod:`~ntp_opt.planners.exact.backends.highs`). This module only dispatches.
+:mod:`~ntp_opt.planners.exact.backends.highs`). Each backend is a
+:class:`Backend` registered in :mod:`~ntp_opt.planners.exact.backends.base`;
+this module only looks them up by name.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import logging
 import threading
 import time
 from typing import Any
 
-import numpy as np
-
-from ntp_opt.planners.exact.backends import cbc, cpsat, highs
-from ntp_opt.planners.exact.backends.common import (
-    BACKENDS,
-    BackendUnavailable,
-    Raw,
-    check_backend,
-    finish,
-    options,
-    prepare,
+from ntp_opt.planners.exact.backends.base import (
+    Backend,
+    RelaxingBackend,
+    backend_names,
+    get_backend,
+    register,
+    registered,
 )
+from ntp_opt.planners.exact.backends.cbc import CbcBackend
+from ntp_opt.planners.exact.backends.common import BackendUnavailable, options
+from ntp_opt.planners.exact.backends.cpsat import CpSatBackend
+from ntp_opt.planners.exact.backends.highs import HighsBackend
 from ntp_opt.planners.exact.program import IntProgram, IntSolution
 
 __all__ = [
     "BACKENDS",
+    "Backend",
     "BackendUnavailable",
+    "RelaxingBackend",
     "available_backends",
+    "get_backend",
     "load_backend",
+    "register",
     "solve_or_highs",
     "solve_program",
 ]
 
-logger = logging.getLogger(__name__)
+# in order of preference
+register(CpSatBackend())
+register(HighsBackend())
+register(CbcBackend())
+
+BACKENDS: tuple[str, ...] = backend_names()
+"""Backend names accepted by :func:`solve_program`, in order of preference."""
 
 
 def load_backend(backend: str) -> Any:
@@ -81,12 +92,7 @@ def load_backend(backend: str) -> Any:
     BackendUnavailable
         The package, or the CBC executable, is missing.
     """
-    check_backend(backend)
-    if backend == "cpsat":
-        return cpsat.load()
-    if backend == "highs":
-        return highs.load()
-    return cbc.load()
+    return get_backend(backend).load()
 
 
 def available_backends() -> list[str]:
@@ -101,14 +107,7 @@ def available_backends() -> list[str]:
     -----
     This imports the solver packages (the module import itself does not).
     """
-    found = []
-    for backend in BACKENDS:
-        try:
-            load_backend(backend)
-        except BackendUnavailable:
-            continue
-        found.append(backend)
-    return found
+    return [backend.name for backend in registered() if backend.available()]
 
 
 def solve_program(
@@ -170,7 +169,7 @@ def solve_program(
         The backend failed, rejected the model, or returned a solution that
         violates the program.
     """
-    check_backend(backend)
+    chosen = get_backend(backend)
     opts = options(
         time_limit=time_limit,
         threads=threads,
@@ -180,34 +179,7 @@ def solve_program(
         cancel=cancel,
         work_limit=work_limit,
     )
-
-    solver = load_backend(backend)
-    t0 = time.perf_counter()
-    data, broken = prepare(program)
-    if broken:
-        raw = Raw("infeasible", log=f"infeasible before solving: {', '.join(broken)}")
-    elif program.n_vars == 0:
-        raw = Raw("optimal", values=np.zeros(0), bound=0.0, log="empty program")
-    elif backend == "cpsat":
-        raw = cpsat.solve_cpsat(solver, program, data, opts)
-    elif backend == "highs":
-        raw = highs.solve_highs(solver, data, opts)
-    else:
-        pulp, cbc_class = solver
-        raw = cbc.solve_cbc(pulp, cbc_class, data, opts)
-    solution = finish(program, data, backend, raw, opts, time.perf_counter() - t0)
-    logger.debug(
-        "%s: %d variables, %d rows: %s, objective %s, bound %s, %.3f s%s",
-        backend,
-        program.n_vars,
-        data.count,
-        solution.status,
-        solution.objective,
-        solution.bound,
-        solution.runtime_s,
-        " (interrupted)" if solution.interrupted else "",
-    )
-    return solution
+    return chosen.solve(program, opts)
 
 
 def solve_or_highs(
@@ -250,7 +222,7 @@ def solve_or_highs(
     # a deadline that passed since the caller looked (a loaded machine): the
     # shortest limit, so that the backend stops at once and says the time did
     remaining = None if deadline is None else max(0.01, deadline - time.perf_counter())
-    work = work if backend == "cpsat" else None
+    work = work if get_backend(backend).has_work_limit else None
     sol = solve_program(
         program, backend, time_limit=remaining, threads=threads, seed=seed,
         cancel=cancel, work_limit=work,

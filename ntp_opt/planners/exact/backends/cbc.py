@@ -21,6 +21,7 @@ from typing import Any
 
 import numpy as np
 
+from ntp_opt.planners.exact.backends.base import SolverBackend
 from ntp_opt.planners.exact.backends.common import (
     BackendUnavailable,
     Data,
@@ -28,8 +29,9 @@ from ntp_opt.planners.exact.backends.common import (
     Raw,
     read_and_remove,
 )
+from ntp_opt.planners.exact.program import IntProgram
 
-__all__ = ["cbc_class", "load", "solve_cbc"]
+__all__ = ["CbcBackend", "cbc_class", "load", "solve_cbc"]
 
 
 def load() -> tuple[Any, Any]:
@@ -154,3 +156,19 @@ def solve_cbc(pulp: Any, cbc_class: Any, data: Data, opts: Options) -> Raw:
     if prob.status == pulp.LpStatusUnbounded:
         raise RuntimeError("CBC reported the program unbounded, but every variable is bounded")
     return Raw("unknown", bound=bound, time_limit_hit=hit, log=log)
+
+
+class CbcBackend(SolverBackend):
+    """COIN-OR CBC through PuLP (the bundled executable, else ``cbc`` on PATH)."""
+
+    name = "cbc"
+    extra = "cbc"
+
+    def load(self) -> tuple[Any, Any]:
+        """The ``pulp`` module and the CBC command class (:func:`load`)."""
+        return load()
+
+    def run(self, solver: Any, program: IntProgram, data: Data, opts: Options) -> Raw:
+        """:func:`solve_cbc`."""
+        pulp, cbc_command = solver
+        return solve_cbc(pulp, cbc_command, data, opts)

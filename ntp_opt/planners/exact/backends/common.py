@@ -79,13 +79,11 @@ from ntp_opt.planners.exact.program import IntProgram, IntSolution
 from ntp_opt.rules.tolerances import INT_BOUND_ABS_TOL, INT_BOUND_REL_TOL
 
 __all__ = [
-    "BACKENDS",
     "MAX_SEED",
     "BackendUnavailable",
     "Data",
     "Options",
     "Raw",
-    "check_backend",
     "finish",
     "int_array",
     "int_param",
@@ -93,9 +91,6 @@ __all__ = [
     "prepare",
     "read_and_remove",
 ]
-
-BACKENDS: tuple[str, ...] = ("cpsat", "highs", "cbc")
-"""Backend names accepted by ``solve_program``, in order of preference."""
 
 MAX_SEED = 2**31 - 1
 """Largest random seed accepted."""
@@ -119,11 +114,6 @@ class BackendUnavailable(ImportError):
         )
         self.backend = backend
         self.package = package
-
-
-def check_backend(backend: str) -> None:
-    if backend not in BACKENDS:
-        raise ValueError(f"unknown backend {backend!r}; known backends: {', '.join(BACKENDS)}")
 
 
 @dataclass(frozen=True)

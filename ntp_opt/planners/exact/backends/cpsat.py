@@ -11,10 +11,11 @@ from typing import Any
 import numpy as np
 
 from ntp_opt.model.control import restore_sigint
+from ntp_opt.planners.exact.backends.base import SolverBackend
 from ntp_opt.planners.exact.backends.common import BackendUnavailable, Data, Options, Raw
 from ntp_opt.planners.exact.program import IntProgram
 
-__all__ = ["load", "solve_cpsat"]
+__all__ = ["CpSatBackend", "load", "solve_cpsat"]
 
 
 def load() -> Any:
@@ -143,3 +144,19 @@ def _cpsat_values(solver: Any, xs: list[Any]) -> np.ndarray:
     if len(solution) == len(xs):
         return np.asarray(list(solution), dtype=np.int64)
     return np.asarray([solver.value(x) for x in xs], dtype=np.int64)
+
+
+class CpSatBackend(SolverBackend):
+    """OR-Tools CP-SAT, built through ``cp_model.CpModel``."""
+
+    name = "cpsat"
+    extra = "cpsat"
+    has_work_limit = True  # max_deterministic_time
+
+    def load(self) -> Any:
+        """The ``cp_model`` module (:func:`load`)."""
+        return load()
+
+    def run(self, solver: Any, program: IntProgram, data: Data, opts: Options) -> Raw:
+        """:func:`solve_cpsat`."""
+        return solve_cpsat(solver, program, data, opts)

@@ -12,6 +12,7 @@ with different ``threads`` values.
 from __future__ import annotations
 
 import contextlib
+import math
 import os
 import sys
 import tempfile
@@ -23,17 +24,22 @@ from typing import Any
 
 import numpy as np
 
+from ntp_opt.planners.exact.backends.base import SolverBackend
 from ntp_opt.planners.exact.backends.common import (
     MAX_SEED,
     BackendUnavailable,
     Data,
     Options,
     Raw,
+    prepare,
     read_and_remove,
 )
+from ntp_opt.planners.exact.program import IntProgram
 from ntp_opt.rules.tolerances import HIGHS_INT_TOL, HIGHS_MIN_INT_TOL, ROUNDING_SHIFT
 
 __all__ = [
+    "HighsBackend",
+    "HighsLP",
     "highs_attempt",
     "highs_lp",
     "integrality_tolerance",
@@ -285,3 +291,164 @@ def highs_attempt(
             return Raw("feasible", values, bound, time_limit_hit=hit, log=log, interrupted=cut)
         return Raw("unknown", bound=bound, time_limit_hit=hit, log=log, interrupted=cut)
     raise RuntimeError(f"HiGHS failed: model status {h.modelStatusToString(model_status)!r}")
+
+
+class HighsBackend(SolverBackend):
+    """HiGHS through ``highspy``; it also bounds programs by their relaxation."""
+
+    name = "highs"
+    extra = "highs"
+
+    def load(self) -> Any:
+        """The ``highspy`` module (:func:`load`)."""
+        return load()
+
+    def run(self, solver: Any, program: IntProgram, data: Data, opts: Options) -> Raw:
+        """:func:`solve_highs`."""
+        return solve_highs(solver, data, opts)
+
+    def relax(
+        self,
+        program: IntProgram,
+        threads: int = 1,
+        *,
+        integer_from: int | None = None,
+        node_limit: int | None = None,
+        time_limit: float | None = None,
+    ) -> float | None:
+        """The optimum of a relaxation of ``program``, or ``None`` when ``highspy``
+        is missing or the relaxation is not solved.
+
+        Parameters
+        ----------
+        program
+            A maximisation with integer variables.
+        threads
+            HiGHS threads.
+        integer_from
+            First variable kept integer (``None``: every variable continuous,
+            the LP relaxation).
+        node_limit
+            Branch-and-bound nodes for a mixed program; at the limit its
+            proven (dual) bound is returned.
+        time_limit
+            Seconds for a mixed program; likewise.
+
+        Returns
+        -------
+        float or None
+            An upper bound on the program's integer optimum, up to solver tolerances.
+        """
+        try:
+            highspy = load()
+        except BackendUnavailable:
+            return None
+        data, broken = prepare(program)
+        if broken:
+            return None
+        lp = highs_lp(highspy, data)
+        n = len(data.lb)
+        first = n if integer_from is None else max(0, min(n, integer_from))
+        continuous, integer = highspy.HighsVarType.kContinuous, highspy.HighsVarType.kInteger
+        lp.integrality_ = [continuous] * first + [integer] * (n - first)
+        h = new_highs(highspy)
+        h.setOptionValue("output_flag", False)
+        h.setOptionValue("threads", threads)
+        if first < n:
+            # the objective is integral on the integer variables: a gap below 1 decides it
+            h.setOptionValue("mip_rel_gap", 0.0)
+            h.setOptionValue("mip_abs_gap", 1.0 - 1e-3)
+            if node_limit is not None:
+                h.setOptionValue("mip_max_nodes", node_limit)
+            if time_limit is not None:
+                h.setOptionValue("time_limit", max(0.01, time_limit))
+        h.passModel(lp)
+        h.run()
+        status = h.getModelStatus()
+        info = h.getInfo()
+        if first == n:
+            if status != highspy.HighsModelStatus.kOptimal:
+                return None
+            return float(info.objective_function_value)
+        # a mixed program: its dual bound, once proven (a solve error, e.g. a solution
+        # refused for a row violated by 1e-5, gives none)
+        stopped = (highspy.HighsModelStatus.kSolutionLimit, highspy.HighsModelStatus.kTimeLimit)
+        if status != highspy.HighsModelStatus.kOptimal and status not in stopped:
+            return None
+        bound = float(info.mip_dual_bound)
+        return bound if math.isfinite(bound) else None
+
+
+class HighsLP:
+    """A maximisation LP built and re-solved incrementally with HiGHS (column generation).
+
+    Rows are added once, with empty columns; columns are added one at a time
+    with their sparse entries; row bounds may change between solves.
+
+    Parameters
+    ----------
+    lo, hi
+        Bounds of the rows (``-inf``/``inf`` for none: :attr:`inf`).
+    threads, seed
+        HiGHS's ``threads`` and ``random_seed``.
+
+    Raises
+    ------
+    BackendUnavailable
+        ``highspy`` is missing (the message names the extra ``highs``).
+    """
+
+    def __init__(self, lo: list[float], hi: list[float], *, threads: int, seed: int) -> None:
+        highspy = load()
+        self._highspy = highspy
+        self.inf = float(highspy.kHighsInf)
+        h = new_highs(highspy)
+        h.setOptionValue("output_flag", False)
+        h.setOptionValue("threads", threads)
+        h.setOptionValue("random_seed", seed)
+        h.changeObjectiveSense(highspy.ObjSense.kMaximize)
+        n_rows = len(lo)
+        h.addRows(
+            n_rows,
+            np.array(lo),
+            np.array(hi),
+            0,
+            np.zeros(n_rows + 1, dtype=np.int32)[:n_rows],
+            np.zeros(0, dtype=np.int32),
+            np.zeros(0),
+        )
+        self._h = h
+
+    def add_col(
+        self, cost: float, lo: float, hi: float, rows: np.ndarray, values: np.ndarray
+    ) -> None:
+        """Add a column: objective ``cost``, bounds ``lo..hi``, ``values`` in ``rows``."""
+        idx = np.asarray(rows, dtype=np.int32)
+        self._h.addCol(cost, lo, hi, len(idx), idx, np.asarray(values, dtype=np.float64))
+
+    def set_row_bounds(self, row: int, lo: float, hi: float) -> None:
+        """Change the bounds of ``row``."""
+        self._h.changeRowBounds(row, lo, hi)
+
+    def solve(self) -> str:
+        """Solve; ``"optimal"``, ``"infeasible"`` or HiGHS's own words for another status."""
+        h, status_enum = self._h, self._highspy.HighsModelStatus
+        h.run()
+        status = h.getModelStatus()
+        if status == status_enum.kOptimal:
+            return "optimal"
+        if status == status_enum.kInfeasible:
+            return "infeasible"
+        return str(h.modelStatusToString(status))
+
+    def objective(self) -> float:
+        """The last solve's objective value."""
+        return float(self._h.getInfo().objective_function_value)
+
+    def row_duals(self) -> np.ndarray:
+        """The last solve's row duals."""
+        return np.asarray(self._h.getSolution().row_dual, dtype=np.float64)
+
+    def col_values(self) -> np.ndarray:
+        """The last solve's column values."""
+        return np.asarray(self._h.getSolution().col_value, dtype=np.float64)
