@@ -16,11 +16,9 @@ from hypothesis import strategies as st
 from ntp_opt import Instance
 from ntp_opt.planners import fast, heuristics
 from ntp_opt.planners.heuristics import Slot
+from ntp_opt.rules.boost import Stages, boost_floor_stages, boost_stages
 from ntp_opt.rules.goodput import replica_speed
 from ntp_opt.rules.power import (
-    Stages,
-    boost_floor_stages,
-    boost_stages,
     can_boost,
     headroom,
     over_budget,
@@ -35,7 +33,7 @@ Groups = list[tuple[int, list[Slot]]]
 
 
 def boost_lists(instance, replicas, candidates, rack_room, site_room, *, steps):
-    """:func:`ntp_opt.rules.power.boost_stages` on per-replica lists (degree, GPUs, powers)."""
+    """:func:`ntp_opt.rules.boost.boost_stages` on per-replica lists (degree, GPUs, powers)."""
     stages = Stages.from_lists([gs for _, gs, _ in replicas])
     tp = np.array([t for t, _, _ in replicas], dtype=np.int64)
     powers = np.array([float(x) for _, _, p in replicas for x in p], dtype=float)
@@ -46,7 +44,7 @@ def boost_lists(instance, replicas, candidates, rack_room, site_room, *, steps):
 
 
 def floor_lists(instance, replicas, rack_room, site_room):
-    """:func:`ntp_opt.rules.power.boost_floor_stages` on per-replica lists (degree, GPUs)."""
+    """:func:`ntp_opt.rules.boost.boost_floor_stages` on per-replica lists (degree, GPUs)."""
     if not replicas:
         return []
     stages = Stages.from_lists([gs for _, gs in replicas])

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import numpy as np
 
-from ntp_opt.rules import power
+from ntp_opt.rules import boost, power
 
 PACKAGE = Path(__file__).resolve().parents[1] / "ntp_opt"
 RULES = PACKAGE / "rules"
@@ -27,7 +27,7 @@ RULES = PACKAGE / "rules"
 BUDGET = re.compile(r"^(?:(?:rack|site|power)_)?budgets?(?:_(?:r|w|mw|kw)|\d+)?(?:_w)?$")
 
 #: Calls whose arguments may hold budgets: the rules' own functions.
-ALLOWED_CALLS = frozenset(power.__all__) | {"budget_fits"}
+ALLOWED_CALLS = frozenset(power.__all__) | frozenset(boost.__all__) | {"budget_fits"}
 
 ORDER = (ast.Lt, ast.LtE, ast.Gt, ast.GtE)
 

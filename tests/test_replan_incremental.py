@@ -92,8 +92,8 @@ def ref_trim(instance: Instance, groups, powers, batches) -> list[list[float]]:
     """Each stage's multiplier lowered to what its replica's batch needs (issue 32):
     ``max(1, (need / base) ** (1 / alpha))`` with the trim's margin, never raised, and
     kept only if the goodput at these batches does not drop."""
+    from ntp_opt.rules.boost import TRIM_MARGIN
     from ntp_opt.rules.goodput import goodput, overhead_factor, replica_speed
-    from ntp_opt.rules.power import TRIM_MARGIN
 
     job = instance.job
     a = instance.arrays
@@ -355,7 +355,8 @@ def test_the_boost_memos_change_no_result(inst, data):
     """``boost_stages`` and ``boost_floor_stages`` give the same with a memo kept from an
     earlier call (other rooms, same stages) as without one: a bisection's kept path is
     replayed at the same rooms and bisected again at others."""
-    from ntp_opt.rules.power import boost_floor_stages, boost_stages, headroom
+    from ntp_opt.rules.boost import boost_floor_stages, boost_stages
+    from ntp_opt.rules.power import headroom
     from ntp_opt.workflows.incremental import stages_of
 
     plan = data.draw(valid_plans(inst))
@@ -383,7 +384,7 @@ def test_the_boost_memos_change_no_result(inst, data):
 def test_a_kept_bisection_path_gives_the_bisection_at_every_room():
     """Slow replicas in tight rooms bisect: the memo's kept path (replayed at the same
     rooms, bisected again at others) gives what no memo gives, room after room."""
-    from ntp_opt.rules.power import boost_stages
+    from ntp_opt.rules.boost import boost_stages
     from ntp_opt.workflows.incremental import stages_of
 
     inst = solve_default_instance()

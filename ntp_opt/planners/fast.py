@@ -77,9 +77,9 @@ from ntp_opt.planners.heuristics import (
     trim_packed,
     used_mask,
 )
+from ntp_opt.rules.boost import boost_floor_stages
 from ntp_opt.rules.goodput import BatchSplit, goodput
 from ntp_opt.rules.power import (
-    boost_floor_stages,
     budget_limit,
     can_boost,
     exceeds,
@@ -212,7 +212,7 @@ def even_table(instance: Instance, spread: bool = False) -> SlotTable:
 def boost_floor(instance: Instance, groups: list[tuple[int, list[Slot]]]) -> list[list[float]]:
     """Power multipliers raising every replica to the highest common speed the budgets allow.
 
-    :func:`ntp_opt.rules.power.boost_floor_stages` from power 1. Under the ``fixed``
+    :func:`ntp_opt.rules.boost.boost_floor_stages` from power 1. Under the ``fixed``
     policy goodput is set by the slowest replica, so this is the boost that
     counts; it complements :func:`ntp_opt.planners.heuristics.boost_slowest`,
     which only lifts slow replicas up to nominal speed.
@@ -756,7 +756,7 @@ def lead_boosted(instance: Instance, best: Candidate, most: int = 8) -> Candidat
     the ``fixed`` policy the replica given the larger share of the batch sets
     the pace; under ``elastic`` any faster replica carries more. The replicas
     are taken largest batch first (then fastest, at most ``most`` of them),
-    each boosted (:func:`ntp_opt.rules.power.boost_floor_stages`, the
+    each boosted (:func:`ntp_opt.rules.boost.boost_floor_stages`, the
     replica alone) within the rooms the others leave, and the batch split again.
     """
     packing = best.packing

@@ -31,17 +31,15 @@ import numpy as np
 
 from ntp_opt.model.instance import Instance
 from ntp_opt.model.plan import Plan, Replica, Stage
+from ntp_opt.rules.boost import Stages, boost_stages, trim_powers
 from ntp_opt.rules.goodput import BatchSplit, goodput, overhead_factor, replica_speed, split_batch
 from ntp_opt.rules.power import (
-    Stages,
-    boost_stages,
     budget_limit,
     can_boost,
     extra_draw,
     headroom,
     over_budget,
     rack_and_site_draw,
-    trim_powers,
 )
 from ntp_opt.rules.tolerances import BUDGET_SLACK, FLOAT_NOISE
 from ntp_opt.rules.validate import certified
@@ -360,7 +358,7 @@ def pack_replicas(
 def boost_slowest(instance: Instance, groups: Groups) -> list[list[float]]:
     """Power multipliers per replica and stage: boost slow replicas, cheapest first.
 
-    :func:`ntp_opt.rules.power.boost_stages` (50 bisection steps) from power 1,
+    :func:`ntp_opt.rules.boost.boost_stages` (50 bisection steps) from power 1,
     for the replicas slower than nominal.
     """
     if not can_boost(instance):
@@ -411,7 +409,7 @@ def trim_packed(
 ) -> np.ndarray:
     """``powers`` (R x pp) lowered to what the split ``split`` uses, at the same goodput.
 
-    :func:`ntp_opt.rules.power.trim_powers` with each replica's need
+    :func:`ntp_opt.rules.boost.trim_powers` with each replica's need
     ``b_r (1 + rho) / theta``: a boost that raises no replica the split
     waits for (a stage boosted beside a stage that cannot be, a replica
     faster than its batch needs) is taken back. ``powers`` itself when the

@@ -44,9 +44,8 @@ from ntp_opt.model.instance import Instance
 from ntp_opt.model.layout import Layout
 from ntp_opt.model.plan import Plan, Replica, Stage
 from ntp_opt.rules import goodput as gp
+from ntp_opt.rules.boost import Stages, boost_stages
 from ntp_opt.rules.power import (
-    Stages,
-    boost_stages,
     can_boost,
     over_budget,
     rack_and_site_draw,
@@ -423,7 +422,7 @@ def _boost(
 ) -> int:
     """Step 5: raise the power of reduced replicas toward nominal speed; count them.
 
-    :func:`ntp_opt.rules.power.boost_stages` with 60 bisection steps.
+    :func:`ntp_opt.rules.boost.boost_stages` with 60 bisection steps.
     """
     a = instance.arrays
     job = instance.job

@@ -6,7 +6,7 @@ none of whose GPUs failed keeps its stages as they are, so only the touched
 replicas go through the degree and refill steps; the power rule and the
 batch split run on the arrays of the whole layout. :func:`reboost_layout` is
 :func:`ntp_opt.workflows.replan.reboost` on the layout's
-:class:`~ntp_opt.rules.power.Stages`. Both return the plan *and* its layout,
+:class:`~ntp_opt.rules.boost.Stages`. Both return the plan *and* its layout,
 so the caller never reads node ids back; tests compare them with the
 reference functions plan for plan.
 """
@@ -23,16 +23,13 @@ from ntp_opt.model.job import Job
 from ntp_opt.model.layout import Layout
 from ntp_opt.model.plan import Plan, Replica, Stage
 from ntp_opt.rules import goodput as gp
+from ntp_opt.rules.boost import Stages, boost_floor_stages, boost_stages, trim_powers
 from ntp_opt.rules.power import (
-    Stages,
-    boost_floor_stages,
-    boost_stages,
     can_boost,
     headroom,
     over_budget,
     rack_and_site_draw,
     redraw,
-    trim_powers,
 )
 from ntp_opt.rules.recourse import SparePools, adapt_replica
 from ntp_opt.rules.tolerances import FLOAT_NOISE
@@ -377,7 +374,7 @@ def _trimmed(
 ) -> np.ndarray:
     """``powers`` lowered to what the split (``batches``, step time ``theta``) uses.
 
-    :func:`ntp_opt.rules.power.trim_powers` with each replica's need
+    :func:`ntp_opt.rules.boost.trim_powers` with each replica's need
     ``b_r (1 + rho) / theta``: a boost that raises no replica the split waits
     for is taken back (as ``fast`` trims its boosts). ``powers`` itself when
     the trimmed multipliers would lower the goodput at these batches
@@ -407,10 +404,10 @@ def reboost_layout(
     """:func:`ntp_opt.workflows.replan.reboost` (unvalidated) on the layout's stages.
 
     Tries the plan's own multipliers, the boost of the replicas slower than
-    nominal (:func:`ntp_opt.rules.power.boost_stages`, 50 steps, from power 1)
-    and the common-speed boost (:func:`ntp_opt.rules.power.boost_floor_stages`),
+    nominal (:func:`ntp_opt.rules.boost.boost_stages`, 50 steps, from power 1)
+    and the common-speed boost (:func:`ntp_opt.rules.boost.boost_floor_stages`),
     each with its exact batch split; keeps the best, its multipliers trimmed to
-    what the split uses (:func:`ntp_opt.rules.power.trim_powers` with each
+    what the split uses (:func:`ntp_opt.rules.boost.trim_powers` with each
     replica's need ``b_r (1 + rho) / theta``: the same goodput, no power
     spent on a replica beyond its batch). Only the slow replicas'
     stages go through the first boost; the stages' slowest speeds are read
@@ -424,8 +421,8 @@ def reboost_layout(
         The goodput of the exact split at the plan's own multipliers, when
         the caller has it (recourse's plan carries it); computed otherwise.
     memo
-        The memo of :func:`ntp_opt.rules.power.boost_stages` and
-        :func:`~ntp_opt.rules.power.boost_floor_stages`, kept by the caller
+        The memo of :func:`ntp_opt.rules.boost.boost_stages` and
+        :func:`~ntp_opt.rules.boost.boost_floor_stages`, kept by the caller
         from one event to the next (the same result without it).
 
     Returns

@@ -377,11 +377,11 @@ def reboost(instance: Instance, plan: Plan, *, validate: bool = True) -> Plan:
     """The same replicas and GPUs with the best power boost and batch split.
 
     Tries the plan's own multipliers, the boost of the replicas slower than
-    nominal (:func:`ntp_opt.rules.power.boost_stages`, as
+    nominal (:func:`ntp_opt.rules.boost.boost_stages`, as
     :func:`ntp_opt.planners.heuristics.boost_slowest`) and the common-speed
-    boost (:func:`ntp_opt.rules.power.boost_floor_stages`, as
+    boost (:func:`ntp_opt.rules.boost.boost_floor_stages`, as
     :func:`ntp_opt.planners.fast.boost_floor`), on the plan's
-    :class:`~ntp_opt.rules.power.Stages`; keeps the best (checked by the
+    :class:`~ntp_opt.rules.boost.Stages`; keeps the best (checked by the
     validator unless ``validate=False``, for a caller that checks it). No GPU
     moves. Used after recourse, whose power rule (every boost of an
     over-budget rack or site back to 1) is blunt: a repaired GPU's idle draw
@@ -437,8 +437,8 @@ class PlanState:
         never reads the graph; ``None``: built when needed.
     memo
         What re-boosting keeps from one event to the next (the slow
-        replicas' needs, :func:`ntp_opt.rules.power.boost_stages`; the
-        stages' caps and groups, :func:`~ntp_opt.rules.power.boost_floor_stages`):
+        replicas' needs, :func:`ntp_opt.rules.boost.boost_stages`; the
+        stages' caps and groups, :func:`~ntp_opt.rules.boost.boost_floor_stages`):
         shared by the states of one chain, never changing a result.
     """
 
