@@ -34,7 +34,8 @@ from ntp_opt.model.files import (
 from ntp_opt.model.instance import Instance
 from ntp_opt.model.plan import Plan, Replica, Stage
 from ntp_opt.planners.exact.backends import available_backends
-from ntp_opt.rules.validate import RULES, evaluate, validate
+from ntp_opt.rules.validate import evaluate, validate
+from ntp_opt.rules.violations import RULES
 from ntp_opt.solve import HEURISTICS, Result, solve
 from tests.helpers import HANG_GUARD
 

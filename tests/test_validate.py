@@ -9,7 +9,8 @@ import pytest
 from ntp_opt.model.instance import Instance
 from ntp_opt.model.plan import Plan, Replica, Stage
 from ntp_opt.planners import heuristics as baselines
-from ntp_opt.rules.validate import RULES, PlanError, check, evaluate, validate
+from ntp_opt.rules.validate import PlanError, check, evaluate, validate
+from ntp_opt.rules.violations import RULES
 
 from .helpers import make_instance
 

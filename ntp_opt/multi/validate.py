@@ -21,7 +21,7 @@ from ntp_opt.rules.power import over_budget, rack_and_site_draw
 from ntp_opt.rules.tolerances import METRIC_ABS_TOL, METRIC_TOL, SHARE_TOL
 from ntp_opt.rules.validate import Evaluation, Violation, certify, checked, evaluate
 
-#: Rule codes added to :data:`ntp_opt.rules.validate.RULES` for multi-workload plans.
+#: Rule codes added to :data:`ntp_opt.rules.violations.RULES` for multi-workload plans.
 MULTI_RULES: dict[str, str] = {
     "serving-workload": "a serving replica names no serving workload",
     "serving-tp": "a serving replica's TP degree is not one its workload allows",
