@@ -210,29 +210,8 @@ def split_batch(
         full = (int(cap),) * n
         theta = max(bb / vv for bb, vv in zip(full, v, strict=True)) * factor
         return BatchSplit(full, float(theta), float(sum(full)) / float(theta))
-    # Candidate (time, replica) pairs; only the first B + n per replica can matter.
-    per = min(cap, big_b)
-    counts = _candidate_counts(v, per, big_b, n)
-    if int(counts.sum()) > MAX_BATCH_CANDIDATES:
-        check_batch_size(job, n)  # names the fields
-        raise SizeLimitError(f"{int(counts.sum())} batch-split candidates exceed the budget")
-    owner = np.repeat(np.arange(n), counts)
-    starts = np.cumsum(counts) - counts
-    b = (np.arange(len(owner)) - starts[owner] + 1).astype(float)
-    times = b / v[owner]
-    first = b == 1.0
-    order = np.lexsort((owner, times))
-    times, owner, first = times[order], owner[order], first[order]
-    # Position (1-based count) by which every replica has its first sequence.
-    k_min = int(np.flatnonzero(first)[-1]) + 1
-    if policy == "fixed":
-        k = max(big_b, k_min)
-    else:
-        ks = np.arange(k_min, len(times) + 1)
-        values = np.minimum(ks, big_b) / times[ks - 1]
-        # Among equal goodputs prefer the largest batch (closest to B).
-        best = np.flatnonzero(values >= values.max() * (1 - FLOAT_NOISE))
-        k = int(ks[best[-1]])
+    times, owner, first = _sorted_candidates(job, v, min(cap, big_b))
+    k = _prefix_length(policy, times, first, big_b)
     # Take the first k candidates (every replica's first one included), then
     # drop the latest optional ones until at most B remain.
     chosen = np.zeros(len(times), dtype=bool)
@@ -245,6 +224,36 @@ def split_batch(
     # the largest b_r / v_r, each quotient as in Python (int over float64)
     theta = float((batches / v).max()) * factor
     return BatchSplit(batches_t, float(theta), float(sum(batches_t)) / float(theta))
+
+
+def _sorted_candidates(job: Job, v: np.ndarray, per: int) -> tuple[np.ndarray, ...]:
+    """The candidate (time ``b / v_r``, replica) pairs by time (ties by replica), and
+    which are a replica's first; only the first ``per`` of a replica can matter."""
+    n = len(v)
+    counts = _candidate_counts(v, per, job.global_batch, n)
+    if int(counts.sum()) > MAX_BATCH_CANDIDATES:
+        check_batch_size(job, n)  # names the fields
+        raise SizeLimitError(f"{int(counts.sum())} batch-split candidates exceed the budget")
+    owner = np.repeat(np.arange(n), counts)
+    starts = np.cumsum(counts) - counts
+    b = (np.arange(len(owner)) - starts[owner] + 1).astype(float)
+    times = b / v[owner]
+    first = b == 1.0
+    order = np.lexsort((owner, times))
+    return times[order], owner[order], first[order]
+
+
+def _prefix_length(policy: str, times: np.ndarray, first: np.ndarray, big_b: int) -> int:
+    """How many of the sorted candidates the split admits (see :func:`split_batch`)."""
+    # Position (1-based count) by which every replica has its first sequence.
+    k_min = int(np.flatnonzero(first)[-1]) + 1
+    if policy == "fixed":
+        return max(big_b, k_min)
+    ks = np.arange(k_min, len(times) + 1)
+    values = np.minimum(ks, big_b) / times[ks - 1]
+    # Among equal goodputs prefer the largest batch (closest to B).
+    best = np.flatnonzero(values >= values.max() * (1 - FLOAT_NOISE))
+    return int(ks[best[-1]])
 
 
 def _candidate_counts(v: np.ndarray, per: int, big_b: int, n: int) -> np.ndarray:

@@ -316,17 +316,38 @@ def adapt_indices(
     Plan
         The adapted plan (feasible; possibly empty).
     """
-    a = instance.arrays
     job = instance.job
-    alive = a.healthy & ~mask
-    speed = a.speed
-    used = np.zeros(a.n_gpus, dtype=bool)
-    used[layout.gpus] = True
+    alive = instance.arrays.healthy & ~mask
     reps = layout.per_replica()
+    new_reps, reduced, dropped = _survivors(instance, layout, reps, alive)
+    reduced_power, more = _power_rule(instance, alive, new_reps)
+    boosted = _boost(instance, alive, new_reps, reduced) if boost else 0
+    replicas, value = _rebatched(instance, plan, reps, new_reps)
+    return Plan(
+        plan.instance,
+        replicas,
+        {
+            "policy": "recourse",
+            "paused": not replicas,
+            "goodput": value,
+            "relative_goodput": gp.relative_goodput(job, value),
+            "dropped": dropped + more,
+            "reduced_power": reduced_power,
+            **({"boosted": boosted} if boost else {}),
+        },
+    )
+
+
+def _survivors(
+    instance: Instance, layout: Layout, reps: list[list[np.ndarray]], alive: np.ndarray
+) -> tuple[list[Kept], set[int], int]:
+    """Steps 2-3: the replicas that survive, the plan indices of those whose degree
+    dropped, and how many replicas dropped out."""
+    used = np.zeros(instance.arrays.n_gpus, dtype=bool)
+    used[layout.gpus] = True
     doms_of = layout.domain.tolist()
     powers_of = layout.power.tolist()
     pools = SparePools(instance, alive, used)
-
     new_reps: list[Kept] = []
     reduced: set[int] = set()  # plan indices of the replicas whose degree dropped
     dropped = 0
@@ -345,81 +366,77 @@ def adapt_indices(
             continue
         new_reps.append(Kept(*adapted, r))
         reduced.add(r)
+    return new_reps, reduced, dropped
 
-    # power (step 4)
+
+def _flat(new_reps: list[Kept]) -> list[tuple[np.ndarray, float]]:
+    """Every stage of the kept replicas: its GPUs and multiplier."""
+    return [(g, pw) for kept in new_reps for g, pw in zip(kept.gpus, kept.powers, strict=True)]
+
+
+def _power_rule(instance: Instance, alive: np.ndarray, new_reps: list[Kept]) -> tuple[bool, int]:
+    """Step 4 (changes ``new_reps`` in place): whether the power rule fired, and how
+    many replicas it dropped."""
+    a = instance.arrays
     reduced_power = False
-
-    def flat() -> list[tuple[np.ndarray, float]]:
-        return [(g, pw) for kept in new_reps for g, pw in zip(kept.gpus, kept.powers, strict=True)]
-
-    racks_over, site_over = over_budget(instance, *_draw(instance, alive, flat()))
+    dropped = 0
+    racks_over, site_over = over_budget(instance, *_draw(instance, alive, _flat(new_reps)))
     if racks_over.any():
         reduced_power = True
         for kept in new_reps:
             for k, g in enumerate(kept.gpus):
                 if racks_over[a.gpu_rack[g]].any():
                     kept.powers[k] = 1.0
-        racks_over, site_over = over_budget(instance, *_draw(instance, alive, flat()))
+        racks_over, site_over = over_budget(instance, *_draw(instance, alive, _flat(new_reps)))
     if site_over:
         reduced_power = True
         for kept in new_reps:
             kept.powers[:] = [1.0] * len(kept.powers)
-        racks_over, site_over = over_budget(instance, *_draw(instance, alive, flat()))
+        racks_over, site_over = over_budget(instance, *_draw(instance, alive, _flat(new_reps)))
     while new_reps and (racks_over.any() or site_over):
         reduced_power = True
         new_reps.pop()
         dropped += 1
-        racks_over, site_over = over_budget(instance, *_draw(instance, alive, flat()))
+        racks_over, site_over = over_budget(instance, *_draw(instance, alive, _flat(new_reps)))
+    return reduced_power, dropped
 
-    boosted = _boost(instance, alive, new_reps, reduced, flat) if boost else 0
 
-    # batches (step 6)
+def _kept_speed(instance: Instance, kept: Kept) -> float:
+    """A kept replica's speed (:func:`ntp_opt.rules.goodput.replica_speed`)."""
+    speed = instance.arrays.speed
+    t, gs, pws, _ = kept
+    return gp.replica_speed(instance.job, t, [float(speed[g].min()) for g in gs], pws)
+
+
+def _rebatched(
+    instance: Instance, plan: Plan, reps: list[list[np.ndarray]], new_reps: list[Kept]
+) -> tuple[tuple[Replica, ...], float]:
+    """Step 6: the kept replicas with their batches (stages that did not change are
+    the plan's own), and the goodput; no replicas when no split is feasible."""
+    a = instance.arrays
+    job = instance.job
     tps = [kept.degree for kept in new_reps]
-    speeds = [
-        gp.replica_speed(job, t, [float(speed[g].min()) for g in gs], pws)
-        for t, gs, pws, _ in new_reps
-    ]
+    speeds = [_kept_speed(instance, kept) for kept in new_reps]
     split = gp.split_batch(job, speeds, tps)
-    replicas: tuple[Replica, ...] = ()
-    if split is not None and new_reps:
-        replicas = tuple(
-            Replica(
-                tp=t,
-                local_batch=int(b),
-                stages=tuple(
-                    st
-                    if pw == st.power and np.array_equal(g, g0)  # unchanged: reuse
-                    else Stage(domain=st.domain, gpus=tuple(a.gpu_ids[i] for i in g), power=pw)
-                    for st, g, g0, pw in zip(plan.replicas[r].stages, gs, reps[r], pws, strict=True)
-                ),
-            )
-            for (t, gs, pws, r), b in zip(new_reps, split.batches, strict=True)
+    if split is None or not new_reps:
+        return (), 0.0
+    replicas = tuple(
+        Replica(
+            tp=t,
+            local_batch=int(b),
+            stages=tuple(
+                st
+                if pw == st.power and np.array_equal(g, g0)  # unchanged: reuse
+                else Stage(domain=st.domain, gpus=tuple(a.gpu_ids[i] for i in g), power=pw)
+                for st, g, g0, pw in zip(plan.replicas[r].stages, gs, reps[r], pws, strict=True)
+            ),
         )
-        value = gp.goodput(job, tps, list(split.batches), speeds)
-    else:
-        value = 0.0
-    return Plan(
-        plan.instance,
-        replicas,
-        {
-            "policy": "recourse",
-            "paused": not replicas,
-            "goodput": value,
-            "relative_goodput": gp.relative_goodput(job, value),
-            "dropped": dropped,
-            "reduced_power": reduced_power,
-            **({"boosted": boosted} if boost else {}),
-        },
+        for (t, gs, pws, r), b in zip(new_reps, split.batches, strict=True)
     )
+    return replicas, gp.goodput(job, tps, list(split.batches), speeds)
 
 
-def _boost(
-    instance: Instance,
-    alive: np.ndarray,
-    new_reps: list[Kept],
-    reduced: set[int],
-    flat: Callable[[], list[tuple[np.ndarray, float]]],
-) -> int:
+def _boost(instance: Instance, alive: np.ndarray, new_reps: list[Kept], reduced: set[int]) -> int:
     """Step 5: raise the power of reduced replicas toward nominal speed; count them.
 
     :func:`ntp_opt.rules.boost.boost_stages` with 60 bisection steps.
@@ -428,16 +445,15 @@ def _boost(
     job = instance.job
     if not can_boost(instance):
         return 0
-    rack_draw, site_draw = _draw(instance, alive, flat())
+    rack_draw, site_draw = _draw(instance, alive, _flat(new_reps))
     rack_room = a.rack_budget - rack_draw
     site_room = a.site_budget - site_draw
     target = 1.0 / job.seq_time_s
-
-    def speed(i: int) -> float:
-        t, gs, pws, _ = new_reps[i]
-        return gp.replica_speed(job, t, [float(a.speed[g].min()) for g in gs], pws)
-
-    slow = [i for i, kept in enumerate(new_reps) if kept.source in reduced and speed(i) < target]
+    slow = [
+        i
+        for i, kept in enumerate(new_reps)
+        if kept.source in reduced and _kept_speed(instance, kept) < target
+    ]
     stages = Stages.from_lists([gs for _, gs, _, _ in new_reps])
     tp = np.array([t for t, _, _, _ in new_reps], dtype=np.int64)
     powers = np.array([float(x) for _, _, pws, _ in new_reps for x in pws], dtype=float)
