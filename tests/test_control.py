@@ -142,10 +142,11 @@ sys.exit(main(sys.argv[1:]))
 GATED_CLI = """
 import sys
 import ntp_opt.planners.fast as fast
+import ntp_opt.planners.fast_candidates as fast_candidates
 from ntp_opt.app.cli import main
 
 token = []
-candidates, fit_by_degree = fast.candidates, fast.fit_by_degree
+candidates, fit_by_degree = fast.candidates, fast_candidates.fit_by_degree
 
 def record(instance, *, cancel=None):
     token.append(cancel)
@@ -157,7 +158,7 @@ def gate(*args, **kwargs):
         pass
     return fit_by_degree(*args, **kwargs)
 
-fast.candidates, fast.fit_by_degree = record, gate
+fast.candidates, fast_candidates.fit_by_degree = record, gate
 sys.exit(main(sys.argv[1:]))
 """
 

@@ -14,7 +14,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from ntp_opt import Instance
-from ntp_opt.planners import fast, heuristics
+from ntp_opt.planners import fast_cuts, heuristics
 from ntp_opt.planners.heuristics import Slot
 from ntp_opt.rules.boost import Stages, boost_floor_stages, boost_stages
 from ntp_opt.rules.goodput import replica_speed
@@ -289,7 +289,7 @@ def check_everything(instance: Instance) -> None:
         assert same_slots(
             heuristics.domain_slots(instance, reduced), ref_domain_slots(instance, reduced)
         )
-    assert same_slots(fast.speed_aware_slots(instance), ref_speed_aware_slots(instance))
+    assert same_slots(fast_cuts.speed_aware_slots(instance), ref_speed_aware_slots(instance))
     packs = [
         (ref_domain_slots(instance, False), False),
         (ref_domain_slots(instance, True), False),
@@ -301,7 +301,7 @@ def check_everything(instance: Instance) -> None:
         kept = heuristics.fit_power(instance, groups)
         assert same_groups(kept, ref_fit_power(instance, groups))
         assert same_groups(
-            fast.fit_power_by_degree(instance, groups), ref_fit_by_degree(instance, groups)
+            fast_cuts.fit_power_by_degree(instance, groups), ref_fit_by_degree(instance, groups)
         )
         reps, rack_room, site_room = boost_input(instance, kept)
         everyone = list(range(len(kept)))
@@ -317,7 +317,7 @@ def check_everything(instance: Instance) -> None:
         assert floor_lists(instance, floor_reps, rack_room, site_room) == ref_boost_floor(
             instance, floor_reps, rack_room, site_room
         )
-        assert fast.boost_floor(instance, kept) == ref_boost_floor(
+        assert fast_cuts.boost_floor(instance, kept) == ref_boost_floor(
             instance, floor_reps, rack_room, site_room
         )
         powers = heuristics.boost_slowest(instance, kept)

@@ -380,7 +380,7 @@ def reboost(instance: Instance, plan: Plan, *, validate: bool = True) -> Plan:
     nominal (:func:`ntp_opt.rules.boost.boost_stages`, as
     :func:`ntp_opt.planners.heuristics.boost_slowest`) and the common-speed
     boost (:func:`ntp_opt.rules.boost.boost_floor_stages`, as
-    :func:`ntp_opt.planners.fast.boost_floor`), on the plan's
+    :func:`ntp_opt.planners.fast_cuts.boost_floor`), on the plan's
     :class:`~ntp_opt.rules.boost.Stages`; keeps the best (checked by the
     validator unless ``validate=False``, for a caller that checks it). No GPU
     moves. Used after recourse, whose power rule (every boost of an
