@@ -181,25 +181,16 @@ def megatron_layout(
         keep = sorted(range(len(slots)), key=lambda i: (fails[i], i))[: n_rep * n_stage]
         keep.sort(key=lambda i: (-fails[i], i))
         order = [slots[i] for i in keep]
-
-        def slot_of(r: int, k: int) -> int:
-            return r * n_stage + k
+        stage_major = False  # replica r's stages on consecutive slots
     else:
         order = slots
-        if rank_order == "tp-dp-pp":
-
-            def slot_of(r: int, k: int) -> int:
-                return k * n_rep + r
-        elif rank_order == "tp-pp-dp":
-
-            def slot_of(r: int, k: int) -> int:
-                return r * n_stage + k
-        else:
+        if rank_order not in ("tp-dp-pp", "tp-pp-dp"):
             raise ValueError(f"unknown rank_order {rank_order!r}")
+        stage_major = rank_order == "tp-dp-pp"
     groups: list[tuple[np.ndarray, ...] | None] = []
     domains: list[tuple[int, ...] | None] = []
     for r in range(n_rep):
-        idx = [slot_of(r, k) for k in range(n_stage)]
+        idx = [k * n_rep + r if stage_major else r * n_stage + k for k in range(n_stage)]
         if max(idx) >= len(order):
             groups.append(None)  # the cluster has no room for this replica
             domains.append(None)
@@ -254,56 +245,17 @@ def megatron_plan(
         common reduced degree, 0 if no replica is reduced) and
         ``dropped_replicas``.
     """
-    a = instance.arrays
     job = instance.job
     big_t = job.tp
     layout = megatron_layout(instance, reordered=reordered, rank_order=rank_order)
-    failures: dict[int, int] = {}
-    for r, groups in enumerate(layout.groups):
-        if groups is None:
-            continue
-        f = max(int((~a.healthy[g]).sum()) for g in groups)
-        if job.largest_allowed(big_t - f) is not None:
-            failures[r] = f
+    failures = _replica_failures(instance, layout)
     kept = sorted(failures)[: job.replicas_max]
     worst = max((failures[r] for r in kept), default=0)
     reduced = job.largest_allowed(big_t - worst)
     assert reduced is not None  # every kept replica runs at some allowed degree
     degree = {r: big_t if failures[r] == 0 else reduced for r in kept}
-
-    def active(r: int) -> list[np.ndarray]:
-        """Each stage's active GPUs: its lowest ``degree[r]`` healthy local ranks."""
-        return [g[a.healthy[g]][: degree[r]] for g in layout.groups[r] or ()]
-
-    used = np.zeros(a.n_gpus, dtype=bool)
-    for r in kept:
-        for g in active(r):
-            used[g] = True
-    while kept and not fits_at_power_one(instance, used):
-        for g in active(kept.pop()):  # a budget below the GPUs' TDP: drop the last replicas
-            used[g] = False
-    local = max(1, min(job.local_batch_max, job.global_batch // job.dp))
-    total = local * len(kept)
-    feasible = total <= job.global_batch and (
-        job.batch_policy != "fixed" or total == job.global_batch
-    )
-    replicas: tuple[Replica, ...] = ()
-    if feasible and kept:
-        replicas = tuple(
-            Replica(
-                tp=degree[r],
-                local_batch=local,
-                stages=tuple(
-                    Stage(
-                        domain=a.domain_ids[d],
-                        gpus=tuple(a.gpu_ids[i] for i in g),
-                        power=1.0,
-                    )
-                    for d, g in zip(layout.domains[r] or (), active(r), strict=True)
-                ),
-            )
-            for r in kept
-        )
+    _drop_over_budget(instance, layout, kept, degree)
+    replicas = _nominal_replicas(instance, layout, kept, degree)
     spares = big_t - reduced if any(r.tp < big_t for r in replicas) else 0
     policy = "megatron-ntp-reordered" if reordered else "megatron-ntp"
     plan = Plan(
@@ -317,6 +269,74 @@ def megatron_plan(
         },
     )
     return certified(instance, plan) if validate else plan
+
+
+def _replica_failures(instance: Instance, layout: Layout) -> dict[int, int]:
+    """Per replica that can run at an allowed degree, its largest stage failure count."""
+    healthy = instance.arrays.healthy
+    job = instance.job
+    failures: dict[int, int] = {}
+    for r, groups in enumerate(layout.groups):
+        if groups is None:
+            continue
+        f = max(int((~healthy[g]).sum()) for g in groups)
+        if job.largest_allowed(job.tp - f) is not None:
+            failures[r] = f
+    return failures
+
+
+def _active(instance: Instance, layout: Layout, r: int, degree: int) -> list[np.ndarray]:
+    """Replica ``r``'s stages' active GPUs: each one's lowest ``degree`` healthy local ranks."""
+    healthy = instance.arrays.healthy
+    return [g[healthy[g]][:degree] for g in layout.groups[r] or ()]
+
+
+def _drop_over_budget(
+    instance: Instance, layout: Layout, kept: list[int], degree: dict[int, int]
+) -> None:
+    """Step 6: drop the last replicas of ``kept`` (in place) until the racks and the
+    site can feed the others at power 1."""
+    used = np.zeros(instance.arrays.n_gpus, dtype=bool)
+    for r in kept:
+        for g in _active(instance, layout, r, degree[r]):
+            used[g] = True
+    while kept and not fits_at_power_one(instance, used):
+        r = kept.pop()  # a budget below the GPUs' TDP: drop the last replicas
+        for g in _active(instance, layout, r, degree[r]):
+            used[g] = False
+
+
+def _nominal_replicas(
+    instance: Instance, layout: Layout, kept: list[int], degree: dict[int, int]
+) -> tuple[Replica, ...]:
+    """Step 5: the kept replicas at the nominal local batch, power 1; none when their
+    batches exceed ``B`` or, under the ``fixed`` policy, miss it."""
+    a = instance.arrays
+    job = instance.job
+    local = max(1, min(job.local_batch_max, job.global_batch // job.dp))
+    total = local * len(kept)
+    feasible = total <= job.global_batch and (
+        job.batch_policy != "fixed" or total == job.global_batch
+    )
+    if not (feasible and kept):
+        return ()
+    return tuple(
+        Replica(
+            tp=degree[r],
+            local_batch=local,
+            stages=tuple(
+                Stage(
+                    domain=a.domain_ids[d],
+                    gpus=tuple(a.gpu_ids[i] for i in g),
+                    power=1.0,
+                )
+                for d, g in zip(
+                    layout.domains[r] or (), _active(instance, layout, r, degree[r]), strict=True
+                )
+            ),
+        )
+        for r in kept
+    )
 
 
 def megatron_ntp(instance: Instance, *, validate: bool = True) -> Plan:
