@@ -11,14 +11,8 @@ from typing import Any
 
 import numpy as np
 
-from ntp_opt.app.watch import (
-    DEFAULT_FLAP_COUNT,
-    DEFAULT_FLAP_HOLD_S,
-    HOOK_TIMEOUT_S,
-    Settings,
-    Watcher,
-    stop_on_signals,
-)
+from ntp_opt.app.watch import HOOK_TIMEOUT_S, Settings, Watcher, stop_on_signals
+from ntp_opt.app.watch_diff import DEFAULT_FLAP_COUNT, DEFAULT_FLAP_HOLD_S
 from ntp_opt.model.instance import Instance
 
 
@@ -42,7 +36,8 @@ def _reader(args: argparse.Namespace) -> Callable[[], Instance]:
     from ntp_opt.app.importers.compose import PowerDefault
     from ntp_opt.app.importers.k8s import DEFAULT_TOLERATED, import_k8s, run_kubectl
     from ntp_opt.app.importers.nvidia_smi import XmlCache
-    from ntp_opt.app.importers.slurm import import_slurm, scontrol
+    from ntp_opt.app.importers.slurm import import_slurm
+    from ntp_opt.app.importers.slurm_nodes import scontrol
 
     job = load_job(args.job)
     power = PowerDefault(args.tdp_w, args.max_power_w) if args.tdp_w is not None else None
@@ -173,7 +168,8 @@ def run(args: argparse.Namespace) -> int:
 
 def add_parser(sub: Any) -> None:
     """The ``ntp-opt watch`` sub-command (``slurm`` and ``k8s``)."""
-    from ntp_opt.app.importers.slurm import ALLOW_KINDS, NVLINK_CHOICES
+    from ntp_opt.app.importers.slurm import NVLINK_CHOICES
+    from ntp_opt.app.importers.slurm_nodes import ALLOW_KINDS
 
     w = sub.add_parser(
         "watch",

@@ -16,7 +16,8 @@ from pydantic import ValidationError
 from ntp_opt.app.cli.common import warn
 from ntp_opt.app.importers.compose import MAX_WATTS, PowerDefault
 from ntp_opt.app.importers.k8s import DEFAULT_TOLERATED, KubectlOutput, import_k8s, run_kubectl
-from ntp_opt.app.importers.slurm import ALLOW_KINDS, NVLINK_CHOICES, Source, import_slurm, scontrol
+from ntp_opt.app.importers.slurm import NVLINK_CHOICES, import_slurm
+from ntp_opt.app.importers.slurm_nodes import ALLOW_KINDS, Source, scontrol
 from ntp_opt.model.files import (
     InputError,
     check_cluster,
