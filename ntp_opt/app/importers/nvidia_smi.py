@@ -400,17 +400,7 @@ def read_dir(
         data = _host_file(f, by_name[host], warn, cache)
         if data is None:
             continue
-        for g in data.gpus:
-            if g.uuid is None:
-                continue
-            if g.uuid in uuid_at:
-                fail(
-                    str(f),
-                    f"GPU {g.uuid} is also in {uuid_at[g.uuid]}: one of the two files is "
-                    "from another host",
-                    g.field + "/uuid",
-                )
-            uuid_at[g.uuid] = str(f)
+        _check_uuids(f, data, uuid_at)
         out[host] = data
     if skipped and warn is not None:
         warn(
@@ -420,6 +410,21 @@ def read_dir(
     if warn is not None:
         _warn_capped(d, out, warn)
     return out
+
+
+def _check_uuids(f: Path, data: SmiHost, uuid_at: dict[str, str]) -> None:
+    """Refuse a GPU UUID already seen in another file; note those of ``f`` in ``uuid_at``."""
+    for g in data.gpus:
+        if g.uuid is None:
+            continue
+        if g.uuid in uuid_at:
+            fail(
+                str(f),
+                f"GPU {g.uuid} is also in {uuid_at[g.uuid]}: one of the two files is "
+                "from another host",
+                g.field + "/uuid",
+            )
+        uuid_at[g.uuid] = str(f)
 
 
 def _host_file(f: Path, h: Host, warn: Warn | None, cache: XmlCache | None) -> SmiHost | None:

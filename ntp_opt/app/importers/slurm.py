@@ -158,8 +158,6 @@ def import_slurm(
     ntp_opt.model.files.InputError
         For every malformed or inconsistent source (see ``docs/import.md``).
     """
-    from ntp_opt.app.importers.nvidia_smi import read_dir
-
     if nvlink is not None and nvlink not in NVLINK_CHOICES:
         raise ValueError(f"nvlink must be one of {', '.join(NVLINK_CHOICES)}, not {nvlink!r}")
     for k in allow:
@@ -175,19 +173,26 @@ def import_slurm(
     mode = _tree_mode(blocks, by_name, nvlink, warn) if tree else "block"
     hosts = _block_hosts(blocks, by_name, mode, nodes_src, allow, warn)
     _check_size(hosts, blocks, snodes, nodes_src, warn)
-    smi: dict[str, SmiHost] | None = None
+    smi = None
     if nvidia_smi is not None:
-        used = {h.name for h in hosts}
-        outside = {n.name for n in snodes if n.name not in used}
-        outside |= {n.hostname for n in snodes if n.name not in used and n.hostname}
-        smi = read_dir(
-            nvidia_smi,
-            hosts,
-            warn=warn,
-            left_out=frozenset(outside),
-            cache=nvidia_smi_cache,
-        )
+        smi = _read_smi(nvidia_smi, hosts, snodes, warn, nvidia_smi_cache)
     return compose_cluster(hosts, smi, name=name, warn=warn, power=power)
+
+
+def _read_smi(
+    nvidia_smi: str | Path,
+    hosts: list[Host],
+    snodes: list[SlurmNode],
+    warn: Warn,
+    cache: XmlCache | None,
+) -> dict[str, SmiHost]:
+    """The nvidia-smi files of ``hosts``; those of other Slurm nodes are skipped."""
+    from ntp_opt.app.importers.nvidia_smi import read_dir
+
+    used = {h.name for h in hosts}
+    outside = {n.name for n in snodes if n.name not in used}
+    outside |= {n.hostname for n in snodes if n.name not in used and n.hostname}
+    return read_dir(nvidia_smi, hosts, warn=warn, left_out=frozenset(outside), cache=cache)
 
 
 def _block_hosts(
