@@ -25,7 +25,7 @@ from ntp_opt.app.importers import expand, import_k8s, import_slurm, read_nodes, 
 from ntp_opt.app.importers.cli import load_job
 from ntp_opt.app.importers.compose import PowerDefault
 from ntp_opt.app.importers.hostlist import HostlistError
-from ntp_opt.app.importers.slurm import classify_state, parse_gres
+from ntp_opt.app.importers.slurm_nodes import classify_state, parse_gres
 from ntp_opt.model.files import InputError, load_instance, load_plan
 from ntp_opt.model.instance import Instance
 from ntp_opt.model.plan import Plan, Replica, Stage

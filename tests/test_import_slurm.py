@@ -19,18 +19,18 @@ from pathlib import Path
 import pytest
 
 from ntp_opt.app.cli import main
-from ntp_opt.app.importers import slurm
+from ntp_opt.app.importers import slurm_nodes, slurm_topology
 from ntp_opt.app.importers.compose import PowerDefault
 from ntp_opt.app.importers.hostlist import MAX_HOSTS, Budget, HostlistError, expand
-from ntp_opt.app.importers.slurm import (
+from ntp_opt.app.importers.slurm import import_slurm
+from ntp_opt.app.importers.slurm_nodes import (
     ALLOW_KINDS,
     STATE_WORDS,
     classify_state,
-    import_slurm,
     read_nodes,
-    read_topology,
     scontrol,
 )
+from ntp_opt.app.importers.slurm_topology import read_topology
 from ntp_opt.model.files import MAX_NODES, InputError
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -410,7 +410,8 @@ def test_yaml_deep_nesting(tmp_path: Path) -> None:
 
 def test_yaml_size_cap(tmp_path: Path) -> None:
     p = tmp_path / "topology.yaml"
-    p.write_text(YAML_HEAD + "      - block: b\n        nodes: n1\n" + "#" * slurm.MAX_YAML_BYTES)
+    pad = "#" * slurm_topology.MAX_YAML_BYTES
+    p.write_text(YAML_HEAD + "      - block: b\n        nodes: n1\n" + pad)
     with pytest.raises(InputError, match=r"topology\.yaml: file is \d+ bytes, more than 1048576"):
         read_topology(p)
 
@@ -453,7 +454,7 @@ def test_scontrol_failing_slow_and_flooding(
     with pytest.raises(InputError, match=r"scontrol show node: did not finish within 0\.2 s"):
         scontrol("show", "node", timeout=0.2)
     _fake_scontrol(tmp_path, "exec yes NodeName=x", monkeypatch)
-    monkeypatch.setattr(slurm, "MAX_INPUT_BYTES", 1 << 20)
+    monkeypatch.setattr(slurm_nodes, "MAX_INPUT_BYTES", 1 << 20)
     with pytest.raises(InputError, match=r"scontrol show node: printed more than 1048576 bytes"):
         scontrol("show", "node")
     _fake_scontrol(tmp_path, f"cat {tmp_path / 'out.txt'}", monkeypatch)

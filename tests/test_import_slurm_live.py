@@ -26,7 +26,7 @@ from pathlib import Path
 import pytest
 
 from ntp_opt.app.cli import main
-from ntp_opt.app.importers.slurm import classify_state, read_nodes, scontrol
+from ntp_opt.app.importers.slurm_nodes import classify_state, read_nodes, scontrol
 
 from .slurm_cluster import MAX_POLLS, POLL_S, SlurmCluster, running
 
@@ -66,7 +66,7 @@ def _state(c: SlurmCluster, node: str) -> str:
 
 def read_nodes_text(text: str) -> dict[str, str]:
     """Node -> State of scontrol output, read by the importer's reader."""
-    from ntp_opt.app.importers.slurm import Source
+    from ntp_opt.app.importers.slurm_nodes import Source
 
     return {n.name: n.state for n in read_nodes(Source(text, "scontrol"))}
 

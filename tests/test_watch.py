@@ -25,7 +25,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from ntp_opt.app.watch import Flaps, diff
+from ntp_opt.app.watch_diff import Flaps, diff
 from ntp_opt.model.files import load_instance, load_plan
 from ntp_opt.rules.validate import evaluate
 

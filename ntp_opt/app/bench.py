@@ -2,11 +2,12 @@
 
 Each (instance file, planner, seed) is one *run* with a stable key. A run
 executes in its own worker process (backend ``process``: a local
-``multiprocessing`` pool; backend ``ray``: a Ray task, on a local or remote
-Ray cluster) with a hard wall-clock timeout: a run that overruns is killed
-(``Process.kill``, or ``ray.cancel(force=True)``) and recorded with status
-``"timeout"``. A run that raises (a bad file, a planner error) is recorded
-with status ``"error"`` and the message; nothing is raised to the caller.
+``multiprocessing`` pool, :mod:`ntp_opt.app.bench_local`; backend ``ray``: a
+Ray task, on a local or remote Ray cluster, :mod:`ntp_opt.app.bench_ray`) with
+a hard wall-clock timeout: a run that overruns is killed (``Process.kill``, or
+``ray.cancel(force=True)``) and recorded with status ``"timeout"``. A run that
+raises (a bad file, a planner error) is recorded with status ``"error"`` and
+the message; nothing is raised to the caller.
 
 Rows are appended to ``OUT/results.jsonl``, one JSON object per line, each
 followed by ``flush`` and ``fsync``. On start the file is read back: a
@@ -29,14 +30,9 @@ import io
 import json
 import logging
 import math
-import multiprocessing as mp
 import os
-import signal
 import sys
-import time
-from dataclasses import dataclass, field
-from multiprocessing.connection import Connection, wait
-from multiprocessing.process import BaseProcess
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
@@ -45,14 +41,16 @@ from rich.progress import (
     BarColumn,
     MofNCompleteColumn,
     Progress,
+    TaskID,
     TextColumn,
     TimeElapsedColumn,
     TimeRemainingColumn,
 )
 
+from ntp_opt.app.bench_local import execute as execute_local
 from ntp_opt.app.best_known import md_cell
 from ntp_opt.app.cli.common import MAX_LINE
-from ntp_opt.app.runs import OnFinish, OnStart, Todo, check_planner, run_steps, timeout_row, utc_now
+from ntp_opt.app.runs import Todo, check_planner
 from ntp_opt.model.echo import echo
 from ntp_opt.model.safeio import atomic_append, atomic_write, check_target, locked
 
@@ -115,42 +113,6 @@ def expand_paths(paths: list[Path]) -> list[Path]:
     return out
 
 
-def _die_with_parent(parent: int) -> None:
-    """Ask Linux to SIGKILL this process when its parent (the driver) dies.
-
-    Elsewhere a no-op: the driver's ``finally`` still kills its workers on any
-    exit it survives (exceptions, SIGINT, SIGTERM).
-    """
-    if not sys.platform.startswith("linux"):
-        return
-    try:
-        import ctypes
-
-        libc = ctypes.CDLL(None, use_errno=True)
-        libc.prctl(1, signal.SIGKILL, 0, 0, 0)  # PR_SET_PDEATHSIG = 1
-    except (OSError, AttributeError):  # pragma: no cover - no prctl
-        return
-    if os.getppid() != parent:  # the driver died before prctl took effect
-        os._exit(1)
-
-
-def _worker(
-    conn: Connection,
-    file: str,
-    planner: str,
-    seed: int,
-    time_limit: float,
-    parent: int | None = None,
-) -> None:
-    """Body of a worker process: sends what :func:`run_steps` yields through ``conn``."""
-    signal.signal(signal.SIGTERM, signal.SIG_DFL)  # not the CLI's handler (forked): just die
-    if parent is not None:
-        _die_with_parent(parent)
-    for message in run_steps(file, planner, seed, time_limit):
-        conn.send(message)
-    conn.close()
-
-
 #: Fields a stored row must have, and their JSON types, to be reused on resume.
 _ROW_TYPES: dict[str, tuple[type, ...]] = {
     "key": (str,),
@@ -205,15 +167,12 @@ def read_rows(path: Path, problems: list[str] | None = None) -> list[dict[str, A
         finally:
             os.close(fd)
 
-    def constant(token: str) -> float:
-        raise ValueError(f"{token} is not valid JSON")
-
     rows = []
     for n, line in enumerate(data[:end].splitlines(), start=1):
         if not line.strip():
             continue
         try:
-            row = json.loads(line, parse_constant=constant)
+            row = json.loads(line, parse_constant=_no_constant)
         except (ValueError, RecursionError) as err:  # JSONDecodeError, bad UTF-8, NaN
             reason: str | None = f"not a JSON row ({str(err).splitlines()[0][:80]})"
         else:
@@ -224,6 +183,11 @@ def read_rows(path: Path, problems: list[str] | None = None) -> list[dict[str, A
             continue
         rows.append({**dict.fromkeys(FIELDS), **row})  # every field present (None if absent)
     return rows
+
+
+def _no_constant(token: str) -> float:
+    """Refuse ``NaN`` and ``Infinity`` in a row (``json.loads``'s ``parse_constant``)."""
+    raise ValueError(f"{token} is not valid JSON")
 
 
 def _clean(row: dict[str, Any]) -> dict[str, Any]:
@@ -241,12 +205,6 @@ def _clean(row: dict[str, Any]) -> dict[str, Any]:
 
 def _append(path: Path, row: dict[str, Any]) -> None:
     atomic_append(path, json.dumps(row, sort_keys=False, allow_nan=False) + "\n")
-
-
-def _context() -> Any:
-    # fork is fast (no re-import per run); spawn where fork does not exist.
-    methods = mp.get_all_start_methods()
-    return mp.get_context("fork" if "fork" in methods else "spawn")
 
 
 Backend = Literal["process", "ray"]
@@ -314,16 +272,7 @@ def run_bench(
     ntp_opt.model.safeio.LockedError
         When another runner holds ``out``'s lock (:data:`LOCK`).
     """
-    if backend not in BACKENDS:
-        raise ValueError(f"backend must be one of {', '.join(BACKENDS)}, got {backend!r}")
-    if workers is None and backend == "process":
-        workers = 1
-    if workers is not None and workers < 1:
-        raise ValueError(f"workers must be at least 1, got {workers}")
-    if not timeout > 0 or not time_limit > 0:
-        raise ValueError("time_limit and timeout must be positive")
-    for p in planners:
-        check_planner(p)
+    workers = _checked_workers(planners, time_limit, timeout, workers, backend)
     files = expand_paths(instances)
     if not files:
         raise ValueError("no instance files given")
@@ -343,6 +292,83 @@ def run_bench(
             ray_address,
             best_known,
         )
+
+
+def _checked_workers(
+    planners: list[str], time_limit: float, timeout: float, workers: int | None, backend: str
+) -> int | None:
+    """Check :func:`run_bench`'s arguments; the number of workers (``None``: Ray's CPUs)."""
+    if backend not in BACKENDS:
+        raise ValueError(f"backend must be one of {', '.join(BACKENDS)}, got {backend!r}")
+    if workers is None and backend == "process":
+        workers = 1
+    if workers is not None and workers < 1:
+        raise ValueError(f"workers must be at least 1, got {workers}")
+    if not timeout > 0 or not time_limit > 0:
+        raise ValueError("time_limit and timeout must be positive")
+    for p in planners:
+        check_planner(p)
+    return workers
+
+
+@dataclass
+class _Recorder:
+    """Turns each finished run into a row: kept in ``done``, appended to ``results``."""
+
+    done: dict[str, dict[str, Any]]
+    results: Path
+    version: str
+
+    def finish(
+        self, item: Todo, info: dict[str, Any], result: dict[str, Any], wall: float, started: str
+    ) -> None:
+        """Record the run of ``item``."""
+        row: dict[str, Any] = dict.fromkeys(FIELDS)
+        row.update(
+            key=item.key,
+            instance=Path(item.file).name.removesuffix(".gz").removesuffix(".json"),
+            file=str(item.file),
+            planner=item.planner,
+            seed=item.seed,
+            runtime_s=wall,
+            started_at=started,
+            version=self.version,
+            validated=False,
+        )
+        row.update(info)
+        row.update(result)
+        row["wall_s"] = wall
+        _clean(row)
+        self.done[item.key] = row
+        _append(self.results, row)
+        logger.info(
+            "bench: %s %s seed %s: %s in %.1f s",
+            row["instance"],
+            item.planner,
+            item.seed,
+            row["status"],
+            wall,
+        )
+
+
+@dataclass
+class _Bar:
+    """The progress bar's callbacks around :meth:`_Recorder.finish`."""
+
+    bar: Progress
+    task: TaskID
+    recorder: _Recorder
+
+    def started(self, item: Todo) -> None:
+        """Show the run that starts."""
+        self.bar.update(
+            self.task, description=f"{Path(item.file).name} {item.planner} seed {item.seed}"
+        )
+
+    def finished(self, *args: Any) -> None:
+        """Record a run and advance the bar."""
+        self.recorder.finish(*args)
+        self.bar.advance(self.task)
 
 
 def _run_locked(
@@ -369,37 +395,7 @@ def _run_locked(
         print(f"ntp-opt bench: warning: {echo(line, MAX_LINE)}", file=sys.stderr)
     wanted = [(run_key(f, p, s), f, p, s) for f in files for p in planners for s in seeds]
     todo = [Todo(*w) for w in dict((w[0], w) for w in wanted).values() if w[0] not in done]
-
-    def finish(
-        item: Todo, info: dict[str, Any], result: dict[str, Any], wall: float, started: str
-    ) -> None:
-        row: dict[str, Any] = dict.fromkeys(FIELDS)
-        row.update(
-            key=item.key,
-            instance=Path(item.file).name.removesuffix(".gz").removesuffix(".json"),
-            file=str(item.file),
-            planner=item.planner,
-            seed=item.seed,
-            runtime_s=wall,
-            started_at=started,
-            version=__version__,
-            validated=False,
-        )
-        row.update(info)
-        row.update(result)
-        row["wall_s"] = wall
-        _clean(row)
-        done[item.key] = row
-        _append(results, row)
-        logger.info(
-            "bench: %s %s seed %s: %s in %.1f s",
-            row["instance"],
-            item.planner,
-            item.seed,
-            row["status"],
-            wall,
-        )
-
+    recorder = _Recorder(done, results, __version__)
     with Progress(
         TextColumn("[progress.description]{task.description}"),
         BarColumn(),
@@ -410,21 +406,14 @@ def _run_locked(
         console=Console(stderr=True),
         disable=not progress,
     ) as bar:
-        task = bar.add_task("bench", total=len(todo))
-
-        def started(item: Todo) -> None:
-            bar.update(task, description=f"{Path(item.file).name} {item.planner} seed {item.seed}")
-
-        def finished(*args: Any) -> None:
-            finish(*args)
-            bar.advance(task)
-
+        calls = _Bar(bar, bar.add_task("bench", total=len(todo)), recorder)
+        started, finished = calls.started, calls.finished
         if backend == "ray":
             from ntp_opt.app.bench_ray import execute
 
             execute(todo, time_limit, timeout, workers, ray_address, started, finished)
         else:
-            _execute_local(todo, time_limit, timeout, workers or 1, started, finished)
+            execute_local(todo, time_limit, timeout, workers or 1, started, finished)
     rows = [done[k] for k in dict.fromkeys(w[0] for w in wanted)]
     write_csv(rows, out / "results.csv")
     atomic_write(out / "summary.md", summary(rows) + "\n")
@@ -455,80 +444,6 @@ def update_best_known(
             path = Path(best_known)
         tables.setdefault(path, []).append(row)
     return {path: bk.update(path, rs) for path, rs in tables.items()}
-
-
-def _execute_local(
-    todo: list[Todo],
-    time_limit: float,
-    timeout: float,
-    workers: int,
-    on_start: OnStart,
-    on_finish: OnFinish,
-) -> None:
-    """Run ``todo`` in a local process pool, at most ``workers`` at once."""
-    todo = list(todo)
-    ctx = _context()
-    running: list[_Run] = []
-    try:
-        while todo or running:
-            while todo and len(running) < workers:
-                item = todo.pop(0)
-                recv, send = ctx.Pipe(duplex=False)
-                proc = ctx.Process(
-                    target=_worker,
-                    args=(send, str(item.file), item.planner, item.seed, time_limit, os.getpid()),
-                    daemon=True,
-                )
-                now = time.monotonic()
-                proc.start()
-                send.close()
-                running.append(_Run(item, proc, recv, now, now + timeout, utc_now()))
-                on_start(item)
-            wait_s = max(0.0, min(r.deadline for r in running) - time.monotonic())
-            wait([r.conn for r in running] + [r.proc.sentinel for r in running], wait_s)
-            for run in list(running):
-                result = _collect(run)
-                if result is None and time.monotonic() >= run.deadline:
-                    run.proc.kill()
-                    result = timeout_row(timeout)
-                if result is None:
-                    continue
-                run.proc.join()
-                run.conn.close()
-                running.remove(run)
-                on_finish(run.item, run.info, result, time.monotonic() - run.start, run.started_at)
-    finally:
-        for run in running:  # interrupted: leave no worker behind
-            run.proc.kill()
-            run.proc.join()
-
-
-@dataclass
-class _Run:
-    item: Todo
-    proc: BaseProcess
-    conn: Connection
-    start: float
-    deadline: float
-    started_at: str
-    info: dict[str, Any] = field(default_factory=dict)
-
-
-def _collect(run: _Run) -> dict[str, Any] | None:
-    """The worker's final row if it has sent one, an error if it died, else None."""
-    try:
-        while run.conn.poll():
-            kind, payload = run.conn.recv()
-            if kind == "info":
-                run.info = payload
-            else:
-                return dict(payload)
-    except (EOFError, OSError):
-        pass
-    if not run.proc.is_alive():
-        run.proc.join()
-        return {"status": "error", "message": f"worker exited with code {run.proc.exitcode}"}
-    return None
 
 
 def write_csv(rows: list[dict[str, Any]], path: Path) -> None:

@@ -23,6 +23,7 @@ table do not lose each other's updates. See ``docs/bench.md``.
 from __future__ import annotations
 
 import contextlib
+import functools
 import hashlib
 import json
 import math
@@ -84,12 +85,10 @@ def load(path: str | os.PathLike[str]) -> dict[str, Any]:
     p = Path(path)
     if not p.exists():
         return empty()
-
-    def constant(token: str) -> float:
-        raise ValueError(f"{p}: {token} is not valid JSON")
-
     try:
-        data = json.loads(p.read_text(encoding="utf-8"), parse_constant=constant)
+        data = json.loads(
+            p.read_text(encoding="utf-8"), parse_constant=functools.partial(_no_constant, p)
+        )
     except json.JSONDecodeError as err:
         raise ValueError(f"{p}: not JSON: {err}") from None
     except (UnicodeDecodeError, RecursionError) as err:
@@ -124,6 +123,11 @@ def row_file(row: dict[str, Any]) -> str:
     return str(row.get("file"))
 
 
+def _no_constant(p: Path, token: str) -> float:
+    """Refuse ``NaN`` and ``Infinity`` in table ``p`` (``json.loads``'s ``parse_constant``)."""
+    raise ValueError(f"{p}: {token} is not valid JSON")
+
+
 def merge(
     table: dict[str, Any], rows: list[dict[str, Any]], base: Path, sha: dict[str, str]
 ) -> list[str]:
@@ -153,25 +157,7 @@ def merge(
         if str(row.get("status")) not in _GOOD_STATUS:
             continue
         name = str(row["instance"])
-        entry = entries.get(name)
-        if entry is not None and entry.get("sha256") != current:
-            changes.append(f"{name}: instance file changed; its entry starts afresh")
-            entry = None
-        if entry is None:
-            entry = {
-                "file": _rel(Path(row_file(row)), base),
-                "sha256": current,
-                "gpus": row.get("gpus"),
-                "failed": row.get("failed"),
-                "goodput": None,
-                "goodput_planner": None,
-                "goodput_seed": None,
-                "goodput_at": None,
-                "bound": None,
-                "bound_planner": None,
-                "bound_at": None,
-            }
-            entries[name] = entry
+        entry = _entry(entries, row, name, current, base, changes)
         goodput = _finite(row.get("relative_goodput"))
         if (
             row.get("validated") is True
@@ -205,6 +191,37 @@ def merge(
         sorted(entries.items(), key=lambda kv: (kv[1].get("gpus") or 0, kv[0]))
     )
     return changes
+
+
+def _entry(
+    entries: dict[str, Any],
+    row: dict[str, Any],
+    name: str,
+    current: str,
+    base: Path,
+    changes: list[str],
+) -> dict[str, Any]:
+    """The entry of ``name``, new when missing or when its instance file changed."""
+    entry: dict[str, Any] | None = entries.get(name)
+    if entry is not None and entry.get("sha256") != current:
+        changes.append(f"{name}: instance file changed; its entry starts afresh")
+        entry = None
+    if entry is None:
+        entry = {
+            "file": _rel(Path(row_file(row)), base),
+            "sha256": current,
+            "gpus": row.get("gpus"),
+            "failed": row.get("failed"),
+            "goodput": None,
+            "goodput_planner": None,
+            "goodput_seed": None,
+            "goodput_at": None,
+            "bound": None,
+            "bound_planner": None,
+            "bound_at": None,
+        }
+        entries[name] = entry
+    return entry
 
 
 def _finite(x: Any) -> float | None:

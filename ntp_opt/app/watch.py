@@ -15,11 +15,15 @@ cluster's structure changed (other GPUs, hosts, domains or racks), when a
 GPU's power (``tdp_w``, ``max_power_w``) or a rack's budget changed (the
 re-planner's events are fail, repair and speed), and when the re-planner
 refuses the events.
+
+What changed and the flap hysteresis are in :mod:`ntp_opt.app.watch_diff`; the
+journal and the files of ``DIR`` in :mod:`ntp_opt.app.watch_journal`.
 """
 
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import os
 import shutil
@@ -28,12 +32,34 @@ import subprocess
 import threading
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, TextIO
+from typing import Any
 
 import numpy as np
 
+from ntp_opt.app.watch_diff import (
+    DEFAULT_FLAP_COUNT,
+    DEFAULT_FLAP_HOLD_S,
+    Diff,
+    Flaps,
+    diff,
+    hosts_of,
+    short_list,
+)
+from ntp_opt.app.watch_journal import (
+    CURRENT,
+    JOURNAL,
+    STATUS,
+    Journal,
+    current_version,
+    fsync_dir,
+    lock_dir,
+    next_version,
+    version_name,
+    write_atomic,
+    write_synced,
+)
 from ntp_opt.model.files import instance_to_dict, load_instance, load_plan, plan_to_dict
 from ntp_opt.model.instance import Instance
 from ntp_opt.model.plan import Plan
@@ -42,245 +68,8 @@ from ntp_opt.rules.validate import evaluate
 from ntp_opt.solve import solve
 from ntp_opt.workflows.replan import ClusterEvent, Replanner, align, migration
 
-#: Seconds a flapping GPU is held out after it comes back (``--flap-hold``).
-DEFAULT_FLAP_HOLD_S = 600.0
-#: Failures within the hold window that make a GPU flapping (``--flap-count``).
-DEFAULT_FLAP_COUNT = 2
 #: Seconds the ``--on-change`` command may run before it is killed.
 HOOK_TIMEOUT_S = 300.0
-JOURNAL = "journal.jsonl"
-STATUS = "status.json"
-CURRENT = "current"
-
-
-class WatchError(ValueError):
-    """The watch cannot start (its output directory is another watch's)."""
-
-
-# --- reading the difference --------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class Diff:
-    """What changed between two readings of the same cluster.
-
-    Attributes
-    ----------
-    events
-        Fail, repair and speed events, GPU ids (:class:`ClusterEvent`).
-    hosts
-        Per event, the hosts of its GPUs (for the log).
-    structure
-        Why the cluster is another one (GPUs, hosts, domains, racks), or ``None``.
-    power
-        GPU ids whose power (``tdp_w``/``max_power_w``) changed, plus rack ids
-        whose budget changed.
-    """
-
-    events: tuple[ClusterEvent, ...] = ()
-    structure: str | None = None
-    power: tuple[str, ...] = ()
-    hosts: tuple[tuple[str, ...], ...] = ()
-
-    @property
-    def empty(self) -> bool:
-        """Nothing changed."""
-        return not self.events and self.structure is None and not self.power
-
-    def describe(self) -> str:
-        """A short text: ``fail 8 GPUs (h3), repair ...``."""
-        parts = []
-        if self.structure is not None:
-            parts.append(f"new topology ({self.structure})")
-        for i, e in enumerate(self.events):
-            what = f"{e.kind} {len(e.nodes)} GPU{'s' if len(e.nodes) != 1 else ''}"
-            if i < len(self.hosts):
-                what += f" ({_short(list(self.hosts[i]))})"
-            if e.speed is not None:
-                what += f" speed {e.speed:g}"
-            parts.append(what)
-        if self.power:
-            parts.append(f"power limit of {len(self.power)} GPUs/racks")
-        return ", ".join(parts) or "no change"
-
-
-def _short(items: list[str], n: int = 4) -> str:
-    return ",".join(items[:n]) + (f",+{len(items) - n}" if len(items) > n else "")
-
-
-def _hosts_of(instance: Instance, gpus: list[int]) -> list[str]:
-    a = instance.arrays
-    g = instance.cluster
-    out = set()
-    for i in gpus:
-        gid = a.gpu_ids[i]
-        out.add(str(g.nodes[gid].get("host", gid)))
-    return sorted(out)
-
-
-def diff(old: Instance, new: Instance) -> Diff:
-    """The events that turn ``old`` into ``new`` (two readings of one cluster).
-
-    Parameters
-    ----------
-    old, new
-        Instances of the same job; GPUs are matched by id.
-
-    Returns
-    -------
-    Diff
-        Fail, repair and speed events (grouped, GPU ids), or the reason the
-        structure differs (then no events), or the power changes.
-    """
-    a, b = old.arrays, new.arrays
-    if list(a.gpu_ids) != list(b.gpu_ids):
-        gone = len(set(a.gpu_ids) - set(b.gpu_ids))
-        added = len(set(b.gpu_ids) - set(a.gpu_ids))
-        return Diff(structure=f"{added} GPUs added, {gone} removed" if gone or added else "order")
-    for name in ("gpu_tray", "gpu_domain", "gpu_rack"):
-        if not np.array_equal(getattr(a, name), getattr(b, name)):
-            return Diff(structure=f"hosts, NVLink domains or racks regrouped ({name})")
-    ids = list(b.gpu_ids)
-    events: list[ClusterEvent] = []
-    hosts: list[tuple[str, ...]] = []
-    failed = np.flatnonzero(a.healthy & ~b.healthy).tolist()
-    repaired = np.flatnonzero(~a.healthy & b.healthy).tolist()
-    for kind, idx in (("fail", failed), ("repair", repaired)):
-        if idx:
-            events.append(ClusterEvent(kind, tuple(ids[i] for i in idx)))  # type: ignore[arg-type]
-            hosts.append(tuple(_hosts_of(new, idx)))
-    changed = np.flatnonzero(~np.isclose(a.speed, b.speed, rtol=0, atol=1e-9))
-    by_speed: dict[float, list[int]] = {}
-    for i in changed.tolist():
-        by_speed.setdefault(float(b.speed[i]), []).append(i)
-    for s, idx in sorted(by_speed.items()):
-        events.append(ClusterEvent("speed", tuple(ids[i] for i in idx), s))
-        hosts.append(tuple(_hosts_of(new, idx)))
-    power = [
-        str(ids[i])
-        for i in np.flatnonzero(
-            ~(np.isclose(a.tdp, b.tdp) & np.isclose(a.max_power, b.max_power, equal_nan=True))
-        )
-    ]
-    if not np.allclose(a.rack_budget, b.rack_budget, equal_nan=True):
-        power.append("racks")
-    return Diff(tuple(events), None, tuple(power), tuple(hosts))
-
-
-# --- hysteresis ----------------------------------------------------------------------------
-
-
-@dataclass
-class Flaps:
-    """Hysteresis for GPUs that go down and up repeatedly.
-
-    A GPU that failed ``count`` times within the ``hold`` seconds before it
-    comes back is *flapping*: it is held out (kept failed in the plan) until
-    it has stayed up for ``hold`` seconds; going down meanwhile restarts
-    that probation.
-
-    Parameters
-    ----------
-    hold
-        Seconds (the window and the probation).
-    count
-        Failures within the window that make a GPU flapping (>= 1).
-    """
-
-    hold: float = DEFAULT_FLAP_HOLD_S
-    count: int = DEFAULT_FLAP_COUNT
-    failures: dict[str, list[float]] = field(default_factory=dict)
-    up_since: dict[str, float] = field(default_factory=dict)
-    holding: set[str] = field(default_factory=set)
-
-    def failed(self, gpu: str, now: float) -> None:
-        """Record that ``gpu`` went down at ``now``."""
-        times = [t for t in self.failures.get(gpu, []) if now - t < self.hold]
-        times.append(now)
-        self.failures[gpu] = times
-        self.up_since.pop(gpu, None)
-
-    def held(self, gpu: str, now: float) -> bool:
-        """Whether ``gpu``, seen up at ``now`` after being down, stays held out."""
-        since = self.up_since.setdefault(gpu, now)
-        if gpu not in self.holding:
-            recent = [t for t in self.failures.get(gpu, []) if since - t < self.hold]
-            if len(recent) >= self.count:
-                self.holding.add(gpu)
-        return gpu in self.holding and now - since < self.hold
-
-    def down(self, gpu: str, now: float) -> None:
-        """``gpu`` is seen down: a held GPU that was up failed again, its probation restarts."""
-        if self.up_since.pop(gpu, None) is not None:
-            self.failed(gpu, now)
-
-    def released(self, gpu: str) -> None:
-        """``gpu`` is back in the plan: forget its probation (not its failures)."""
-        self.up_since.pop(gpu, None)
-        self.holding.discard(gpu)
-
-
-# --- files ---------------------------------------------------------------------------------
-
-
-def _fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def _write(path: Path, text: str) -> None:
-    with open(path, "w", encoding="utf-8") as f:
-        f.write(text)
-        f.flush()
-        os.fsync(f.fileno())
-
-
-def write_atomic(path: Path, text: str) -> None:
-    """Write ``path`` by a temporary file and a rename (readers never see half)."""
-    tmp = path.with_name(f".{path.name}.tmp")
-    _write(tmp, text)
-    os.replace(tmp, path)
-
-
-class Journal:
-    """``DIR/journal.jsonl``: one fsynced JSON line per observation, publication and hook.
-
-    Parameters
-    ----------
-    path
-        The journal file (created when missing; a torn last line is ignored).
-    """
-
-    def __init__(self, path: Path) -> None:
-        self.path = path
-        self.records: list[dict[str, Any]] = []
-        if path.exists():
-            with open(path, encoding="utf-8") as f:
-                for line in f:
-                    try:
-                        rec = json.loads(line)
-                    except ValueError:
-                        continue  # a line torn by kill -9 mid-write
-                    if isinstance(rec, dict):
-                        self.records.append(rec)
-        self._f: TextIO = open(path, "a", encoding="utf-8")
-        if path.stat().st_size and not path.read_bytes().endswith(b"\n"):
-            self._f.write("\n")  # the torn line stays unreadable; the next one is whole
-
-    def append(self, record: dict[str, Any]) -> None:
-        """Append one record and fsync it."""
-        record = {"t": round(time.time(), 3), **record}
-        self._f.write(json.dumps(record, sort_keys=True) + "\n")
-        self._f.flush()
-        os.fsync(self._f.fileno())
-        self.records.append(record)
-
-    def close(self) -> None:
-        """Close the file."""
-        self._f.close()
 
 
 # --- the watcher ---------------------------------------------------------------------------
@@ -365,7 +154,7 @@ class Watcher:
         self.stop = threading.Event()
         self.out = settings.out
         self.out.mkdir(parents=True, exist_ok=True)
-        self._lock = _lock(self.out)
+        self._lock = lock_dir(self.out)
         self.journal = Journal(self.out / JOURNAL)
         self.flaps = Flaps(settings.flap_hold, settings.flap_count)
         self.running: Running | None = None
@@ -391,21 +180,26 @@ class Watcher:
                     self.flaps.failed(gpu, float(rec["t"]))
         published = [r for r in self.journal.records if r.get("kind") == "publish"]
         version = int(published[-1]["version"]) if published else 0
-        current = _current_version(self.out)
+        current = current_version(self.out)
         if current is not None and current > version:
             # killed after current was swapped but before the journal said so: the
             # launcher may already run it, so it is the running version
             self.journal.append(
-                {"kind": "publish", "version": current, "dir": _vname(current), "recovered": True}
+                {
+                    "kind": "publish",
+                    "version": current,
+                    "dir": version_name(current),
+                    "recovered": True,
+                }
             )
             version = current
         if not version:
             return
-        vdir = self.out / _vname(version)
+        vdir = self.out / version_name(version)
         instance = load_instance(vdir / "instance.json")
         plan = load_plan(vdir / "plan.json")
         self.running = Running(version, instance, plan)
-        self.log(f"resumed: running {_vname(version)} ({vdir})")
+        self.log(f"resumed: running {version_name(version)} ({vdir})")
         self._pending_hooks(version)
 
     def _pending_hooks(self, version: int) -> None:
@@ -517,11 +311,11 @@ class Watcher:
         """One line and one journal record when the set of held-out GPUs changes."""
         a = seen.arrays
         idx = [a.gpu_index[g] for g in a.gpu_ids if str(g) in set(held)]
-        hosts = _hosts_of(seen, idx)
+        hosts = hosts_of(seen, idx)
         if held:
             until = max(self.flaps.up_since.get(g, now) for g in held) + self.flaps.hold
             self.log(
-                f"{len(held)} GPUs ({_short(hosts)}) are up again but held out: they failed "
+                f"{len(held)} GPUs ({short_list(hosts)}) are up again but held out: they failed "
                 f"{self.flaps.count}+ times within {self.flaps.hold:g} s (flapping); back "
                 f"in the plan if up until {time.strftime('%H:%M:%S', time.localtime(until))}"
             )
@@ -573,24 +367,26 @@ class Watcher:
             self._status()
             return
         # past any directory a kill -9 left between its rename and its journal line
-        version = max(old.version + 1 if old is not None else 1, _next_version(self.out))
+        version = max(old.version + 1 if old is not None else 1, next_version(self.out))
         t2 = time.perf_counter()
         summary = self._summary(version, instance, plan, d, how, old)
         parts["summary_s"] = time.perf_counter() - t2
         try:
             published = self._publish(version, instance, plan, summary, parts, t0)
         finally:
-            shutil.rmtree(self.out / f".{_vname(version)}.tmp", ignore_errors=True)
+            shutil.rmtree(self.out / f".{version_name(version)}.tmp", ignore_errors=True)
         if not published:
             self.replanner = None  # it moved on to the plan that was not published
             return
         self.running = Running(version, instance, plan)
-        self.status.update(state="watching", events_pending=[], last_version=_vname(version))
+        self.status.update(state="watching", events_pending=[], last_version=version_name(version))
         self._status()
         timing = " ".join(f"{k[:-2]} {1000 * v:.0f} ms" for k, v in parts.items())
         self.log(f"{self._summary_text(version)}; {how}; {timing}")
         if not plan.replicas:
-            self.log(f"{_vname(version)}: the job is paused: no replica fits the healthy GPUs")
+            self.log(
+                f"{version_name(version)}: the job is paused: no replica fits the healthy GPUs"
+            )
         if self.s.hook:
             self._hook(version, self._summary_text(version))
 
@@ -630,21 +426,7 @@ class Watcher:
         self.log(f"fresh solve ({self.s.planner}, at most {self.s.time_limit:g} s): {why}")
         cancel = threading.Event()
         done = threading.Event()
-
-        def progress() -> None:  # a line every 10 s of a long solve; a signal cancels it
-            start = time.perf_counter()
-            report = 10.0
-            while not done.wait(0.5):
-                if self.stop.is_set():
-                    cancel.set()
-                elapsed = time.perf_counter() - start
-                if elapsed >= report:
-                    report += 10.0
-                    self.log(f"  solving: {elapsed:.0f} s of at most {self.s.time_limit:g} s")
-                    self.status["solving_s"] = round(elapsed, 1)
-                    self._status()
-
-        ticker = threading.Thread(target=progress, daemon=True)
+        ticker = threading.Thread(target=self._progress, args=(done, cancel), daemon=True)
         ticker.start()
         try:
             res = solve(instance, self.s.planner, time_limit=self.s.time_limit, cancel=cancel)
@@ -668,6 +450,20 @@ class Watcher:
         self.replanner = self._replanner(Running(0, instance, plan))
         return f"fresh solve ({self.s.planner}: {why})", plan
 
+    def _progress(self, done: threading.Event, cancel: threading.Event) -> None:
+        """A line every 10 s of a long solve until ``done``; a signal sets ``cancel``."""
+        start = time.perf_counter()
+        report = 10.0
+        while not done.wait(0.5):
+            if self.stop.is_set():
+                cancel.set()
+            elapsed = time.perf_counter() - start
+            if elapsed >= report:
+                report += 10.0
+                self.log(f"  solving: {elapsed:.0f} s of at most {self.s.time_limit:g} s")
+                self.status["solving_s"] = round(elapsed, 1)
+                self._status()
+
     # -- publication ----------------------------------------------------------------------
 
     def _summary(
@@ -690,8 +486,8 @@ class Watcher:
                     moved = migration(instance, old.plan, plan)
         a = instance.arrays
         return {
-            "version": _vname(version),
-            "previous": _vname(old.version) if old is not None else None,
+            "version": version_name(version),
+            "previous": version_name(old.version) if old is not None else None,
             "change": d.describe(),
             "events": [_event_dict(e) for e in d.events],
             "how": how,
@@ -716,7 +512,7 @@ class Watcher:
     ) -> bool:
         from ntp_opt.app.export import MegatronError, export_megatron
 
-        name = _vname(version)
+        name = version_name(version)
         final = self.out / name
         tmp = self.out / f".{name}.tmp"
         shutil.rmtree(tmp, ignore_errors=True)
@@ -733,20 +529,20 @@ class Watcher:
                 summary["launch_refused"] = str(err).splitlines()[0]
             parts["export_s"] = time.perf_counter() - t1
             t2 = time.perf_counter()
-            _write(tmp / "instance.json", json.dumps(instance_to_dict(instance)) + "\n")
-            _write(tmp / "plan.json", json.dumps(plan_to_dict(plan), indent=1) + "\n")
+            write_synced(tmp / "instance.json", json.dumps(instance_to_dict(instance)) + "\n")
+            write_synced(tmp / "plan.json", json.dumps(plan_to_dict(plan), indent=1) + "\n")
             if self.stop.is_set():  # a signal: abandon this version, current unchanged
                 raise InterruptedError
             summary["timing_ms"] = {k[:-2]: round(1000 * v, 1) for k, v in parts.items()}
-            _write(tmp / "summary.json", json.dumps(summary, indent=1) + "\n")
-            _fsync_dir(tmp)
+            write_synced(tmp / "summary.json", json.dumps(summary, indent=1) + "\n")
+            fsync_dir(tmp)
             os.rename(tmp, final)
             link = self.out / f".{CURRENT}.tmp"
             with contextlib.suppress(FileNotFoundError):
                 link.unlink()
             os.symlink(name, link)
             os.replace(link, self.out / CURRENT)
-            _fsync_dir(self.out)
+            fsync_dir(self.out)
             parts["publish_s"] = time.perf_counter() - t2
             parts["total_s"] = time.perf_counter() - t0
             self.journal.append(
@@ -766,9 +562,9 @@ class Watcher:
 
     def _summary_text(self, version: int) -> str:
         try:
-            s = json.loads((self.out / _vname(version) / "summary.json").read_text())
+            s = json.loads((self.out / version_name(version) / "summary.json").read_text())
         except (OSError, ValueError):
-            return _vname(version)
+            return version_name(version)
         if s["previous"] is None:
             return f"{s['version']}: first plan, goodput {s['goodput_after']}"
         return (
@@ -778,7 +574,7 @@ class Watcher:
 
     def _hook(self, version: int, summary: str) -> None:
         """Run the hook once for ``version`` (journalled before and after)."""
-        name = _vname(version)
+        name = version_name(version)
         self.journal.append({"kind": "hook-start", "version": version})
         env = {
             **os.environ,
@@ -814,21 +610,8 @@ class Watcher:
     def _status(self) -> None:
         self.status["out"] = str(self.out)
         if self.running is not None:
-            self.status["last_version"] = _vname(self.running.version)
+            self.status["last_version"] = version_name(self.running.version)
         write_atomic(self.out / STATUS, json.dumps(self.status, indent=1, sort_keys=True) + "\n")
-
-
-def _lock(out: Path) -> int:
-    """Hold ``DIR/.lock`` (one watch per directory); its descriptor."""
-    import fcntl
-
-    fd = os.open(out / ".lock", os.O_RDWR | os.O_CREAT, 0o644)
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except OSError:
-        os.close(fd)
-        raise WatchError(f"{out}: another ntp-opt watch publishes there") from None
-    return fd
 
 
 def _same(a: Plan, b: Plan) -> bool:
@@ -847,28 +630,6 @@ def _event_dict(e: ClusterEvent) -> dict[str, Any]:
     return d
 
 
-def _vname(version: int) -> str:
-    return f"v{version:04d}"
-
-
-def _current_version(out: Path) -> int | None:
-    """The complete version ``DIR/current`` names, if any."""
-    try:
-        name = os.readlink(out / CURRENT)
-    except OSError:
-        return None
-    if len(name) != 5 or not name.startswith("v") or not name[1:].isdigit():
-        return None
-    if not (out / name / "summary.json").is_file():
-        return None
-    return int(name[1:])
-
-
-def _next_version(out: Path) -> int:
-    names = [p.name for p in out.glob("v[0-9][0-9][0-9][0-9]")]
-    return max((int(n[1:]) for n in names), default=0) + 1
-
-
 def _stderr(line: str) -> None:
     import sys
 
@@ -876,13 +637,15 @@ def _stderr(line: str) -> None:
     print(f"{stamp} ntp-opt watch: {line}", file=sys.stderr, flush=True)
 
 
+def _set_stop(stop: threading.Event, signum: int, frame: Any) -> None:
+    """The signal handler of :func:`stop_on_signals`."""
+    stop.set()
+
+
 @contextlib.contextmanager
 def stop_on_signals(watcher: Watcher) -> Iterator[None]:
     """SIGTERM and SIGINT set ``watcher.stop`` (the current version finishes or is abandoned)."""
-
-    def handler(signum: int, frame: Any) -> None:
-        watcher.stop.set()
-
+    handler = functools.partial(_set_stop, watcher.stop)
     previous = {s: signal.signal(s, handler) for s in (signal.SIGTERM, signal.SIGINT)}
     try:
         yield

@@ -10,6 +10,7 @@ import signal
 import sys
 import threading
 from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
 from typing import IO, TYPE_CHECKING, Any, NoReturn
 
 if TYPE_CHECKING:  # imported by the commands that use them (the parser's own import is light)
@@ -272,6 +273,25 @@ def threads_arg(text: str) -> int:
     return value
 
 
+@dataclass(frozen=True)
+class _Cells:
+    """The widths :func:`fitted_tables` needs of its columns."""
+
+    headers: Sequence[str]
+    rows: Sequence[Sequence[str]]
+
+    def need(self, i: int, whole_header: bool) -> int:
+        """Width of column ``i``: its widest cell, and its header whole or its longest word."""
+        h = self.headers[i]
+        head = h if whole_header else max(h.split(), key=len)
+        return max([len(head), *(len(r[i]) for r in self.rows)])
+
+    def table_width(self, cols: list[int], whole: bool, edge: bool) -> int:
+        """Width of a table of columns ``cols`` (``edge``: with the outer border)."""
+        # padding 2 and one border per column, one more border with the outer edge
+        return sum(self.need(i, whole) + 3 for i in cols) + (1 if edge else -1)
+
+
 def fitted_tables(
     title: str,
     headers: Sequence[str],
@@ -310,25 +330,16 @@ def fitted_tables(
     """
     from rich.table import Table
 
-    def need(i: int, whole_header: bool) -> int:
-        head = headers[i] if whole_header else max(headers[i].split(), key=len)
-        return max([len(head), *(len(r[i]) for r in rows)])
-
-    edge = True
-
-    def table_width(cols: list[int], whole: bool) -> int:
-        # padding 2 and one border per column, one more border with the outer edge
-        return sum(need(i, whole) + 3 for i in cols) + (1 if edge else -1)
-
+    cells = _Cells(headers, rows)
     groups: list[list[int]] = []
     pending = list(range(len(headers)))
-    whole = table_width(pending, True) <= width
-    edge = table_width(pending[:keep], False) <= width  # else 2 columns more without it
+    whole = cells.table_width(pending, True, True) <= width
+    edge = cells.table_width(pending[:keep], False, True) <= width  # without it, 2 columns more
     while pending:
         group = pending[:keep] if not groups else [0]
         rest = [i for i in pending if i not in group]
         for i in rest:
-            if table_width([*group, i], whole) <= width or (groups and len(group) == 1):
+            if cells.table_width([*group, i], whole, edge) <= width or (groups and len(group) == 1):
                 group.append(i)
         groups.append(sorted(group))
         pending = [i for i in pending if i not in group]
@@ -344,7 +355,7 @@ def fitted_tables(
             t.add_column(
                 headers[i],
                 justify="left" if i == 0 or headers[i] in left else "right",
-                width=None if whole else need(i, False),
+                width=None if whole else cells.need(i, False),
                 overflow="fold",
             )
         for r in rows:

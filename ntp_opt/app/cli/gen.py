@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from pydantic import ValidationError
 
@@ -23,6 +23,9 @@ from ntp_opt.model.files import (
 from ntp_opt.model.instance import Instance
 from ntp_opt.model.job import Job
 from ntp_opt.model.safeio import check_target
+
+if TYPE_CHECKING:
+    import networkx as nx
 
 MAX_NAME = 200
 """Longest instance name (the instance file schema's limit)."""
@@ -49,6 +52,30 @@ def run(args: argparse.Namespace) -> int:
         )
     if args.gpus > caps.MAX_NODES:  # an instance file holds at most MAX_NODES nodes
         raise ValueError(f"--gpus: at most {caps.MAX_NODES} GPUs fit in an instance file")
+    graph, meta = _cluster(args)
+    if graph.number_of_nodes() > caps.MAX_NODES:
+        raise ValueError(
+            f"--gpus: the cluster has {graph.number_of_nodes()} nodes with its trays, domains "
+            f"and racks; an instance file holds at most {caps.MAX_NODES}"
+        )
+    try:  # what gen writes must load: check the values the flags produced
+        check_cluster(graph, args.output)
+    except InputError as err:
+        raise ValueError(f"not written: {str(err).splitlines()[0]} (check the flags)") from None
+    job = _job(args, graph)
+    instance = Instance(name, graph, job, meta)
+    save_instance(instance, args.output)
+    s = instance.summary()
+    make_console().print(
+        f"wrote {echo(args.output)}: {s['gpus']} GPUs ({s['failed']} failed, {s['stragglers']} "
+        f"stragglers), {s['domains']} domains, job TP{job.tp} x PP{job.pp} x DP{job.dp}, "
+        f"B={job.global_batch} ({job.batch_policy})"
+    )
+    return 0
+
+
+def _cluster(args: argparse.Namespace) -> tuple[nx.Graph, dict[str, Any]]:
+    """The cluster the flags describe (power, failures, stragglers) and its ``meta``."""
     kw: dict[str, Any] = {"rack_power_factor": args.rack_power_factor}
     board = hardware.product(args.product) if args.product else None
     if args.tdp_w is not None:
@@ -89,20 +116,16 @@ def run(args: argparse.Namespace) -> int:
         meta["stragglers"] = {"count": args.stragglers, "speed": args.straggler_speed}
     if args.p_fail:
         topology.set_p_fail(graph, args.p_fail)
-    if graph.number_of_nodes() > caps.MAX_NODES:
-        raise ValueError(
-            f"--gpus: the cluster has {graph.number_of_nodes()} nodes with its trays, domains "
-            f"and racks; an instance file holds at most {caps.MAX_NODES}"
-        )
-    try:  # what gen writes must load: check the values the flags produced
-        check_cluster(graph, args.output)
-    except InputError as err:
-        raise ValueError(f"not written: {str(err).splitlines()[0]} (check the flags)") from None
+    return graph, meta
+
+
+def _job(args: argparse.Namespace, graph: nx.Graph) -> Job:
+    """The job of the flags (DP by default as many replicas as the domains hold)."""
     domains = topology.domains(graph)
     per_domain = graph.nodes[domains[0]]["size"] // args.tp if domains else 0
     dp = args.dp if args.dp is not None else max(1, len(domains) * per_domain // args.pp)
     try:
-        job = Job(
+        return Job(
             tp=args.tp,
             pp=args.pp,
             dp=dp,
@@ -112,15 +135,6 @@ def run(args: argparse.Namespace) -> int:
         )
     except ValidationError as err:
         raise ValueError(validation_text(err, _GEN_FLAGS)) from None
-    instance = Instance(name, graph, job, meta)
-    save_instance(instance, args.output)
-    s = instance.summary()
-    make_console().print(
-        f"wrote {echo(args.output)}: {s['gpus']} GPUs ({s['failed']} failed, {s['stragglers']} "
-        f"stragglers), {s['domains']} domains, job TP{job.tp} x PP{job.pp} x DP{job.dp}, "
-        f"B={job.global_batch} ({job.batch_policy})"
-    )
-    return 0
 
 
 def _positive_int(text: str) -> int:

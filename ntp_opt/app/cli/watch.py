@@ -6,20 +6,20 @@ import argparse
 import math
 import sys
 from collections.abc import Callable
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from ntp_opt.app.watch import (
-    DEFAULT_FLAP_COUNT,
-    DEFAULT_FLAP_HOLD_S,
-    HOOK_TIMEOUT_S,
-    Settings,
-    Watcher,
-    stop_on_signals,
-)
+from ntp_opt.app.watch import HOOK_TIMEOUT_S, Settings, Watcher, stop_on_signals
+from ntp_opt.app.watch_diff import DEFAULT_FLAP_COUNT, DEFAULT_FLAP_HOLD_S
 from ntp_opt.model.instance import Instance
+
+if TYPE_CHECKING:
+    from ntp_opt.app.importers.compose import PowerDefault
+    from ntp_opt.app.importers.nvidia_smi import XmlCache
+    from ntp_opt.model.job import Job
 
 
 def seconds_arg(text: str) -> float:
@@ -40,63 +40,81 @@ def _reader(args: argparse.Namespace) -> Callable[[], Instance]:
     """A function that reads the cluster now (the importers on live sources)."""
     from ntp_opt.app.importers.cli import load_job
     from ntp_opt.app.importers.compose import PowerDefault
-    from ntp_opt.app.importers.k8s import DEFAULT_TOLERATED, import_k8s, run_kubectl
     from ntp_opt.app.importers.nvidia_smi import XmlCache
-    from ntp_opt.app.importers.slurm import import_slurm, scontrol
 
     job = load_job(args.job)
     power = PowerDefault(args.tdp_w, args.max_power_w) if args.tdp_w is not None else None
     if args.max_power_w is not None and power is None:
         raise ValueError("--max-power-w: only with --tdp-w")
-    seen: set[str] = set()
+    name = Path(args.out).name or "watch"
+    # an nvidia-smi file is parsed again only when it changes
+    live = _LiveReader(args, job, power, name, XmlCache())
+    read = live.read_slurm if args.source == "slurm" else live.read_k8s
+    if not args.speeds:
+        return read
+    return live.read_with_speeds
 
-    def warn(msg: str) -> None:  # each warning once, not once a poll
-        if msg not in seen:
-            seen.add(msg)
+
+@dataclass
+class _LiveReader:
+    """Reads the cluster from Slurm or Kubernetes, each warning once (not once a poll)."""
+
+    args: argparse.Namespace
+    job: Job
+    power: PowerDefault | None
+    name: str
+    smi_cache: XmlCache
+    seen: set[str] = field(default_factory=set)
+
+    def warn(self, msg: str) -> None:
+        """Print a warning the first time it is given."""
+        if msg not in self.seen:
+            self.seen.add(msg)
             print(f"ntp-opt watch: warning: {msg}", flush=True, file=sys.stderr)
 
-    name = Path(args.out).name or "watch"
-    smi_cache = XmlCache()  # an nvidia-smi file is parsed again only when it changes
+    def read_slurm(self) -> Instance:
+        """The cluster from ``scontrol`` now."""
+        from ntp_opt.app.importers.slurm import import_slurm
+        from ntp_opt.app.importers.slurm_nodes import scontrol
 
-    def read_slurm() -> Instance:
+        args, name = self.args, self.name
         nodes = scontrol("show", "node", "--oneliner", "--future")
         topology = args.topology or scontrol("show", "topology")
         graph = import_slurm(
             topology,
             nodes,
             nvidia_smi=args.nvidia_smi,
-            nvidia_smi_cache=smi_cache,
+            nvidia_smi_cache=self.smi_cache,
             name=name,
-            warn=warn,
+            warn=self.warn,
             nvlink=args.nvlink,
             allow=tuple(args.allow or ()),
-            power=power,
+            power=self.power,
         )
-        return Instance(name, graph, job, {"source": "slurm", "watch": True}, copy_graph=False)
+        return Instance(name, graph, self.job, {"source": "slurm", "watch": True}, copy_graph=False)
 
-    def read_k8s() -> Instance:
+    def read_k8s(self) -> Instance:
+        """The cluster from ``kubectl`` now."""
+        from ntp_opt.app.importers.k8s import DEFAULT_TOLERATED, import_k8s, run_kubectl
+
+        args, name = self.args, self.name
         out = run_kubectl(args.context, timeout=args.kubectl_timeout)
         graph = import_k8s(
             out,
             nvidia_smi=args.nvidia_smi,
-            nvidia_smi_cache=smi_cache,
+            nvidia_smi_cache=self.smi_cache,
             rack_label=args.rack_label,
             tolerate=DEFAULT_TOLERATED + tuple(args.tolerate or ()),
             name=name,
-            warn=warn,
-            power=power,
+            warn=self.warn,
+            power=self.power,
         )
-        return Instance(name, graph, job, {"source": "k8s", "watch": True}, copy_graph=False)
+        return Instance(name, graph, self.job, {"source": "k8s", "watch": True}, copy_graph=False)
 
-    read = read_slurm if args.source == "slurm" else read_k8s
-    if not args.speeds:
-        return read
-
-    def read_with_speeds() -> Instance:
-        inst = read()
-        return with_speeds(inst, args.speeds)
-
-    return read_with_speeds
+    def read_with_speeds(self) -> Instance:
+        """The cluster now with the speeds of the ``--speeds`` file."""
+        read = self.read_slurm if self.args.source == "slurm" else self.read_k8s
+        return with_speeds(read(), self.args.speeds)
 
 
 def with_speeds(instance: Instance, path: str) -> Instance:
@@ -173,92 +191,14 @@ def run(args: argparse.Namespace) -> int:
 
 def add_parser(sub: Any) -> None:
     """The ``ntp-opt watch`` sub-command (``slurm`` and ``k8s``)."""
-    from ntp_opt.app.importers.slurm import ALLOW_KINDS, NVLINK_CHOICES
+    from ntp_opt.app.importers.slurm import NVLINK_CHOICES
+    from ntp_opt.app.importers.slurm_nodes import ALLOW_KINDS
 
     w = sub.add_parser(
         "watch",
         help="follow a live cluster, re-plan on every health change, publish plans (docs/watch.md)",
     )
     src = w.add_subparsers(dest="source", required=True, metavar="SOURCE")
-
-    def common(p: argparse.ArgumentParser) -> None:
-        p.add_argument("--job", required=True, help="job file (the job object of an instance)")
-        p.add_argument("--out", required=True, metavar="DIR", help="versions, journal, status")
-        p.add_argument(
-            "--nvidia-smi",
-            metavar="DIR",
-            help="directory of <host>.xml, listed every poll; a file is re-read when it changes",
-        )
-        p.add_argument(
-            "--interval", type=seconds_arg, default=10.0, metavar="S", help="seconds (default 10)"
-        )
-        p.add_argument(
-            "--policy",
-            default="fast",
-            metavar="P",
-            help="planner of fresh solves (default fast; see ntp-opt solve --help)",
-        )
-        p.add_argument(
-            "--time-limit",
-            type=seconds_arg,
-            default=60.0,
-            metavar="S",
-            help="seconds a fresh solve may take (default 60)",
-        )
-        p.add_argument("--mode", choices=["auto", "local", "global"], default="auto")
-        p.add_argument(
-            "--tolerance",
-            type=float,
-            default=1e-3,
-            help="relative goodput traded to avoid migration (default 0.001)",
-        )
-        p.add_argument(
-            "--on-change",
-            metavar="CMD",
-            help="shell command run once per published version (NTP_WATCH_VERSION, "
-            "NTP_WATCH_DIR, NTP_WATCH_SUMMARY)",
-        )
-        p.add_argument(
-            "--flap-hold",
-            type=seconds_arg,
-            default=DEFAULT_FLAP_HOLD_S,
-            metavar="S",
-            help=f"hold a flapping GPU out until it stays up this long "
-            f"(default {DEFAULT_FLAP_HOLD_S:g})",
-        )
-        p.add_argument(
-            "--flap-count",
-            type=int,
-            default=DEFAULT_FLAP_COUNT,
-            metavar="N",
-            help=f"failures within --flap-hold that make a GPU flapping "
-            f"(default {DEFAULT_FLAP_COUNT})",
-        )
-        p.add_argument(
-            "--speeds",
-            metavar="FILE",
-            help="JSON {GPU id or host: speed in (0, 1]} from a straggler detector, re-read "
-            "every poll (unnamed GPUs run at 1)",
-        )
-        p.add_argument(
-            "--placeholder-hosts",
-            metavar="H1,H2",
-            help="hosts outside the cluster for inactive ranks (as for export megatron)",
-        )
-        p.add_argument(
-            "--max-polls", type=int, metavar="N", help="stop after N readings (default: never)"
-        )
-        p.add_argument("--tdp-w", type=watts_arg, metavar="W", help="as for ntp-opt import")
-        p.add_argument("--max-power-w", type=watts_arg, metavar="W", help="as for ntp-opt import")
-        p.add_argument(
-            "--hook-timeout",
-            type=seconds_arg,
-            default=HOOK_TIMEOUT_S,
-            metavar="S",
-            help=f"seconds --on-change may run before it is killed (default {HOOK_TIMEOUT_S:g})",
-        )
-        p.set_defaults(func=run)
-
     s = src.add_parser("slurm", help="scontrol show node/topology (scontrol on PATH, SLURM_CONF)")
     s.add_argument(
         "--topology",
@@ -273,10 +213,109 @@ def add_parser(sub: Any) -> None:
         metavar="KIND",
         help="as for ntp-opt import slurm",
     )
-    common(s)
+    _common_options(s)
     k = src.add_parser("k8s", help="kubectl get nodes -o json (kubectl on PATH)")
     k.add_argument("--context", help="kubectl context (default: the current one)")
     k.add_argument("--kubectl-timeout", type=seconds_arg, default=60.0, metavar="S")
     k.add_argument("--rack-label", help="as for ntp-opt import k8s")
     k.add_argument("--tolerate", action="append", metavar="KEY", help="as for ntp-opt import k8s")
-    common(k)
+    _common_options(k)
+
+
+def _common_options(p: argparse.ArgumentParser) -> None:
+    """The options of both sources, in the order ``--help`` lists them."""
+    _input_options(p)
+    _planning_options(p)
+    _change_options(p)
+    _run_options(p)
+    p.set_defaults(func=run)
+
+
+def _input_options(p: argparse.ArgumentParser) -> None:
+    """The job, the output directory, nvidia-smi files and the poll interval."""
+    p.add_argument("--job", required=True, help="job file (the job object of an instance)")
+    p.add_argument("--out", required=True, metavar="DIR", help="versions, journal, status")
+    p.add_argument(
+        "--nvidia-smi",
+        metavar="DIR",
+        help="directory of <host>.xml, listed every poll; a file is re-read when it changes",
+    )
+    p.add_argument(
+        "--interval", type=seconds_arg, default=10.0, metavar="S", help="seconds (default 10)"
+    )
+
+
+def _planning_options(p: argparse.ArgumentParser) -> None:
+    """The planner of fresh solves and the re-planner's mode and tolerance."""
+    p.add_argument(
+        "--policy",
+        default="fast",
+        metavar="P",
+        help="planner of fresh solves (default fast; see ntp-opt solve --help)",
+    )
+    p.add_argument(
+        "--time-limit",
+        type=seconds_arg,
+        default=60.0,
+        metavar="S",
+        help="seconds a fresh solve may take (default 60)",
+    )
+    p.add_argument("--mode", choices=["auto", "local", "global"], default="auto")
+    p.add_argument(
+        "--tolerance",
+        type=float,
+        default=1e-3,
+        help="relative goodput traded to avoid migration (default 0.001)",
+    )
+
+
+def _change_options(p: argparse.ArgumentParser) -> None:
+    """The hook, the flap hysteresis and the straggler speeds."""
+    p.add_argument(
+        "--on-change",
+        metavar="CMD",
+        help="shell command run once per published version (NTP_WATCH_VERSION, "
+        "NTP_WATCH_DIR, NTP_WATCH_SUMMARY)",
+    )
+    p.add_argument(
+        "--flap-hold",
+        type=seconds_arg,
+        default=DEFAULT_FLAP_HOLD_S,
+        metavar="S",
+        help=f"hold a flapping GPU out until it stays up this long "
+        f"(default {DEFAULT_FLAP_HOLD_S:g})",
+    )
+    p.add_argument(
+        "--flap-count",
+        type=int,
+        default=DEFAULT_FLAP_COUNT,
+        metavar="N",
+        help=f"failures within --flap-hold that make a GPU flapping (default {DEFAULT_FLAP_COUNT})",
+    )
+    p.add_argument(
+        "--speeds",
+        metavar="FILE",
+        help="JSON {GPU id or host: speed in (0, 1]} from a straggler detector, re-read "
+        "every poll (unnamed GPUs run at 1)",
+    )
+
+
+def _run_options(p: argparse.ArgumentParser) -> None:
+    """Placeholder hosts, the poll count, unknown GPUs' power and the hook's time limit."""
+    p.add_argument(
+        "--placeholder-hosts",
+        metavar="H1,H2",
+        help="hosts outside the cluster for inactive ranks (as for export megatron)",
+    )
+    p.add_argument(
+        "--max-polls", type=int, metavar="N", help="stop after N readings (default: never)"
+    )
+    p.add_argument("--tdp-w", type=watts_arg, metavar="W", help="as for ntp-opt import")
+    p.add_argument("--max-power-w", type=watts_arg, metavar="W", help="as for ntp-opt import")
+    p.add_argument(
+        "--hook-timeout",
+        type=seconds_arg,
+        default=HOOK_TIMEOUT_S,
+        metavar="S",
+        help=f"seconds --on-change may run before it is killed (default {HOOK_TIMEOUT_S:g})",
+    )

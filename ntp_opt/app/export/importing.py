@@ -7,6 +7,7 @@ import json
 import math
 import os
 from collections.abc import Callable, Hashable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -120,26 +121,10 @@ def import_megatron(path: str | os.PathLike[str], instance: Instance | None = No
     source = str(extras_path)
     extras = _read_sidecar(extras_path)
     csource = str(out_dir / CONFIG_NAME)
-    kw = read_config_module(out_dir / CONFIG_NAME)
-    try:
-        big_t = int(kw["tp_base"])
-        spares = int(kw["tp_spares"])
-        n_blocks = int(kw["num_reduced_tp_dp_ranks"])
-        non_active = {
-            (int(key[0]), int(key[1]), int(key[2])): [int(x) for x in v]
-            for key, v in (kw.get("non_active_ranks_per_dp") or {}).items()
-        }
-    except (KeyError, TypeError, ValueError, IndexError) as err:
-        raise InputError(csource, [("", f"missing or malformed field: {err!r}")]) from None
-    try:
-        n_pp = int(extras["pipeline_model_parallel_size"])
-        n_dp = int(extras["data_parallel_size"])
-        batch = int(extras["local_batch"])
-        name = str(extras["instance"])
-    except (KeyError, TypeError, ValueError) as err:
-        raise InputError(source, [("", f"missing or malformed field: {err!r}")]) from None
-    if int(extras.get("tensor_model_parallel_size", big_t)) != big_t:
-        raise InputError(source, [("tensor_model_parallel_size", f"differs from tp_base {big_t}")])
+    big_t, spares, n_blocks, non_active = _config_fields(
+        read_config_module(out_dir / CONFIG_NAME), csource
+    )
+    n_pp, n_dp, batch, name = _sidecar_fields(extras, source, big_t)
     ranks_path = out_dir / RANKS_NAME
     try:
         text = ranks_path.read_text()
@@ -175,6 +160,37 @@ def import_megatron(path: str | os.PathLike[str], instance: Instance | None = No
     if problems:
         raise InputError(rsource, problems)
     return Plan(name, tuple(replicas), {"policy": "megatron-import"})
+
+
+def _config_fields(
+    kw: dict[str, Any], csource: str
+) -> tuple[int, int, int, dict[tuple[int, int, int], list[int]]]:
+    """``tp_base``, ``tp_spares``, ``num_reduced_tp_dp_ranks``, ``non_active_ranks_per_dp``."""
+    try:
+        big_t = int(kw["tp_base"])
+        spares = int(kw["tp_spares"])
+        n_blocks = int(kw["num_reduced_tp_dp_ranks"])
+        non_active = {
+            (int(key[0]), int(key[1]), int(key[2])): [int(x) for x in v]
+            for key, v in (kw.get("non_active_ranks_per_dp") or {}).items()
+        }
+    except (KeyError, TypeError, ValueError, IndexError) as err:
+        raise InputError(csource, [("", f"missing or malformed field: {err!r}")]) from None
+    return big_t, spares, n_blocks, non_active
+
+
+def _sidecar_fields(extras: dict[str, Any], source: str, big_t: int) -> tuple[int, int, int, str]:
+    """PP, DP, the local batch and the instance name of the sidecar (its TP is ``big_t``)."""
+    try:
+        n_pp = int(extras["pipeline_model_parallel_size"])
+        n_dp = int(extras["data_parallel_size"])
+        batch = int(extras["local_batch"])
+        name = str(extras["instance"])
+    except (KeyError, TypeError, ValueError) as err:
+        raise InputError(source, [("", f"missing or malformed field: {err!r}")]) from None
+    if int(extras.get("tensor_model_parallel_size", big_t)) != big_t:
+        raise InputError(source, [("tensor_model_parallel_size", f"differs from tp_base {big_t}")])
+    return n_pp, n_dp, batch, name
 
 
 def _imported_replica(
@@ -265,15 +281,26 @@ def _node_ids(
     if instance is not None:
         a = instance.arrays
         ids = {str(x): x for x in (*a.gpu_ids, *a.domain_ids)}
+    return _NodeIds(instance, ids, problems)
 
-    def node(text: str, where: str) -> Hashable:
-        if instance is None:
+
+@dataclass(frozen=True)
+class _NodeIds:
+    """A node id as written -> the instance's id; unknown ones go to ``problems``."""
+
+    instance: Instance | None
+    ids: dict[str, Hashable]
+    problems: list[tuple[str, str]]
+
+    def __call__(self, text: str, where: str) -> Hashable:
+        """The id ``text`` (read at ``where``) stands for."""
+        if self.instance is None:
             return text
-        if text not in ids:
-            problems.append((where, f"{text!r} is not a GPU or domain of {instance.name!r}"))
-        return ids.get(text, text)
-
-    return node
+        if text not in self.ids:
+            self.problems.append(
+                (where, f"{text!r} is not a GPU or domain of {self.instance.name!r}")
+            )
+        return self.ids.get(text, text)
 
 
 def _imported_stage(

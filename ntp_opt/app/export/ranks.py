@@ -64,6 +64,20 @@ class _Hosts:
         return out
 
 
+def _take_fresh(fresh: list[dict[int, list[str]]], length: int) -> str | None:
+    """Take a host without ranks for a run of ``length``: the smallest that holds it, else the
+    largest; cluster hosts first (``fresh``: per tier, hosts by their free slots)."""
+    for tier in fresh:
+        if tier:
+            fits = [c for c in tier if c >= length]
+            c = min(fits) if fits else max(tier)
+            h = tier[c].pop(0)
+            if not tier[c]:
+                del tier[c]
+            return h
+    return None
+
+
 def _place_runs(
     active: list[RankRow],
     runs: list[tuple[int, int, int]],
@@ -90,17 +104,6 @@ def _place_runs(
         if slots and h not in state.count:
             fresh[h not in cluster_hosts].setdefault(len(slots), []).append(h)
 
-    def take_fresh(length: int) -> str | None:
-        for tier in fresh:
-            if tier:
-                fits = [c for c in tier if c >= length]
-                c = min(fits) if fits else max(tier)
-                h = tier[c].pop(0)
-                if not tier[c]:
-                    del tier[c]
-                return h
-        return None
-
     placed: list[tuple[int, str, int, int | None]] = []
     deferred: list[int] = []
     for first, n, _ in runs:
@@ -117,7 +120,7 @@ def _place_runs(
                 placed += state.place(h2, y - q, y)
                 y -= q
         while x < y:
-            fresh_host = take_fresh(y - x)
+            fresh_host = _take_fresh(fresh, y - x)
             if fresh_host is None:
                 deferred += range(x, y)
                 break

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Hashable, Sequence
 from dataclasses import dataclass, field
@@ -229,6 +230,21 @@ def active_row(
     )
 
 
+def _order_key(
+    hosts: list[str],
+    prev: set[str],
+    nxt: set[str],
+    spare: set[str] | None,
+    first: dict[str, int],
+    device: np.ndarray,
+    i: int,
+) -> tuple[int, int, int, int]:
+    """The sort key of GPU ``i`` in :func:`_stage_order`."""
+    h = hosts[i]
+    side = 0 if h in prev else (2 if h in nxt else 1)
+    return (side, int(side == 1 and spare is not None and h in spare), first[h], int(device[i]))
+
+
 def _stage_order(
     gpus: Sequence[int],
     hosts: list[str],
@@ -248,13 +264,7 @@ def _stage_order(
     first: dict[str, int] = {}
     for i in gpus:
         first.setdefault(hosts[i], i)
-
-    def key(i: int) -> tuple[int, int, int, int]:
-        h = hosts[i]
-        side = 0 if h in prev else (2 if h in nxt else 1)
-        return (side, int(side == 1 and spare is not None and h in spare), first[h], int(device[i]))
-
-    return sorted(gpus, key=key)
+    return sorted(gpus, key=functools.partial(_order_key, hosts, prev, nxt, spare, first, device))
 
 
 def active_rows(

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import functools
 import json
 import os
 import secrets
@@ -103,10 +104,7 @@ def _signals_held() -> Iterator[None]:
         yield
         return
     pending: list[int] = []
-
-    def note(signum: int, frame: object) -> None:
-        pending.append(signum)
-
+    note = functools.partial(_note, pending)
     previous: dict[int, Any] = {}
     for held in (signal.SIGINT, signal.SIGTERM):
         handler = signal.getsignal(held)
@@ -121,6 +119,11 @@ def _signals_held() -> Iterator[None]:
             signal.signal(num, handler)
         for num in dict.fromkeys(pending):
             signal.raise_signal(num)
+
+
+def _note(pending: list[int], signum: int, frame: object) -> None:
+    """The handler :func:`_signals_held` installs: note the signal for later."""
+    pending.append(signum)
 
 
 def write_launch_set(
@@ -199,6 +202,21 @@ def write_launch_set(
     else:
         old_modes, stale, owned = {}, [], sorted(names)
     manifest = json.dumps({"format": MANIFEST_FORMAT, "files": owned}, indent=1) + "\n"
+    _stage_and_commit(out, exists, payload, runnable, old_modes, manifest, stale)
+    return names
+
+
+def _stage_and_commit(
+    out: Path,
+    exists: bool,
+    payload: dict[str, bytes],
+    runnable: set[str],
+    old_modes: dict[str, int],
+    manifest: str,
+    stale: list[str],
+) -> None:
+    """Write the files in a staging directory, then put them in place (see write_launch_set)."""
+    names = list(payload)
     stage: Path | None = None
     try:
         try:
@@ -225,7 +243,6 @@ def write_launch_set(
     finally:
         if stage is not None:
             shutil.rmtree(stage, ignore_errors=True)
-    return names
 
 
 def _check_existing(

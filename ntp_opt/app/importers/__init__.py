@@ -9,7 +9,9 @@ from ntp_opt.app.importers.compose import Host, SmiGpu, SmiHost, compose_cluster
 from ntp_opt.app.importers.hostlist import HostlistError, expand
 from ntp_opt.app.importers.k8s import import_k8s
 from ntp_opt.app.importers.nvidia_smi import read_xml
-from ntp_opt.app.importers.slurm import import_slurm, read_nodes, read_topology
+from ntp_opt.app.importers.slurm import import_slurm
+from ntp_opt.app.importers.slurm_nodes import read_nodes
+from ntp_opt.app.importers.slurm_topology import read_topology
 
 __all__ = [
     "Host",

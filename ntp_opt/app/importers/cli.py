@@ -16,7 +16,8 @@ from pydantic import ValidationError
 from ntp_opt.app.cli.common import warn
 from ntp_opt.app.importers.compose import MAX_WATTS, PowerDefault
 from ntp_opt.app.importers.k8s import DEFAULT_TOLERATED, KubectlOutput, import_k8s, run_kubectl
-from ntp_opt.app.importers.slurm import ALLOW_KINDS, NVLINK_CHOICES, Source, import_slurm, scontrol
+from ntp_opt.app.importers.slurm import NVLINK_CHOICES, import_slurm
+from ntp_opt.app.importers.slurm_nodes import ALLOW_KINDS, Source, scontrol
 from ntp_opt.model.files import (
     InputError,
     check_cluster,
@@ -196,30 +197,36 @@ def add_parser(sub: Any) -> None:
         "import", help="write an instance from Slurm or Kubernetes output (docs/import.md)"
     )
     src = imp.add_subparsers(dest="source", required=True, metavar="SOURCE")
+    _slurm_options(
+        src.add_parser("slurm", help="topology/block or tree + scontrol show node --oneliner")
+    )
+    _k8s_options(src.add_parser("k8s", help="kubectl get nodes -o json"))
 
-    def common(p: argparse.ArgumentParser) -> None:
-        p.add_argument(
-            "--nvidia-smi", metavar="DIR", help="directory of <host>.xml (nvidia-smi -q -x)"
-        )
-        p.add_argument("--job", required=True, help="job file (the job object of an instance)")
-        p.add_argument("--name", help="instance name (default: output file stem)")
-        p.add_argument(
-            "--tdp-w",
-            type=watts_arg,
-            metavar="W",
-            help="nominal power of GPUs of unknown product without nvidia-smi output "
-            "(otherwise refused)",
-        )
-        p.add_argument(
-            "--max-power-w",
-            type=watts_arg,
-            metavar="W",
-            help="largest power limit of those GPUs' boards (default: --tdp-w, no boost)",
-        )
-        p.add_argument("-o", "--output", required=True, help="instance file to write")
-        p.set_defaults(func=cmd_import)
 
-    s = src.add_parser("slurm", help="topology/block or tree + scontrol show node --oneliner")
+def _common_options(p: argparse.ArgumentParser) -> None:
+    """The options of both sources: nvidia-smi, job, name, unknown power, output."""
+    p.add_argument("--nvidia-smi", metavar="DIR", help="directory of <host>.xml (nvidia-smi -q -x)")
+    p.add_argument("--job", required=True, help="job file (the job object of an instance)")
+    p.add_argument("--name", help="instance name (default: output file stem)")
+    p.add_argument(
+        "--tdp-w",
+        type=watts_arg,
+        metavar="W",
+        help="nominal power of GPUs of unknown product without nvidia-smi output "
+        "(otherwise refused)",
+    )
+    p.add_argument(
+        "--max-power-w",
+        type=watts_arg,
+        metavar="W",
+        help="largest power limit of those GPUs' boards (default: --tdp-w, no boost)",
+    )
+    p.add_argument("-o", "--output", required=True, help="instance file to write")
+    p.set_defaults(func=cmd_import)
+
+
+def _slurm_options(s: argparse.ArgumentParser) -> None:
+    """The options of ``ntp-opt import slurm``."""
     s.add_argument(
         "--topology", help="topology.yaml, topology.conf or scontrol show topology output"
     )
@@ -245,9 +252,11 @@ def add_parser(sub: Any) -> None:
         + "; ".join(f"{k}: {why}" for k, why in ALLOW_KINDS.items())
         + " (repeatable)",
     )
-    common(s)
+    _common_options(s)
 
-    k = src.add_parser("k8s", help="kubectl get nodes -o json")
+
+def _k8s_options(k: argparse.ArgumentParser) -> None:
+    """The options of ``ntp-opt import k8s``."""
     how = k.add_mutually_exclusive_group(required=True)
     how.add_argument("--nodes", help="kubectl get nodes -o json output")
     how.add_argument(
@@ -272,4 +281,4 @@ def add_parser(sub: Any) -> None:
         metavar="KEY",
         help="taint key the job tolerates, besides nvidia.com/gpu (repeatable)",
     )
-    common(k)
+    _common_options(k)

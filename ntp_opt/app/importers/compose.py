@@ -330,123 +330,143 @@ def compose_cluster(
     smi = smi or {}
     _check_sizes(hosts)
     powers = _powers(hosts, smi, power, warn)
-    G = nx.Graph()
-    G.graph["name"] = name
-    domain_gpus: dict[str, int] = {}
-    rack_tdp: dict[str, float] = {}
-    rack_from: dict[str, set[str]] = {}
-    rack_kind: dict[str, str] = {}
-    no_max = 0
     _check_cliques(hosts, smi)
-
-    gpu_rows: list[tuple[str, dict[str, Any]]] = []
-    edges: list[tuple[str, str]] = []
-    tray_rows: list[tuple[str, dict[str, Any]]] = []
+    rows = _Rows()
     for h in hosts:
-        data = smi.get(h.name)
-        xml_gpus = data.gpus if data is not None else []
-        if data is not None and len(xml_gpus) > h.gpus:
-            fail(
-                data.path,
-                f"lists {len(xml_gpus)} GPUs but the scheduler counts {h.gpus} on host "
-                f"{h.name} ({h.where})",
-            )
-        by_index: dict[int, SmiGpu] = {}
-        for g in xml_gpus:
-            if g.index in by_index:
-                fail(g.where, f"device index {g.index} appears twice", g.field)
-            by_index[g.index] = g
-        missing = h.gpus - len(xml_gpus)
-        free = (i for i in range(h.gpus + len(xml_gpus) + 1) if i not in by_index)
-        missing_idx = [next(free) for _ in range(missing)] if data is not None else []
-        if data is not None and missing:
-            warn(
-                f"{data.path}: {missing} of the {h.gpus} GPUs the scheduler counts on host "
-                f"{h.name} are missing from the nvidia-smi output: GPU(s) "
-                f"{', '.join(map(str, missing_idx))} marked failed"
-            )
-        fallback = powers[h.name]
-        if h.failed_reason:
-            warn(f"{h.where}: host {h.name} is {h.failed_reason}: its {h.gpus} GPUs are failed")
-
-        indices = sorted([*by_index, *missing_idx]) if data is not None else list(range(h.gpus))
-        tray_rows.append((h.name, {"kind": "tray", "p_fail": 0.0, "host": h.name}))
-        rack_kind.setdefault(h.rack, h.rack_source or "one rack per NVLink domain")
-        sources = rack_from.setdefault(h.rack, set())
-        edges.append((h.name, h.domain))
-        edges.append((h.name, h.rack))
-        for i in indices:
-            sg = by_index.get(i)
-            failed = bool(h.failed_reason) or (data is not None and sg is None)
-            if sg is not None and sg.failed:
-                failed = True
-                if not h.failed_reason:
-                    warn(
-                        f"{sg.where}: GPU {i} of host {h.name} marked failed: "
-                        + "; ".join(sg.failed)
-                    )
-            own = sg is not None and sg.tdp_w is not None
-            tdp = sg.tdp_w if sg is not None and sg.tdp_w is not None else fallback.tdp_w
-            mx = sg.max_power_w if sg is not None and own else fallback.max_power_w
-            if mx is None:  # an XML without a max limit: the product's if known, else no boost
-                mx = fallback.table_max_w
-                no_max += mx is None
-            sources.add("nvidia-smi" if own else fallback.source)
-            attrs: dict[str, Any] = {
-                "kind": "gpu",
-                "state": "failed" if failed else "healthy",
-                "speed": 1.0,
-                "p_fail": 0.0,
-                "tdp_w": float(tdp),
-            }
-            attrs["max_power_w"] = float(max(mx, tdp)) if mx is not None else float(tdp)
-            attrs["host"] = h.name
-            attrs["index"] = i
-            if sg is not None and sg.uuid:
-                attrs["uuid"] = sg.uuid
-            gid = f"{h.name}:gpu{i}"
-            gpu_rows.append((gid, attrs))
-            edges.append((gid, h.name))
-            rack_tdp[h.rack] = rack_tdp.get(h.rack, 0.0) + float(tdp)
-        domain_gpus[h.domain] = domain_gpus.get(h.domain, 0) + len(indices)
-
-    if no_max:
+        _add_host(rows, h, smi.get(h.name), powers[h.name], warn)
+    if rows.no_max:
         warn(
-            f"nvidia-smi: {no_max} GPU(s) without a max power limit, of a product not in "
+            f"nvidia-smi: {rows.no_max} GPU(s) without a max power limit, of a product not in "
             "the hardware table: planned without boost (max_power_w = tdp_w)"
         )
+    _check_names(rows, hosts, name)
+    return _graph(rows, name)
+
+
+@dataclass
+class _Rows:
+    """The nodes and edges of the cluster graph, gathered host by host."""
+
+    gpu_rows: list[tuple[str, dict[str, Any]]] = dc_field(default_factory=list)
+    tray_rows: list[tuple[str, dict[str, Any]]] = dc_field(default_factory=list)
+    edges: list[tuple[str, str]] = dc_field(default_factory=list)
+    domain_gpus: dict[str, int] = dc_field(default_factory=dict)
+    rack_tdp: dict[str, float] = dc_field(default_factory=dict)
+    rack_from: dict[str, set[str]] = dc_field(default_factory=dict)
+    rack_kind: dict[str, str] = dc_field(default_factory=dict)
+    no_max: int = 0
+
+
+def _xml_indices(h: Host, data: SmiHost | None, warn: Warn) -> tuple[dict[int, SmiGpu], list[int]]:
+    """The XML's GPUs of ``h`` by device index, and the indices of all its GPUs."""
+    xml_gpus = data.gpus if data is not None else []
+    if data is not None and len(xml_gpus) > h.gpus:
+        fail(
+            data.path,
+            f"lists {len(xml_gpus)} GPUs but the scheduler counts {h.gpus} on host "
+            f"{h.name} ({h.where})",
+        )
+    by_index: dict[int, SmiGpu] = {}
+    for g in xml_gpus:
+        if g.index in by_index:
+            fail(g.where, f"device index {g.index} appears twice", g.field)
+        by_index[g.index] = g
+    missing = h.gpus - len(xml_gpus)
+    free = (i for i in range(h.gpus + len(xml_gpus) + 1) if i not in by_index)
+    missing_idx = [next(free) for _ in range(missing)] if data is not None else []
+    if data is not None and missing:
+        warn(
+            f"{data.path}: {missing} of the {h.gpus} GPUs the scheduler counts on host "
+            f"{h.name} are missing from the nvidia-smi output: GPU(s) "
+            f"{', '.join(map(str, missing_idx))} marked failed"
+        )
+    if h.failed_reason:
+        warn(f"{h.where}: host {h.name} is {h.failed_reason}: its {h.gpus} GPUs are failed")
+    indices = sorted([*by_index, *missing_idx]) if data is not None else list(range(h.gpus))
+    return by_index, indices
+
+
+def _add_host(rows: _Rows, h: Host, data: SmiHost | None, fallback: _Power, warn: Warn) -> None:
+    """Add host ``h``, its GPUs and their edges to ``rows``."""
+    by_index, indices = _xml_indices(h, data, warn)
+    rows.tray_rows.append((h.name, {"kind": "tray", "p_fail": 0.0, "host": h.name}))
+    rows.rack_kind.setdefault(h.rack, h.rack_source or "one rack per NVLink domain")
+    sources = rows.rack_from.setdefault(h.rack, set())
+    rows.edges.append((h.name, h.domain))
+    rows.edges.append((h.name, h.rack))
+    for i in indices:
+        sg = by_index.get(i)
+        failed = bool(h.failed_reason) or (data is not None and sg is None)
+        if sg is not None and sg.failed:
+            failed = True
+            if not h.failed_reason:
+                warn(f"{sg.where}: GPU {i} of host {h.name} marked failed: " + "; ".join(sg.failed))
+        own = sg is not None and sg.tdp_w is not None
+        tdp = sg.tdp_w if sg is not None and sg.tdp_w is not None else fallback.tdp_w
+        mx = sg.max_power_w if sg is not None and own else fallback.max_power_w
+        if mx is None:  # an XML without a max limit: the product's if known, else no boost
+            mx = fallback.table_max_w
+            rows.no_max += mx is None
+        sources.add("nvidia-smi" if own else fallback.source)
+        attrs: dict[str, Any] = {
+            "kind": "gpu",
+            "state": "failed" if failed else "healthy",
+            "speed": 1.0,
+            "p_fail": 0.0,
+            "tdp_w": float(tdp),
+        }
+        attrs["max_power_w"] = float(max(mx, tdp)) if mx is not None else float(tdp)
+        attrs["host"] = h.name
+        attrs["index"] = i
+        if sg is not None and sg.uuid:
+            attrs["uuid"] = sg.uuid
+        gid = f"{h.name}:gpu{i}"
+        rows.gpu_rows.append((gid, attrs))
+        rows.edges.append((gid, h.name))
+        rows.rack_tdp[h.rack] = rows.rack_tdp.get(h.rack, 0.0) + float(tdp)
+    rows.domain_gpus[h.domain] = rows.domain_gpus.get(h.domain, 0) + len(indices)
+
+
+def _claim(ids: dict[str, str], node: str, kind: str, hosts: list[Host], name: str) -> None:
+    """Record ``node`` as a ``kind``; refuse a name used for two kinds of node."""
+    if node in ids:
+        # point at where the name came from: the block / label that made the domain or
+        # rack, else the host record
+        first = ids[node]
+        src = next(
+            (
+                h.domain_where or h.where
+                for h in hosts
+                if (h.domain == node and "domain" in (first, kind))
+                or (h.rack == node and "rack" in (first, kind))
+            ),
+            None,
+        )
+        where = src or next((h.where for h in hosts if h.name == node.split(":")[0]), name)
+        fail(where, f"name {node!r} is used both as a {first} and as a {kind}")
+    ids[node] = kind
+
+
+def _check_names(rows: _Rows, hosts: list[Host], name: str) -> None:
+    """Refuse a node id used twice (domains, racks, trays, GPUs, in that order)."""
     ids: dict[str, str] = {}
+    for d in rows.domain_gpus:
+        _claim(ids, d, "domain", hosts, name)
+    for r in rows.rack_tdp:
+        _claim(ids, r, "rack", hosts, name)
+    for t, _ in rows.tray_rows:
+        _claim(ids, t, "tray", hosts, name)
+    for gid, _ in rows.gpu_rows:
+        _claim(ids, gid, "gpu", hosts, name)
 
-    def claim(node: str, kind: str) -> None:
-        if node in ids:
-            # point at where the name came from: the block / label that made the domain or
-            # rack, else the host record
-            first = ids[node]
-            src = next(
-                (
-                    h.domain_where or h.where
-                    for h in hosts
-                    if (h.domain == node and "domain" in (first, kind))
-                    or (h.rack == node and "rack" in (first, kind))
-                ),
-                None,
-            )
-            where = src or next((h.where for h in hosts if h.name == node.split(":")[0]), name)
-            fail(where, f"name {node!r} is used both as a {first} and as a {kind}")
-        ids[node] = kind
 
-    for d in domain_gpus:
-        claim(d, "domain")
-    for r in rack_tdp:
-        claim(r, "rack")
-    for t, _ in tray_rows:
-        claim(t, "tray")
-    for gid, _ in gpu_rows:
-        claim(gid, "gpu")
-
-    G.add_nodes_from((d, {"kind": "domain", "size": n}) for d, n in domain_gpus.items())
-    G.add_nodes_from(tray_rows)
-    G.add_nodes_from(gpu_rows)
+def _graph(rows: _Rows, name: str) -> nx.Graph:
+    """The cluster graph of ``rows``."""
+    G = nx.Graph()
+    G.graph["name"] = name
+    G.add_nodes_from((d, {"kind": "domain", "size": n}) for d, n in rows.domain_gpus.items())
+    G.add_nodes_from(rows.tray_rows)
+    G.add_nodes_from(rows.gpu_rows)
     order = ("nvidia-smi", "the hardware table", "--tdp-w")
     G.add_nodes_from(
         (
@@ -454,15 +474,15 @@ def compose_cluster(
             {
                 "kind": "rack",
                 "power_budget_w": w,
-                "budget_source": f"{rack_kind[r]}; sum of its GPUs' tdp_w (from "
-                + ", ".join(x for x in order if x in rack_from[r])
+                "budget_source": f"{rows.rack_kind[r]}; sum of its GPUs' tdp_w (from "
+                + ", ".join(x for x in order if x in rows.rack_from[r])
                 + ")",
             },
         )
-        for r, w in rack_tdp.items()
+        for r, w in rows.rack_tdp.items()
     )
-    G.add_edges_from(edges)
-    G.graph["power_budget_w"] = float(sum(rack_tdp.values()))
+    G.add_edges_from(rows.edges)
+    G.graph["power_budget_w"] = float(sum(rows.rack_tdp.values()))
     return G
 
 

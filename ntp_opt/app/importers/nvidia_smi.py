@@ -159,6 +159,17 @@ def read_xml(path: str | Path) -> SmiHost:
         large, malformed XML, a root that is not ``nvidia_smi_log``, too many
         GPUs, out-of-range values, or a max limit below the default.
     """
+    src = str(Path(path))
+    root = _parse(path, src)
+    gpus: list[SmiGpu] = []
+    capped: list[tuple[int, float, float]] = []
+    for pos, g in enumerate(root.findall("gpu"), 1):
+        gpus.append(_gpu(g, pos, src, capped))
+    return SmiHost(src, gpus, capped=[(c, d) for _, c, d in capped])
+
+
+def _parse(path: str | Path, src: str) -> Any:
+    """The ``<nvidia_smi_log>`` root of a file, refusing too many tags or GPUs and bad XML."""
     try:
         import defusedxml.ElementTree as DET
         from defusedxml import DefusedXmlException
@@ -167,7 +178,6 @@ def read_xml(path: str | Path) -> SmiHost:
             "reading nvidia-smi XML needs defusedxml: pip install 'ntp-opt[import]'"
         ) from None
 
-    src = str(Path(path))
     raw = read_capped(path, MAX_XML_BYTES, " (nvidia-smi -q -x of an 8-GPU host: 100-300 KB)")
     tags = raw.count(b"<")
     if tags > MAX_XML_TAGS:
@@ -181,79 +191,83 @@ def read_xml(path: str | Path) -> SmiHost:
         fail(src, f"refused XML construct: {err}")
     except DET.ParseError as err:
         fail(src, f"malformed XML: {err}")
-    del raw
     if root.tag != "nvidia_smi_log":
         fail(src, f"root element is <{root.tag}>, not <nvidia_smi_log> (nvidia-smi -q -x output)")
-    gpus: list[SmiGpu] = []
-    capped: list[tuple[int, float, float]] = []
-    for pos, g in enumerate(root.findall("gpu"), 1):
-        xpath = f"/nvidia_smi_log/gpu[{pos}]"
-        minor = _text(g, "minor_number")
-        if minor is None:
-            index = pos - 1
-        elif minor.isascii() and minor.isdigit() and len(minor) <= 7 and int(minor) <= MAX_MINOR:
-            index = int(minor)
-        else:
-            fail(
-                src,
-                f"minor_number {show(minor)} is not a device number (0 to {MAX_MINOR})",
-                f"{xpath}/minor_number",
-            )
-        uuid = _text(g, "uuid")
-        if uuid is not None and len(uuid) > _MAX_UUID:
-            fail(
-                src,
-                f"GPU {pos}: uuid of {len(uuid)} characters, more than {_MAX_UUID}",
-                f"{xpath}/uuid",
-            )
-        product = _text(g, "product_name")
-        if product is not None and len(product) > 200:
-            fail(
-                src, f"GPU {pos}: product_name longer than 200 characters", f"{xpath}/product_name"
-            )
-        pr = g.find("gpu_power_readings")
-        if pr is None:
-            pr = g.find("power_readings")
-        tdp = mx = None
-        if pr is not None:
-            pxp = f"{xpath}/{pr.tag}"
-            default = _watts(pr, ("default_power_limit",), src, pxp)
-            current = _watts(
-                pr, ("current_power_limit", "enforced_power_limit", "power_limit"), src, pxp
-            )
-            mx = _watts(pr, ("max_power_limit",), src, pxp)
-            tdp = default
-            if default is not None and current is not None and current < default:
-                tdp = current
-                capped.append((index, current, default))
-            if tdp is None:
-                mx = None
-            elif mx is not None and mx < tdp:
-                fail(
-                    src,
-                    f"max power limit {mx:g} W is below the default limit {tdp:g} W",
-                    f"{pxp}/max_power_limit",
-                )
-        clique = None
-        fab = g.find("fabric")
-        if fab is not None:
-            cu, ci = _text(fab, "clusterUuid"), _text(fab, "cliqueId")
-            if cu is not None and ci is not None and not _ZERO_UUID.match(cu):
-                clique = f"{cu}.{ci}"
-        gpus.append(
-            SmiGpu(
-                index=index,
-                uuid=uuid,
-                product=product,
-                tdp_w=tdp,
-                max_power_w=mx,
-                clique=clique,
-                where=src,
-                field=xpath,
-                failed=_health(g),
-            )
+    return root
+
+
+def _gpu(g: Any, pos: int, src: str, capped: list[tuple[int, float, float]]) -> SmiGpu:
+    """The ``pos``-th ``<gpu>`` element; a limit capped below the default goes to ``capped``."""
+    xpath = f"/nvidia_smi_log/gpu[{pos}]"
+    minor = _text(g, "minor_number")
+    if minor is None:
+        index = pos - 1
+    elif minor.isascii() and minor.isdigit() and len(minor) <= 7 and int(minor) <= MAX_MINOR:
+        index = int(minor)
+    else:
+        fail(
+            src,
+            f"minor_number {show(minor)} is not a device number (0 to {MAX_MINOR})",
+            f"{xpath}/minor_number",
         )
-    return SmiHost(src, gpus, capped=[(c, d) for _, c, d in capped])
+    uuid = _text(g, "uuid")
+    if uuid is not None and len(uuid) > _MAX_UUID:
+        fail(
+            src,
+            f"GPU {pos}: uuid of {len(uuid)} characters, more than {_MAX_UUID}",
+            f"{xpath}/uuid",
+        )
+    product = _text(g, "product_name")
+    if product is not None and len(product) > 200:
+        fail(src, f"GPU {pos}: product_name longer than 200 characters", f"{xpath}/product_name")
+    tdp, mx = _limits(g, index, src, xpath, capped)
+    clique = None
+    fab = g.find("fabric")
+    if fab is not None:
+        cu, ci = _text(fab, "clusterUuid"), _text(fab, "cliqueId")
+        if cu is not None and ci is not None and not _ZERO_UUID.match(cu):
+            clique = f"{cu}.{ci}"
+    return SmiGpu(
+        index=index,
+        uuid=uuid,
+        product=product,
+        tdp_w=tdp,
+        max_power_w=mx,
+        clique=clique,
+        where=src,
+        field=xpath,
+        failed=_health(g),
+    )
+
+
+def _limits(
+    g: Any, index: int, src: str, xpath: str, capped: list[tuple[int, float, float]]
+) -> tuple[float | None, float | None]:
+    """``(tdp_w, max_power_w)`` of a ``<gpu>``: its default (or lower current) and max limits."""
+    pr = g.find("gpu_power_readings")
+    if pr is None:
+        pr = g.find("power_readings")
+    tdp = mx = None
+    if pr is not None:
+        pxp = f"{xpath}/{pr.tag}"
+        default = _watts(pr, ("default_power_limit",), src, pxp)
+        current = _watts(
+            pr, ("current_power_limit", "enforced_power_limit", "power_limit"), src, pxp
+        )
+        mx = _watts(pr, ("max_power_limit",), src, pxp)
+        tdp = default
+        if default is not None and current is not None and current < default:
+            tdp = current
+            capped.append((index, current, default))
+        if tdp is None:
+            mx = None
+        elif mx is not None and mx < tdp:
+            fail(
+                src,
+                f"max power limit {mx:g} W is below the default limit {tdp:g} W",
+                f"{pxp}/max_power_limit",
+            )
+    return tdp, mx
 
 
 class XmlCache:
@@ -383,40 +397,58 @@ def read_dir(
             fail(str(f), f"file for unknown host {f.stem!r}: not in the scheduler's topology")
         if host in out:
             fail(str(f), f"second file for host {host} (first: {out[host].path})")
-        try:
-            data = read_xml(f) if cache is None else cache.read(f)
-        except UnreadableInput as err:
-            h = by_name[host]
-            why = err.problems[0][1]
-            if h.failed_reason is None:
-                fail(
-                    str(f),
-                    f"{why}, but host {host} is usable ({h.where}): run nvidia-smi -q -x on "
-                    f"{host} again and rewrite the file, or remove the file (its GPUs then "
-                    "take the hardware table's limits or --tdp-w)",
-                )
-            if warn is not None:
-                warn(f"{f}: {why}; ignored: host {host} is {h.failed_reason}, its GPUs are failed")
+        data = _host_file(f, by_name[host], warn, cache)
+        if data is None:
             continue
-        for g in data.gpus:
-            if g.uuid is None:
-                continue
-            if g.uuid in uuid_at:
-                fail(
-                    str(f),
-                    f"GPU {g.uuid} is also in {uuid_at[g.uuid]}: one of the two files is "
-                    "from another host",
-                    g.field + "/uuid",
-                )
-            uuid_at[g.uuid] = str(f)
+        _check_uuids(f, data, uuid_at)
         out[host] = data
     if skipped and warn is not None:
         warn(
             f"{d}: skipped {len(skipped)} file(s) of hosts outside the topology: "
             + ", ".join(skipped)
         )
+    if warn is not None:
+        _warn_capped(d, out, warn)
+    return out
+
+
+def _check_uuids(f: Path, data: SmiHost, uuid_at: dict[str, str]) -> None:
+    """Refuse a GPU UUID already seen in another file; note those of ``f`` in ``uuid_at``."""
+    for g in data.gpus:
+        if g.uuid is None:
+            continue
+        if g.uuid in uuid_at:
+            fail(
+                str(f),
+                f"GPU {g.uuid} is also in {uuid_at[g.uuid]}: one of the two files is "
+                "from another host",
+                g.field + "/uuid",
+            )
+        uuid_at[g.uuid] = str(f)
+
+
+def _host_file(f: Path, h: Host, warn: Warn | None, cache: XmlCache | None) -> SmiHost | None:
+    """The file of host ``h``; ``None`` for an unreadable file of a failed host (a warning)."""
+    try:
+        return read_xml(f) if cache is None else cache.read(f)
+    except UnreadableInput as err:
+        why = err.problems[0][1]
+        if h.failed_reason is None:
+            fail(
+                str(f),
+                f"{why}, but host {h.name} is usable ({h.where}): run nvidia-smi -q -x on "
+                f"{h.name} again and rewrite the file, or remove the file (its GPUs then "
+                "take the hardware table's limits or --tdp-w)",
+            )
+        if warn is not None:
+            warn(f"{f}: {why}; ignored: host {h.name} is {h.failed_reason}, its GPUs are failed")
+        return None
+
+
+def _warn_capped(d: Path, out: dict[str, SmiHost], warn: Warn) -> None:
+    """One warning for the GPUs run at an operator-set limit below their default."""
     capped = [(h, c) for h, data in out.items() for c in data.capped]
-    if capped and warn is not None:
+    if capped:
         limits = ", ".join(
             f"{c:g} W (default {dflt:g} W)" for c, dflt in sorted({c for _, c in capped})
         )
@@ -427,4 +459,3 @@ def read_dir(
             f"operator-set power limit below their default: {limits}; that limit is their "
             "tdp_w, their max power limit bounds the boost"
         )
-    return out

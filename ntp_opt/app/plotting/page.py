@@ -25,14 +25,16 @@ from ntp_opt.model.plan import Plan
 from ntp_opt.rules.validate import evaluate
 
 
+def _ident(x: Hashable) -> str:
+    """A node id as the page shows it."""
+    return str(x)
+
+
 def _html_data(instance: Instance, plan: Plan, diff: Plan | None) -> dict[str, Any]:
     a = instance.arrays
     lay = plan_layout(instance, plan, diff)
     ev = evaluate(instance, plan)
     palette = [[replica_color(r, s, n) for s in range(n)] for r, n in enumerate(lay.n_stages)]
-
-    def ident(x: Hashable) -> str:
-        return str(x)
 
     return {
         "name": instance.name,
@@ -46,14 +48,14 @@ def _html_data(instance: Instance, plan: Plan, diff: Plan | None) -> dict[str, A
         + (f", PP {max(lay.n_stages)}" if lay.n_stages else ""),
         "tp": list(lay.tp),
         "tp_base": lay.tp_base,
-        "trays": [ident(t) for t in a.tray_ids],
+        "trays": [_ident(t) for t in a.tray_ids],
         "palette": palette,
         "spare": SPARE_COLOR,
         "failed_color": FAILED_COLOR,
         "boost": BOOST_EDGE,
         "moved_color": MOVED_EDGE,
         "gpu": {
-            "id": [ident(g) for g in a.gpu_ids],
+            "id": [_ident(g) for g in a.gpu_ids],
             "rep": lay.replica.tolist(),
             "stage": lay.stage.tolist(),
             "state": lay.state.tolist(),
@@ -65,11 +67,11 @@ def _html_data(instance: Instance, plan: Plan, diff: Plan | None) -> dict[str, A
         },
         "racks": [
             {
-                "id": ident(a.rack_ids[ri]),
+                "id": _ident(a.rack_ids[ri]),
                 "power": round(ev.rack_power_w[ri], 1),
                 "budget": round(float(a.rack_budget[ri]), 1),
                 "domains": [
-                    {"id": ident(a.domain_ids[p.domain]), "gpus": p.gpus.tolist()} for p in parts
+                    {"id": _ident(a.domain_ids[p.domain]), "gpus": p.gpus.tolist()} for p in parts
                 ],
             }
             for ri, parts in enumerate(domain_parts(instance))

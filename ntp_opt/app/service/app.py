@@ -228,6 +228,17 @@ class _Service:
         return await self.run("replan", request)
 
 
+class _KillPoolOnExit:
+    """Mixed into ``uvicorn.Server``: on SIGTERM or SIGINT, kill the workers first."""
+
+    pool_app: Any = None
+
+    def handle_exit(self, sig: int, frame: Any) -> None:
+        """Kill every worker (unblocking the requests waiting on one), then exit as uvicorn does."""
+        self.pool_app.state.pool.kill_all()  # unblocks every request waiting on a worker
+        super().handle_exit(sig, frame)  # type: ignore[misc]
+
+
 def serve(
     host: str = "127.0.0.1",
     port: int = 8000,
@@ -269,11 +280,7 @@ def serve(
 
     forkserver.ensure_running()  # imports the package once, before the first request
 
-    class _Server(uvicorn.Server):
-        def handle_exit(self, sig: int, frame: Any) -> None:
-            app.state.pool.kill_all()  # unblocks every request waiting on a worker
-            super().handle_exit(sig, frame)
-
+    server_type = type("_Server", (_KillPoolOnExit, uvicorn.Server), {})
     config = uvicorn.Config(
         app,
         host=host,
@@ -283,4 +290,6 @@ def serve(
         # open connections (slow or idle ones included) beyond this get 503
         limit_concurrency=MAX_CONNECTIONS,
     )
-    _Server(config).run()
+    server = server_type(config)
+    server.pool_app = app
+    server.run()
