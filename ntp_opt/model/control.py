@@ -134,6 +134,31 @@ class Control:
             self.callback(progress)
 
 
+@dataclass(frozen=True)
+class Deadline:
+    """A ``time.perf_counter()`` deadline and the cancel token of a :class:`Control`.
+
+    Attributes
+    ----------
+    control
+        Its :attr:`Control.cancelled` stops the work too.
+    at
+        ``time.perf_counter()`` value by which to stop (``None``: no limit).
+    """
+
+    control: Control
+    at: float | None
+
+    def remaining(self) -> float | None:
+        """Seconds left (``None``: no limit; at most 0 once passed)."""
+        return None if self.at is None else self.at - time.perf_counter()
+
+    def stopped(self) -> bool:
+        """Whether the cancel token is set or the deadline has passed."""
+        left = self.remaining()
+        return self.control.cancelled or (left is not None and left <= 0)
+
+
 def _in_main_thread() -> bool:
     return threading.current_thread() is threading.main_thread()
 
@@ -270,6 +295,7 @@ def restore_sigint(previous: object) -> None:
 __all__ = [
     "Callback",
     "Control",
+    "Deadline",
     "SolveProgress",
     "restore_sigint",
     "sigint_sets",
