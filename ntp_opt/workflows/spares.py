@@ -5,6 +5,29 @@
   on the largest cluster and restricted (:func:`restrict_trace`) to smaller
   ones; :func:`spares_needed` draws the trace and asks it about pauses.
 
+The search assumes that more spares never hurt (if ``k`` spares suffice, so
+do ``k + 1``): from ``k = start`` it steps up (``start + 1, + 2, + 4, ...``,
+at most ``max_spares``) until one suffices, or down (``start - 1, - 2, - 4,
+...``) while they suffice, then bisects between the last ``k`` that stalls
+and the first that does not, planning ``O(log |answer - start|)`` restricted
+traces; a good guess for ``start`` (e.g. the peak count of domains with a GPU
+down, for ``dp-drop``) makes it two probes. That more spares never hurt holds
+for ``dp-drop`` and for exact planners proven optimal (more domains only add
+plans, and, when ``dp_max`` grows with ``k``, more replicas); for the other
+heuristics it is an assumption, checked against the linear scan in the
+tests. A trace is planned state by state with early exit at the first stall,
+states with the most GPUs down first, and ``prune`` skips states that cannot
+stall when a state with more failures does not:
+
+* ``"none"``: plan every distinct state;
+* ``"maximal"``: plan only states whose set of GPUs down is maximal under
+  inclusion (assumes failures never help: exact for ``dp-drop`` and proven
+  optimal plans, an assumption for the other heuristics);
+* ``"symmetric"``: with interchangeable domains
+  (:func:`interchangeable_domains`), a state is its sorted per-domain counts
+  of GPUs down, and only the counts that no other state dominates entry by
+  entry are planned (same assumption as ``"maximal"``).
+
 The choices the spec left open are recorded in ``docs/simulation.md``.
 """
 
@@ -235,29 +258,7 @@ def spares_search(
     or there is no plan) or below ``min_relative_goodput``; the policy never
     stalls with ``k`` spares when no state of the restricted trace stalls.
 
-    The search assumes that more spares never hurt (if ``k`` spares suffice,
-    so do ``k + 1``): from ``k = start`` it steps up (``start + 1, + 2, + 4,
-    ...``, at most ``max_spares``) until one suffices, or down (``start - 1,
-    - 2, - 4, ...``) while they suffice, then bisects between the last ``k``
-    that stalls and the first that does not, planning ``O(log |answer -
-    start|)`` restricted traces; a good guess for ``start`` (e.g. the peak
-    count of domains with a GPU down, for ``dp-drop``) makes it two probes.
-    That more spares never hurt holds for ``dp-drop`` and for exact planners
-    proven optimal (more domains only add plans, and, when ``dp_max`` grows
-    with ``k``, more replicas); for the other heuristics it is an assumption,
-    checked against the linear scan in the tests. A trace is planned state by
-    state with early exit at the first stall, states with the most GPUs down
-    first, and ``prune`` skips states that cannot stall when a state with more
-    failures does not:
-
-    * ``"none"``: plan every distinct state;
-    * ``"maximal"``: plan only states whose set of GPUs down is maximal under
-      inclusion (assumes failures never help: exact for ``dp-drop`` and proven
-      optimal plans, an assumption for the other heuristics);
-    * ``"symmetric"``: with interchangeable domains
-      (:func:`interchangeable_domains`), a state is its sorted per-domain counts
-      of GPUs down, and only the counts that no other state dominates
-      entry by entry are planned (same assumption as ``"maximal"``).
+    The search from ``start`` and ``prune`` are described in the module docstring.
 
     Parameters
     ----------
@@ -299,8 +300,6 @@ def spares_search(
     big = build(max_spares)
     check_trace(big, trace)
     probe = _Probe(build, trace, policy, max_spares, thr, time_limit, prune, solver, big)
-    if prune == "symmetric":
-        _require_interchangeable(big)
     n_states = len({d for _, d in trace_states(big, trace)})
     answer = _fewest_that_run(probe.runs, start, max_spares)
     binding = probe.stall_at.get(max_spares if answer is None else answer - 1)
@@ -343,6 +342,8 @@ class _Probe:
 
     def __post_init__(self) -> None:
         self.instances[self.max_spares] = self.big
+        if self.prune == "symmetric":
+            _require_interchangeable(self.big)
 
     def instance_for(self, k: int) -> Instance:
         """``build(k)``, checked against ``build(max_spares)`` (built once)."""

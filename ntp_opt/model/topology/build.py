@@ -88,10 +88,8 @@ def build_cluster(
         num_spines,
         tdp_w,
         rack_power_factor,
+        name,
     )
-    if name is not None and not isinstance(name, str):
-        raise ValueError(f"name must be a string or None, got {name!r}")
-    shape.check_trays()
     nodes, edges = _domain_records(shape)
     _rack_and_switch_records(shape, nodes, edges)
 
@@ -135,9 +133,10 @@ class _Shape:
         num_spines: int | None,
         tdp_w: float,
         rack_power_factor: float,
+        name: str | None,
     ) -> _Shape:
-        """The shape: each count a positive integer, each number positive and finite."""
-        return cls(
+        """The checked shape (:func:`build_cluster`'s errors, in its order); ``name`` is checked."""
+        shape = cls(
             require_pos_int("num_domains", num_domains),
             require_pos_int("domain_size", domain_size),
             require_pos_int("gpus_per_tray", gpus_per_tray),
@@ -147,6 +146,10 @@ class _Shape:
             require_pos_finite("tdp_w", tdp_w),
             require_pos_finite("rack_power_factor", rack_power_factor),
         )
+        if name is not None and not isinstance(name, str):
+            raise ValueError(f"name must be a string or None, got {name!r}")
+        shape.check_trays()
+        return shape
 
     def check_trays(self) -> None:
         """Raise ``ValueError`` unless trays fill the domains and racks (:func:`build_cluster`)."""

@@ -382,17 +382,7 @@ def domain_bound(
     if k is None:
         return None
     clock = Deadline(Control("risk-aware", None, cancel), deadline)
-    cap = None
-    if min_nominal is not None and not clock.stopped():
-        left = clock.remaining()
-        cap = power_cap(
-            instance,
-            min_nominal,
-            time_limit=None if left is None else CAP_SHARE * left,
-            seed=seed,
-            threads=threads,
-            control=clock.control,
-        )
+    cap = _power_cap(instance, min_nominal, clock, seed, threads)
     options, per_scenario, affected = _scenario_options(instance, scenarios, k)
     search = _Coupling(
         instance,
@@ -419,6 +409,23 @@ def domain_bound(
         masters=search.masters,
         limit_hit=search.limit_hit,
         power_cap=cap,
+    )
+
+
+def _power_cap(
+    instance: Instance, min_nominal: float | None, clock: Deadline, seed: int, threads: int
+) -> float | None:
+    """:func:`power_cap` within its share of the time left (``None``: no ``min_nominal``)."""
+    if min_nominal is None or clock.stopped():
+        return None
+    left = clock.remaining()
+    return power_cap(
+        instance,
+        min_nominal,
+        time_limit=None if left is None else CAP_SHARE * left,
+        seed=seed,
+        threads=threads,
+        control=clock.control,
     )
 
 

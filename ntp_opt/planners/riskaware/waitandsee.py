@@ -258,7 +258,6 @@ def wait_and_see_bound(
     -------
     WaitAndSee
     """
-    n = len(scenarios.gpus)
     weights = np.asarray(scenarios.weights, dtype=float)
     clock = Deadline(Control("risk-aware", None, cancel), deadline)
     exact = instance.arrays.n_gpus <= max_gpus
@@ -272,13 +271,7 @@ def wait_and_see_bound(
     )
     caps = np.array(tier_caps)[np.searchsorted(tiers, relief)]
     bounds = caps.copy()
-    lower = _known_lower(instance, scenarios, known)
-    tight = caps <= lower * (1 + 2 * REL_TOL)
-    capped = int(tight.sum())
-    order = sorted(
-        (i for i in range(n) if not tight[i]),
-        key=lambda i: (-weights[i] * (caps[i] - lower[i]), i),
-    )
+    order, capped = _unsettled(caps, _known_lower(instance, scenarios, known), weights)
     solved = proven = 0
     if exact and solve_scenarios:
         solved, proven, hit = _solve_scenarios(
@@ -294,6 +287,17 @@ def wait_and_see_bound(
         capped=capped,
         limit_hit=limit_hit,
     )
+
+
+def _unsettled(caps: np.ndarray, lower: np.ndarray, weights: np.ndarray) -> tuple[list[int], int]:
+    """The scenarios a solve might tighten, largest possible gain first, and how many
+    a known plan already meets the cap in (their ``U_s`` is tight)."""
+    tight = caps <= lower * (1 + 2 * REL_TOL)
+    order = sorted(
+        (i for i in range(len(caps)) if not tight[i]),
+        key=lambda i: (-weights[i] * (caps[i] - lower[i]), i),
+    )
+    return order, int(tight.sum())
 
 
 def _freed_watts(instance: Instance, scenarios: Scenarios, keeps: bool) -> np.ndarray:
