@@ -134,6 +134,31 @@ class Control:
             self.callback(progress)
 
 
+@dataclass(frozen=True)
+class Deadline:
+    """A ``time.perf_counter()`` deadline and the cancel token of a :class:`Control`.
+
+    Attributes
+    ----------
+    control
+        Its :attr:`Control.cancelled` stops the work too.
+    at
+        ``time.perf_counter()`` value by which to stop (``None``: no limit).
+    """
+
+    control: Control
+    at: float | None
+
+    def remaining(self) -> float | None:
+        """Seconds left (``None``: no limit; at most 0 once passed)."""
+        return None if self.at is None else self.at - time.perf_counter()
+
+    def stopped(self) -> bool:
+        """Whether the cancel token is set or the deadline has passed."""
+        left = self.remaining()
+        return self.control.cancelled or (left is not None and left <= 0)
+
+
 def _in_main_thread() -> bool:
     return threading.current_thread() is threading.main_thread()
 
@@ -186,42 +211,17 @@ def signals_set(
     if not caught:
         yield received
         return
-
-    def handler(signum: int, frame: object) -> None:
-        received.add(signum)
-        event.set()
-
+    catcher = _Catcher(event, caught, received)
     for s in caught:
-        signal.signal(s, handler)
+        signal.signal(s, catcher.handler)
     reader, writer = socket.socketpair()
     reader.setblocking(True)
     writer.setblocking(False)
-    old_fd = -1
-    watching = False
-    try:
-        old_fd = signal.set_wakeup_fd(writer.fileno(), warn_on_full_buffer=False)
-        if old_fd != -1:  # someone else's wake-up fd: keep it
-            signal.set_wakeup_fd(old_fd)
-        else:
-            watching = True
-    except (ValueError, OSError):  # pragma: no cover - not the main thread / no fd
-        pass
+    watching = _own_wakeup_fd(writer)
     stop = threading.Event()
-
-    def watch() -> None:
-        while not stop.is_set():
-            try:
-                data = reader.recv(64)
-            except OSError:
-                return
-            if not data:
-                return
-            hit = [s for s in caught if s in data]
-            if hit:
-                received.update(hit)
-                event.set()
-
-    watcher = threading.Thread(target=watch, name="ntp_opt-signals", daemon=True)
+    watcher = threading.Thread(
+        target=catcher.watch, args=(reader, stop), name="ntp_opt-signals", daemon=True
+    )
     if watching:
         watcher.start()
     try:
@@ -240,6 +240,47 @@ def signals_set(
         writer.close()
 
 
+@dataclass(frozen=True, eq=False)
+class _Catcher:
+    """What :func:`signals_set`'s handler and watcher thread share."""
+
+    event: threading.Event
+    caught: tuple[int, ...]
+    received: set[int]
+
+    def handler(self, signum: int, frame: object) -> None:
+        """The Python-level signal handler: record the signal, set the event."""
+        self.received.add(signum)
+        self.event.set()
+
+    def watch(self, reader: socket.socket, stop: threading.Event) -> None:
+        """Read the wake-up fd until ``stop``: set the event on a caught signal."""
+        while not stop.is_set():
+            try:
+                data = reader.recv(64)
+            except OSError:
+                return
+            if not data:
+                return
+            hit = [s for s in self.caught if s in data]
+            if hit:
+                self.received.update(hit)
+                self.event.set()
+
+
+def _own_wakeup_fd(writer: socket.socket) -> bool:
+    """Make ``writer`` the signal wake-up fd unless another one is in use (then keep it)."""
+    try:
+        old_fd = signal.set_wakeup_fd(writer.fileno(), warn_on_full_buffer=False)
+        if old_fd != -1:  # someone else's wake-up fd: keep it
+            signal.set_wakeup_fd(old_fd)
+        else:
+            return True
+    except (ValueError, OSError):  # pragma: no cover - not the main thread / no fd
+        pass
+    return False
+
+
 def restore_sigint(previous: object) -> None:
     """Reinstall the SIGINT handler ``previous`` (main thread only).
 
@@ -254,6 +295,7 @@ def restore_sigint(previous: object) -> None:
 __all__ = [
     "Callback",
     "Control",
+    "Deadline",
     "SolveProgress",
     "restore_sigint",
     "sigint_sets",

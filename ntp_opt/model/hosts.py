@@ -159,22 +159,28 @@ def _exact_fit(caps: list[int], need: int) -> list[int] | None:
     for j, c in enumerate(caps):
         by_cap.setdefault(c, []).append(j)
     values = sorted(by_cap, reverse=True)
-    seen: set[tuple[int, int]] = set()
+    return _exact_fit_from(by_cap, values, set(), 0, need)
 
-    def search(i: int, left: int) -> list[int] | None:
-        if left == 0:
-            return []
-        if i == len(values) or (i, left) in seen:
-            return None
-        seen.add((i, left))
-        v = values[i]
-        for k in range(min(len(by_cap[v]), left // v), -1, -1):
-            found = search(i + 1, left - k * v)
-            if found is not None:
-                return by_cap[v][:k] + found
+
+def _exact_fit_from(
+    by_cap: dict[int, list[int]],
+    values: list[int],
+    seen: set[tuple[int, int]],
+    i: int,
+    left: int,
+) -> list[int] | None:
+    """:func:`_exact_fit`'s search over host sizes ``values[i:]`` for ``left`` GPUs."""
+    if left == 0:
+        return []
+    if i == len(values) or (i, left) in seen:
         return None
-
-    return search(0, need)
+    seen.add((i, left))
+    v = values[i]
+    for k in range(min(len(by_cap[v]), left // v), -1, -1):
+        found = _exact_fit_from(by_cap, values, seen, i + 1, left - k * v)
+        if found is not None:
+            return by_cap[v][:k] + found
+    return None
 
 
 def _score(trays: np.ndarray, owner: np.ndarray, n_stages: int) -> tuple[int, int]:
@@ -235,7 +241,25 @@ def pack_hosts(instance: Instance, layout: Layout) -> Layout:
     trays = a.gpu_tray[cand]
     own = owner[cand]
     # groups whose trays all serve one owner (a stage or idle) are already packed
-    n_trays = len(a.tray_ids)
+    mixed = _mixed_classes(cls, trays, own, len(a.tray_ids), n_st)
+    order = np.lexsort((cand, cls))
+    cand, cls, trays, own = cand[order], cls[order], trays[order], own[order]
+    bounds = np.searchsorted(cls, np.arange(len(mixed) + 1))
+    spare_ranks = instance.job.tp - layout.degree[layout.replica]
+    new_owner = owner.copy()
+    for c in np.flatnonzero(mixed).tolist():
+        lo, hi = int(bounds[c]), int(bounds[c + 1])
+        g, t, o = cand[lo:hi], trays[lo:hi], own[lo:hi]
+        got = _repacked(g, t, o, sizes, spare_ranks)
+        if got is not None and _score(t, got, n_st) <= _score(t, o, n_st):
+            new_owner[g] = got
+    return _ordered(instance, layout, new_owner)
+
+
+def _mixed_classes(
+    cls: np.ndarray, trays: np.ndarray, own: np.ndarray, n_trays: int, n_st: int
+) -> np.ndarray:
+    """Per class: whether one of its trays serves two owners (stages or idle)."""
     key = np.unique((cls * (n_trays + 1) + trays) * (n_st + 2) + (own + 1))
     tray_key = key // (n_st + 2)
     first = np.ones(len(tray_key), dtype=bool)
@@ -243,41 +267,36 @@ def pack_hosts(instance: Instance, layout: Layout) -> Layout:
     counts = np.diff(np.append(np.flatnonzero(first), len(tray_key)))
     mixed = np.zeros(int(cls.max()) + 1, dtype=bool)
     mixed[tray_key[first][counts > 1] // (n_trays + 1)] = True
-    order = np.lexsort((cand, cls))
-    cand, cls, trays, own = cand[order], cls[order], trays[order], own[order]
-    bounds = np.searchsorted(cls, np.arange(len(mixed) + 1))
-    degree = layout.degree[layout.replica]
-    big_t = instance.job.tp
-    new_owner = owner.copy()
-    for c in np.flatnonzero(mixed).tolist():
-        lo, hi = int(bounds[c]), int(bounds[c + 1])
-        g, t, o = cand[lo:hi], trays[lo:hi], own[lo:hi]
-        stages = np.unique(o[o >= 0])
-        if len(stages) == 0:
-            continue
-        host_ids, host_of = np.unique(t, return_inverse=True)
-        caps = np.bincount(host_of).tolist()
-        needs = np.bincount(np.searchsorted(stages, o[o >= 0]), minlength=len(stages)).tolist()
-        whole = [int(sizes[s]) == n for s, n in zip(stages.tolist(), needs, strict=True)]
-        spares = [
-            big_t - int(degree[s]) if w else 0 for s, w in zip(stages.tolist(), whole, strict=True)
-        ]
-        try:
-            fill = _fill(caps, needs, spares)
-        except ValueError:
-            continue
-        members = [g[host_of == h] for h in range(len(host_ids))]  # index order per host
-        got = np.full(len(g), -1, dtype=np.int64)
-        pos = {int(x): i for i, x in enumerate(g.tolist())}
-        for h, parts in enumerate(fill):
-            k = 0
-            for s, n in parts:
-                for x in members[h][k : k + n].tolist():
-                    got[pos[x]] = stages[s]
-                k += n
-        if _score(t, got, n_st) <= _score(t, o, n_st):
-            new_owner[g] = got
-    return _ordered(instance, layout, new_owner)
+    return mixed
+
+
+def _repacked(
+    g: np.ndarray, t: np.ndarray, o: np.ndarray, sizes: np.ndarray, spare_ranks: np.ndarray
+) -> np.ndarray | None:
+    """The owners :func:`_fill` deals one class's GPUs ``g`` (trays ``t``, owners ``o``)
+    out to, or ``None`` when the class holds no stage or its hosts are too small."""
+    stages = np.unique(o[o >= 0])
+    if len(stages) == 0:
+        return None
+    host_ids, host_of = np.unique(t, return_inverse=True)
+    caps = np.bincount(host_of).tolist()
+    needs = np.bincount(np.searchsorted(stages, o[o >= 0]), minlength=len(stages)).tolist()
+    whole = [int(sizes[s]) == n for s, n in zip(stages.tolist(), needs, strict=True)]
+    spares = [int(spare_ranks[s]) if w else 0 for s, w in zip(stages.tolist(), whole, strict=True)]
+    try:
+        fill = _fill(caps, needs, spares)
+    except ValueError:
+        return None
+    members = [g[host_of == h] for h in range(len(host_ids))]  # index order per host
+    got = np.full(len(g), -1, dtype=np.int64)
+    pos = {int(x): i for i, x in enumerate(g.tolist())}
+    for h, parts in enumerate(fill):
+        k = 0
+        for s, n in parts:
+            for x in members[h][k : k + n].tolist():
+                got[pos[x]] = stages[s]
+            k += n
+    return got
 
 
 def _ordered(instance: Instance, layout: Layout, owner: np.ndarray) -> Layout:

@@ -66,6 +66,54 @@ class ClusterArrays:
         return np.bincount(self.gpu_domain[self.healthy], minlength=self.n_domains).astype(np.int64)
 
 
+def _tray_links(
+    graph: nx.Graph,
+    tray_ids: tuple[Hashable, ...],
+    domain_index: dict[Hashable, int],
+    rack_index: dict[Hashable, int],
+) -> tuple[np.ndarray, np.ndarray]:
+    """Each tray's domain and rack (positions in ``domain_index`` and ``rack_index``)."""
+    tray_domain = np.empty(len(tray_ids), dtype=np.int64)
+    tray_rack = np.empty(len(tray_ids), dtype=np.int64)
+    for i, t in enumerate(tray_ids):
+        for nb in graph.adj[t]:
+            kind = graph.nodes[nb].get("kind")
+            if kind == "domain":
+                tray_domain[i] = domain_index[nb]
+            elif kind == "rack":
+                tray_rack[i] = rack_index[nb]
+    return tray_domain, tray_rack
+
+
+def _gpu_columns(
+    graph: nx.Graph, gpu_ids: tuple[Hashable, ...], tray_ids: tuple[Hashable, ...]
+) -> tuple[np.ndarray, ...]:
+    """``gpu_tray, healthy, speed, p_fail, tdp, max_power`` of the GPU nodes."""
+    tray_index = {t: i for i, t in enumerate(tray_ids)}
+    n = len(gpu_ids)
+    gpu_tray = np.empty(n, dtype=np.int64)
+    healthy = np.empty(n, dtype=bool)
+    speed = np.empty(n, dtype=float)
+    p_fail = np.empty(n, dtype=float)
+    tdp = np.empty(n, dtype=float)
+    max_power = np.full(n, np.inf)
+    nodes = graph.nodes
+    for i, g in enumerate(gpu_ids):
+        attrs = nodes[g]
+        for nb in graph.adj[g]:
+            if nodes[nb].get("kind") == "tray":
+                gpu_tray[i] = tray_index[nb]
+                break
+        healthy[i] = attrs.get("state", "healthy") == "healthy"
+        speed[i] = attrs.get("speed", 1.0)
+        p_fail[i] = attrs.get("p_fail", 0.0)
+        tdp[i] = attrs.get("tdp_w", DEFAULT_TDP_W)
+        mx = attrs.get("max_power_w")
+        if mx is not None:
+            max_power[i] = mx
+    return gpu_tray, healthy, speed, p_fail, tdp, max_power
+
+
 def compile_cluster(graph: nx.Graph) -> ClusterArrays:
     """Compile a checked cluster graph into :class:`ClusterArrays`.
 
@@ -88,37 +136,10 @@ def compile_cluster(graph: nx.Graph) -> ClusterArrays:
     rack_ids = tuple(kinds["rack"])
     domain_index = {d: i for i, d in enumerate(domain_ids)}
     rack_index = {r: i for i, r in enumerate(rack_ids)}
-    tray_index = {t: i for i, t in enumerate(tray_ids)}
-    tray_domain = np.empty(len(tray_ids), dtype=np.int64)
-    tray_rack = np.empty(len(tray_ids), dtype=np.int64)
-    for i, t in enumerate(tray_ids):
-        for nb in graph.adj[t]:
-            kind = graph.nodes[nb].get("kind")
-            if kind == "domain":
-                tray_domain[i] = domain_index[nb]
-            elif kind == "rack":
-                tray_rack[i] = rack_index[nb]
+    tray_domain, tray_rack = _tray_links(graph, tray_ids, domain_index, rack_index)
+    gpu_tray, healthy, speed, p_fail, tdp, max_power = _gpu_columns(graph, gpu_ids, tray_ids)
     n = len(gpu_ids)
-    gpu_tray = np.empty(n, dtype=np.int64)
-    healthy = np.empty(n, dtype=bool)
-    speed = np.empty(n, dtype=float)
-    p_fail = np.empty(n, dtype=float)
-    tdp = np.empty(n, dtype=float)
-    max_power = np.full(n, np.inf)
     nodes = graph.nodes
-    for i, g in enumerate(gpu_ids):
-        attrs = nodes[g]
-        for nb in graph.adj[g]:
-            if nodes[nb].get("kind") == "tray":
-                gpu_tray[i] = tray_index[nb]
-                break
-        healthy[i] = attrs.get("state", "healthy") == "healthy"
-        speed[i] = attrs.get("speed", 1.0)
-        p_fail[i] = attrs.get("p_fail", 0.0)
-        tdp[i] = attrs.get("tdp_w", DEFAULT_TDP_W)
-        mx = attrs.get("max_power_w")
-        if mx is not None:
-            max_power[i] = mx
     gpu_domain = tray_domain[gpu_tray] if n else np.empty(0, dtype=np.int64)
     gpu_rack = tray_rack[gpu_tray] if n else np.empty(0, dtype=np.int64)
     order = np.argsort(gpu_domain, kind="stable")

@@ -260,10 +260,23 @@ def compile_records(
     return None
 
 
-def _compile(
-    nodes: Any, edges: Any, site_budget: float | None, min_domain: int, uniform: bool
-) -> CompiledRecords:
-    _need(type(nodes) is list and type(edges) is list)
+@dataclass(frozen=True, eq=False)
+class _Nodes:
+    """The node records sorted by kind: what the column and edge checks share."""
+
+    code: np.ndarray  # kind code per node
+    ids: list[Hashable]
+    id_types: set[type]
+    index: dict[Hashable, int]  # node id -> position
+    order: list[np.ndarray]  # positions of each kind's nodes
+    groups: list[list[dict[str, Any]]]  # each kind's records
+    keys: list[tuple[frozenset[str], frozenset[str]]]  # each kind's (some, every) keys
+    local: np.ndarray  # position of each node among its kind's
+    n_keys: int  # keys in the node records
+
+
+def _sort_nodes(nodes: list[Any], uniform: bool) -> _Nodes:
+    """Kind codes, ids and per-kind groups of the node records, proven distinct and allowed."""
     # Records that are not objects need no scan of their own: every node record is read
     # by ``itemgetter("kind")`` and every edge record by ``itemgetter("source")``, which
     # raise TypeError on a list, a string, a number or null.
@@ -289,9 +302,12 @@ def _compile(
     local = np.empty(n_nodes, dtype=np.int64)
     for idx in order:
         local[idx] = np.arange(idx.size)
+    return _Nodes(code, ids, id_types, index, order, groups, keys, local, n_keys)
 
-    # GPUs
-    gpus, (gk, gall) = groups[_GPU], keys[_GPU]
+
+def _gpu_columns(nodes: _Nodes) -> tuple[np.ndarray, ...]:
+    """``healthy, speed, p_fail, tdp, max_power`` of the GPU records, proven valid."""
+    gpus, (gk, gall) = nodes.groups[_GPU], nodes.keys[_GPU]
     n = len(gpus)
     if "state" in gk:
         states = _column(gpus, "state", "healthy", gall)
@@ -304,9 +320,9 @@ def _compile(
             healthy[at] = False
     else:
         healthy = np.ones(n, dtype=bool)
-    speed = _number_column(gpus, keys[_GPU], "speed", 1.0, SPEED_MIN, SPEED_MAX)
-    p_fail = _number_column(gpus, keys[_GPU], "p_fail", 0.0, 0.0, 1.0)
-    tdp = _number_column(gpus, keys[_GPU], "tdp_w", 1000.0, 1.0, 1e6)
+    speed = _number_column(gpus, nodes.keys[_GPU], "speed", 1.0, SPEED_MIN, SPEED_MAX)
+    p_fail = _number_column(gpus, nodes.keys[_GPU], "p_fail", 0.0, 0.0, 1.0)
+    tdp = _number_column(gpus, nodes.keys[_GPU], "tdp_w", 1000.0, 1.0, 1e6)
     if "max_power_w" in gk:
         max_power = _floats(_column(gpus, "max_power_w", None, gall), 1.0, 1e6, null=np.inf)
         _need(bool((max_power >= tdp).all()))
@@ -317,8 +333,12 @@ def _compile(
             _strings(_column(gpus, key, None, gall), cap)
     if "index" in gk:
         _ints(_column(gpus, "index", None, gall), 0, 1_000_000, null=True)
+    return healthy, speed, p_fail, tdp, max_power
 
-    # Trays, domains, racks, switches
+
+def _other_columns(nodes: _Nodes, min_domain: int) -> tuple[np.ndarray, ...]:
+    """``tray_p_fail, domain sizes, rack budgets, leaf`` (per node) of the other records."""
+    groups, keys = nodes.groups, nodes.keys
     trays = groups[_TRAY]
     tray_p = _number_column(trays, keys[_TRAY], "p_fail", 0.0, 0.0, 1.0)
     if "host" in keys[_TRAY][0]:
@@ -333,12 +353,17 @@ def _compile(
     )
     if "budget_source" in rk:
         _strings(_column(racks, "budget_source", None, rall), 1000)
-    leaf = np.zeros(n_nodes, dtype=bool)
+    leaf = np.zeros(len(nodes.ids), dtype=bool)
     tiers = _column(groups[_SWITCH], "tier", "leaf", keys[_SWITCH][1])
     _need(set(tiers) <= {"leaf", "spine"})
-    leaf[order[_SWITCH]] = [t == "leaf" for t in tiers]
+    leaf[nodes.order[_SWITCH]] = [t == "leaf" for t in tiers]
+    return tray_p, sizes, budgets, leaf
 
-    # Edges
+
+def _edge_ends(
+    edges: list[Any], nodes: _Nodes
+) -> tuple[np.ndarray, np.ndarray, list[Any] | None, int]:
+    """``source, target`` (node positions), the bandwidths and the keys of the edge records."""
     m = len(edges)
     # Every edge has its two ends (read below); an edge with a third key must have
     # the bandwidth as that key: as many bandwidths as 3-key edges and none larger.
@@ -346,16 +371,15 @@ def _compile(
     _need(bool((lengths <= 3).all()))
     with_bw = np.flatnonzero(lengths == 3)  # KeyError below unless the third key is the bandwidth
     n_bw = int(with_bw.size)
-    n_keys += int(lengths.sum())
     present = list(map(itemgetter("bandwidth_gbps"), _pick(edges, with_bw)))
-    plain_ids = id_types == {str}
+    plain_ids = nodes.id_types == {str}
     ends = []
     for end in ("source", "target"):
         col = list(map(itemgetter(end), edges))
         # a value found in ``index`` equals a node id: of the same type if every id
         # is a string (a string equals strings only), else the types are checked
         _need(plain_ids or set(map(type, col)) <= _ID_TYPES)
-        ends.append(np.fromiter(map(index.__getitem__, col), dtype=np.int64, count=m))
+        ends.append(np.fromiter(map(nodes.index.__getitem__, col), dtype=np.int64, count=m))
     src, tgt = ends
     bandwidths: list[Any] | None = None
     if n_bw:
@@ -364,6 +388,14 @@ def _compile(
         if n_bw < m:
             for at, b in zip(with_bw.tolist(), present, strict=True):
                 bandwidths[at] = b
+    return src, tgt, bandwidths, int(lengths.sum())
+
+
+def _containment(
+    nodes: _Nodes, src: np.ndarray, tgt: np.ndarray, leaf: np.ndarray, sizes: np.ndarray
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """``gpu_tray, tray_domain, tray_rack`` from the edges, proven a valid containment."""
+    n_nodes, code, local = len(nodes.ids), nodes.code, nodes.local
     _need(bool((src != tgt).all()))
     lo, hi = np.minimum(src, tgt), np.maximum(src, tgt)
     pairs = np.sort(lo * n_nodes + hi)
@@ -377,7 +409,8 @@ def _compile(
     uplink = pair == _DOMAIN * 5 + _SWITCH
     _need(bool(leaf[upper[uplink]].all()))  # domains attach to leaf switches
 
-    n_trays = len(trays)
+    n = len(nodes.groups[_GPU])
+    n_trays = len(nodes.groups[_TRAY])
     gt = pair == _GPU * 5 + _TRAY
     gpu_end, tray_of_gpu = local[lower[gt]], local[upper[gt]]
     _need(bool((np.bincount(gpu_end, minlength=n) == 1).all()))
@@ -392,21 +425,35 @@ def _compile(
         t = local[lower[sel]]
         _need(bool((np.bincount(t, minlength=n_trays) == 1).all()))
         target[t] = local[upper[sel]]
-    n_domains = len(groups[_DOMAIN])
+    n_domains = len(nodes.groups[_DOMAIN])
     domain_count = np.bincount(tray_domain, weights=tray_gpus, minlength=n_domains)
     _need(bool((domain_count == sizes).all()))  # also: every domain has a tray
+    return gpu_tray, tray_domain, tray_rack
 
+
+def _compile(
+    nodes: Any, edges: Any, site_budget: float | None, min_domain: int, uniform: bool
+) -> CompiledRecords:
+    _need(type(nodes) is list and type(edges) is list)
+    sorted_nodes = _sort_nodes(nodes, uniform)
+    healthy, speed, p_fail, tdp, max_power = _gpu_columns(sorted_nodes)
+    tray_p, sizes, budgets, leaf = _other_columns(sorted_nodes, min_domain)
+    src, tgt, bandwidths, edge_keys = _edge_ends(edges, sorted_nodes)
+    gpu_tray, tray_domain, tray_rack = _containment(sorted_nodes, src, tgt, leaf, sizes)
+    n = len(healthy)
+    n_domains = len(sizes)
     gpu_domain = tray_domain[gpu_tray] if n else np.empty(0, dtype=np.int64)
     gpu_rack = tray_rack[gpu_tray] if n else np.empty(0, dtype=np.int64)
     by_domain = np.argsort(gpu_domain, kind="stable")
     bounds = np.searchsorted(gpu_domain[by_domain], np.arange(n_domains + 1))
     domain_gpus = tuple(by_domain[bounds[i] : bounds[i + 1]] for i in range(n_domains))
-    rack_tdp = np.bincount(gpu_rack, weights=tdp, minlength=len(racks))
+    rack_tdp = np.bincount(gpu_rack, weights=tdp, minlength=len(budgets))
     rack_budget = np.where(np.isnan(budgets), rack_tdp, budgets).astype(float)
     site = float(tdp.sum()) if site_budget is None else float(site_budget)
     arrs = (gpu_tray, gpu_domain, gpu_rack, healthy, speed, p_fail, tdp, max_power, rack_budget)
     for arr in (*arrs, tray_p):
         arr.setflags(write=False)
+    ids, order = sorted_nodes.ids, sorted_nodes.order
     gpu_ids = tuple(_pick(ids, order[_GPU]))
     domain_ids = tuple(_pick(ids, order[_DOMAIN]))
     rack_ids = tuple(_pick(ids, order[_RACK]))
@@ -431,7 +478,8 @@ def _compile(
         rack_budget=rack_budget,
         site_budget=site,
     )
-    small = np.int32 if n_nodes < 2**31 else np.int64
+    small = np.int32 if len(ids) < 2**31 else np.int64
+    n_keys = sorted_nodes.n_keys + edge_keys
     return CompiledRecords(arrays, ids, src.astype(small), tgt.astype(small), bandwidths, n_keys)
 
 

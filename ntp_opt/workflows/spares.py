@@ -5,6 +5,29 @@
   on the largest cluster and restricted (:func:`restrict_trace`) to smaller
   ones; :func:`spares_needed` draws the trace and asks it about pauses.
 
+The search assumes that more spares never hurt (if ``k`` spares suffice, so
+do ``k + 1``): from ``k = start`` it steps up (``start + 1, + 2, + 4, ...``,
+at most ``max_spares``) until one suffices, or down (``start - 1, - 2, - 4,
+...``) while they suffice, then bisects between the last ``k`` that stalls
+and the first that does not, planning ``O(log |answer - start|)`` restricted
+traces; a good guess for ``start`` (e.g. the peak count of domains with a GPU
+down, for ``dp-drop``) makes it two probes. That more spares never hurt holds
+for ``dp-drop`` and for exact planners proven optimal (more domains only add
+plans, and, when ``dp_max`` grows with ``k``, more replicas); for the other
+heuristics it is an assumption, checked against the linear scan in the
+tests. A trace is planned state by state with early exit at the first stall,
+states with the most GPUs down first, and ``prune`` skips states that cannot
+stall when a state with more failures does not:
+
+* ``"none"``: plan every distinct state;
+* ``"maximal"``: plan only states whose set of GPUs down is maximal under
+  inclusion (assumes failures never help: exact for ``dp-drop`` and proven
+  optimal plans, an assumption for the other heuristics);
+* ``"symmetric"``: with interchangeable domains
+  (:func:`interchangeable_domains`), a state is its sorted per-domain counts
+  of GPUs down, and only the counts that no other state dominates entry by
+  entry are planned (same assumption as ``"maximal"``).
+
 The choices the spec left open are recorded in ``docs/simulation.md``.
 """
 
@@ -12,7 +35,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Hashable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Literal
 
 import numpy as np
@@ -235,29 +258,7 @@ def spares_search(
     or there is no plan) or below ``min_relative_goodput``; the policy never
     stalls with ``k`` spares when no state of the restricted trace stalls.
 
-    The search assumes that more spares never hurt (if ``k`` spares suffice,
-    so do ``k + 1``): from ``k = start`` it steps up (``start + 1, + 2, + 4,
-    ...``, at most ``max_spares``) until one suffices, or down (``start - 1,
-    - 2, - 4, ...``) while they suffice, then bisects between the last ``k``
-    that stalls and the first that does not, planning ``O(log |answer -
-    start|)`` restricted traces; a good guess for ``start`` (e.g. the peak
-    count of domains with a GPU down, for ``dp-drop``) makes it two probes.
-    That more spares never hurt holds for ``dp-drop`` and for exact planners
-    proven optimal (more domains only add plans, and, when ``dp_max`` grows
-    with ``k``, more replicas); for the other heuristics it is an assumption,
-    checked against the linear scan in the tests. A trace is planned state by
-    state with early exit at the first stall, states with the most GPUs down
-    first, and ``prune`` skips states that cannot stall when a state with more
-    failures does not:
-
-    * ``"none"``: plan every distinct state;
-    * ``"maximal"``: plan only states whose set of GPUs down is maximal under
-      inclusion (assumes failures never help: exact for ``dp-drop`` and proven
-      optimal plans, an assumption for the other heuristics);
-    * ``"symmetric"``: with interchangeable domains
-      (:func:`interchangeable_domains`), a state is its sorted per-domain counts
-      of GPUs down, and only the counts that no other state dominates
-      entry by entry are planned (same assumption as ``"maximal"``).
+    The search from ``start`` and ``prune`` are described in the module docstring.
 
     Parameters
     ----------
@@ -298,65 +299,91 @@ def spares_search(
     thr = _check_search_args(policy, prune, max_spares, start, min_relative_goodput)
     big = build(max_spares)
     check_trace(big, trace)
-    instances: dict[int, Instance] = {max_spares: big}
-    cache: dict[tuple[int, Hashable], float] = {}
-    probes: dict[int, bool] = {}
-    stall_at: dict[int, tuple[float, float]] = {}
-
-    def instance_for(k: int) -> Instance:
-        if k not in instances:
-            inst = build(k)
-            extra = [g for g in inst.arrays.gpu_ids if g not in big.arrays.gpu_index]
-            if extra:
-                raise ValueError(
-                    f"build({k}) has GPUs that build({max_spares}) lacks: "
-                    f"{', '.join(map(str, extra[:5]))}"
-                )
-            if prune == "symmetric":
-                why = interchangeable_domains(inst)
-                if why is not None:
-                    raise ValueError(f"prune='symmetric' needs interchangeable domains: {why}")
-            instances[k] = inst
-        return instances[k]
-
-    def runs(k: int) -> bool:
-        if k in probes:
-            return probes[k]
-        inst = instance_for(k)
-        sub = trace if k == max_spares else restrict_trace(trace, inst.arrays.gpu_ids)
-        check_trace(inst, sub)
-        for t, down, key in _candidates(inst, trace_states(inst, sub), prune):
-            if (k, key) not in cache:
-                res = solver(state_instance(inst, down), policy, time_limit=time_limit)
-                if res.limit == "interrupted":  # Ctrl-C: stop the whole simulation
-                    raise KeyboardInterrupt
-                g = res.relative_objective if res.plan is not None else None
-                cache[k, key] = float(g) if g is not None else 0.0
-            g = cache[k, key]
-            if g <= 0.0 or g < thr * (1.0 - THRESHOLD_TOL):
-                probes[k] = False
-                stall_at[k] = (t, g)
-                return False
-        probes[k] = True
-        return True
-
-    if prune == "symmetric":
-        why = interchangeable_domains(big)
-        if why is not None:
-            raise ValueError(f"prune='symmetric' needs interchangeable domains: {why}")
+    probe = _Probe(build, trace, policy, max_spares, thr, time_limit, prune, solver, big)
     n_states = len({d for _, d in trace_states(big, trace)})
-    answer = _fewest_that_run(runs, start, max_spares)
-    binding = stall_at.get(max_spares if answer is None else answer - 1)
+    answer = _fewest_that_run(probe.runs, start, max_spares)
+    binding = probe.stall_at.get(max_spares if answer is None else answer - 1)
     return SparesResult(
         policy=policy,
         spares=answer,
         max_spares=max_spares,
         min_relative_goodput=thr,
-        probes=dict(sorted(probes.items())),
+        probes=dict(sorted(probe.probes.items())),
         binding=binding,
         states=n_states,
-        planned=len(cache),
+        planned=len(probe.cache),
     )
+
+
+def _require_interchangeable(instance: Instance) -> None:
+    """Raise ``ValueError`` unless the domains of ``instance`` are interchangeable."""
+    why = interchangeable_domains(instance)
+    if why is not None:
+        raise ValueError(f"prune='symmetric' needs interchangeable domains: {why}")
+
+
+@dataclass
+class _Probe:
+    """:func:`spares_search`'s probes: whether the policy runs the trace with ``k`` spares."""
+
+    build: Callable[[int], Instance]
+    trace: Trace
+    policy: str
+    max_spares: int
+    thr: float
+    time_limit: float
+    prune: str
+    solver: Callable[..., Result]
+    big: Instance
+    instances: dict[int, Instance] = field(default_factory=dict)
+    cache: dict[tuple[int, Hashable], float] = field(default_factory=dict)
+    probes: dict[int, bool] = field(default_factory=dict)
+    stall_at: dict[int, tuple[float, float]] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        self.instances[self.max_spares] = self.big
+        if self.prune == "symmetric":
+            _require_interchangeable(self.big)
+
+    def instance_for(self, k: int) -> Instance:
+        """``build(k)``, checked against ``build(max_spares)`` (built once)."""
+        if k not in self.instances:
+            inst = self.build(k)
+            extra = [g for g in inst.arrays.gpu_ids if g not in self.big.arrays.gpu_index]
+            if extra:
+                raise ValueError(
+                    f"build({k}) has GPUs that build({self.max_spares}) lacks: "
+                    f"{', '.join(map(str, extra[:5]))}"
+                )
+            if self.prune == "symmetric":
+                _require_interchangeable(inst)
+            self.instances[k] = inst
+        return self.instances[k]
+
+    def runs(self, k: int) -> bool:
+        """Whether no state of the trace restricted to ``build(k)`` stalls."""
+        if k in self.probes:
+            return self.probes[k]
+        inst = self.instance_for(k)
+        trace = self.trace
+        sub = trace if k == self.max_spares else restrict_trace(trace, inst.arrays.gpu_ids)
+        check_trace(inst, sub)
+        for t, down, key in _candidates(inst, trace_states(inst, sub), self.prune):
+            if (k, key) not in self.cache:
+                res = self.solver(
+                    state_instance(inst, down), self.policy, time_limit=self.time_limit
+                )
+                if res.limit == "interrupted":  # Ctrl-C: stop the whole simulation
+                    raise KeyboardInterrupt
+                g = res.relative_objective if res.plan is not None else None
+                self.cache[k, key] = float(g) if g is not None else 0.0
+            g = self.cache[k, key]
+            if g <= 0.0 or g < self.thr * (1.0 - THRESHOLD_TOL):
+                self.probes[k] = False
+                self.stall_at[k] = (t, g)
+                return False
+        self.probes[k] = True
+        return True
 
 
 def spares_needed(

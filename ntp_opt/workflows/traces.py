@@ -19,7 +19,7 @@ from typing import Any, Literal
 import numpy as np
 
 from ntp_opt.model.failures import failed_instance
-from ntp_opt.model.instance import Instance
+from ntp_opt.model.instance import ClusterArrays, Instance
 
 #: 419 unexpected interruptions in 54 days on 16,384 H100 (Llama 3 report).
 LLAMA3_RATE_PER_GPU_DAY = 4.7e-4
@@ -154,6 +154,42 @@ def generate_trace(
     comes first, and hits a uniformly chosen up GPU. Deterministic by
     ``seed`` (``numpy.random.default_rng``).
     """
+    _check_trace_args(
+        days, rate_per_gpu_day, multiplier, hardware_share, hw_repair_days, sw_repair_hours, unit
+    )
+    lo, hi = hw_repair_days
+    draw = _Draw(
+        horizon=float(days) * 24.0,
+        rate_h=rate_per_gpu_day * multiplier / 24.0,  # per up GPU per hour
+        hardware_share=hardware_share,
+        hw_repair_days=(lo, hi),
+        sw_repair_hours=sw_repair_hours,
+        unit=unit,
+    )
+    events = draw.events(instance, np.random.default_rng(seed))
+    meta = {
+        "days": days,
+        "seed": seed,
+        "rate_per_gpu_day": rate_per_gpu_day,
+        "multiplier": multiplier,
+        "hardware_share": hardware_share,
+        "hw_repair_days": (lo, hi),
+        "sw_repair_hours": sw_repair_hours,
+        "unit": unit,
+    }
+    return Trace(tuple(events), draw.horizon, meta)
+
+
+def _check_trace_args(
+    days: float,
+    rate_per_gpu_day: float,
+    multiplier: float,
+    hardware_share: float,
+    hw_repair_days: tuple[float, float],
+    sw_repair_hours: float,
+    unit: str,
+) -> None:
+    """Raise ``ValueError`` on an argument :func:`generate_trace` cannot use."""
     if not (math.isfinite(days) and days > 0):
         raise ValueError(f"days must be finite and > 0, got {days!r}")
     if not (rate_per_gpu_day >= 0 and multiplier >= 0):
@@ -165,78 +201,98 @@ def generate_trace(
         raise ValueError("repair durations must be positive (hw_repair_days as (lo, hi), lo <= hi)")
     if unit not in ("gpu", "tray"):
         raise ValueError(f"unit must be 'gpu' or 'tray', got {unit!r}")
-    a = instance.arrays
-    rng = np.random.default_rng(seed)
-    horizon = float(days) * 24.0
-    rate_h = rate_per_gpu_day * multiplier / 24.0  # per up GPU per hour
 
-    up = np.asarray(a.healthy, dtype=bool).copy()
-    # Position of every up GPU in a dense list, for O(1) uniform choice and removal.
-    pool: list[int] = [int(i) for i in np.flatnonzero(up)]
-    where: dict[int, int] = {g: k for k, g in enumerate(pool)}
 
-    def take(g: int) -> None:
-        k = where.pop(g)
-        last = pool.pop()
+class _UpPool:
+    """The GPUs that are up, in a dense list for O(1) uniform choice and removal."""
+
+    def __init__(self, up: np.ndarray) -> None:
+        self.pool: list[int] = [int(i) for i in np.flatnonzero(up)]
+        self.where: dict[int, int] = {g: k for k, g in enumerate(self.pool)}
+
+    def take(self, g: int) -> None:
+        """Remove GPU ``g`` (it goes down)."""
+        k = self.where.pop(g)
+        last = self.pool.pop()
         if last != g:
-            pool[k] = last
-            where[last] = k
+            self.pool[k] = last
+            self.where[last] = k
 
-    def give(g: int) -> None:
-        where[g] = len(pool)
-        pool.append(g)
+    def give(self, g: int) -> None:
+        """Add GPU ``g`` (it comes back up)."""
+        self.where[g] = len(self.pool)
+        self.pool.append(g)
 
-    tray_members: dict[int, list[int]] = {}
-    if unit == "tray":
-        for g in range(a.n_gpus):
-            tray_members.setdefault(int(a.gpu_tray[g]), []).append(g)
 
-    events: list[Event] = []
-    repairs: list[tuple[float, int, tuple[int, ...], Cause]] = []  # heap
-    t = 0.0
-    seq = 0
-    while True:
-        total = rate_h * len(pool)
-        gap = rng.exponential(1.0 / total) if total > 0 else math.inf
-        t_fail = t + gap
-        if repairs and repairs[0][0] <= t_fail:
-            t_rep, _, gpus, rep_cause = heapq.heappop(repairs)
-            if t_rep > horizon:
+@dataclass(frozen=True)
+class _Draw:
+    """The checked rates and durations of :func:`generate_trace` (hours)."""
+
+    horizon: float
+    rate_h: float  # failures per up GPU per hour
+    hardware_share: float
+    hw_repair_days: tuple[float, float]
+    sw_repair_hours: float
+    unit: str
+
+    def events(self, instance: Instance, rng: np.random.Generator) -> list[Event]:
+        """The events of one trace (module docstring of :func:`generate_trace`)."""
+        a = instance.arrays
+        up = np.asarray(a.healthy, dtype=bool).copy()
+        pool = _UpPool(up)
+        tray_members: dict[int, list[int]] = {}
+        if self.unit == "tray":
+            for g in range(a.n_gpus):
+                tray_members.setdefault(int(a.gpu_tray[g]), []).append(g)
+        events: list[Event] = []
+        repairs: list[tuple[float, int, tuple[int, ...], Cause]] = []  # heap
+        t = 0.0
+        seq = 0
+        while True:
+            total = self.rate_h * len(pool.pool)
+            gap = rng.exponential(1.0 / total) if total > 0 else math.inf
+            t_fail = t + gap
+            if repairs and repairs[0][0] <= t_fail:
+                t_rep, _, gpus, rep_cause = heapq.heappop(repairs)
+                if t_rep > self.horizon:
+                    break
+                for g in gpus:
+                    up[g] = True
+                    pool.give(g)
+                events.append(Event(t_rep, "repair", tuple(a.gpu_ids[g] for g in gpus), rep_cause))
+                t = t_rep  # memoryless: the pending failure gap is redrawn
+                continue
+            if t_fail > self.horizon:
                 break
+            t = t_fail
+            gpus, cause, duration = self._failure(a, rng, pool, up, tray_members)
             for g in gpus:
-                up[g] = True
-                give(g)
-            events.append(Event(t_rep, "repair", tuple(a.gpu_ids[g] for g in gpus), rep_cause))
-            t = t_rep  # memoryless: the pending failure gap is redrawn
-            continue
-        if t_fail > horizon:
-            break
-        t = t_fail
-        hit = pool[int(rng.integers(len(pool)))]
-        if unit == "tray":
+                up[g] = False
+                pool.take(g)
+            events.append(Event(t, "fail", tuple(a.gpu_ids[g] for g in gpus), cause))
+            heapq.heappush(repairs, (t + duration, seq, gpus, cause))
+            seq += 1
+        return events
+
+    def _failure(
+        self,
+        a: ClusterArrays,
+        rng: np.random.Generator,
+        pool: _UpPool,
+        up: np.ndarray,
+        tray_members: dict[int, list[int]],
+    ) -> tuple[tuple[int, ...], Cause, float]:
+        """The GPUs one failure takes down, its cause and its repair time (hours)."""
+        hit = pool.pool[int(rng.integers(len(pool.pool)))]
+        if self.unit == "tray":
             gpus = tuple(g for g in tray_members[int(a.gpu_tray[hit])] if up[g])
         else:
             gpus = (hit,)
-        hardware = bool(rng.random() < hardware_share)
+        hardware = bool(rng.random() < self.hardware_share)
         cause: Cause = "hardware" if hardware else "software"
-        duration = float(rng.uniform(lo, hi)) * 24.0 if hardware else float(sw_repair_hours)
-        for g in gpus:
-            up[g] = False
-            take(g)
-        events.append(Event(t, "fail", tuple(a.gpu_ids[g] for g in gpus), cause))
-        heapq.heappush(repairs, (t + duration, seq, gpus, cause))
-        seq += 1
-    meta = {
-        "days": days,
-        "seed": seed,
-        "rate_per_gpu_day": rate_per_gpu_day,
-        "multiplier": multiplier,
-        "hardware_share": hardware_share,
-        "hw_repair_days": (lo, hi),
-        "sw_repair_hours": sw_repair_hours,
-        "unit": unit,
-    }
-    return Trace(tuple(events), horizon, meta)
+        lo, hi = self.hw_repair_days
+        duration = float(rng.uniform(lo, hi)) * 24.0 if hardware else float(self.sw_repair_hours)
+        return gpus, cause, duration
 
 
 def state_instance(instance: Instance, down: Iterable[int]) -> Instance:

@@ -7,6 +7,7 @@ racks ``r{i}``, leaf switches ``leaf{i}``, spine switches ``spine{i}``.
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from ntp_opt.model.topology.attrs import (
@@ -78,78 +79,164 @@ def build_cluster(
         If an argument is not a positive integer / positive finite number, or the tray, domain
         and rack sizes are incompatible.
     """
-    num_domains = require_pos_int("num_domains", num_domains)
-    domain_size = require_pos_int("domain_size", domain_size)
-    gpus_per_tray = require_pos_int("gpus_per_tray", gpus_per_tray)
-    trays_per_rack = require_pos_int("trays_per_rack", trays_per_rack)
-    domains_per_leaf = require_pos_int("domains_per_leaf", domains_per_leaf)
-    if num_spines is not None:
-        num_spines = require_pos_int("num_spines", num_spines)
-    tdp = require_pos_finite("tdp_w", tdp_w)
-    factor = require_pos_finite("rack_power_factor", rack_power_factor)
-    if name is not None and not isinstance(name, str):
-        raise ValueError(f"name must be a string or None, got {name!r}")
-    if domain_size % gpus_per_tray:
-        raise ValueError(
-            f"domain_size ({domain_size}) must be a multiple of gpus_per_tray ({gpus_per_tray})"
-        )
-    trays_per_domain = domain_size // gpus_per_tray
-    if trays_per_domain % trays_per_rack and trays_per_rack % trays_per_domain:
-        raise ValueError(
-            f"trays_per_rack ({trays_per_rack}) must divide or be a multiple of the number of "
-            f"trays per domain ({trays_per_domain} = domain_size {domain_size} / gpus_per_tray "
-            f"{gpus_per_tray})"
-        )
-
-    num_trays = num_domains * trays_per_domain
-    num_racks = -(-num_trays // trays_per_rack)
-    num_leaves = -(-num_domains // domains_per_leaf)
-    if num_spines is None:
-        num_spines = min(_MAX_DEFAULT_SPINES, max(1, -(-num_leaves // 8)))
-
-    domain_bw = NIC_GBPS_PER_GPU * domain_size
-    nodes: list[tuple[str, dict[str, Any]]] = []
-    edges: list[tuple[str, str] | tuple[str, str, dict[str, Any]]] = []
-    rack_ids = [f"r{r}" for r in range(num_racks)]
-    leaf_ids = [f"leaf{s}" for s in range(num_leaves)]
-    spine_ids = [f"spine{s}" for s in range(num_spines)]
-    gpu_proto = {"kind": "gpu", "state": HEALTHY, "speed": 1.0, "p_fail": 0.0, "tdp_w": tdp}
-
-    global_tray = 0
-    for i in range(num_domains):
-        d = f"d{i}"
-        nodes.append((d, {"kind": "domain", "size": domain_size}))
-        for j in range(trays_per_domain):
-            t = f"{d}.t{j}"
-            nodes.append((t, {"kind": "tray", "p_fail": 0.0}))
-            edges.append((t, d))
-            edges.append((t, rack_ids[global_tray // trays_per_rack]))
-            global_tray += 1
-            for k in range(gpus_per_tray):
-                g = f"{t}.g{k}"
-                nodes.append((g, dict(gpu_proto)))
-                edges.append((g, t))
-        edges.append((d, leaf_ids[i // domains_per_leaf], {"bandwidth_gbps": domain_bw}))
-
-    for r, rid in enumerate(rack_ids):
-        trays_in_rack = min(trays_per_rack, num_trays - r * trays_per_rack)
-        budget = factor * trays_in_rack * gpus_per_tray * tdp
-        nodes.append((rid, {"kind": "rack", "power_budget_w": budget}))
-    for s, lid in enumerate(leaf_ids):
-        nodes.append((lid, {"kind": "switch", "tier": "leaf"}))
-        domains_on_leaf = min(domains_per_leaf, num_domains - s * domains_per_leaf)
-        uplink_bw = domains_on_leaf * domain_bw / num_spines
-        edges.extend((lid, sp, {"bandwidth_gbps": uplink_bw}) for sp in spine_ids)
-    nodes.extend((sp, {"kind": "switch", "tier": "spine"}) for sp in spine_ids)
+    shape = _Shape.checked(
+        num_domains,
+        domain_size,
+        gpus_per_tray,
+        trays_per_rack,
+        domains_per_leaf,
+        num_spines,
+        tdp_w,
+        rack_power_factor,
+        name,
+    )
+    nodes, edges = _domain_records(shape)
+    _rack_and_switch_records(shape, nodes, edges)
 
     import networkx as nx  # on first use: loading an instance file needs no graph
 
     G = nx.Graph()
-    G.graph["name"] = name if name is not None else f"cluster-{num_domains}x{domain_size}"
-    G.graph["power_budget_w"] = num_trays * gpus_per_tray * tdp
+    G.graph["name"] = (
+        name if name is not None else f"cluster-{shape.num_domains}x{shape.domain_size}"
+    )
+    G.graph["power_budget_w"] = shape.num_trays * shape.gpus_per_tray * shape.tdp
     G.add_nodes_from(nodes)
     G.add_edges_from(edges)
     return G
+
+
+_Nodes = list[tuple[str, dict[str, Any]]]
+_Edges = list[tuple[str, str] | tuple[str, str, dict[str, Any]]]
+
+
+@dataclass(frozen=True)
+class _Shape:
+    """The checked arguments of :func:`build_cluster` and the counts they imply."""
+
+    num_domains: int
+    domain_size: int
+    gpus_per_tray: int
+    trays_per_rack: int
+    domains_per_leaf: int
+    spines: int | None  # as given (``None``: the default)
+    tdp: float
+    factor: float
+
+    @classmethod
+    def checked(
+        cls,
+        num_domains: int,
+        domain_size: int,
+        gpus_per_tray: int,
+        trays_per_rack: int,
+        domains_per_leaf: int,
+        num_spines: int | None,
+        tdp_w: float,
+        rack_power_factor: float,
+        name: str | None,
+    ) -> _Shape:
+        """The checked shape (:func:`build_cluster`'s errors, in its order); ``name`` is checked."""
+        shape = cls(
+            require_pos_int("num_domains", num_domains),
+            require_pos_int("domain_size", domain_size),
+            require_pos_int("gpus_per_tray", gpus_per_tray),
+            require_pos_int("trays_per_rack", trays_per_rack),
+            require_pos_int("domains_per_leaf", domains_per_leaf),
+            None if num_spines is None else require_pos_int("num_spines", num_spines),
+            require_pos_finite("tdp_w", tdp_w),
+            require_pos_finite("rack_power_factor", rack_power_factor),
+        )
+        if name is not None and not isinstance(name, str):
+            raise ValueError(f"name must be a string or None, got {name!r}")
+        shape.check_trays()
+        return shape
+
+    def check_trays(self) -> None:
+        """Raise ``ValueError`` unless trays fill the domains and racks (:func:`build_cluster`)."""
+        domain_size, gpus_per_tray = self.domain_size, self.gpus_per_tray
+        trays_per_rack = self.trays_per_rack
+        if domain_size % gpus_per_tray:
+            raise ValueError(
+                f"domain_size ({domain_size}) must be a multiple of gpus_per_tray ({gpus_per_tray})"
+            )
+        trays_per_domain = domain_size // gpus_per_tray
+        if trays_per_domain % trays_per_rack and trays_per_rack % trays_per_domain:
+            raise ValueError(
+                f"trays_per_rack ({trays_per_rack}) must divide or be a multiple of the number of "
+                f"trays per domain ({trays_per_domain} = domain_size {domain_size} / gpus_per_tray "
+                f"{gpus_per_tray})"
+            )
+
+    @property
+    def trays_per_domain(self) -> int:
+        return self.domain_size // self.gpus_per_tray
+
+    @property
+    def num_trays(self) -> int:
+        return self.num_domains * self.trays_per_domain
+
+    @property
+    def num_leaves(self) -> int:
+        return -(-self.num_domains // self.domains_per_leaf)
+
+    @property
+    def num_spines(self) -> int:
+        if self.spines is not None:
+            return self.spines
+        return min(_MAX_DEFAULT_SPINES, max(1, -(-self.num_leaves // 8)))
+
+    @property
+    def domain_bw(self) -> float:
+        return NIC_GBPS_PER_GPU * self.domain_size
+
+    @property
+    def rack_ids(self) -> list[str]:
+        return [f"r{r}" for r in range(-(-self.num_trays // self.trays_per_rack))]
+
+
+def _domain_records(shape: _Shape) -> tuple[_Nodes, _Edges]:
+    """The domain, tray and GPU nodes with their edges (to trays, racks and leaves)."""
+    nodes: _Nodes = []
+    edges: _Edges = []
+    rack_ids = shape.rack_ids
+    domain_bw = shape.domain_bw
+    gpu_proto = {"kind": "gpu", "state": HEALTHY, "speed": 1.0, "p_fail": 0.0, "tdp_w": shape.tdp}
+    global_tray = 0
+    for i in range(shape.num_domains):
+        d = f"d{i}"
+        nodes.append((d, {"kind": "domain", "size": shape.domain_size}))
+        for j in range(shape.trays_per_domain):
+            t = f"{d}.t{j}"
+            nodes.append((t, {"kind": "tray", "p_fail": 0.0}))
+            edges.append((t, d))
+            edges.append((t, rack_ids[global_tray // shape.trays_per_rack]))
+            global_tray += 1
+            for k in range(shape.gpus_per_tray):
+                g = f"{t}.g{k}"
+                nodes.append((g, dict(gpu_proto)))
+                edges.append((g, t))
+        edges.append((d, f"leaf{i // shape.domains_per_leaf}", {"bandwidth_gbps": domain_bw}))
+    return nodes, edges
+
+
+def _rack_and_switch_records(shape: _Shape, nodes: _Nodes, edges: _Edges) -> None:
+    """Append the rack and switch nodes and the leaf-spine edges."""
+    num_trays, trays_per_rack = shape.num_trays, shape.trays_per_rack
+    num_spines = shape.num_spines
+    spine_ids = [f"spine{s}" for s in range(num_spines)]
+    for r, rid in enumerate(shape.rack_ids):
+        trays_in_rack = min(trays_per_rack, num_trays - r * trays_per_rack)
+        budget = shape.factor * trays_in_rack * shape.gpus_per_tray * shape.tdp
+        nodes.append((rid, {"kind": "rack", "power_budget_w": budget}))
+    for s in range(shape.num_leaves):
+        lid = f"leaf{s}"
+        nodes.append((lid, {"kind": "switch", "tier": "leaf"}))
+        domains_on_leaf = min(
+            shape.domains_per_leaf, shape.num_domains - s * shape.domains_per_leaf
+        )
+        uplink_bw = domains_on_leaf * shape.domain_bw / num_spines
+        edges.extend((lid, sp, {"bandwidth_gbps": uplink_bw}) for sp in spine_ids)
+    nodes.extend((sp, {"kind": "switch", "tier": "spine"}) for sp in spine_ids)
 
 
 def _default_name(kw: dict[str, Any], prefix: str, num_gpus: int) -> None:

@@ -77,13 +77,12 @@ from __future__ import annotations
 
 import math
 import threading
-import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from itertools import combinations
 
 import numpy as np
 
-from ntp_opt.model.control import Control
+from ntp_opt.model.control import Control, Deadline
 from ntp_opt.model.instance import Instance
 from ntp_opt.planners.base import Limit
 from ntp_opt.planners.exact.backends.domains import domain_master
@@ -176,7 +175,7 @@ def domain_limit(instance: Instance) -> int | None:
     a = instance.arrays
     job = instance.job
     assert job.dp_max is not None
-    usable = [d for d in range(a.n_domains) if a.healthy[a.domain_gpus[d]].any()]
+    usable = _usable(instance)
     k = min(job.pp * job.dp_max, len(usable))
     if (k >= len(usable) and not _grouped(instance)) or not refills_keep_power(instance):
         return None
@@ -237,7 +236,7 @@ def power_cap(
         return None
     a = instance.arrays
     job = instance.job
-    usable = [d for d in range(a.n_domains) if a.healthy[a.domain_gpus[d]].any()]
+    usable = _usable(instance)
     first = a.domain_gpus[usable[0]]
     healthy = first[a.healthy[first]]
     if len(set(_profile(instance, healthy))) != 1:
@@ -382,36 +381,70 @@ def domain_bound(
     k = domain_limit(instance)
     if k is None:
         return None
+    clock = Deadline(Control("risk-aware", None, cancel), deadline)
+    cap = _power_cap(instance, min_nominal, clock, seed, threads)
+    options, per_scenario, affected = _scenario_options(instance, scenarios, k)
+    search = _Coupling(
+        instance,
+        scenarios,
+        np.asarray(scenarios.weights, dtype=float),
+        np.asarray(scenario_bounds, dtype=float),
+        k,
+        {} if cap is None else {"max_boost": cap - 1.0},
+        clock,
+        seed,
+        threads,
+        options,
+        per_scenario,
+        affected,
+    )
+    best = search.run()
+    return DomainBound(
+        bound=best,
+        domains=k,
+        chosen=search.chosen,
+        options=len(options),
+        solved=search.solved,
+        proven=search.proven,
+        masters=search.masters,
+        limit_hit=search.limit_hit,
+        power_cap=cap,
+    )
+
+
+def _power_cap(
+    instance: Instance, min_nominal: float | None, clock: Deadline, seed: int, threads: int
+) -> float | None:
+    """:func:`power_cap` within its share of the time left (``None``: no ``min_nominal``)."""
+    if min_nominal is None or clock.stopped():
+        return None
+    left = clock.remaining()
+    return power_cap(
+        instance,
+        min_nominal,
+        time_limit=None if left is None else CAP_SHARE * left,
+        seed=seed,
+        threads=threads,
+        control=clock.control,
+    )
+
+
+def _usable(instance: Instance) -> list[int]:
+    """The domains with a healthy GPU."""
     a = instance.arrays
-    control = Control("risk-aware", None, cancel)
-    weights = np.asarray(scenarios.weights, dtype=float)
-    caps = np.asarray(scenario_bounds, dtype=float)
-    usable = [d for d in range(a.n_domains) if a.healthy[a.domain_gpus[d]].any()]
+    return [d for d in range(a.n_domains) if a.healthy[a.domain_gpus[d]].any()]
+
+
+def _scenario_options(
+    instance: Instance, scenarios: Scenarios, k: int
+) -> tuple[list[_Option], list[list[int]], list[tuple[int, ...]]]:
+    """The master's options, each scenario's options and each scenario's affected domains."""
+    a = instance.arrays
     job = instance.job
     grouped = _grouped(instance)
     assert job.dp_max is not None  # domain_limit applies
     # the padding then forms whole groups of pp (their partners are padding)
-    degrade = grouped and _alike(instance, usable) and k == job.pp * job.dp_max
-
-    def remaining() -> float | None:
-        return None if deadline is None else deadline - time.perf_counter()
-
-    def stopped() -> bool:
-        left = remaining()
-        return control.cancelled or (left is not None and left <= 0)
-
-    cap = None
-    if min_nominal is not None and not stopped():
-        left = remaining()
-        cap = power_cap(
-            instance,
-            min_nominal,
-            time_limit=None if left is None else CAP_SHARE * left,
-            seed=seed,
-            threads=threads,
-            control=control,
-        )
-    updates: dict[str, object] = {} if cap is None else {"max_boost": cap - 1.0}
+    degrade = grouped and _alike(instance, _usable(instance)) and k == job.pp * job.dp_max
     options: list[_Option] = []
     per_scenario: list[list[int]] = []
     affected: list[tuple[int, ...]] = []
@@ -420,7 +453,7 @@ def domain_bound(
         g = g[a.healthy[g]]
         dom = tuple(int(d) for d in np.unique(a.gpu_domain[g]))
         affected.append(dom)
-        mine = []
+        mine: list[int] = []
         if len(dom) > MAX_AFFECTED:
             mine.append(len(options))
             options.append(_Option(s, (), None))
@@ -431,91 +464,131 @@ def domain_bound(
                 alive[d] = dg[a.healthy[dg] & ~np.isin(dg, g)]
             for size in range(min(len(dom), k) + 1):
                 for t in combinations(dom, size):
-                    prof = tuple(sorted(_profile(instance, alive[d]) for d in t))
-                    dead = tuple(d for d in t if grouped and len(alive[d]) < job.min_tp)
-                    m = len(dead)
-                    if degrade and t and m == 0:
-                        # the replicas of the degraded domains: each partner
-                        # keeps at most the most GPUs one of them has left
-                        limit = max(len(alive[d]) for d in t)
-                        for groups in range(-(-len(t) // job.pp), len(t) + 1):
-                            mine.append(len(options))
-                            key = (prof, 0, groups)
-                            options.append(_Option(s, t, key, (), 0, t, groups, limit))
-                        continue
-                    for lost in range(-(-m // job.pp), m + 1):
-                        mine.append(len(options))
-                        options.append(_Option(s, t, (prof, lost, 0), dead, lost))
+                    _add_options(instance, s, t, alive, grouped, degrade, options, mine)
         per_scenario.append(mine)
-    values: dict[object, float] = {}
-    solved = proven = masters = 0
-    limit_hit = False
+    return options, per_scenario, affected
+
+
+def _add_options(
+    instance: Instance,
+    s: int,
+    t: tuple[int, ...],
+    alive: dict[int, np.ndarray],
+    grouped: bool,
+    degrade: bool,
+    options: list[_Option],
+    mine: list[int],
+) -> None:
+    """Append scenario ``s``'s options with ``T = t`` to ``options`` (their indices to ``mine``)."""
+    job = instance.job
+    prof = tuple(sorted(_profile(instance, alive[d]) for d in t))
+    dead = tuple(d for d in t if grouped and len(alive[d]) < job.min_tp)
+    m = len(dead)
+    if degrade and t and m == 0:
+        # the replicas of the degraded domains: each partner
+        # keeps at most the most GPUs one of them has left
+        limit = max(len(alive[d]) for d in t)
+        for groups in range(-(-len(t) // job.pp), len(t) + 1):
+            mine.append(len(options))
+            key = (prof, 0, groups)
+            options.append(_Option(s, t, key, (), 0, t, groups, limit))
+        return
+    for lost in range(-(-m // job.pp), m + 1):
+        mine.append(len(options))
+        options.append(_Option(s, t, (prof, lost, 0), dead, lost))
+
+
+@dataclass
+class _Coupling:
+    """:func:`domain_bound`'s loop: master programs, and the options their optima use solved."""
+
+    instance: Instance
+    scenarios: Scenarios
+    weights: np.ndarray
+    caps: np.ndarray  # U_s
+    k: int
+    updates: dict[str, object]  # to the job of every restricted instance
+    clock: Deadline
+    seed: int
+    threads: int
+    options: list[_Option]
+    per_scenario: list[list[int]]
+    affected: list[tuple[int, ...]]
+    values: dict[object, float] = field(default_factory=dict)
+    solved: int = 0
+    proven: int = 0
+    masters: int = 0
+    limit_hit: bool = False
     chosen: tuple[int, ...] = ()
+    usable: list[int] = field(init=False)
 
-    def value(o: _Option) -> float:
-        v = values.get(o.key, math.inf) if o.key is not None else math.inf
-        return float(min(v, caps[o.scenario]))
+    def __post_init__(self) -> None:
+        self.usable = _usable(self.instance)
 
-    best = float(np.dot(weights, caps))
-    fresh_values = True  # values changed since the last master
-    while fresh_values and not control.cancelled:
-        left = remaining()
-        if left is not None and left <= 0:
-            limit_hit = True
-            if masters > 0:  # one last master (short) uses what was solved
-                left = MASTER_MIN / MASTER_SHARE
-        ub, z, picked = _master(
-            options,
-            per_scenario,
-            affected,
-            usable,
-            k,
-            job.pp,
-            weights,
-            [value(o) for o in options],
-            None if left is None else MASTER_SHARE * left,
-            seed,
-        )
-        masters += 1
-        fresh_values = False
-        if ub < best or not chosen:
-            best, chosen = min(best, ub), z
-        if stopped():
-            limit_hit = True
-            break
+    def value(self, o: _Option) -> float:
+        """The option's value: its restricted instance's bound if known, at most ``U_s``."""
+        v = self.values.get(o.key, math.inf) if o.key is not None else math.inf
+        return float(min(v, self.caps[o.scenario]))
+
+    def run(self) -> float:
+        """Master programs until their optimum uses only known values: the bound."""
+        best = float(np.dot(self.weights, self.caps))
+        fresh_values = True  # values changed since the last master
+        while fresh_values and not self.clock.control.cancelled:
+            left = self.clock.remaining()
+            if left is not None and left <= 0:
+                self.limit_hit = True
+                if self.masters > 0:  # one last master (short) uses what was solved
+                    left = MASTER_MIN / MASTER_SHARE
+            ub, z, picked = _master(
+                self.options,
+                self.per_scenario,
+                self.affected,
+                self.usable,
+                self.k,
+                self.instance.job.pp,
+                self.weights,
+                [self.value(o) for o in self.options],
+                None if left is None else MASTER_SHARE * left,
+                self.seed,
+            )
+            self.masters += 1
+            fresh_values = False
+            if ub < best or not self.chosen:
+                best, self.chosen = min(best, ub), z
+            if self.clock.stopped():
+                self.limit_hit = True
+                break
+            todo = self._todo(picked)
+            if not todo:
+                break
+            fresh_values = self._solve(todo)
+        return best
+
+    def _todo(self, picked: list[int]) -> dict[object, tuple[float, _Option]]:
+        """The options ``picked`` whose value is unknown, by key, with their total weight."""
         todo: dict[object, tuple[float, _Option]] = {}
         for i in picked:
-            o = options[i]
-            if o.key is not None and o.key not in values:
+            o = self.options[i]
+            if o.key is not None and o.key not in self.values:
                 w, _ = todo.get(o.key, (0.0, o))
-                todo[o.key] = (w + float(weights[o.scenario]), o)
-        if not todo:
-            break
+                todo[o.key] = (w + float(self.weights[o.scenario]), o)
+        return todo
+
+    def _solve(self, todo: dict[object, tuple[float, _Option]]) -> bool:
+        """Solve the options of ``todo``, heaviest first; whether a value was found."""
+        values, seed, threads, control = self.values, self.seed, self.threads, self.clock.control
+        fresh_values = False
         for n_left, (_, o) in enumerate(sorted(todo.values(), key=lambda x: -x[0]), start=0):
-            if stopped():
-                limit_hit = True
+            if self.clock.stopped():
+                self.limit_hit = True
                 break
-            s = o.scenario
-            dom = affected[s]
-            fresh = [d for d in usable if d not in dom][: k - len(o.domains)]
-            live = [d for d in o.domains if d not in o.dead]
-            failed = np.asarray(scenarios.gpus[s], dtype=np.int64)
-            if o.groups:  # the partners keep `limit` GPUs, the others draw idle
-                partners = fresh[: o.groups * job.pp - len(o.degraded)]
-                extra = [a.domain_gpus[d][a.healthy[a.domain_gpus[d]]][o.limit :] for d in partners]
-                failed = np.concatenate([failed, *extra]).astype(np.int64)
-            inst = restricted_instance(instance, np.array([*live, *fresh], dtype=np.int64), failed)
-            change = dict(updates)
-            if o.lost > 0:  # the replicas of the dead domains are gone
-                replicas = job.replicas_max - o.lost
-                if replicas <= 0:
-                    values[o.key] = 0.0
-                    fresh_values = True
-                    continue
-                change["dp_max"] = replicas
-            if change:
-                inst = Instance(inst.name, inst.cluster, job.model_copy(update=change), inst.meta)
-            left = remaining()
+            inst = self._instance(o)
+            if inst is None:  # the replicas of the dead domains are all gone
+                values[o.key] = 0.0
+                fresh_values = True
+                continue
+            left = self.clock.remaining()
             share = None if left is None else left * max(1 / (len(todo) - n_left), SOLVE_SHARE)
             out = solve_exact(
                 inst,
@@ -526,22 +599,36 @@ def domain_bound(
                 control=control,
                 report_bounds=False,
             )
-            limit_hit = limit_hit or out.limit != Limit.NONE
+            self.limit_hit = self.limit_hit or out.limit != Limit.NONE
             values[o.key] = out.bound if out.bound is not None else capacity_bound(inst)
             fresh_values = True
-            solved += 1
-            proven += int(out.proven)
-    return DomainBound(
-        bound=best,
-        domains=k,
-        chosen=chosen,
-        options=len(options),
-        solved=solved,
-        proven=proven,
-        masters=masters,
-        limit_hit=limit_hit,
-        power_cap=cap,
-    )
+            self.solved += 1
+            self.proven += int(out.proven)
+        return fresh_values
+
+    def _instance(self, o: _Option) -> Instance | None:
+        """The restricted instance of option ``o`` (``None``: no replica is left)."""
+        a = self.instance.arrays
+        job = self.instance.job
+        s = o.scenario
+        dom = self.affected[s]
+        fresh = [d for d in self.usable if d not in dom][: self.k - len(o.domains)]
+        live = [d for d in o.domains if d not in o.dead]
+        failed = np.asarray(self.scenarios.gpus[s], dtype=np.int64)
+        if o.groups:  # the partners keep `limit` GPUs, the others draw idle
+            partners = fresh[: o.groups * job.pp - len(o.degraded)]
+            extra = [a.domain_gpus[d][a.healthy[a.domain_gpus[d]]][o.limit :] for d in partners]
+            failed = np.concatenate([failed, *extra]).astype(np.int64)
+        inst = restricted_instance(self.instance, np.array([*live, *fresh], dtype=np.int64), failed)
+        change = dict(self.updates)
+        if o.lost > 0:  # the replicas of the dead domains are gone
+            replicas = job.replicas_max - o.lost
+            if replicas <= 0:
+                return None
+            change["dp_max"] = replicas
+        if change:
+            inst = Instance(inst.name, inst.cluster, job.model_copy(update=change), inst.meta)
+        return inst
 
 
 def _master(

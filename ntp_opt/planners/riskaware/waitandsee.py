@@ -44,13 +44,12 @@ e.g. the risk-blind solve's), and each scenario is solved on
 from __future__ import annotations
 
 import threading
-import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
 
-from ntp_opt.model.control import Control
+from ntp_opt.model.control import Control, Deadline
 from ntp_opt.model.failures import failed_instance
 from ntp_opt.model.instance import Instance
 from ntp_opt.model.plan import Plan
@@ -259,31 +258,80 @@ def wait_and_see_bound(
     -------
     WaitAndSee
     """
-    n = len(scenarios.gpus)
     weights = np.asarray(scenarios.weights, dtype=float)
-    control = Control("risk-aware", None, cancel)
+    clock = Deadline(Control("risk-aware", None, cancel), deadline)
     exact = instance.arrays.n_gpus <= max_gpus
-    limit_hit = False
-
-    def remaining() -> float | None:
-        return None if deadline is None else deadline - time.perf_counter()
-
-    def stopped() -> bool:
-        left = remaining()
-        return control.cancelled or (left is not None and left <= 0)
-
     # the caps: one relaxed instance per tier of freed idle watts; none is
     # needed when recourse keeps the nominal draws (failed GPUs count at idle)
-    a = instance.arrays
     keeps = refills_keep_power(instance)
+    relief = _freed_watts(instance, scenarios, keeps)
+    tiers = _tier_levels(relief, weights)
+    tier_caps, limit_hit = _tier_caps(
+        instance, scenarios, relief, tiers, keeps, exact, nominal_bound, clock, seed, threads
+    )
+    caps = np.array(tier_caps)[np.searchsorted(tiers, relief)]
+    bounds = caps.copy()
+    order, capped = _unsettled(caps, _known_lower(instance, scenarios, known), weights)
+    solved = proven = 0
+    if exact and solve_scenarios:
+        solved, proven, hit = _solve_scenarios(
+            instance, scenarios, order, caps, bounds, keeps, clock, seed, threads
+        )
+        limit_hit = limit_hit or hit
+    return WaitAndSee(
+        bound=float(np.dot(weights, bounds)),
+        scenario_bounds=bounds,
+        cap=float(max(tier_caps)),
+        solved=solved,
+        proven=proven,
+        capped=capped,
+        limit_hit=limit_hit,
+    )
+
+
+def _unsettled(caps: np.ndarray, lower: np.ndarray, weights: np.ndarray) -> tuple[list[int], int]:
+    """The scenarios a solve might tighten, largest possible gain first, and how many
+    a known plan already meets the cap in (their ``U_s`` is tight)."""
+    tight = caps <= lower * (1 + 2 * REL_TOL)
+    order = sorted(
+        (i for i in range(len(caps)) if not tight[i]),
+        key=lambda i: (-weights[i] * (caps[i] - lower[i]), i),
+    )
+    return order, int(tight.sum())
+
+
+def _freed_watts(instance: Instance, scenarios: Scenarios, keeps: bool) -> np.ndarray:
+    """Per scenario, the idle watts its failed GPUs free (0 when recourse keeps the draws)."""
+    a = instance.arrays
     idle = idle_draw(instance, a.healthy & (not keeps))
-    relief = np.array([float(idle[np.unique(g)].sum()) for g in scenarios.gpus])
-    # tier levels: the freed watts at evenly spaced quantiles of the weight
-    # (the smallest and the largest included)
+    return np.array([float(idle[np.unique(g)].sum()) for g in scenarios.gpus])
+
+
+def _tier_levels(relief: np.ndarray, weights: np.ndarray) -> np.ndarray:
+    """The tiers' levels: the freed watts at evenly spaced quantiles of the weight
+    (the smallest and the largest included)."""
+    n = len(relief)
     by_relief = np.argsort(relief, kind="stable")
     cum = np.cumsum(weights[by_relief])
     at = np.searchsorted(cum, np.linspace(0.0, 1.0, WS_TIERS) * cum[-1], side="left")
-    tiers = np.unique(np.append(relief[by_relief[np.minimum(at, n - 1)]], relief.max()))
+    return np.unique(np.append(relief[by_relief[np.minimum(at, n - 1)]], relief.max()))
+
+
+def _tier_caps(
+    instance: Instance,
+    scenarios: Scenarios,
+    relief: np.ndarray,
+    tiers: np.ndarray,
+    keeps: bool,
+    exact: bool,
+    nominal_bound: float | None,
+    clock: Deadline,
+    seed: int,
+    threads: int,
+) -> tuple[list[float], bool]:
+    """Each tier's cap (a higher tier's covers the lower) and whether a limit cut one."""
+    control = clock.control
+    limit_hit = False
     tier_caps = []
     for j, level in enumerate(tiers):
         members = [g for g, r in zip(scenarios.gpus, relief, strict=True) if r <= level]
@@ -291,8 +339,8 @@ def wait_and_see_bound(
         cap_j = capacity_bound(relaxed)
         if keeps and nominal_bound is not None:
             cap_j = min(cap_j, nominal_bound)
-        elif exact and not stopped():
-            left = remaining()
+        elif exact and not clock.stopped():
+            left = clock.remaining()
             out = solve_exact(
                 relaxed,
                 "cpsat",
@@ -310,10 +358,14 @@ def wait_and_see_bound(
         tier_caps.append(cap_j)
     for j in range(len(tier_caps) - 2, -1, -1):  # a higher tier's relaxation covers the lower
         tier_caps[j] = min(tier_caps[j], tier_caps[j + 1])
-    caps = np.array(tier_caps)[np.searchsorted(tiers, relief)]
-    bounds = caps.copy()
-    # a lower bound per scenario from the known plans (0 where none avoids it)
-    lower = np.zeros(n)
+    return tier_caps, limit_hit
+
+
+def _known_lower(
+    instance: Instance, scenarios: Scenarios, known: Sequence[tuple[Plan, float]]
+) -> np.ndarray:
+    """A lower bound per scenario from the known plans (0 where none avoids it)."""
+    lower = np.zeros(len(scenarios.gpus))
     for plan, value in known:
         index = instance.arrays.gpu_index
         ids = [index[g] for rep in plan.replicas for st in rep.stages for g in st.gpus]
@@ -321,48 +373,50 @@ def wait_and_see_bound(
         for i, g in enumerate(scenarios.gpus):
             if value > lower[i] and _avoids(used, g):
                 lower[i] = value
-    tight = caps <= lower * (1 + 2 * REL_TOL)
-    capped = int(tight.sum())
-    order = sorted(
-        (i for i in range(n) if not tight[i]),
-        key=lambda i: (-weights[i] * (caps[i] - lower[i]), i),
-    )
+    return lower
+
+
+def _solve_scenarios(
+    instance: Instance,
+    scenarios: Scenarios,
+    order: list[int],
+    caps: np.ndarray,
+    bounds: np.ndarray,
+    keeps: bool,
+    clock: Deadline,
+    seed: int,
+    threads: int,
+) -> tuple[int, int, bool]:
+    """Solve the scenarios in ``order`` into ``bounds``: ``(solved, proven, limit hit)``."""
+    control = clock.control
     solved = proven = 0
+    limit_hit = False
     cache: dict[bytes, float] = {}
-    if exact and solve_scenarios:
-        for k, i in enumerate(order):
-            if stopped():
-                limit_hit = True
-                break
-            key = np.sort(scenarios.gpus[i]).astype(np.int64).tobytes()
-            if key in cache:  # the same failed GPUs: the same instance
-                bounds[i] = cache[key]
-                continue
-            mask = np.zeros(instance.arrays.n_gpus, dtype=bool)
-            mask[scenarios.gpus[i]] = True
-            scenario = idle_instance(instance, mask) if keeps else failed_instance(instance, mask)
-            left = remaining()
-            share = None if left is None else left * max(1 / (len(order) - k), SOLVE_SHARE)
-            out = solve_exact(
-                scenario,
-                "cpsat",
-                time_limit=share,
-                seed=seed,
-                threads=threads,
-                control=control,
-                report_bounds=False,
-            )
-            limit_hit = limit_hit or out.limit != Limit.NONE
-            u = out.bound if out.bound is not None else capacity_bound(scenario)
-            bounds[i] = cache[key] = min(caps[i], u)
-            solved += 1
-            proven += int(out.proven)
-    return WaitAndSee(
-        bound=float(np.dot(weights, bounds)),
-        scenario_bounds=bounds,
-        cap=float(max(tier_caps)),
-        solved=solved,
-        proven=proven,
-        capped=capped,
-        limit_hit=limit_hit,
-    )
+    for k, i in enumerate(order):
+        if clock.stopped():
+            limit_hit = True
+            break
+        key = np.sort(scenarios.gpus[i]).astype(np.int64).tobytes()
+        if key in cache:  # the same failed GPUs: the same instance
+            bounds[i] = cache[key]
+            continue
+        mask = np.zeros(instance.arrays.n_gpus, dtype=bool)
+        mask[scenarios.gpus[i]] = True
+        scenario = idle_instance(instance, mask) if keeps else failed_instance(instance, mask)
+        left = clock.remaining()
+        share = None if left is None else left * max(1 / (len(order) - k), SOLVE_SHARE)
+        out = solve_exact(
+            scenario,
+            "cpsat",
+            time_limit=share,
+            seed=seed,
+            threads=threads,
+            control=control,
+            report_bounds=False,
+        )
+        limit_hit = limit_hit or out.limit != Limit.NONE
+        u = out.bound if out.bound is not None else capacity_bound(scenario)
+        bounds[i] = cache[key] = min(caps[i], u)
+        solved += 1
+        proven += int(out.proven)
+    return solved, proven, limit_hit
