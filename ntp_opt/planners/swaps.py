@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import heapq
 from dataclasses import dataclass
-from itertools import repeat
+from itertools import chain, repeat
 from operator import itemgetter
 from typing import Any
 
@@ -92,29 +92,27 @@ def _slots(
     slot_of = np.full(a.n_domains, -1, dtype=np.int64)
     slot_of[layout.domain[single]] = single
     slot_of[spare_d] = np.arange(n_stages, n_stages + len(spare_d))
-    extra = np.flatnonzero(free & (slot_of[a.gpu_domain] >= 0))
+    loose = np.flatnonzero(free)
+    extra = loose[slot_of[a.gpu_domain[loose]] >= 0]
+    extra_owner = slot_of[a.gpu_domain[extra]]
     parts.append(extra)
-    owners.append(slot_of[a.gpu_domain[extra]])
+    owners.append(extra_owner)
     flat = np.concatenate(parts)
     owner = np.concatenate(owners)
     speed = a.speed[flat]
+    own_speed = speed[: len(layout.gpus)]
     order = np.lexsort((-speed, owner))  # stable: ties keep their order
     flat, speed = flat[order], speed[order]
-    sizes = np.bincount(owner, minlength=len(doms))
+    stage_sizes = np.diff(layout.offsets)
+    sizes = np.bincount(extra_owner, minlength=len(doms))
+    sizes[:n_stages] += stage_sizes
     starts = np.concatenate(([0], np.cumsum(sizes)[:-1]))
     degrees = np.array(instance.job.allowed, dtype=np.int64)
     fits = degrees[None, :] <= sizes[:, None]
     at = np.where(fits, starts[:, None] + degrees[None, :] - 1, 0)
     tables = np.where(fits, speed[at] if len(speed) else 0.0, -np.inf)
     bounds = np.concatenate((starts, [len(flat)])).tolist()
-    # per stage: are its slot's first GPUs the stage's own, in the plan's order?
-    if n_stages:
-        stage_sizes = np.diff(layout.offsets)
-        at_sorted = np.repeat(starts[:n_stages] - layout.offsets[:-1], stage_sizes)
-        hit = flat[np.arange(len(layout.gpus)) + at_sorted] == layout.gpus
-        same = (np.logical_and.reduceat(hit, layout.offsets[:-1]) | (stage_sizes == 0)).tolist()
-    else:
-        same = []
+    same = _sorted_stages(layout, own_speed, extra_owner, a.speed[extra])
     slots = _Slots(
         flat, speed, tables, bounds, doms, list(range(n_stages)) + [-1] * len(spare_d), same
     )
@@ -122,6 +120,32 @@ def _slots(
     cut = np.searchsorted(layout.replica, np.arange(len(plan.replicas) + 1)).tolist()
     reps = [list(range(cut[r], cut[r + 1])) for r in range(len(plan.replicas))]
     return slots, reps, list(range(n_stages, len(doms)))
+
+
+def _sorted_stages(
+    layout: Layout, own_speed: np.ndarray, extra_owner: np.ndarray, extra_speed: np.ndarray
+) -> list[bool]:
+    """Per stage: are its slot's first GPUs the stage's own, in the plan's order?
+
+    The slots are sorted stably by speed, descending, the stage's GPUs (speeds
+    ``own_speed``, layout order) before its domain's unused ones (owners
+    ``extra_owner``, speeds ``extra_speed``): a stage keeps its GPUs first and
+    in order unless a GPU of it is faster than the one before it, or an unused
+    GPU of its slot is faster than its slowest.
+    """
+    n_stages = layout.n_stages
+    same = np.ones(n_stages, dtype=bool)
+    rises = np.flatnonzero(own_speed[1:] > own_speed[:-1])
+    if len(rises):
+        stage_of = np.searchsorted(layout.offsets, rises, side="right") - 1
+        inside = rises + 1 < layout.offsets[stage_of + 1]
+        same[stage_of[inside]] = False
+    mine = extra_owner < n_stages
+    for k, v in zip(extra_owner[mine].tolist(), extra_speed[mine].tolist(), strict=True):
+        lo, hi = int(layout.offsets[k]), int(layout.offsets[k + 1])
+        if hi > lo and v > own_speed[lo:hi].min():
+            same[k] = False
+    return same.tolist()
 
 
 def _table(degrees: np.ndarray, speeds: np.ndarray) -> np.ndarray:
@@ -241,9 +265,20 @@ class _Search:
         self.reps = reps
         self.spare = spare
         self.whole: np.ndarray | None = None  # the tables of :meth:`tables` as one array
+        self.splits: dict[tuple[tuple[int, ...], tuple[float, ...]], BatchSplit | None] = {}
+        self.bests: dict[tuple[tuple[int, ...], bytes], tuple[int, float]] = {}
 
     def best(self, tables: np.ndarray) -> tuple[int, float]:
-        """Degree and power-1 speed (``f(t) * min s``) of a replica from its slot tables."""
+        """Degree and power-1 speed (``f(t) * min s``) of a replica from its slot tables
+        (kept under the tables' shape and bytes: equal moves share it)."""
+        key = (tables.shape, tables.tobytes())
+        got = self.bests.get(key)
+        if got is None:
+            got = self.bests[key] = self._best(tables)
+        return got
+
+    def _best(self, tables: np.ndarray) -> tuple[int, float]:
+        """:meth:`best`, computed."""
         worst = tables.min(axis=0) * self.factor
         worst = np.where(np.isfinite(worst), worst, -np.inf)
         k = len(worst) - 1 - int(np.argmax(worst[::-1]))  # larger degree on ties
@@ -265,7 +300,7 @@ class _Search:
             tables = [self.slots.tables[r] for r in reps]
             cur = [self.best(t) for t in tables]
             return tables, [t for t, _ in cur], [v for _, v in cur]
-        rows = np.array([k for r in reps for k in r], dtype=np.int64)
+        rows = np.fromiter(chain.from_iterable(reps), dtype=np.int64)
         big = self.slots.tables[rows].reshape(len(reps), n_st.pop(), -1)
         worst = big.min(axis=1) * self.factor
         worst = np.where(np.isfinite(worst), worst, -np.inf)
@@ -279,10 +314,20 @@ class _Search:
         return list(big), tps, speeds
 
     def split(self, tps: list[int], speeds: list[float]) -> BatchSplit | None:
-        """The exact split of the replicas of degree ``tps[r] > 0`` at ``speeds``."""
+        """The exact split of the replicas of degree ``tps[r] > 0`` at ``speeds``.
+
+        Kept for the search's call under ``(tps, speeds)``: moves that give
+        the same degrees and speeds (a slot swapped with any of a replica's
+        equal slots) share one split.
+        """
+        key = (tuple(tps), tuple(speeds))
+        if key in self.splits:
+            return self.splits[key]
         keep = [i for i, t in enumerate(tps) if t > 0]
         c = self.job.seq_time_s
-        return split_batch(self.job, [speeds[i] / c for i in keep], [tps[i] for i in keep])
+        got = split_batch(self.job, [speeds[i] / c for i in keep], [tps[i] for i in keep])
+        self.splits[key] = got
+        return got
 
     def goodput(self, tps: list[int], speeds: list[float]) -> float:
         split = self.split(tps, speeds)
@@ -467,7 +512,7 @@ def _plan(
     pp = np.array([len(reps[r]) for r, _ in kept], dtype=np.int64)
     n = int(pp.sum())
     starts = np.cumsum(pp) - pp
-    ks = np.fromiter((k for r, _ in kept for k in reps[r]), dtype=np.int64, count=n)
+    ks = np.fromiter(chain.from_iterable(reps[r] for r, _ in kept), dtype=np.int64, count=n)
     lens = np.repeat(np.array([tps[r] for r, _ in kept], dtype=np.int64), pp)
     # every stage's first GPUs gathered at once
     firsts = np.asarray(slots.bounds, dtype=np.int64)[ks]
@@ -494,7 +539,11 @@ def _plan(
                 & (layout.stage[at] == np.arange(n) - np.repeat(starts, pp))
                 & (p_of == np.repeat(p_of[starts], pp))
             )
-            whole = np.logical_and.reduceat(ok, starts)
+            # ... and every stage of that plan replica (as many), each at power 1
+            # (the layout's powers are the plan's)
+            whole = np.logical_and.reduceat(ok & (layout.power[at] == 1.0), starts) & (
+                np.bincount(layout.replica, minlength=len(plan.replicas))[p_of[starts]] == pp
+            )
         rep_of, st_of = p_of.tolist(), layout.stage[at].tolist()
     # the other stages' GPU ids in one lookup, then sliced per stage
     fresh = flat[np.repeat(~is_old, lens)].tolist()
@@ -509,10 +558,8 @@ def _plan(
         t = tps[r]
         i0 = first_l[q]
         if whole_l[q]:
-            src = plan.replicas[rep_of[i0]].stages
-            if len(src) == len(reps[r]) and all(st.power == 1.0 for st in src):
-                replicas.append(Replica(tp=t, local_batch=b, stages=src))
-                continue
+            replicas.append(Replica(tp=t, local_batch=b, stages=plan.replicas[rep_of[i0]].stages))
+            continue
         stages = []
         for i in range(i0, i0 + len(reps[r])):
             if old_l[i]:
