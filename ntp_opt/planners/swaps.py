@@ -171,25 +171,23 @@ def _slots_of_plan(instance: Instance, plan: Plan) -> tuple[_Slots, list[list[in
     free = a.healthy & ~used
     parts: list[np.ndarray] = []
     doms: list[int] = []
-
-    def make(d: int, own: np.ndarray) -> int:
-        g = own
-        if stages_in.get(d, 0) <= 1:
-            members = a.domain_gpus[d]
-            g = np.concatenate([own, members[free[members]]])
-        parts.append(g[np.argsort(-a.speed[g], kind="stable")])
-        doms.append(d)
-        return len(parts) - 1
-
     reps = [
         [
-            make(a.domain_index[st.domain], np.array([index[x] for x in st.gpus], dtype=np.int64))
+            _add_slot(
+                instance,
+                stages_in,
+                free,
+                parts,
+                doms,
+                a.domain_index[st.domain],
+                np.array([index[x] for x in st.gpus], dtype=np.int64),
+            )
             for st in rep.stages
         ]
         for rep in plan.replicas
     ]
     spare = [
-        make(d, np.empty(0, dtype=np.int64))
+        _add_slot(instance, stages_in, free, parts, doms, d, np.empty(0, dtype=np.int64))
         for d in range(a.n_domains)
         if d not in stages_in and free[a.domain_gpus[d]].any()
     ]
@@ -201,6 +199,28 @@ def _slots_of_plan(instance: Instance, plan: Plan) -> tuple[_Slots, list[list[in
     n = len(parts)
     slots = _Slots(flat, a.speed[flat], tables, bounds.tolist(), doms, [-1] * n, [False] * n)
     return slots, reps, spare
+
+
+def _add_slot(
+    instance: Instance,
+    stages_in: dict[int, int],
+    free: np.ndarray,
+    parts: list[np.ndarray],
+    doms: list[int],
+    d: int,
+    own: np.ndarray,
+) -> int:
+    """Append the slot of GPUs ``own`` in domain ``d`` (with the domain's ``free``
+    GPUs when it holds at most one stage), fastest first, to ``parts`` and ``doms``;
+    its index."""
+    a = instance.arrays
+    g = own
+    if stages_in.get(d, 0) <= 1:
+        members = a.domain_gpus[d]
+        g = np.concatenate([own, members[free[members]]])
+    parts.append(g[np.argsort(-a.speed[g], kind="stable")])
+    doms.append(d)
+    return len(parts) - 1
 
 
 def _exclusive_min(t: np.ndarray) -> np.ndarray:
@@ -400,74 +420,9 @@ def improve_layout(
     changed = False
     last: BatchSplit | None = None  # the split of the last move taken (at ``tps``, ``speeds``)
     for _ in range(rounds):
-        cands: list[tuple[float, str, int, int, int, int]] = []  # (-gain, kind, A, i, B, j)
         big = np.stack(tables) if whole is None else whole  # (replicas, pp, degrees)
-        ex = _exclusive_min(big)  # min over the other stages of the replica
-        cur_v = np.array(speeds)
-        f = s.factor
-        sp_tab = np.array(spare_tab) if spare_tab else np.zeros((0, len(f)))
-        # the tables times f(t) first: f(t) * min(x, y) is min(f(t) x, f(t) y),
-        # rounding included (f(t) > 0), so the products are taken once a round
-        fbig, fex, fsp = big * f, ex * f, sp_tab * f
-        for a_i in sorted(focus):
-            # every slot i of A against every slot (b, j) at once: A gets (b, j)
-            # and b gets A's slot i (element for element the same numbers as
-            # one slot at a time)
-            rest = fex[a_i]  # (pp, degrees): min over A's other stages, times f(t)
-            # each distinct row once (A's slots mostly share their tables)
-            rows, back = _distinct(rest)
-            va = _expand(_max_last(np.minimum(rows[:, None, None, :], fbig[None])), back)
-            rows, back = _distinct(fbig[a_i])
-            vb = _expand(_max_last(np.minimum(fex[None], rows[:, None, None, :])), back)
-            gain = va + vb - cur_v[a_i] - cur_v[None, :, None]  # (pp, replicas, pp)
-            gain[:, a_i, :] = -np.inf
-            ii, bb, jj = _leading(gain, top)
-            cands.extend(
-                zip(
-                    (-gain[ii, bb, jj]).tolist(),
-                    repeat("swap"),
-                    repeat(a_i),
-                    ii.tolist(),
-                    bb.tolist(),
-                    jj.tolist(),
-                    strict=False,
-                )
-            )
-            if len(sp_tab):
-                vs = _max_last(np.minimum(rest[:, None, :], fsp[None])) - cur_v[a_i]
-                ii, jj = _leading(vs, top)
-                cands.extend(
-                    zip(
-                        (-vs[ii, jj]).tolist(),
-                        repeat("spare"),
-                        repeat(a_i),
-                        ii.tolist(),
-                        repeat(-1),
-                        jj.tolist(),
-                        strict=False,
-                    )
-                )
-        # the best ``top`` in sorted order (``heapq.nsmallest`` is ``sorted()[:top]``)
-        best_move = None
-        for _, kind, a_i, i, b_i, j in heapq.nsmallest(top, cands):
-            new_t, new_v = list(tps), list(speeds)
-            ta = tables[a_i]
-            if kind == "swap":
-                tb = tables[b_i]
-                new_a = ta.copy()
-                new_a[i] = tb[j]
-                new_b = tb.copy()
-                new_b[j] = ta[i]
-                new_t[a_i], new_v[a_i] = s.best(new_a)
-                new_t[b_i], new_v[b_i] = s.best(new_b)
-            else:
-                new_a = ta.copy()
-                new_a[i] = spare_tab[j]
-                new_t[a_i], new_v[a_i] = s.best(new_a)
-            got = s.split(new_t, new_v)
-            g = 0.0 if got is None else got.goodput
-            if g > value * (1 + IMPROVE_TOL) and (best_move is None or g > best_move[0]):
-                best_move = (g, kind, a_i, i, b_i, j, new_t, new_v, got)
+        cands = _candidates(s, big, speeds, spare_tab, focus, top)
+        best_move = _best_move(s, cands, tables, spare_tab, tps, speeds, value, top)
         if best_move is None:
             break
         value, kind, a_i, i, b_i, j, tps, speeds, last = best_move
@@ -488,6 +443,110 @@ def improve_layout(
     return _plan(instance, plan, slots, reps, tps, speeds, layout, last if changed else None)
 
 
+_Candidate = tuple[float, str, int, int, int, int]
+"""A move scored at power 1: ``(-gain, kind, A, i, B, j)`` (kind ``"swap"``: slot
+``i`` of replica ``A`` with slot ``j`` of replica ``B``; ``"spare"``: with spare
+slot ``j``, ``B`` -1)."""
+
+_Move = tuple[float, str, int, int, int, int, list[int], list[float], BatchSplit | None]
+"""A move with its exact split: ``(goodput, kind, A, i, B, j, degrees, speeds, split)``."""
+
+
+def _candidates(
+    s: _Search,
+    big: np.ndarray,
+    speeds: list[float],
+    spare_tab: list[np.ndarray],
+    focus: set[int],
+    top: int,
+) -> list[_Candidate]:
+    """The moves from the ``focus`` replicas that can be among the ``top`` best by
+    their gain in the two replicas' speeds (``big``: every replica's slot tables)."""
+    cands: list[_Candidate] = []
+    ex = _exclusive_min(big)  # min over the other stages of the replica
+    cur_v = np.array(speeds)
+    f = s.factor
+    sp_tab = np.array(spare_tab) if spare_tab else np.zeros((0, len(f)))
+    # the tables times f(t) first: f(t) * min(x, y) is min(f(t) x, f(t) y),
+    # rounding included (f(t) > 0), so the products are taken once a round
+    fbig, fex, fsp = big * f, ex * f, sp_tab * f
+    for a_i in sorted(focus):
+        # every slot i of A against every slot (b, j) at once: A gets (b, j)
+        # and b gets A's slot i (element for element the same numbers as
+        # one slot at a time)
+        rest = fex[a_i]  # (pp, degrees): min over A's other stages, times f(t)
+        # each distinct row once (A's slots mostly share their tables)
+        rows, back = _distinct(rest)
+        va = _expand(_max_last(np.minimum(rows[:, None, None, :], fbig[None])), back)
+        rows, back = _distinct(fbig[a_i])
+        vb = _expand(_max_last(np.minimum(fex[None], rows[:, None, None, :])), back)
+        gain = va + vb - cur_v[a_i] - cur_v[None, :, None]  # (pp, replicas, pp)
+        gain[:, a_i, :] = -np.inf
+        ii, bb, jj = _leading(gain, top)
+        cands.extend(
+            zip(
+                (-gain[ii, bb, jj]).tolist(),
+                repeat("swap"),
+                repeat(a_i),
+                ii.tolist(),
+                bb.tolist(),
+                jj.tolist(),
+                strict=False,
+            )
+        )
+        if len(sp_tab):
+            vs = _max_last(np.minimum(rest[:, None, :], fsp[None])) - cur_v[a_i]
+            ii, jj = _leading(vs, top)
+            cands.extend(
+                zip(
+                    (-vs[ii, jj]).tolist(),
+                    repeat("spare"),
+                    repeat(a_i),
+                    ii.tolist(),
+                    repeat(-1),
+                    jj.tolist(),
+                    strict=False,
+                )
+            )
+    return cands
+
+
+def _best_move(
+    s: _Search,
+    cands: list[_Candidate],
+    tables: list[np.ndarray],
+    spare_tab: list[np.ndarray],
+    tps: list[int],
+    speeds: list[float],
+    value: float,
+    top: int,
+) -> _Move | None:
+    """The best of the ``top`` best candidates by the exact split, when it improves
+    on ``value``."""
+    best_move: _Move | None = None
+    # the best ``top`` in sorted order (``heapq.nsmallest`` is ``sorted()[:top]``)
+    for _, kind, a_i, i, b_i, j in heapq.nsmallest(top, cands):
+        new_t, new_v = list(tps), list(speeds)
+        ta = tables[a_i]
+        if kind == "swap":
+            tb = tables[b_i]
+            new_a = ta.copy()
+            new_a[i] = tb[j]
+            new_b = tb.copy()
+            new_b[j] = ta[i]
+            new_t[a_i], new_v[a_i] = s.best(new_a)
+            new_t[b_i], new_v[b_i] = s.best(new_b)
+        else:
+            new_a = ta.copy()
+            new_a[i] = spare_tab[j]
+            new_t[a_i], new_v[a_i] = s.best(new_a)
+        got = s.split(new_t, new_v)
+        g = 0.0 if got is None else got.goodput
+        if g > value * (1 + IMPROVE_TOL) and (best_move is None or g > best_move[0]):
+            best_move = (g, kind, a_i, i, b_i, j, new_t, new_v, got)
+    return best_move
+
+
 def _plan(
     instance: Instance,
     plan: Plan,
@@ -500,7 +559,6 @@ def _plan(
 ) -> tuple[Plan, Layout] | None:
     """The plan and layout of the slots ``reps`` at degrees ``tps``; ``split``:
     the exact split at ``tps`` and ``speeds`` when the search has it."""
-    a = instance.arrays
     job = instance.job
     keep = [r for r, t in enumerate(tps) if t > 0]
     if split is None:
@@ -519,16 +577,57 @@ def _plan(
     ends = np.cumsum(lens)
     total = int(ends[-1]) if n else 0
     flat = slots.gpus[np.arange(total) + np.repeat(firsts - (ends - lens), lens)]
-    # a stage read from the layout whose first GPUs are its own, in order, and
-    # as many: the plan's stage (its node ids, the object itself at power 1);
-    # a replica of such stages, all of one plan replica in its order and at
-    # power 1: that replica's stages
-    is_old = np.zeros(n, dtype=bool)
-    whole = np.zeros(len(kept), dtype=bool)
-    rep_of: list[int] = []
-    st_of: list[int] = []
-    origin = np.asarray(slots.origin, dtype=np.int64)[ks]
-    if layout is not None and plan.replicas and n:
+    old = _OldStages.of(plan, layout, slots, ks, lens, pp, starts)
+    replicas = _swap_replicas(instance, plan, slots, reps, tps, kept, flat, lens, ks, starts, old)
+    offsets = np.zeros(n + 1, dtype=np.int64)
+    np.cumsum(lens, out=offsets[1:])
+    lay = Layout(
+        replica=np.repeat(np.arange(len(kept), dtype=np.int64), pp),
+        stage=np.arange(n, dtype=np.int64) - np.repeat(starts, pp),
+        domain=np.array(slots.domain, dtype=np.int64)[ks],
+        offsets=offsets,
+        gpus=flat.astype(np.int64, copy=False),
+        power=np.ones(n),
+        degree=np.array([tps[r] for r, _ in kept], dtype=np.int64),
+        batch=np.array([b for _, b in kept], dtype=np.int64),
+        metrics={"policy": "swaps"},
+        instance=plan.instance,
+    )
+    return Plan(plan.instance, tuple(replicas), {"policy": "swaps"}), lay
+
+
+@dataclass(frozen=True)
+class _OldStages:
+    """Which stages of the swap plan are the running plan's: per stage, whether it
+    is (``is_old``: read from the layout, its first GPUs its own, in order, and as
+    many) and which plan replica and stage it was (``rep_of``, ``st_of``); per
+    replica, whether it is a whole plan replica (``whole``: all of one plan
+    replica's stages, in its order, each at power 1)."""
+
+    is_old: np.ndarray
+    whole: np.ndarray
+    rep_of: list[int]
+    st_of: list[int]
+
+    @classmethod
+    def of(
+        cls,
+        plan: Plan,
+        layout: Layout | None,
+        slots: _Slots,
+        ks: np.ndarray,
+        lens: np.ndarray,
+        pp: np.ndarray,
+        starts: np.ndarray,
+    ) -> _OldStages:
+        """Read them from the slots ``ks`` of the stages (``lens`` GPUs each; ``pp``
+        stages per replica from ``starts``)."""
+        n = len(ks)
+        is_old = np.zeros(n, dtype=bool)
+        whole = np.zeros(len(pp), dtype=bool)
+        if layout is None or not plan.replicas or not n:
+            return cls(is_old, whole, [], [])
+        origin = np.asarray(slots.origin, dtype=np.int64)[ks]
         sizes = np.diff(layout.offsets)
         at = np.maximum(origin, 0)
         is_old = (origin >= 0) & np.asarray(slots.same, dtype=bool)[ks] & (sizes[at] == lens)
@@ -544,14 +643,32 @@ def _plan(
             whole = np.logical_and.reduceat(ok & (layout.power[at] == 1.0), starts) & (
                 np.bincount(layout.replica, minlength=len(plan.replicas))[p_of[starts]] == pp
             )
-        rep_of, st_of = p_of.tolist(), layout.stage[at].tolist()
-    # the other stages' GPU ids in one lookup, then sliced per stage
-    fresh = flat[np.repeat(~is_old, lens)].tolist()
+        return cls(is_old, whole, p_of.tolist(), layout.stage[at].tolist())
+
+
+def _swap_replicas(
+    instance: Instance,
+    plan: Plan,
+    slots: _Slots,
+    reps: list[list[int]],
+    tps: list[int],
+    kept: list[tuple[int, int]],
+    flat: np.ndarray,
+    lens: np.ndarray,
+    ks: np.ndarray,
+    starts: np.ndarray,
+    old: _OldStages,
+) -> list[Replica]:
+    """The swap plan's replicas in node ids: the plan's replica or stage objects
+    where :class:`_OldStages` allows, the other stages' GPU ids looked up at once."""
+    a = instance.arrays
+    fresh = flat[np.repeat(~old.is_old, lens)].tolist()
     names: tuple[Any, ...] = (
         itemgetter(*fresh)(a.gpu_ids) if len(fresh) > 1 else tuple(a.gpu_ids[g] for g in fresh)
     )
     domain_ids = a.domain_ids
-    old_l, ks_l, first_l, whole_l = is_old.tolist(), ks.tolist(), starts.tolist(), whole.tolist()
+    old_l, ks_l, first_l = old.is_old.tolist(), ks.tolist(), starts.tolist()
+    whole_l, rep_of, st_of = old.whole.tolist(), old.rep_of, old.st_of
     replicas = []
     pos = 0
     for q, (r, b) in enumerate(kept):
@@ -569,18 +686,4 @@ def _plan(
             stages.append(Stage(domain_ids[slots.domain[ks_l[i]]], names[pos : pos + t], 1.0))
             pos += t
         replicas.append(Replica(tp=t, local_batch=b, stages=tuple(stages)))
-    offsets = np.zeros(n + 1, dtype=np.int64)
-    np.cumsum(lens, out=offsets[1:])
-    lay = Layout(
-        replica=np.repeat(np.arange(len(kept), dtype=np.int64), pp),
-        stage=np.arange(n, dtype=np.int64) - np.repeat(starts, pp),
-        domain=np.array(slots.domain, dtype=np.int64)[ks],
-        offsets=offsets,
-        gpus=flat.astype(np.int64, copy=False),
-        power=np.ones(n),
-        degree=np.array([tps[r] for r, _ in kept], dtype=np.int64),
-        batch=np.array([b for _, b in kept], dtype=np.int64),
-        metrics={"policy": "swaps"},
-        instance=plan.instance,
-    )
-    return Plan(plan.instance, tuple(replicas), {"policy": "swaps"}), lay
+    return replicas
