@@ -31,7 +31,7 @@ Sections (``SECTIONS``; one function each, returning Markdown lines):
   (``commit=False``): median and max CPU ms per kind, in ``"auto"`` mode (the
   bound decides) and ``"local"`` mode (no bound), next to the floor, the
   exact batch split of the running plan's replicas alone. The events of a
-  runner share what its :class:`~ntp_opt.workflows.replan.PlanState` keeps
+  runner share what its :class:`~ntp_opt.workflows.replan_state.PlanState` keeps
   (the bound's multipliers and domain classes, the boosts' memo), as a
   scheduler's chain of events does (an early event may pay for what later
   ones reuse: it shows in the max).

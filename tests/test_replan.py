@@ -14,11 +14,11 @@ from ntp_opt import Instance, Job, Plan, Replica, Stage, check, solve
 from ntp_opt.model import topology
 from ntp_opt.model.layout import Layout
 from ntp_opt.rules.validate import certified
+from ntp_opt.workflows.events import apply_events
 from ntp_opt.workflows.replan import (
     ClusterEvent,
     Replanner,
     align,
-    apply_events,
     migration,
     replan,
 )

@@ -31,8 +31,9 @@ from ntp_opt.planners.exact.bounds import (
     stage_bound_at,
     stage_bound_point,
 )
+from ntp_opt.workflows.events import apply_events
 from ntp_opt.workflows.incremental import reboost_layout
-from ntp_opt.workflows.replan import ClusterEvent, Replanner, apply_events
+from ntp_opt.workflows.replan import ClusterEvent, Replanner
 
 from . import test_replan_incremental
 from .helpers import HANG_GUARD

@@ -32,8 +32,9 @@ from ntp_opt.rules.power import can_boost, rack_and_site_draw, redraw
 from ntp_opt.rules.recourse import adapt_indices
 from ntp_opt.rules.tolerances import FLOAT_NOISE
 from ntp_opt.rules.validate import evaluate, evaluate_layout
+from ntp_opt.workflows.events import apply_events
 from ntp_opt.workflows.incremental import reboost_layout, recourse_layout
-from ntp_opt.workflows.replan import ClusterEvent, Replanner, apply_events, replan
+from ntp_opt.workflows.replan import ClusterEvent, Replanner, replan
 
 from .strategies import instances, valid_plans
 

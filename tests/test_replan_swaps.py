@@ -23,8 +23,9 @@ from ntp_opt.model.files import load_instance
 from ntp_opt.model.layout import Layout
 from ntp_opt.planners.swaps import improve, improve_layout
 from ntp_opt.rules.validate import evaluate
+from ntp_opt.workflows.events import apply_events
 from ntp_opt.workflows.incremental import recourse_layout
-from ntp_opt.workflows.replan import ClusterEvent, Replanner, apply_events
+from ntp_opt.workflows.replan import ClusterEvent, Replanner
 
 from . import swaps_reference
 from .strategies import instances, valid_plans

@@ -4,7 +4,7 @@ A demand trace is a list of steps in time order; each step sets the demand
 (requests/s) of some serving fleets from its ``time_s`` on, and may carry
 cluster health events in the format of ``ntp-opt replan`` (``{"kind": "fail" |
 "repair" | "speed", "nodes": [...], "speed"?}``, applied by
-:func:`ntp_opt.workflows.replan.apply_events`)::
+:func:`ntp_opt.workflows.events.apply_events`)::
 
     {"format": "ntp-opt/demand@1",
      "steps": [{"time_s": 0, "demand": {"chat": 300.0, "agents": 120.0}},

@@ -61,7 +61,7 @@ from ntp_opt.multi.static import solve_static
 from ntp_opt.multi.validate import MultiEvaluation, evaluate_multi
 from ntp_opt.multi.workloads import MultiInstance, MultiPlan, ServingReplica, Workloads
 from ntp_opt.rules.goodput import relative_goodput, replica_speed, split_batch
-from ntp_opt.workflows.replan import apply_events
+from ntp_opt.workflows.events import apply_events
 
 REPLAY_FORMAT = "ntp-opt/replay@1"
 #: Weight of a fleet's served share below its ``min_fraction`` (and of a missing

@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import heapq
 from dataclasses import dataclass
-from itertools import repeat
+from itertools import chain, repeat
 from operator import itemgetter
 from typing import Any
 
@@ -92,29 +92,27 @@ def _slots(
     slot_of = np.full(a.n_domains, -1, dtype=np.int64)
     slot_of[layout.domain[single]] = single
     slot_of[spare_d] = np.arange(n_stages, n_stages + len(spare_d))
-    extra = np.flatnonzero(free & (slot_of[a.gpu_domain] >= 0))
+    loose = np.flatnonzero(free)
+    extra = loose[slot_of[a.gpu_domain[loose]] >= 0]
+    extra_owner = slot_of[a.gpu_domain[extra]]
     parts.append(extra)
-    owners.append(slot_of[a.gpu_domain[extra]])
+    owners.append(extra_owner)
     flat = np.concatenate(parts)
     owner = np.concatenate(owners)
     speed = a.speed[flat]
+    own_speed = speed[: len(layout.gpus)]
     order = np.lexsort((-speed, owner))  # stable: ties keep their order
     flat, speed = flat[order], speed[order]
-    sizes = np.bincount(owner, minlength=len(doms))
+    stage_sizes = np.diff(layout.offsets)
+    sizes = np.bincount(extra_owner, minlength=len(doms))
+    sizes[:n_stages] += stage_sizes
     starts = np.concatenate(([0], np.cumsum(sizes)[:-1]))
     degrees = np.array(instance.job.allowed, dtype=np.int64)
     fits = degrees[None, :] <= sizes[:, None]
     at = np.where(fits, starts[:, None] + degrees[None, :] - 1, 0)
     tables = np.where(fits, speed[at] if len(speed) else 0.0, -np.inf)
     bounds = np.concatenate((starts, [len(flat)])).tolist()
-    # per stage: are its slot's first GPUs the stage's own, in the plan's order?
-    if n_stages:
-        stage_sizes = np.diff(layout.offsets)
-        at_sorted = np.repeat(starts[:n_stages] - layout.offsets[:-1], stage_sizes)
-        hit = flat[np.arange(len(layout.gpus)) + at_sorted] == layout.gpus
-        same = (np.logical_and.reduceat(hit, layout.offsets[:-1]) | (stage_sizes == 0)).tolist()
-    else:
-        same = []
+    same = _sorted_stages(layout, own_speed, extra_owner, a.speed[extra])
     slots = _Slots(
         flat, speed, tables, bounds, doms, list(range(n_stages)) + [-1] * len(spare_d), same
     )
@@ -122,6 +120,32 @@ def _slots(
     cut = np.searchsorted(layout.replica, np.arange(len(plan.replicas) + 1)).tolist()
     reps = [list(range(cut[r], cut[r + 1])) for r in range(len(plan.replicas))]
     return slots, reps, list(range(n_stages, len(doms)))
+
+
+def _sorted_stages(
+    layout: Layout, own_speed: np.ndarray, extra_owner: np.ndarray, extra_speed: np.ndarray
+) -> list[bool]:
+    """Per stage: are its slot's first GPUs the stage's own, in the plan's order?
+
+    The slots are sorted stably by speed, descending, the stage's GPUs (speeds
+    ``own_speed``, layout order) before its domain's unused ones (owners
+    ``extra_owner``, speeds ``extra_speed``): a stage keeps its GPUs first and
+    in order unless a GPU of it is faster than the one before it, or an unused
+    GPU of its slot is faster than its slowest.
+    """
+    n_stages = layout.n_stages
+    same = np.ones(n_stages, dtype=bool)
+    rises = np.flatnonzero(own_speed[1:] > own_speed[:-1])
+    if len(rises):
+        stage_of = np.searchsorted(layout.offsets, rises, side="right") - 1
+        inside = rises + 1 < layout.offsets[stage_of + 1]
+        same[stage_of[inside]] = False
+    mine = extra_owner < n_stages
+    for k, v in zip(extra_owner[mine].tolist(), extra_speed[mine].tolist(), strict=True):
+        lo, hi = int(layout.offsets[k]), int(layout.offsets[k + 1])
+        if hi > lo and v > own_speed[lo:hi].min():
+            same[k] = False
+    return same.tolist()
 
 
 def _table(degrees: np.ndarray, speeds: np.ndarray) -> np.ndarray:
@@ -147,25 +171,23 @@ def _slots_of_plan(instance: Instance, plan: Plan) -> tuple[_Slots, list[list[in
     free = a.healthy & ~used
     parts: list[np.ndarray] = []
     doms: list[int] = []
-
-    def make(d: int, own: np.ndarray) -> int:
-        g = own
-        if stages_in.get(d, 0) <= 1:
-            members = a.domain_gpus[d]
-            g = np.concatenate([own, members[free[members]]])
-        parts.append(g[np.argsort(-a.speed[g], kind="stable")])
-        doms.append(d)
-        return len(parts) - 1
-
     reps = [
         [
-            make(a.domain_index[st.domain], np.array([index[x] for x in st.gpus], dtype=np.int64))
+            _add_slot(
+                instance,
+                stages_in,
+                free,
+                parts,
+                doms,
+                a.domain_index[st.domain],
+                np.array([index[x] for x in st.gpus], dtype=np.int64),
+            )
             for st in rep.stages
         ]
         for rep in plan.replicas
     ]
     spare = [
-        make(d, np.empty(0, dtype=np.int64))
+        _add_slot(instance, stages_in, free, parts, doms, d, np.empty(0, dtype=np.int64))
         for d in range(a.n_domains)
         if d not in stages_in and free[a.domain_gpus[d]].any()
     ]
@@ -177,6 +199,28 @@ def _slots_of_plan(instance: Instance, plan: Plan) -> tuple[_Slots, list[list[in
     n = len(parts)
     slots = _Slots(flat, a.speed[flat], tables, bounds.tolist(), doms, [-1] * n, [False] * n)
     return slots, reps, spare
+
+
+def _add_slot(
+    instance: Instance,
+    stages_in: dict[int, int],
+    free: np.ndarray,
+    parts: list[np.ndarray],
+    doms: list[int],
+    d: int,
+    own: np.ndarray,
+) -> int:
+    """Append the slot of GPUs ``own`` in domain ``d`` (with the domain's ``free``
+    GPUs when it holds at most one stage), fastest first, to ``parts`` and ``doms``;
+    its index."""
+    a = instance.arrays
+    g = own
+    if stages_in.get(d, 0) <= 1:
+        members = a.domain_gpus[d]
+        g = np.concatenate([own, members[free[members]]])
+    parts.append(g[np.argsort(-a.speed[g], kind="stable")])
+    doms.append(d)
+    return len(parts) - 1
 
 
 def _exclusive_min(t: np.ndarray) -> np.ndarray:
@@ -241,9 +285,20 @@ class _Search:
         self.reps = reps
         self.spare = spare
         self.whole: np.ndarray | None = None  # the tables of :meth:`tables` as one array
+        self.splits: dict[tuple[tuple[int, ...], tuple[float, ...]], BatchSplit | None] = {}
+        self.bests: dict[tuple[tuple[int, ...], bytes], tuple[int, float]] = {}
 
     def best(self, tables: np.ndarray) -> tuple[int, float]:
-        """Degree and power-1 speed (``f(t) * min s``) of a replica from its slot tables."""
+        """Degree and power-1 speed (``f(t) * min s``) of a replica from its slot tables
+        (kept under the tables' shape and bytes: equal moves share it)."""
+        key = (tables.shape, tables.tobytes())
+        got = self.bests.get(key)
+        if got is None:
+            got = self.bests[key] = self._best(tables)
+        return got
+
+    def _best(self, tables: np.ndarray) -> tuple[int, float]:
+        """:meth:`best`, computed."""
         worst = tables.min(axis=0) * self.factor
         worst = np.where(np.isfinite(worst), worst, -np.inf)
         k = len(worst) - 1 - int(np.argmax(worst[::-1]))  # larger degree on ties
@@ -265,7 +320,7 @@ class _Search:
             tables = [self.slots.tables[r] for r in reps]
             cur = [self.best(t) for t in tables]
             return tables, [t for t, _ in cur], [v for _, v in cur]
-        rows = np.array([k for r in reps for k in r], dtype=np.int64)
+        rows = np.fromiter(chain.from_iterable(reps), dtype=np.int64)
         big = self.slots.tables[rows].reshape(len(reps), n_st.pop(), -1)
         worst = big.min(axis=1) * self.factor
         worst = np.where(np.isfinite(worst), worst, -np.inf)
@@ -279,10 +334,20 @@ class _Search:
         return list(big), tps, speeds
 
     def split(self, tps: list[int], speeds: list[float]) -> BatchSplit | None:
-        """The exact split of the replicas of degree ``tps[r] > 0`` at ``speeds``."""
+        """The exact split of the replicas of degree ``tps[r] > 0`` at ``speeds``.
+
+        Kept for the search's call under ``(tps, speeds)``: moves that give
+        the same degrees and speeds (a slot swapped with any of a replica's
+        equal slots) share one split.
+        """
+        key = (tuple(tps), tuple(speeds))
+        if key in self.splits:
+            return self.splits[key]
         keep = [i for i, t in enumerate(tps) if t > 0]
         c = self.job.seq_time_s
-        return split_batch(self.job, [speeds[i] / c for i in keep], [tps[i] for i in keep])
+        got = split_batch(self.job, [speeds[i] / c for i in keep], [tps[i] for i in keep])
+        self.splits[key] = got
+        return got
 
     def goodput(self, tps: list[int], speeds: list[float]) -> float:
         split = self.split(tps, speeds)
@@ -355,74 +420,9 @@ def improve_layout(
     changed = False
     last: BatchSplit | None = None  # the split of the last move taken (at ``tps``, ``speeds``)
     for _ in range(rounds):
-        cands: list[tuple[float, str, int, int, int, int]] = []  # (-gain, kind, A, i, B, j)
         big = np.stack(tables) if whole is None else whole  # (replicas, pp, degrees)
-        ex = _exclusive_min(big)  # min over the other stages of the replica
-        cur_v = np.array(speeds)
-        f = s.factor
-        sp_tab = np.array(spare_tab) if spare_tab else np.zeros((0, len(f)))
-        # the tables times f(t) first: f(t) * min(x, y) is min(f(t) x, f(t) y),
-        # rounding included (f(t) > 0), so the products are taken once a round
-        fbig, fex, fsp = big * f, ex * f, sp_tab * f
-        for a_i in sorted(focus):
-            # every slot i of A against every slot (b, j) at once: A gets (b, j)
-            # and b gets A's slot i (element for element the same numbers as
-            # one slot at a time)
-            rest = fex[a_i]  # (pp, degrees): min over A's other stages, times f(t)
-            # each distinct row once (A's slots mostly share their tables)
-            rows, back = _distinct(rest)
-            va = _expand(_max_last(np.minimum(rows[:, None, None, :], fbig[None])), back)
-            rows, back = _distinct(fbig[a_i])
-            vb = _expand(_max_last(np.minimum(fex[None], rows[:, None, None, :])), back)
-            gain = va + vb - cur_v[a_i] - cur_v[None, :, None]  # (pp, replicas, pp)
-            gain[:, a_i, :] = -np.inf
-            ii, bb, jj = _leading(gain, top)
-            cands.extend(
-                zip(
-                    (-gain[ii, bb, jj]).tolist(),
-                    repeat("swap"),
-                    repeat(a_i),
-                    ii.tolist(),
-                    bb.tolist(),
-                    jj.tolist(),
-                    strict=False,
-                )
-            )
-            if len(sp_tab):
-                vs = _max_last(np.minimum(rest[:, None, :], fsp[None])) - cur_v[a_i]
-                ii, jj = _leading(vs, top)
-                cands.extend(
-                    zip(
-                        (-vs[ii, jj]).tolist(),
-                        repeat("spare"),
-                        repeat(a_i),
-                        ii.tolist(),
-                        repeat(-1),
-                        jj.tolist(),
-                        strict=False,
-                    )
-                )
-        # the best ``top`` in sorted order (``heapq.nsmallest`` is ``sorted()[:top]``)
-        best_move = None
-        for _, kind, a_i, i, b_i, j in heapq.nsmallest(top, cands):
-            new_t, new_v = list(tps), list(speeds)
-            ta = tables[a_i]
-            if kind == "swap":
-                tb = tables[b_i]
-                new_a = ta.copy()
-                new_a[i] = tb[j]
-                new_b = tb.copy()
-                new_b[j] = ta[i]
-                new_t[a_i], new_v[a_i] = s.best(new_a)
-                new_t[b_i], new_v[b_i] = s.best(new_b)
-            else:
-                new_a = ta.copy()
-                new_a[i] = spare_tab[j]
-                new_t[a_i], new_v[a_i] = s.best(new_a)
-            got = s.split(new_t, new_v)
-            g = 0.0 if got is None else got.goodput
-            if g > value * (1 + IMPROVE_TOL) and (best_move is None or g > best_move[0]):
-                best_move = (g, kind, a_i, i, b_i, j, new_t, new_v, got)
+        cands = _candidates(s, big, speeds, spare_tab, focus, top)
+        best_move = _best_move(s, cands, tables, spare_tab, tps, speeds, value, top)
         if best_move is None:
             break
         value, kind, a_i, i, b_i, j, tps, speeds, last = best_move
@@ -443,6 +443,110 @@ def improve_layout(
     return _plan(instance, plan, slots, reps, tps, speeds, layout, last if changed else None)
 
 
+_Candidate = tuple[float, str, int, int, int, int]
+"""A move scored at power 1: ``(-gain, kind, A, i, B, j)`` (kind ``"swap"``: slot
+``i`` of replica ``A`` with slot ``j`` of replica ``B``; ``"spare"``: with spare
+slot ``j``, ``B`` -1)."""
+
+_Move = tuple[float, str, int, int, int, int, list[int], list[float], BatchSplit | None]
+"""A move with its exact split: ``(goodput, kind, A, i, B, j, degrees, speeds, split)``."""
+
+
+def _candidates(
+    s: _Search,
+    big: np.ndarray,
+    speeds: list[float],
+    spare_tab: list[np.ndarray],
+    focus: set[int],
+    top: int,
+) -> list[_Candidate]:
+    """The moves from the ``focus`` replicas that can be among the ``top`` best by
+    their gain in the two replicas' speeds (``big``: every replica's slot tables)."""
+    cands: list[_Candidate] = []
+    ex = _exclusive_min(big)  # min over the other stages of the replica
+    cur_v = np.array(speeds)
+    f = s.factor
+    sp_tab = np.array(spare_tab) if spare_tab else np.zeros((0, len(f)))
+    # the tables times f(t) first: f(t) * min(x, y) is min(f(t) x, f(t) y),
+    # rounding included (f(t) > 0), so the products are taken once a round
+    fbig, fex, fsp = big * f, ex * f, sp_tab * f
+    for a_i in sorted(focus):
+        # every slot i of A against every slot (b, j) at once: A gets (b, j)
+        # and b gets A's slot i (element for element the same numbers as
+        # one slot at a time)
+        rest = fex[a_i]  # (pp, degrees): min over A's other stages, times f(t)
+        # each distinct row once (A's slots mostly share their tables)
+        rows, back = _distinct(rest)
+        va = _expand(_max_last(np.minimum(rows[:, None, None, :], fbig[None])), back)
+        rows, back = _distinct(fbig[a_i])
+        vb = _expand(_max_last(np.minimum(fex[None], rows[:, None, None, :])), back)
+        gain = va + vb - cur_v[a_i] - cur_v[None, :, None]  # (pp, replicas, pp)
+        gain[:, a_i, :] = -np.inf
+        ii, bb, jj = _leading(gain, top)
+        cands.extend(
+            zip(
+                (-gain[ii, bb, jj]).tolist(),
+                repeat("swap"),
+                repeat(a_i),
+                ii.tolist(),
+                bb.tolist(),
+                jj.tolist(),
+                strict=False,
+            )
+        )
+        if len(sp_tab):
+            vs = _max_last(np.minimum(rest[:, None, :], fsp[None])) - cur_v[a_i]
+            ii, jj = _leading(vs, top)
+            cands.extend(
+                zip(
+                    (-vs[ii, jj]).tolist(),
+                    repeat("spare"),
+                    repeat(a_i),
+                    ii.tolist(),
+                    repeat(-1),
+                    jj.tolist(),
+                    strict=False,
+                )
+            )
+    return cands
+
+
+def _best_move(
+    s: _Search,
+    cands: list[_Candidate],
+    tables: list[np.ndarray],
+    spare_tab: list[np.ndarray],
+    tps: list[int],
+    speeds: list[float],
+    value: float,
+    top: int,
+) -> _Move | None:
+    """The best of the ``top`` best candidates by the exact split, when it improves
+    on ``value``."""
+    best_move: _Move | None = None
+    # the best ``top`` in sorted order (``heapq.nsmallest`` is ``sorted()[:top]``)
+    for _, kind, a_i, i, b_i, j in heapq.nsmallest(top, cands):
+        new_t, new_v = list(tps), list(speeds)
+        ta = tables[a_i]
+        if kind == "swap":
+            tb = tables[b_i]
+            new_a = ta.copy()
+            new_a[i] = tb[j]
+            new_b = tb.copy()
+            new_b[j] = ta[i]
+            new_t[a_i], new_v[a_i] = s.best(new_a)
+            new_t[b_i], new_v[b_i] = s.best(new_b)
+        else:
+            new_a = ta.copy()
+            new_a[i] = spare_tab[j]
+            new_t[a_i], new_v[a_i] = s.best(new_a)
+        got = s.split(new_t, new_v)
+        g = 0.0 if got is None else got.goodput
+        if g > value * (1 + IMPROVE_TOL) and (best_move is None or g > best_move[0]):
+            best_move = (g, kind, a_i, i, b_i, j, new_t, new_v, got)
+    return best_move
+
+
 def _plan(
     instance: Instance,
     plan: Plan,
@@ -455,7 +559,6 @@ def _plan(
 ) -> tuple[Plan, Layout] | None:
     """The plan and layout of the slots ``reps`` at degrees ``tps``; ``split``:
     the exact split at ``tps`` and ``speeds`` when the search has it."""
-    a = instance.arrays
     job = instance.job
     keep = [r for r, t in enumerate(tps) if t > 0]
     if split is None:
@@ -467,61 +570,15 @@ def _plan(
     pp = np.array([len(reps[r]) for r, _ in kept], dtype=np.int64)
     n = int(pp.sum())
     starts = np.cumsum(pp) - pp
-    ks = np.fromiter((k for r, _ in kept for k in reps[r]), dtype=np.int64, count=n)
+    ks = np.fromiter(chain.from_iterable(reps[r] for r, _ in kept), dtype=np.int64, count=n)
     lens = np.repeat(np.array([tps[r] for r, _ in kept], dtype=np.int64), pp)
     # every stage's first GPUs gathered at once
     firsts = np.asarray(slots.bounds, dtype=np.int64)[ks]
     ends = np.cumsum(lens)
     total = int(ends[-1]) if n else 0
     flat = slots.gpus[np.arange(total) + np.repeat(firsts - (ends - lens), lens)]
-    # a stage read from the layout whose first GPUs are its own, in order, and
-    # as many: the plan's stage (its node ids, the object itself at power 1);
-    # a replica of such stages, all of one plan replica in its order and at
-    # power 1: that replica's stages
-    is_old = np.zeros(n, dtype=bool)
-    whole = np.zeros(len(kept), dtype=bool)
-    rep_of: list[int] = []
-    st_of: list[int] = []
-    origin = np.asarray(slots.origin, dtype=np.int64)[ks]
-    if layout is not None and plan.replicas and n:
-        sizes = np.diff(layout.offsets)
-        at = np.maximum(origin, 0)
-        is_old = (origin >= 0) & np.asarray(slots.same, dtype=bool)[ks] & (sizes[at] == lens)
-        p_of = layout.replica[at]
-        if (pp > 0).all():
-            ok = (
-                is_old
-                & (layout.stage[at] == np.arange(n) - np.repeat(starts, pp))
-                & (p_of == np.repeat(p_of[starts], pp))
-            )
-            whole = np.logical_and.reduceat(ok, starts)
-        rep_of, st_of = p_of.tolist(), layout.stage[at].tolist()
-    # the other stages' GPU ids in one lookup, then sliced per stage
-    fresh = flat[np.repeat(~is_old, lens)].tolist()
-    names: tuple[Any, ...] = (
-        itemgetter(*fresh)(a.gpu_ids) if len(fresh) > 1 else tuple(a.gpu_ids[g] for g in fresh)
-    )
-    domain_ids = a.domain_ids
-    old_l, ks_l, first_l, whole_l = is_old.tolist(), ks.tolist(), starts.tolist(), whole.tolist()
-    replicas = []
-    pos = 0
-    for q, (r, b) in enumerate(kept):
-        t = tps[r]
-        i0 = first_l[q]
-        if whole_l[q]:
-            src = plan.replicas[rep_of[i0]].stages
-            if len(src) == len(reps[r]) and all(st.power == 1.0 for st in src):
-                replicas.append(Replica(tp=t, local_batch=b, stages=src))
-                continue
-        stages = []
-        for i in range(i0, i0 + len(reps[r])):
-            if old_l[i]:
-                o = plan.replicas[rep_of[i]].stages[st_of[i]]
-                stages.append(o if o.power == 1.0 else Stage(o.domain, o.gpus, 1.0))
-                continue
-            stages.append(Stage(domain_ids[slots.domain[ks_l[i]]], names[pos : pos + t], 1.0))
-            pos += t
-        replicas.append(Replica(tp=t, local_batch=b, stages=tuple(stages)))
+    old = _OldStages.of(plan, layout, slots, ks, lens, pp, starts)
+    replicas = _swap_replicas(instance, plan, slots, reps, tps, kept, flat, lens, ks, starts, old)
     offsets = np.zeros(n + 1, dtype=np.int64)
     np.cumsum(lens, out=offsets[1:])
     lay = Layout(
@@ -537,3 +594,96 @@ def _plan(
         instance=plan.instance,
     )
     return Plan(plan.instance, tuple(replicas), {"policy": "swaps"}), lay
+
+
+@dataclass(frozen=True)
+class _OldStages:
+    """Which stages of the swap plan are the running plan's: per stage, whether it
+    is (``is_old``: read from the layout, its first GPUs its own, in order, and as
+    many) and which plan replica and stage it was (``rep_of``, ``st_of``); per
+    replica, whether it is a whole plan replica (``whole``: all of one plan
+    replica's stages, in its order, each at power 1)."""
+
+    is_old: np.ndarray
+    whole: np.ndarray
+    rep_of: list[int]
+    st_of: list[int]
+
+    @classmethod
+    def of(
+        cls,
+        plan: Plan,
+        layout: Layout | None,
+        slots: _Slots,
+        ks: np.ndarray,
+        lens: np.ndarray,
+        pp: np.ndarray,
+        starts: np.ndarray,
+    ) -> _OldStages:
+        """Read them from the slots ``ks`` of the stages (``lens`` GPUs each; ``pp``
+        stages per replica from ``starts``)."""
+        n = len(ks)
+        is_old = np.zeros(n, dtype=bool)
+        whole = np.zeros(len(pp), dtype=bool)
+        if layout is None or not plan.replicas or not n:
+            return cls(is_old, whole, [], [])
+        origin = np.asarray(slots.origin, dtype=np.int64)[ks]
+        sizes = np.diff(layout.offsets)
+        at = np.maximum(origin, 0)
+        is_old = (origin >= 0) & np.asarray(slots.same, dtype=bool)[ks] & (sizes[at] == lens)
+        p_of = layout.replica[at]
+        if (pp > 0).all():
+            ok = (
+                is_old
+                & (layout.stage[at] == np.arange(n) - np.repeat(starts, pp))
+                & (p_of == np.repeat(p_of[starts], pp))
+            )
+            # ... and every stage of that plan replica (as many), each at power 1
+            # (the layout's powers are the plan's)
+            whole = np.logical_and.reduceat(ok & (layout.power[at] == 1.0), starts) & (
+                np.bincount(layout.replica, minlength=len(plan.replicas))[p_of[starts]] == pp
+            )
+        return cls(is_old, whole, p_of.tolist(), layout.stage[at].tolist())
+
+
+def _swap_replicas(
+    instance: Instance,
+    plan: Plan,
+    slots: _Slots,
+    reps: list[list[int]],
+    tps: list[int],
+    kept: list[tuple[int, int]],
+    flat: np.ndarray,
+    lens: np.ndarray,
+    ks: np.ndarray,
+    starts: np.ndarray,
+    old: _OldStages,
+) -> list[Replica]:
+    """The swap plan's replicas in node ids: the plan's replica or stage objects
+    where :class:`_OldStages` allows, the other stages' GPU ids looked up at once."""
+    a = instance.arrays
+    fresh = flat[np.repeat(~old.is_old, lens)].tolist()
+    names: tuple[Any, ...] = (
+        itemgetter(*fresh)(a.gpu_ids) if len(fresh) > 1 else tuple(a.gpu_ids[g] for g in fresh)
+    )
+    domain_ids = a.domain_ids
+    old_l, ks_l, first_l = old.is_old.tolist(), ks.tolist(), starts.tolist()
+    whole_l, rep_of, st_of = old.whole.tolist(), old.rep_of, old.st_of
+    replicas = []
+    pos = 0
+    for q, (r, b) in enumerate(kept):
+        t = tps[r]
+        i0 = first_l[q]
+        if whole_l[q]:
+            replicas.append(Replica(tp=t, local_batch=b, stages=plan.replicas[rep_of[i0]].stages))
+            continue
+        stages = []
+        for i in range(i0, i0 + len(reps[r])):
+            if old_l[i]:
+                o = plan.replicas[rep_of[i]].stages[st_of[i]]
+                stages.append(o if o.power == 1.0 else Stage(o.domain, o.gpus, 1.0))
+                continue
+            stages.append(Stage(domain_ids[slots.domain[ks_l[i]]], names[pos : pos + t], 1.0))
+            pos += t
+        replicas.append(Replica(tp=t, local_batch=b, stages=tuple(stages)))
+    return replicas

@@ -14,6 +14,8 @@ reference functions plan for plan.
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any, NamedTuple
 
 import numpy as np
@@ -131,9 +133,63 @@ def recourse_layout(
     job = instance.job
     alive = a.healthy & ~mask
     lay = layout
-    offsets = lay.offsets
-    n_rep = lay.n_replicas
     pp = job.pp
+    changed = _adapt_touched(instance, lay, alive, pp)
+    new, degree, source = _assembled(lay, changed, pp)
+    old_power = lay.power.copy()  # to spot the stages whose power step 4 resets
+    dropped = lay.n_replicas - len(source)
+    # power (step 4 of adapt)
+    new, reduced_power, cut = _power_step(instance, new, degree, source, alive, memo)
+    dropped += cut
+    # batches (step 6)
+    tps = degree
+    speeds_a = layout_speeds(instance, new, memo=memo) if degree else np.zeros(0)
+    split = _exact(job, speeds_a, np.array(tps, dtype=np.int64), memo)
+    replicas: tuple[Replica, ...] = ()
+    value = 0.0
+    if split is not None and degree:
+        replicas = _recourse_replicas(
+            instance, plan, new.power, old_power, source, changed, tps, split.batches
+        )
+        value = gp.goodput(job, tps, list(split.batches), speeds_a.tolist())
+        batch = np.array(split.batches, dtype=np.int64)
+    else:
+        batch = np.zeros(0, dtype=np.int64)
+        new = _layout([], [], [], [])
+    metrics = {
+        "policy": "recourse",
+        "paused": not replicas,
+        "goodput": value,
+        "relative_goodput": gp.relative_goodput(job, value),
+        "dropped": dropped,
+        "reduced_power": reduced_power,
+    }
+    out_plan = Plan(plan.instance, replicas, metrics)
+    out_lay = Layout(
+        replica=new.replica,
+        stage=new.stage,
+        domain=new.domain,
+        offsets=new.offsets,
+        gpus=new.gpus,
+        power=new.power,
+        degree=new.degree,
+        batch=batch,
+        metrics=metrics,
+        instance=plan.instance,
+    )
+    return Local(out_plan, out_lay)
+
+
+_Changed = dict[int, tuple[int, list[np.ndarray], list[float]] | None]
+"""Recourse's touched replicas that changed: replica -> :func:`adapt_replica`'s
+degree, stage GPUs and powers (``None``: the replica is dropped)."""
+
+
+def _adapt_touched(instance: Instance, lay: Layout, alive: np.ndarray, pp: int) -> _Changed:
+    """Steps 1-3 of recourse (refill, reduce the degree) on the replicas with a dead
+    GPU whose stages lost GPUs."""
+    a = instance.arrays
+    offsets = lay.offsets
     dead = ~alive[lay.gpus]
     if lay.n_stages:
         hit = np.logical_or.reduceat(dead, offsets[:-1]) & (np.diff(offsets) > 0)
@@ -143,8 +199,7 @@ def recourse_layout(
     used = np.zeros(a.n_gpus, dtype=bool)
     used[lay.gpus] = True
     pools = SparePools(instance, alive, used)
-
-    changed: dict[int, tuple[int, list[np.ndarray], list[float]] | None] = {}
+    changed: _Changed = {}
     for r in touched:
         lo = r * pp
         doms = lay.domain[lo : lo + pp].tolist()
@@ -155,7 +210,14 @@ def recourse_layout(
         if all(len(s) == t_r for s in survivors):
             continue
         changed[r] = adapt_replica(instance, pools, t_r, doms, survivors, pws)
-    # the kept replicas' layout: runs of untouched replicas are copied as blocks
+    return changed
+
+
+def _assembled(lay: Layout, changed: _Changed, pp: int) -> tuple[Layout, list[int], list[int]]:
+    """The layout after steps 1-3 (batches 0), its replicas' degrees and each one's
+    index in ``lay``: runs of unchanged replicas copied as blocks."""
+    offsets = lay.offsets
+    n_rep = lay.n_replicas
     sizes_all = np.diff(offsets)
     deg_parts: list[np.ndarray] = []
     size_parts: list[np.ndarray] = []
@@ -199,10 +261,25 @@ def recourse_layout(
         degree=np.array(degree, dtype=np.int64),
         batch=np.zeros(k_rep, dtype=np.int64),
     )
-    old_power = lay.power.copy()  # to spot the stages whose power step 4 resets
-    dropped = n_rep - len(source)
-    # power (step 4 of adapt)
+    return new, degree, source
+
+
+def _power_step(
+    instance: Instance,
+    new: Layout,
+    degree: list[int],
+    source: list[int],
+    alive: np.ndarray,
+    memo: dict[Any, Any] | None,
+) -> tuple[Layout, bool, int]:
+    """Step 4 of recourse: boosts of over-budget racks, then of the site, back to 1,
+    then replicas dropped from the end while a budget is exceeded. ``degree`` and
+    ``source`` lose the dropped replicas in place; returns the layout, whether a
+    power was reduced and how many replicas were dropped."""
+    a = instance.arrays
+    pp = instance.job.pp
     reduced_power = False
+    dropped = 0
     racks_over, site_over = _draw(instance, new, alive, memo)
     if racks_over.any():
         reduced_power = True
@@ -233,71 +310,53 @@ def recourse_layout(
             batch=new.batch[:k],
         )
         racks_over, site_over = _draw(instance, new, alive, memo)
-    # batches (step 6)
-    tps = degree
-    speeds_a = layout_speeds(instance, new, memo=memo) if degree else np.zeros(0)
-    speeds = speeds_a.tolist()
-    split = _exact(job, speeds_a, np.array(tps, dtype=np.int64), memo)
-    replicas: tuple[Replica, ...] = ()
-    value = 0.0
-    if split is not None and degree:
-        pw_new = new.power.tolist()
-        # per kept replica: did step 4 change one of its stages' powers?
-        src_stage = (np.repeat(np.array(source, dtype=np.int64), pp) * pp) + np.tile(
-            np.arange(pp, dtype=np.int64), len(source)
-        )
-        moved_pw = new.power != old_power[src_stage]
-        pw_hit = np.logical_or.reduceat(moved_pw, np.arange(0, len(moved_pw), pp)).tolist()
-        reps = []
-        for i, (t, r, b) in enumerate(zip(tps, source, split.batches, strict=True)):
-            old = plan.replicas[r]
-            pws_i = pw_new[i * pp : i * pp + pp]
-            got = changed.get(r)
-            stages: tuple[Stage, ...]
-            if got is not None:
-                stages = tuple(
-                    Stage(domain=st.domain, gpus=tuple(a.gpu_ids[j] for j in g), power=pw)
-                    for st, g, pw in zip(old.stages, got[1], pws_i, strict=True)
-                )
-            elif pw_hit[i]:
-                stages = tuple(
-                    st if pw == st.power else Stage(domain=st.domain, gpus=st.gpus, power=pw)
-                    for st, pw in zip(old.stages, pws_i, strict=True)
-                )
-            elif int(b) == old.local_batch:
-                reps.append(old)
-                continue
-            else:
-                stages = old.stages
-            reps.append(Replica(tp=t, local_batch=int(b), stages=stages))
-        replicas = tuple(reps)
-        value = gp.goodput(job, tps, list(split.batches), speeds)
-        batch = np.array(split.batches, dtype=np.int64)
-    else:
-        batch = np.zeros(0, dtype=np.int64)
-        new = _layout([], [], [], [])
-    metrics = {
-        "policy": "recourse",
-        "paused": not replicas,
-        "goodput": value,
-        "relative_goodput": gp.relative_goodput(job, value),
-        "dropped": dropped,
-        "reduced_power": reduced_power,
-    }
-    out_plan = Plan(plan.instance, replicas, metrics)
-    out_lay = Layout(
-        replica=new.replica,
-        stage=new.stage,
-        domain=new.domain,
-        offsets=new.offsets,
-        gpus=new.gpus,
-        power=new.power,
-        degree=new.degree,
-        batch=batch,
-        metrics=metrics,
-        instance=plan.instance,
+    return new, reduced_power, dropped
+
+
+def _recourse_replicas(
+    instance: Instance,
+    plan: Plan,
+    power: np.ndarray,
+    old_power: np.ndarray,
+    source: list[int],
+    changed: _Changed,
+    tps: list[int],
+    batches: Sequence[int],
+) -> tuple[Replica, ...]:
+    """The replicas after recourse, in node ids: the running plan's replica objects
+    where nothing but the batch (or nothing) changed."""
+    a = instance.arrays
+    pp = instance.job.pp
+    pw_new = power.tolist()
+    # per kept replica: did step 4 change one of its stages' powers?
+    src_stage = (np.repeat(np.array(source, dtype=np.int64), pp) * pp) + np.tile(
+        np.arange(pp, dtype=np.int64), len(source)
     )
-    return Local(out_plan, out_lay)
+    moved_pw = power != old_power[src_stage]
+    pw_hit = np.logical_or.reduceat(moved_pw, np.arange(0, len(moved_pw), pp)).tolist()
+    reps = []
+    for i, (t, r, b) in enumerate(zip(tps, source, batches, strict=True)):
+        old = plan.replicas[r]
+        pws_i = pw_new[i * pp : i * pp + pp]
+        got = changed.get(r)
+        stages: tuple[Stage, ...]
+        if got is not None:
+            stages = tuple(
+                Stage(domain=st.domain, gpus=tuple(a.gpu_ids[j] for j in g), power=pw)
+                for st, g, pw in zip(old.stages, got[1], pws_i, strict=True)
+            )
+        elif pw_hit[i]:
+            stages = tuple(
+                st if pw == st.power else Stage(domain=st.domain, gpus=st.gpus, power=pw)
+                for st, pw in zip(old.stages, pws_i, strict=True)
+            )
+        elif int(b) == old.local_batch:
+            reps.append(old)
+            continue
+        else:
+            stages = old.stages
+        reps.append(Replica(tp=t, local_batch=int(b), stages=stages))
+    return tuple(reps)
 
 
 _BOUND_SLACK = 1e-9
@@ -432,76 +491,155 @@ def reboost_layout(
         layout; ``None`` when the plan's own multipliers are best (or nothing
         can boost).
     """
-    job = instance.job
     if not plan.replicas or not can_boost(instance):
         return None
-    a = instance.arrays
-    stages = stages_of(layout)
-    tp = layout.degree
-    slowest = stage_slowest(instance, layout, memo)
-    if keep is None:
-        got_keep = _split(instance, layout, layout.power, slowest, memo)
-        value = -1.0 if got_keep is None else got_keep[0]
-    else:
-        value = keep
-    used = np.zeros(a.n_gpus, dtype=bool)
-    used[layout.gpus] = True
-    rack_room, site_room = headroom(instance, used.astype(float), memo=memo)
-    ones = np.ones(layout.n_stages)
-    target = 1.0 / job.seq_time_s
-    at_one = layout_speeds(instance, layout, powers=ones, slowest=slowest)
-    slow = np.flatnonzero(at_one < target * (1 - FLOAT_NOISE)).tolist()
-    # Bounds on what each boost can bring: the exact split's goodput grows with every
-    # speed, the slow replicas' boost lifts them to nominal speed at most, and the
-    # common-speed boost lifts no stage above the best speed of the slowest stage.
-    # A boost whose bound cannot win is not computed (the choice below is the same).
-    bar = value * (1 + FLOAT_NOISE)
-    best_case = at_one.copy()
-    best_case[slow] = target
-    ub_slow = _bound(job, best_case, tp, memo)
-    base = _factors(job, tp)[stages.replica] * slowest
-    caps = stages.stage_min(instance.max_multiplier)
-    top = float((base * caps**job.power_exponent).min())
-    ub_floor = _bound(job, np.maximum(at_one, top / job.seq_time_s), tp, memo)
-
-    def slow_boost() -> tuple[np.ndarray, tuple[float, tuple[int, ...], float] | None]:
-        pw, _ = boost_stages(
-            instance, stages, tp, ones, slow, rack_room, site_room, steps=50, memo=memo
-        )
-        return pw, _split(instance, layout, pw, slowest, memo)
-
-    def floor_boost() -> tuple[np.ndarray, tuple[float, tuple[int, ...], float] | None]:
-        pw = boost_floor_stages(
-            instance, stages, tp, rack_room, site_room, slowest=slowest, caps=caps, memo=memo
-        )
-        return pw, _split(instance, layout, pw, slowest, memo)
-
-    got_slow = got_floor = None
-    if ub_floor >= ub_slow and ub_floor > bar:
-        got_floor = floor_boost()
-        g = got_floor[1]
-        if ub_slow > bar and not (g is not None and g[0] > bar and g[0] > ub_slow):
-            got_slow = slow_boost()
-    elif ub_slow > bar:
-        got_slow = slow_boost()
-        g = got_slow[1]
-        if ub_floor > bar and not (g is not None and g[0] >= ub_floor):
-            got_floor = floor_boost()
-    tries = [got for got in (got_slow, got_floor) if got is not None]
-    best: tuple[float, np.ndarray, tuple[int, ...], float] | None = None
-    for powers, got in tries:
-        if (
-            got is not None
-            and got[0] > value * (1 + FLOAT_NOISE)
-            and (best is None or got[0] > best[0])
-        ):
-            best = (got[0], powers, got[1], got[2])
+    b = _Boosts.of(instance, layout, keep, memo)
+    best = _best_boost(b)
     if best is None:
         return None
     _, powers, batches, theta = best
     # boost a replica only as far as the split uses it
-    powers = _trimmed(instance, layout, stages, powers, batches, theta, slowest)
-    pp = job.pp
+    powers = _trimmed(instance, layout, b.stages, powers, batches, theta, b.slowest)
+    return _boosted(instance, plan, layout, powers, batches)
+
+
+_Tried = tuple[np.ndarray, tuple[float, tuple[int, ...], float] | None]
+"""A boost's multipliers and their exact split (goodput, batches, step time)."""
+
+
+@dataclass(frozen=True)
+class _Boosts:
+    """What :func:`reboost_layout`'s two boosts share: the layout's stages, their
+    slowest speeds and caps, the rooms, the slow replicas, the plan's own value and
+    the bounds on what each boost can bring."""
+
+    instance: Instance
+    layout: Layout
+    stages: Stages
+    slowest: np.ndarray
+    caps: np.ndarray
+    rack_room: np.ndarray
+    site_room: float
+    ones: np.ndarray
+    slow: list[int]
+    value: float
+    ub_slow: float
+    ub_floor: float
+    memo: dict[Any, Any] | None
+
+    @classmethod
+    def of(
+        cls, instance: Instance, layout: Layout, keep: float | None, memo: dict[Any, Any] | None
+    ) -> _Boosts:
+        """Read the layout once for both boosts (see :func:`reboost_layout`)."""
+        job = instance.job
+        a = instance.arrays
+        stages = stages_of(layout)
+        tp = layout.degree
+        slowest = stage_slowest(instance, layout, memo)
+        if keep is None:
+            got_keep = _split(instance, layout, layout.power, slowest, memo)
+            value = -1.0 if got_keep is None else got_keep[0]
+        else:
+            value = keep
+        used = np.zeros(a.n_gpus, dtype=bool)
+        used[layout.gpus] = True
+        rack_room, site_room = headroom(instance, used.astype(float), memo=memo)
+        ones = np.ones(layout.n_stages)
+        target = 1.0 / job.seq_time_s
+        at_one = layout_speeds(instance, layout, powers=ones, slowest=slowest)
+        slow = np.flatnonzero(at_one < target * (1 - FLOAT_NOISE)).tolist()
+        # Bounds on what each boost can bring: the exact split's goodput grows with
+        # every speed, the slow replicas' boost lifts them to nominal speed at most,
+        # and the common-speed boost lifts no stage above the best speed of the
+        # slowest stage. A boost whose bound cannot win is not computed (the choice
+        # is the same).
+        best_case = at_one.copy()
+        best_case[slow] = target
+        ub_slow = _bound(job, best_case, tp, memo)
+        base = _factors(job, tp)[stages.replica] * slowest
+        caps = stages.stage_min(instance.max_multiplier)
+        top = float((base * caps**job.power_exponent).min())
+        ub_floor = _bound(job, np.maximum(at_one, top / job.seq_time_s), tp, memo)
+        return cls(
+            instance,
+            layout,
+            stages,
+            slowest,
+            caps,
+            rack_room,
+            site_room,
+            ones,
+            slow,
+            value,
+            ub_slow,
+            ub_floor,
+            memo,
+        )
+
+    def slow_boost(self) -> _Tried:
+        """The slow replicas' boost (50 steps, from power 1) and its split."""
+        pw, _ = boost_stages(
+            self.instance,
+            self.stages,
+            self.layout.degree,
+            self.ones,
+            self.slow,
+            self.rack_room,
+            self.site_room,
+            steps=50,
+            memo=self.memo,
+        )
+        return pw, _split(self.instance, self.layout, pw, self.slowest, self.memo)
+
+    def floor_boost(self) -> _Tried:
+        """The common-speed boost and its split."""
+        pw = boost_floor_stages(
+            self.instance,
+            self.stages,
+            self.layout.degree,
+            self.rack_room,
+            self.site_room,
+            slowest=self.slowest,
+            caps=self.caps,
+            memo=self.memo,
+        )
+        return pw, _split(self.instance, self.layout, pw, self.slowest, self.memo)
+
+
+def _best_boost(b: _Boosts) -> tuple[float, np.ndarray, tuple[int, ...], float] | None:
+    """The better boost (goodput, multipliers, batches, step time) when it beats the
+    plan's own multipliers; each boost computed only where its bound can win."""
+    bar = b.value * (1 + FLOAT_NOISE)
+    got_slow: _Tried | None = None
+    got_floor: _Tried | None = None
+    if b.ub_floor >= b.ub_slow and b.ub_floor > bar:
+        got_floor = b.floor_boost()
+        g = got_floor[1]
+        if b.ub_slow > bar and not (g is not None and g[0] > bar and g[0] > b.ub_slow):
+            got_slow = b.slow_boost()
+    elif b.ub_slow > bar:
+        got_slow = b.slow_boost()
+        g = got_slow[1]
+        if b.ub_floor > bar and not (g is not None and g[0] >= b.ub_floor):
+            got_floor = b.floor_boost()
+    best: tuple[float, np.ndarray, tuple[int, ...], float] | None = None
+    for powers, got in (t for t in (got_slow, got_floor) if t is not None):
+        if (
+            got is not None
+            and got[0] > b.value * (1 + FLOAT_NOISE)
+            and (best is None or got[0] > best[0])
+        ):
+            best = (got[0], powers, got[1], got[2])
+    return best
+
+
+def _boosted(
+    instance: Instance, plan: Plan, layout: Layout, powers: np.ndarray, batches: tuple[int, ...]
+) -> Local:
+    """The plan and layout at ``powers`` and ``batches`` (a replica of no sequence
+    leaves); unchanged replicas and stages are the plan's objects."""
+    pp = instance.job.pp
     pw_l = powers.tolist()
     reps = []
     keep_r = []
@@ -530,8 +668,7 @@ def reboost_layout(
         )
     metrics = {"policy": "reboost"}
     cand = Plan(plan.instance, tuple(reps), metrics)
-    kept = np.array(keep_r, dtype=np.int64)
-    if len(kept) == layout.n_replicas:
+    if len(keep_r) == layout.n_replicas:
         lay = Layout(
             **{
                 **layout.__dict__,

@@ -61,9 +61,8 @@ import dataclasses
 import logging
 import math
 import time
-from collections.abc import Hashable, Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
-from functools import cached_property
 from typing import Any, Literal
 
 import numpy as np
@@ -71,7 +70,6 @@ import numpy as np
 from ntp_opt.model.instance import Instance
 from ntp_opt.model.layout import SLOT, Layout
 from ntp_opt.model.plan import Plan, Replica
-from ntp_opt.model.topology.attrs import SPEED_MIN
 from ntp_opt.planners.exact.bounds import (
     DomainRows,
     DualPoints,
@@ -84,144 +82,11 @@ from ntp_opt.planners.exact.bounds import (
 from ntp_opt.planners.swaps import improve_layout
 from ntp_opt.rules.tolerances import BOUND_TOL
 from ntp_opt.rules.validate import Evaluation, PlanError, check, evaluate, evaluate_layout
+from ntp_opt.workflows.events import ClusterEvent, apply_events, as_events, gpus_of
 from ntp_opt.workflows.incremental import reboost_layout, recourse_layout
+from ntp_opt.workflows.replan_state import PlanState, Replanned
 
 logger = logging.getLogger(__name__)
-
-EventKind = Literal["fail", "repair", "speed"]
-
-
-@dataclass(frozen=True)
-class ClusterEvent:
-    """Something that happened to the cluster since the plan was made.
-
-    Attributes
-    ----------
-    kind
-        ``"fail"`` (the GPUs go down), ``"repair"`` (they come back healthy)
-        or ``"speed"`` (their relative speed becomes ``speed``: a new or
-        recovered straggler).
-    nodes
-        GPU or tray ids (a tray stands for all of its GPUs); a single id
-        (``ClusterEvent("fail", "d2.t0.g0")``) stands for a one-element tuple.
-    speed
-        The new speed, from :data:`~ntp_opt.model.topology.attrs.SPEED_MIN` (the
-        smallest an instance file holds) to 1, for ``"speed"`` events only.
-    """
-
-    kind: EventKind
-    nodes: tuple[Hashable, ...]
-    speed: float | None = None
-
-    def __post_init__(self) -> None:
-        if self.kind not in ("fail", "repair", "speed"):
-            raise ValueError(f"event kind must be fail, repair or speed, got {self.kind!r}")
-        nodes: Any = self.nodes
-        if isinstance(nodes, (str, bytes)) or not isinstance(nodes, Iterable):
-            nodes = (nodes,)  # one id, not a sequence of characters
-        object.__setattr__(self, "nodes", tuple(nodes))
-        if not self.nodes:
-            raise ValueError("an event needs at least one GPU or tray")
-        if self.kind == "speed":
-            if self.speed is None or not (SPEED_MIN <= float(self.speed) <= 1.0):
-                raise ValueError(
-                    f"a speed event needs speed in [{SPEED_MIN:g}, 1], got {self.speed!r}"
-                )
-        elif self.speed is not None:
-            raise ValueError(f"only speed events carry a speed ({self.kind} event has one)")
-
-    @classmethod
-    def from_dict(cls, data: Mapping[str, Any]) -> ClusterEvent:
-        """Build from ``{"kind", "nodes", "speed"?}`` (unknown keys are an error)."""
-        extra = set(data) - {"kind", "nodes", "speed"}
-        if extra:
-            raise ValueError(f"unknown event field(s): {', '.join(sorted(extra))}")
-        if "kind" not in data or "nodes" not in data:
-            raise ValueError("an event needs 'kind' and 'nodes'")
-        nodes = data["nodes"]
-        if isinstance(nodes, str) or not isinstance(nodes, Sequence):
-            raise ValueError("event 'nodes' must be a list of node ids")
-        return cls(data["kind"], tuple(nodes), data.get("speed"))
-
-
-def _as_events(events: Iterable[Any]) -> list[ClusterEvent]:
-    out = []
-    for e in events:
-        if isinstance(e, ClusterEvent):
-            out.append(e)
-        elif isinstance(e, Mapping):
-            out.append(ClusterEvent.from_dict(e))
-        elif hasattr(e, "kind") and hasattr(e, "gpu_ids"):  # ntp_opt.workflows.simulate.Event
-            out.append(ClusterEvent(e.kind, tuple(e.gpu_ids)))
-        else:
-            raise TypeError(f"not an event: {e!r}")
-    return out
-
-
-def _gpus_of(
-    instance: Instance, node: Hashable, trays: Mapping[Hashable, int] | None = None
-) -> list[int]:
-    """GPU indices of a GPU or tray id; ``trays`` (tray id -> index), when given, spares
-    reading the graph."""
-    a = instance.arrays
-    if node in a.gpu_index:
-        return [a.gpu_index[node]]
-    if trays is not None:
-        if node in trays:
-            return np.flatnonzero(a.gpu_tray == trays[node]).tolist()
-        raise ValueError(f"event names {node!r}, which is not a GPU or tray of {instance.name!r}")
-    g = instance.cluster
-    if node in g and g.nodes[node].get("kind") == "tray":
-        return [a.gpu_index[n] for n in g.adj[node] if n in a.gpu_index]
-    raise ValueError(f"event names {node!r}, which is not a GPU or tray of {instance.name!r}")
-
-
-def apply_events(instance: Instance, events: Iterable[Any]) -> Instance:
-    """The instance after ``events``, sharing the unchanged graph structure.
-
-    Parameters
-    ----------
-    instance
-        The instance before.
-    events
-        :class:`ClusterEvent` objects, dicts of their fields, or
-        :class:`ntp_opt.workflows.simulate.Event` objects, applied in order.
-
-    Returns
-    -------
-    Instance
-        A new instance (same name, job and meta); the input is unchanged.
-
-    Raises
-    ------
-    ValueError
-        An event names an unknown node, fails a failed GPU or repairs a
-        healthy one.
-    """
-    return _apply(instance, _as_events(events))
-
-
-def _apply(
-    instance: Instance, events: list[ClusterEvent], trays: Mapping[Hashable, int] | None = None
-) -> Instance:
-    """:func:`apply_events`; ``trays`` as for :func:`_gpus_of`."""
-    a = instance.arrays
-    healthy = a.healthy.copy()
-    speed = a.speed.copy()
-    for e in events:
-        for node in e.nodes:
-            for i in _gpus_of(instance, node, trays):
-                if e.kind == "fail":
-                    if not healthy[i]:
-                        raise ValueError(f"event fails GPU {a.gpu_ids[i]!r}, which is down")
-                    healthy[i] = False
-                elif e.kind == "repair":
-                    if healthy[i]:
-                        raise ValueError(f"event repairs GPU {a.gpu_ids[i]!r}, which is up")
-                    healthy[i] = True
-                else:
-                    speed[i] = float(e.speed)  # type: ignore[arg-type]
-    return instance.with_health(healthy, speed)
 
 
 def assignment(instance: Instance, plan: Plan) -> np.ndarray:
@@ -300,32 +165,8 @@ def _aligned(
     new_k = np.repeat(lay.stage, sizes)[hit]
     olds = olds[hit]
     old_r, old_j = olds // SLOT, olds % SLOT
-    # replica pairs by GPUs shared, most first (ties: lower new, then old index)
-    keys, counts = np.unique(new_r * SLOT + old_r, return_counts=True)
-    order = np.lexsort((keys % SLOT, keys // SLOT, -counts))
-    slot_of: dict[int, int] = {}
-    taken: set[int] = set()
-    for key in keys[order].tolist():
-        r, o = divmod(key, SLOT)
-        if r not in slot_of and o not in taken:
-            slot_of[r] = o
-            taken.add(o)
-    n = max(len(new.replicas), len(old.replicas))
-    free = iter(i for i in range(n) if i not in taken)
-    for r in range(len(new.replicas)):
-        if r not in slot_of:
-            slot_of[r] = next(free)
-    # stage pairs of matched replicas by GPUs shared: (new replica, new stage, old stage)
-    target = np.array([slot_of[r] for r in range(len(new.replicas))], dtype=np.int64)
-    mine = target[new_r] == old_r if len(target) else np.zeros(0, dtype=bool)
-    skeys, scounts = np.unique(
-        (new_r[mine] * SLOT + new_k[mine]) * SLOT + old_j[mine], return_counts=True
-    )
-    score: dict[int, list[tuple[int, int, int]]] = {}
-    for key, c in zip(skeys.tolist(), scounts.tolist(), strict=True):
-        rk, j = divmod(key, SLOT)
-        r, k = divmod(rk, SLOT)
-        score.setdefault(r, []).append((-c, k, j))
+    slot_of = _match_replicas(new_r, old_r, len(new.replicas), len(old.replicas))
+    score = _stage_scores(slot_of, new_r, new_k, old_r, old_j, len(new.replicas))
     # a plan is a list: fill gaps (old replicas with no successor) by compacting
     reps: list[Replica] = []
     first = np.searchsorted(lay.replica, np.arange(len(new.replicas)))
@@ -335,30 +176,88 @@ def _aligned(
         rep = new.replicas[r]
         ks = list(range(len(rep.stages)))
         if slot_of[r] < len(old.replicas):
-            pos: dict[int, int] = {}
-            used: set[int] = set()
-            for _, k, j in sorted(score.get(r, ())):
-                if k not in pos and j not in used:
-                    pos[k] = j
-                    used.add(j)
-            rest = iter(j for j in range(len(rep.stages)) if j not in used)
-            for k in range(len(rep.stages)):
-                if k not in pos:
-                    pos[k] = next(rest)
+            pos = _stage_positions(score.get(r, []), len(rep.stages))
             ks = sorted(ks, key=pos.__getitem__)
             rep = Replica(
                 tp=rep.tp, local_batch=rep.local_batch, stages=tuple(rep.stages[k] for k in ks)
             )
         reps.append(rep)
         picked.extend(int(first[r]) + k for k in ks)
-    sel = np.array(picked, dtype=np.int64)
     counts = np.array([len(new.replicas[r].stages) for r in placed], dtype=np.int64)
+    lay_out = _picked_layout(lay, new, np.array(picked, dtype=np.int64), placed, counts)
+    return Plan(new.instance, tuple(reps), dict(new.metrics)), lay_out
+
+
+def _match_replicas(new_r: np.ndarray, old_r: np.ndarray, n_new: int, n_old: int) -> dict[int, int]:
+    """New replica -> old replica index: pairs by GPUs shared, most first (ties: lower
+    new, then old index); unmatched new replicas take the free indices in order."""
+    keys, counts = np.unique(new_r * SLOT + old_r, return_counts=True)
+    order = np.lexsort((keys % SLOT, keys // SLOT, -counts))
+    slot_of: dict[int, int] = {}
+    taken: set[int] = set()
+    for key in keys[order].tolist():
+        r, o = divmod(key, SLOT)
+        if r not in slot_of and o not in taken:
+            slot_of[r] = o
+            taken.add(o)
+    free = iter(i for i in range(max(n_new, n_old)) if i not in taken)
+    for r in range(n_new):
+        if r not in slot_of:
+            slot_of[r] = next(free)
+    return slot_of
+
+
+def _stage_scores(
+    slot_of: dict[int, int],
+    new_r: np.ndarray,
+    new_k: np.ndarray,
+    old_r: np.ndarray,
+    old_j: np.ndarray,
+    n_new: int,
+) -> dict[int, list[tuple[int, int, int]]]:
+    """Per new replica, its stage pairs with its matched old replica by GPUs shared:
+    ``(-shared, new stage, old stage)``."""
+    target = np.array([slot_of[r] for r in range(n_new)], dtype=np.int64)
+    mine = target[new_r] == old_r if len(target) else np.zeros(0, dtype=bool)
+    skeys, scounts = np.unique(
+        (new_r[mine] * SLOT + new_k[mine]) * SLOT + old_j[mine], return_counts=True
+    )
+    score: dict[int, list[tuple[int, int, int]]] = {}
+    for key, c in zip(skeys.tolist(), scounts.tolist(), strict=True):
+        rk, j = divmod(key, SLOT)
+        r, k = divmod(rk, SLOT)
+        score.setdefault(r, []).append((-c, k, j))
+    return score
+
+
+def _stage_positions(score: list[tuple[int, int, int]], n_stages: int) -> dict[int, int]:
+    """New stage -> position: the old stage it shares most GPUs with (greedy), the
+    others the free positions in order."""
+    pos: dict[int, int] = {}
+    used: set[int] = set()
+    for _, k, j in sorted(score):
+        if k not in pos and j not in used:
+            pos[k] = j
+            used.add(j)
+    rest = iter(j for j in range(n_stages) if j not in used)
+    for k in range(n_stages):
+        if k not in pos:
+            pos[k] = next(rest)
+    return pos
+
+
+def _picked_layout(
+    lay: Layout, new: Plan, sel: np.ndarray, placed: list[int], counts: np.ndarray
+) -> Layout:
+    """``lay``'s stages ``sel`` in that order, as the layout of replicas ``placed``
+    (``counts`` stages each)."""
+    sizes = np.diff(lay.offsets)
     starts = np.cumsum(counts) - counts
     offsets = np.zeros(len(sel) + 1, dtype=np.int64)
     np.cumsum(sizes[sel], out=offsets[1:])
     # each picked stage's GPUs: its old start plus 0 .. size - 1
     shift = np.repeat(lay.offsets[sel] - offsets[:-1], sizes[sel])
-    lay_out = Layout(
+    return Layout(
         replica=np.repeat(np.arange(len(placed), dtype=np.int64), counts),
         stage=np.arange(len(sel), dtype=np.int64) - np.repeat(starts, counts),
         domain=lay.domain[sel],
@@ -370,10 +269,9 @@ def _aligned(
         metrics=dict(new.metrics),
         instance=lay.instance,
     )
-    return Plan(new.instance, tuple(reps), dict(new.metrics)), lay_out
 
 
-def reboost(instance: Instance, plan: Plan, *, validate: bool = True) -> Plan:
+def reboost(instance: Instance, plan: Plan) -> Plan:
     """The same replicas and GPUs with the best power boost and batch split.
 
     Tries the plan's own multipliers, the boost of the replicas slower than
@@ -381,175 +279,28 @@ def reboost(instance: Instance, plan: Plan, *, validate: bool = True) -> Plan:
     :func:`ntp_opt.planners.heuristics.boost_slowest`) and the common-speed
     boost (:func:`ntp_opt.rules.boost.boost_floor_stages`, as
     :func:`ntp_opt.planners.fast_cuts.boost_floor`), on the plan's
-    :class:`~ntp_opt.rules.boost.Stages`; keeps the best (checked by the
-    validator unless ``validate=False``, for a caller that checks it). No GPU
-    moves. Used after recourse, whose power rule (every boost of an
-    over-budget rack or site back to 1) is blunt: a repaired GPU's idle draw
-    alone can trigger it.
-    """
-    if not plan.replicas:
-        return plan
-    got = reboost_layout(instance, plan, Layout.from_plan(instance, plan))
-    if got is None:
-        return plan
-    if not validate:
-        return got.plan  # the caller checks it
-    return got.plan if evaluate(instance, got.plan).feasible else plan  # one check, of the winner
+    :class:`~ntp_opt.rules.boost.Stages`; keeps the best. No GPU moves. Used
+    after recourse, whose power rule (every boost of an over-budget rack or
+    site back to 1) is blunt: a repaired GPU's idle draw alone can trigger it.
 
-
-@dataclass(frozen=True, eq=False)
-class PlanState:
-    """A running plan and what was checked about it: what re-planning starts from.
-
-    Attributes
+    Parameters
     ----------
     instance
         The instance the plan runs on.
     plan
-        The plan (feasible for ``instance``).
-    layout
-        The plan's layout (index space): recourse, re-boosting and the
-        re-check of the next event work on it, never on node ids.
-    evaluation
-        The validator's figures of ``plan`` (feasible).
-    points
-        The multipliers of the last bound computed in full
-        (:func:`ntp_opt.planners.exact.bounds.stage_bound_point`), from which
-        the next events' bounds are updated; ``None`` before the first.
-    rows
-        ``domain_rows(instance)`` (:mod:`ntp_opt.planners.exact.bounds`),
-        kept with ``points``: an event recomputes the rows of the domains it
-        touches only.
-    fixed
-        For a ``fixed`` job, the speed bounds of the bound's ``fixed``
-        refinement (:data:`~ntp_opt.planners.exact.bounds.FixedSpeeds`), kept
-        with ``points``: the incremental bound re-checks them instead of
-        searching them; ``None``: the incremental bound leaves the
-        refinement out.
-    base
-        What the next events are applied to: ``instance`` itself, or, when
-        its graph is built, a twin sharing its arrays whose graph is built
-        only when read (:meth:`~ntp_opt.model.instance.Instance.from_arrays`):
-        an event then copies two arrays, not the graph's node table. ``None``:
-        ``instance``.
-    trays
-        Tray id -> index (``instance.arrays.tray_ids``), so that a tray event
-        never reads the graph; ``None``: built when needed.
-    memo
-        What re-boosting keeps from one event to the next (the slow
-        replicas' needs, :func:`ntp_opt.rules.boost.boost_stages`; the
-        stages' caps and groups, :func:`~ntp_opt.rules.boost.boost_floor_stages`):
-        shared by the states of one chain, never changing a result.
+        The plan to re-boost.
+
+    Returns
+    -------
+    Plan
+        The re-boosted plan, not validated (check it with
+        :func:`ntp_opt.rules.validate.evaluate`), or ``plan`` itself when its
+        own multipliers are best.
     """
-
-    instance: Instance
-    plan: Plan
-    layout: Layout
-    evaluation: Evaluation
-    points: DualPoints | None = None
-    rows: DomainRows | None = None
-    fixed: FixedSpeeds | None = None
-    base: Instance | None = None
-    trays: Mapping[Hashable, int] | None = None
-    memo: dict[Any, Any] | None = None
-
-    @cached_property
-    def assignment(self) -> np.ndarray:
-        """Per GPU, the plan's ``replica * 65536 + stage`` or -1 (:func:`assignment`),
-        computed once: every event re-planned from this state counts moves against it."""
-        return self.layout.assignment(self.instance.arrays.n_gpus)
-
-    @classmethod
-    def checked(cls, instance: Instance, plan: Plan) -> PlanState:
-        """The state of a plan from outside: checked in full by the validator.
-
-        Raises
-        ------
-        PlanError
-            The plan breaks a rule of ``instance``.
-        """
-        ev = check(instance, plan)
-        trays = {t: i for i, t in enumerate(instance.arrays.tray_ids)}
-        layout = Layout.from_plan(instance, plan)
-        return cls(instance, plan, layout, ev, base=_unbuilt(instance), trays=trays, memo={})
-
-
-def _unbuilt(instance: Instance) -> Instance:
-    """``instance``, or its twin with the graph left unbuilt (``PlanState.base``)."""
-    if "cluster" not in vars(instance):
-        return instance
-    twin = Instance.from_arrays(
-        instance.name, instance.arrays, instance.job, instance.meta, lambda: instance.cluster
-    )
-    vars(twin)["max_multiplier"] = instance.max_multiplier  # the same boards and job
-    return twin
-
-
-@dataclass(frozen=True)
-class Replanned:
-    """Outcome of :func:`replan`.
-
-    Attributes
-    ----------
-    instance
-        The instance after the events.
-    plan
-        The new plan (validated against ``instance``).
-    choice
-        ``"local"``, ``"swap"`` or ``"global"``: which plan was kept.
-    moved
-        GPUs that migrate (see :func:`migration`).
-    goodput, relative_goodput
-        Of ``plan``, recomputed by the validator.
-    bound
-        Proven upper bound on the goodput of any plan for ``instance``:
-        :func:`ntp_opt.planners.exact.bounds.stage_bound` (``bound_kind``
-        is ``"computed"``), or, re-planning from a :class:`PlanState` that
-        carries the multipliers of an earlier full bound, the dual at them
-        (:func:`~ntp_opt.planners.exact.bounds.stage_bound_at`:
-        ``"incremental"``; valid, used only when it settles the choice,
-        which makes it at most ``1 / (1 - tolerance)`` times the full bound,
-        and the choice the full bound's up to the bisection's resolution);
-        ``inf`` (the
-        trivial bound, ``"skipped"``) when it was not computed
-        (``bound=False``, or a :class:`Replanner` in ``"local"`` mode).
-    local_goodput, global_goodput
-        The two candidates (``global_goodput`` is ``None`` when it was not
-        needed).
-    global_moved
-        Migration of the global plan, when computed.
-    runtime_s
-        Wall-clock seconds, events applied included.
-    details
-        Goodput and migration of every plan tried, by name.
-    bound_kind
-        ``"computed"``, ``"incremental"`` or ``"skipped"`` (see ``bound``).
-    state
-        The new plan's :class:`PlanState` (to re-plan the next event
-        without re-checking it: :class:`Replanner`).
-    """
-
-    instance: Instance
-    plan: Plan
-    choice: str
-    moved: int
-    goodput: float
-    relative_goodput: float
-    bound: float
-    local_goodput: float
-    global_goodput: float | None
-    global_moved: int | None
-    runtime_s: float
-    details: dict[str, Any] = field(default_factory=dict)
-    bound_kind: str = "computed"
-    state: PlanState | None = field(default=None, compare=False, repr=False)
-
-    @property
-    def gap(self) -> float:
-        """``(bound - goodput) / bound`` (0 when the bound is 0 or was not computed)."""
-        if self.bound <= 0 or not math.isfinite(self.bound):
-            return 0.0
-        return max(0.0, (self.bound - self.goodput) / self.bound)
+    if not plan.replicas:
+        return plan
+    got = reboost_layout(instance, plan, Layout.from_plan(instance, plan))
+    return plan if got is None else got.plan
 
 
 Check = Literal["incremental", "full"]
@@ -603,6 +354,175 @@ def _choose(options: Mapping[str, tuple[Plan, float, int]], tolerance: float) ->
     )
 
 
+@dataclass
+class _Step:
+    """One re-plan's working state: the plans tried so far (by name: the plan with
+    its figures, goodput and migration; its evaluation; its layout, where known)
+    and the bound (``bound_kind``: ``"skipped"``, ``"incremental"``, ``"pending"``
+    (the incremental bound, undecided) or ``"computed"``)."""
+
+    state: PlanState
+    new_inst: Instance
+    tolerance: float
+    mode: str
+    check_mode: str
+    options: dict[str, tuple[Plan, float, int]] = field(default_factory=dict)
+    evals: dict[str, Evaluation] = field(default_factory=dict)
+    layouts: dict[str, Layout] = field(default_factory=dict)
+    bound: float = math.inf
+    points: DualPoints | None = None
+    rows: DomainRows | None = None
+    fixed: FixedSpeeds | None = None
+    bound_kind: str = "skipped"
+
+    def moved_by(self, plan: Plan, layout: Layout | None = None) -> int:
+        """GPUs, healthy after the events, that ``plan`` moves from the running plan."""
+        lay = Layout.from_plan(self.new_inst, plan) if layout is None else layout
+        after = lay.assignment(self.state.instance.arrays.n_gpus)
+        return int(((after != self.state.assignment) & self.new_inst.arrays.healthy).sum())
+
+    def settled(self) -> bool:
+        """Is the best plan so far within ``tolerance`` of the bound (``"auto"`` only)?"""
+        best = max(v for _, v, _ in self.options.values())
+        return self.mode == "auto" and best >= self.bound * (1 - self.tolerance)
+
+    def full_bound(self) -> None:
+        """Search the bound (:func:`~ntp_opt.planners.exact.bounds.stage_bound_point`)."""
+        rows = domain_rows(self.new_inst) if self.rows is None else self.rows
+        fixed: FixedSpeeds | None = {} if self.new_inst.job.batch_policy == "fixed" else None
+        self.bound, self.points = stage_bound_point(self.new_inst, rows, fixed)
+        self.rows, self.fixed, self.bound_kind = rows, fixed, "computed"
+
+    def add(self, name: str, plan: Plan, ev: Evaluation, layout: Layout | None) -> None:
+        """Add a checked plan (``layout``: its layout, when known)."""
+        self.evals[name] = ev
+        if layout is not None:
+            self.layouts[name] = layout
+        self.options[name] = (
+            plan.with_metrics(**ev.as_metrics()),
+            ev.goodput,
+            self.moved_by(plan, layout),
+        )
+
+
+def _local_plan(
+    state: PlanState, evs: list[ClusterEvent], new_inst: Instance, check_mode: str
+) -> tuple[Plan, Layout, Evaluation]:
+    """The running plan after recourse (re-boosted where it pays), its layout and its
+    check."""
+    a = state.instance.arrays
+    failed_now = a.healthy & ~new_inst.arrays.healthy
+    local, local_lay = recourse_layout(new_inst, state.plan, state.layout, failed_now, state.memo)
+    if (
+        local.metrics.get("reduced_power")
+        or any(e.kind == "speed" for e in evs)
+        or (new_inst.job.batch_policy == "fixed" and _degree_dropped(state.layout, local_lay))
+    ):
+        # recourse reset boosts, speeds changed, or (fixed batch) a replica runs at a
+        # lower degree, which sets the whole job's pace: redo the boosts
+        keep = local.metrics["goodput"]  # the exact split at recourse's multipliers
+        boosted = reboost_layout(
+            new_inst, local, local_lay, keep if local.replicas else None, state.memo
+        )
+        if boosted is not None:
+            ev = _evaluate(new_inst, boosted.plan, boosted.layout, check_mode, state.memo)
+            if ev.feasible:
+                return boosted.plan, boosted.layout, ev
+    local_ev = _evaluate(new_inst, local, local_lay, check_mode, state.memo)
+    if not local_ev.feasible:
+        raise PlanError(list(local_ev.violations))
+    return local, local_lay, local_ev
+
+
+def _incremental_bound(step: _Step, local_goodput: float) -> None:
+    """The dual at the last full bound's multipliers (valid for any multipliers),
+    on the domain rows the events touched recomputed: enough whenever it settles
+    the choice; ``"pending"`` when it does not settle the local plan (``"auto"``)."""
+    state, new_inst = step.state, step.new_inst
+    a = state.instance.arrays
+    changed = (a.healthy != new_inst.arrays.healthy) | (a.speed != new_inst.arrays.speed)
+    assert state.points is not None and state.rows is not None
+    touched_d = sorted({int(a.gpu_domain[i]) for i in np.flatnonzero(changed)})
+    step.rows = domain_rows_after(new_inst, state.rows, touched_d)
+    step.fixed = {} if state.fixed is not None else None
+    step.bound = stage_bound_at(new_inst, state.points, step.rows, state.fixed, step.fixed)
+    step.bound_kind = "incremental"
+    if step.mode == "auto" and local_goodput < step.bound * (1 - step.tolerance):
+        # undecided: the swap plan is made first; the incremental bound may
+        # settle the choice with it, else the full bound decides
+        step.bound_kind = "pending"
+
+
+def _add_swap(
+    step: _Step, evs: list[ClusterEvent], local: Plan, local_lay: Layout, legacy: bool
+) -> None:
+    """Make the swap plan around the replicas the events touched, re-boost and check
+    it; add it when it passes."""
+    state, new_inst = step.state, step.new_inst
+    a = state.instance.arrays
+    touched = {
+        int(a.gpu_domain[i])
+        for e in evs
+        for node in e.nodes
+        for i in gpus_of(state.instance, node, state.trays)
+    }
+    # the replicas with a stage in a touched domain (read from the local layout)
+    hit = np.isin(local_lay.domain, np.fromiter(touched, dtype=np.int64, count=len(touched)))
+    focus = set(local_lay.replica[hit].tolist())
+    got = improve_layout(new_inst, local, focus, layout=None if legacy else local_lay)
+    if got is None:
+        return
+    swap, swap_lay = got
+    if legacy:  # as before issue 30 (tests compare)
+        plain = reboost(new_inst, swap)
+        if plain is not swap and evaluate(new_inst, plain).feasible:
+            swap = plain
+        ev = evaluate(new_inst, swap)
+        if ev.feasible:
+            step.add("swap", swap, ev, None)
+        return
+    # :func:`reboost` on one layout, checked once in index space (the validator's
+    # figures; ``check="full"`` adds the validator): the boosted plan when it
+    # passes, else the plan as improved
+    boosted = reboost_layout(new_inst, swap, swap_lay, None, state.memo) if swap.replicas else None
+    boost_ev = (
+        None if boosted is None else _evaluate(new_inst, *boosted, step.check_mode, state.memo)
+    )
+    if boosted is not None and boost_ev is not None and boost_ev.feasible:
+        (swap, swap_lay), ev = boosted, boost_ev
+    else:
+        ev = _evaluate(new_inst, swap, swap_lay, step.check_mode, state.memo)
+    if ev.feasible:
+        step.add("swap", swap, ev, swap_lay)
+
+
+def _settle_pending(step: _Step, local_goodput: float) -> None:
+    """Decide an event the incremental bound left pending, after the swap plan."""
+    if step.settled() and _choose(step.options, step.tolerance) == "local":
+        # the incremental bound settles it: the full bound would too (it is at
+        # most the incremental one, up to its bisection's resolution), and whether
+        # it settled the local plan alone or with the swap plan, the local plan is
+        # kept
+        step.bound_kind = "incremental"
+        return
+    step.full_bound()  # the full bound decides, as without a state
+    if "swap" in step.options and local_goodput >= step.bound * (1 - step.tolerance):
+        # the full bound settles the local plan alone: no swap plan is made
+        for kept in (step.options, step.evals, step.layouts):
+            kept.pop("swap", None)
+
+
+def _add_global(step: _Step) -> None:
+    """The ``fast`` plan of the new cluster, aligned with the running plan; checked
+    once, after alignment (which changes no figure); the bound is the step's."""
+    from ntp_opt.planners.fast import plan_fast
+
+    new_inst = step.new_inst
+    fresh, _ = plan_fast(new_inst, validate=False, bound=False)
+    fresh, fresh_lay = _aligned(new_inst, step.state.plan, fresh, step.state.assignment, None)
+    step.add("global", fresh, check(new_inst, fresh), fresh_lay)
+
+
 def _step(
     state: PlanState,
     evs: list[ClusterEvent],
@@ -621,160 +541,40 @@ def _step(
     checked twice by the full validator, its layout rebuilt): the same
     result, slower; kept for the tests that compare the two.
     """
-    instance, plan = state.instance, state.plan
-    new_inst = _apply(state.base or instance, evs, state.trays)
-    a = instance.arrays
-    failed_now = a.healthy & ~new_inst.arrays.healthy
-    changed = (a.healthy != new_inst.arrays.healthy) | (a.speed != new_inst.arrays.speed)
-    local, local_lay = recourse_layout(new_inst, plan, state.layout, failed_now, state.memo)
-    local_ev = None
-    if (
-        local.metrics.get("reduced_power")
-        or any(e.kind == "speed" for e in evs)
-        or (new_inst.job.batch_policy == "fixed" and _degree_dropped(state.layout, local_lay))
-    ):
-        # recourse reset boosts, speeds changed, or (fixed batch) a replica runs at a
-        # lower degree, which sets the whole job's pace: redo the boosts
-        keep = local.metrics["goodput"]  # the exact split at recourse's multipliers
-        boosted = reboost_layout(
-            new_inst, local, local_lay, keep if local.replicas else None, state.memo
-        )
-        if boosted is not None:
-            ev = _evaluate(new_inst, boosted.plan, boosted.layout, check_mode, state.memo)
-            if ev.feasible:
-                (local, local_lay), local_ev = boosted, ev
-    if local_ev is None:
-        local_ev = _evaluate(new_inst, local, local_lay, check_mode, state.memo)
-        if not local_ev.feasible:
-            raise PlanError(list(local_ev.violations))
-    bound, points, rows, bound_kind = math.inf, state.points, None, "skipped"
-    fixed: FixedSpeeds | None = state.fixed
-    if want_bound and points is not None and state.rows is not None:
-        # the incremental bound: the dual at the last full bound's multipliers
-        # (valid for any multipliers); enough whenever it settles the choice
-        touched_d = sorted({int(a.gpu_domain[i]) for i in np.flatnonzero(changed)})
-        rows = domain_rows_after(new_inst, state.rows, touched_d)
-        fixed = {} if state.fixed is not None else None
-        bound = stage_bound_at(new_inst, points, rows, state.fixed, fixed)
-        bound_kind = "incremental"
-        if mode == "auto" and local_ev.goodput < bound * (1 - tolerance):
-            # undecided: the swap plan is made first; the incremental bound may
-            # settle the choice with it, else the full bound decides (below)
-            bound_kind = "pending"
+    new_inst = apply_events(state.base or state.instance, evs, trays=state.trays)
+    local, local_lay, local_ev = _local_plan(state, evs, new_inst, check_mode)
+    step = _Step(state, new_inst, tolerance, mode, check_mode, points=state.points)
+    step.fixed = state.fixed
+    if want_bound and state.points is not None and state.rows is not None:
+        _incremental_bound(step, local_ev.goodput)
+    if want_bound and step.bound_kind == "skipped":
+        step.full_bound()
+    step.options["local"] = (local, local_ev.goodput, step.moved_by(local, local_lay))
+    step.evals["local"] = local_ev
+    step.layouts["local"] = local_lay
+    if mode != "local" and not step.settled():
+        _add_swap(step, evs, local, local_lay, legacy)
+    if step.bound_kind == "pending":
+        _settle_pending(step, local_ev.goodput)
+    if mode == "global" or (mode == "auto" and not step.settled()):
+        _add_global(step)
+    choice = "global" if mode == "global" else _choose(step.options, tolerance)
+    return _outcome(step, choice, local_ev, want_bound, start)
 
-    def full_bound() -> None:
-        nonlocal rows, fixed, bound, points, bound_kind
-        rows = domain_rows(new_inst) if rows is None else rows
-        fixed = {} if new_inst.job.batch_policy == "fixed" else None
-        (bound, points), bound_kind = stage_bound_point(new_inst, rows, fixed), "computed"
 
-    if want_bound and bound_kind == "skipped":
-        full_bound()
-    before = state.assignment
-    healthy = new_inst.arrays.healthy
-
-    def moved_by(p: Plan, lay: Layout | None = None) -> int:
-        lay = Layout.from_plan(new_inst, p) if lay is None else lay
-        return int(((lay.assignment(a.n_gpus) != before) & healthy).sum())
-
-    options: dict[str, tuple[Plan, float, int]] = {
-        "local": (local, local_ev.goodput, moved_by(local, local_lay))
-    }
-    evals = {"local": local_ev}
-    layouts: dict[str, Layout] = {}  # of the other options, where known
-
-    def settled() -> bool:
-        best = max(v for _, v, _ in options.values())
-        return mode == "auto" and best >= bound * (1 - tolerance)
-
-    if mode != "local" and not settled():
-        touched = {
-            int(a.gpu_domain[i])
-            for e in evs
-            for node in e.nodes
-            for i in _gpus_of(instance, node, state.trays)
-        }
-        # the replicas with a stage in a touched domain (read from the local layout)
-        hit = np.isin(local_lay.domain, np.fromiter(touched, dtype=np.int64, count=len(touched)))
-        focus = set(local_lay.replica[hit].tolist())
-        got = improve_layout(new_inst, local, focus, layout=None if legacy else local_lay)
-        better, better_lay = (None, None) if got is None else got
-        if better is not None and legacy:  # as before issue 30 (tests compare)
-            better = reboost(new_inst, better)
-            ev = evaluate(new_inst, better)
-            if ev.feasible:
-                evals["swap"] = ev
-                options["swap"] = (
-                    better.with_metrics(**ev.as_metrics()),
-                    ev.goodput,
-                    moved_by(better),
-                )
-        elif better is not None:
-            # :func:`reboost` on one layout, checked once in index space (the
-            # validator's figures; ``check="full"`` adds the validator): the
-            # boosted plan when it passes, else the plan as improved
-            assert better_lay is not None
-            swap, swap_lay = better, better_lay
-            got = (
-                reboost_layout(new_inst, swap, swap_lay, None, state.memo)
-                if swap.replicas
-                else None
-            )
-            boost_ev = None if got is None else _evaluate(new_inst, *got, check_mode, state.memo)
-            if got is not None and boost_ev is not None and boost_ev.feasible:
-                (swap, swap_lay), ev = got, boost_ev
-            else:
-                ev = _evaluate(new_inst, swap, swap_lay, check_mode, state.memo)
-            if ev.feasible:
-                evals["swap"] = ev
-                layouts["swap"] = swap_lay
-                options["swap"] = (
-                    swap.with_metrics(**ev.as_metrics()),
-                    ev.goodput,
-                    moved_by(swap, swap_lay),
-                )
-    if bound_kind == "pending":
-        if settled() and _choose(options, tolerance) == "local":
-            # the incremental bound settles it: the full bound would too (it is
-            # at most the incremental one, up to its bisection's resolution),
-            # and whether it settled the local plan alone or with the swap
-            # plan, the local plan is kept
-            bound_kind = "incremental"
-        else:  # the full bound decides, as without a state
-            full_bound()
-            if "swap" in options and local_ev.goodput >= bound * (1 - tolerance):
-                # the full bound settles the local plan alone: no swap plan is made
-                for kept in (options, evals, layouts):
-                    kept.pop("swap", None)
-    if mode == "global" or (mode == "auto" and not settled()):
-        from ntp_opt.planners.fast import plan_fast
-
-        # checked once, after alignment (which changes no figure); the bound
-        # is the one above
-        fresh, _ = plan_fast(new_inst, validate=False, bound=False)
-        fresh, fresh_lay = _aligned(new_inst, plan, fresh, before, None)
-        fresh_ev = check(new_inst, fresh)
-        evals["global"] = fresh_ev
-        layouts["global"] = fresh_lay
-        options["global"] = (
-            fresh.with_metrics(**fresh_ev.as_metrics()),
-            fresh_ev.goodput,
-            moved_by(fresh, fresh_lay),
-        )
-    if mode == "global":
-        choice = "global"
-    else:
-        choice = _choose(options, tolerance)
-    chosen, value, moved = options[choice]
+def _outcome(
+    step: _Step, choice: str, local_ev: Evaluation, want_bound: bool, start: float
+) -> Replanned:
+    """The :class:`Replanned` of the kept plan, with the new state."""
+    chosen, value, moved = step.options[choice]
+    bound, new_inst = step.bound, step.new_inst
     if value > bound * (1 + BOUND_TOL):  # a bug, never hidden
         raise RuntimeError(f"re-planned goodput {value} above the bound {bound}")
-    ev = evals[choice]  # the chosen plan was checked above; only its metrics change
+    ev = step.evals[choice]  # the chosen plan was checked above; only its metrics change
     extra: dict[str, Any] = {"bound": bound} if want_bound else {}
     chosen = chosen.with_metrics(**ev.as_metrics(), policy=f"replan-{choice}", moved=moved, **extra)
-    if choice == "local":
-        lay = Layout(**{**local_lay.__dict__, "metrics": dict(chosen.metrics)})
-    elif choice in layouts:
-        lay = Layout(**{**layouts[choice].__dict__, "metrics": dict(chosen.metrics)})
+    if choice in step.layouts:
+        lay = Layout(**{**step.layouts[choice].__dict__, "metrics": dict(chosen.metrics)})
     else:
         lay = Layout.from_plan(new_inst, chosen)
     logger.info(
@@ -784,11 +584,8 @@ def _step(
         ev.goodput,
         bound,
     )
-    global_value = options["global"][1] if "global" in options else None
-    global_moved = options["global"][2] if "global" in options else None
-    details: dict[str, Any] = {
-        name: {"goodput": v, "moved": m} for name, (_, v, m) in options.items()
-    }
+    options = step.options
+    state = step.state
     return Replanned(
         instance=new_inst,
         plan=chosen,
@@ -798,13 +595,21 @@ def _step(
         relative_goodput=ev.relative_goodput,
         bound=bound,
         local_goodput=local_ev.goodput,
-        global_goodput=global_value,
-        global_moved=global_moved,
+        global_goodput=options["global"][1] if "global" in options else None,
+        global_moved=options["global"][2] if "global" in options else None,
         runtime_s=time.perf_counter() - start,
-        details=details,
-        bound_kind=bound_kind,
+        details={name: {"goodput": v, "moved": m} for name, (_, v, m) in options.items()},
+        bound_kind=step.bound_kind,
         state=PlanState(
-            new_inst, chosen, lay, ev, points, rows, fixed, trays=state.trays, memo=state.memo
+            new_inst,
+            chosen,
+            lay,
+            ev,
+            step.points,
+            step.rows,
+            step.fixed,
+            trays=state.trays,
+            memo=state.memo,
         ),
     )
 
@@ -829,7 +634,7 @@ def replan(
         The running plan (feasible for ``instance``; checked in full here:
         :class:`Replanner` keeps that check from one event to the next).
     events
-        What happened since (see :func:`apply_events`).
+        What happened since (see :func:`~ntp_opt.workflows.events.apply_events`).
     tolerance
         Relative goodput that may be given up to avoid migration (module
         docstring).
@@ -858,7 +663,7 @@ def replan(
     state = PlanState.checked(instance, plan)
     return _step(
         state,
-        _as_events(events),
+        as_events(events),
         tolerance=tolerance,
         mode=mode,
         check_mode=check,
@@ -944,7 +749,7 @@ class Replanner:
         start = time.perf_counter()
         out = _step(
             self.state,
-            _as_events(events),
+            as_events(events),
             tolerance=self.tolerance,
             mode=self.mode,
             check_mode=self.check,
