@@ -1,9 +1,10 @@
-"""The ``fast`` planner: sort-and-pack candidates, the best one validated, with a bound.
+"""The ``fast`` planner: sort-and-pack candidates, the best one as a plan, with a bound.
 
 Made for instances too large for the exact planner (32k–131k GPUs) and for
 re-planning: it builds a few candidate plans in array form, scores each with
 the exact batch split, turns only the best into a :class:`~ntp_opt.model.plan.Plan`
-(validated) and reports :func:`ntp_opt.planners.exact.bounds.capacity_bound` next to it.
+(checked by :func:`ntp_opt.solve.solve`) and reports
+:func:`ntp_opt.planners.exact.bounds.capacity_bound` next to it.
 
 Candidates (each packed by sorted grouping, see ``docs/milp.md``):
 
@@ -41,7 +42,7 @@ last). Last, :func:`lead_boosted` spends the watts the floor boost leaves in
 roomy racks on the replicas of the largest batch, from the best candidate
 and the best regrouped one.
 The winner's multipliers are lowered to what its batch split uses
-(:func:`ntp_opt.planners.heuristics.trim_packed`): the same goodput, no power
+(:func:`ntp_opt.planners.packing.trim_packed`): the same goodput, no power
 spent for nothing. Deterministic: no randomness, ties broken by index.
 """
 
@@ -49,7 +50,6 @@ from __future__ import annotations
 
 import gc
 import logging
-import math
 import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -59,8 +59,9 @@ import numpy as np
 
 from ntp_opt.model.instance import Instance
 from ntp_opt.model.plan import Plan
+from ntp_opt.planners.base import Outcome, RunOptions
 from ntp_opt.planners.exact.bounds import capacity_bound
-from ntp_opt.planners.heuristics import (
+from ntp_opt.planners.packing import (
     Packing,
     Slot,
     SlotTable,
@@ -90,7 +91,6 @@ from ntp_opt.rules.power import (
     over_budget,
 )
 from ntp_opt.rules.tolerances import BUDGET_SLACK, FLOAT_NOISE, IMPROVE_TOL
-from ntp_opt.rules.validate import certified
 
 logger = logging.getLogger(__name__)
 
@@ -107,7 +107,7 @@ class Candidate:
 
 
 def speed_aware_table(instance: Instance) -> SlotTable:
-    """:func:`speed_aware_slots` as a :class:`~ntp_opt.planners.heuristics.SlotTable`.
+    """:func:`speed_aware_slots` as a :class:`~ntp_opt.planners.packing.SlotTable`.
 
     Every domain takes its next stage in the same round: one pass over the
     allowed degrees per round, vectorised over the domains.
@@ -214,7 +214,7 @@ def boost_floor(instance: Instance, groups: list[tuple[int, list[Slot]]]) -> lis
 
     :func:`ntp_opt.rules.power.boost_floor_stages` from power 1. Under the ``fixed``
     policy goodput is set by the slowest replica, so this is the boost that
-    counts; it complements :func:`ntp_opt.planners.heuristics.boost_slowest`,
+    counts; it complements :func:`ntp_opt.planners.packing.boost_slowest`,
     which only lifts slow replicas up to nominal speed.
     """
     if not groups or not can_boost(instance):
@@ -226,7 +226,7 @@ def boost_floor(instance: Instance, groups: list[tuple[int, list[Slot]]]) -> lis
 
 
 def boost_floor_packed(instance: Instance, packing: Packing) -> np.ndarray:
-    """:func:`boost_floor` on a :class:`~ntp_opt.planners.heuristics.Packing` (R x pp)."""
+    """:func:`boost_floor` on a :class:`~ntp_opt.planners.packing.Packing` (R x pp)."""
     shape = packing.members.shape
     if len(packing) == 0 or not can_boost(instance):
         return np.ones(shape)
@@ -795,37 +795,33 @@ def lead_boosted(instance: Instance, best: Candidate, most: int = 8) -> Candidat
 
 
 def plan_fast(
-    instance: Instance,
-    *,
-    validate: bool = True,
-    cancel: threading.Event | None = None,
-    bound: bool = True,
-) -> tuple[Plan, float]:
-    """The best candidate plan, validated, and an upper bound on goodput.
+    instance: Instance, options: RunOptions = RunOptions(), *, bound: bool = True
+) -> Outcome:
+    """The best candidate plan (not yet checked) and an upper bound on goodput.
 
     Parameters
     ----------
     instance
         The instance.
-    validate
-        Check the plan and attach the validator's metrics (default). Only
-        :func:`ntp_opt.solve.solve`, which checks every plan itself, turns it
-        off.
-    cancel
-        Stop packing once set (:func:`candidates`); the plan is then the
-        best candidate scored so far.
+    options
+        Only its cancel token is read (``options.control.cancel``): once set,
+        packing stops (:func:`candidates`) and the plan is the best candidate
+        scored so far.
     bound
         Compute the bound (default). ``False`` (a caller with a bound of its
-        own: :func:`ntp_opt.workflows.replan.replan`) returns ``inf`` instead.
+        own: :func:`ntp_opt.workflows.replan.replan`) leaves it out.
 
     Returns
     -------
-    (Plan, float)
-        The plan (empty when every candidate pauses) and
-        :func:`~ntp_opt.planners.exact.bounds.capacity_bound` (``inf`` unless ``bound``).
+    Outcome
+        Its plan (empty when every candidate pauses; with the bound as its
+        ``bound`` metric) and its ``bound``:
+        :func:`~ntp_opt.planners.exact.bounds.capacity_bound`, or ``None``
+        unless ``bound``. :func:`ntp_opt.solve.solve` checks the plan; a
+        direct caller may call :func:`ntp_opt.rules.validate.certified`.
     """
     with gc_paused():
-        found = candidates(instance, cancel=cancel)
+        found = candidates(instance, cancel=options.control.cancel)
         logger.debug(
             "fast: %d candidates%s", len(found), f", best {found[0].name}" if found else ""
         )
@@ -833,8 +829,10 @@ def plan_fast(
             plan = _to_plan(instance, found[0])
         else:
             plan = Plan(instance.name, (), {"policy": "fast", "paused": True})
-        value = capacity_bound(instance) if bound else math.inf
-    return (certified(instance, plan) if validate else plan), value
+        if not bound:
+            return Outcome(plan)
+        value = capacity_bound(instance)
+    return Outcome(plan.with_metrics(bound=value), bound=value)
 
 
 @contextmanager

@@ -41,7 +41,8 @@ import numpy as np
 from ntp_opt.model.instance import Instance
 from ntp_opt.model.job import Job
 from ntp_opt.model.plan import Plan, Replica, Stage
-from ntp_opt.planners.heuristics import fits_at_power_one
+from ntp_opt.planners.base import Outcome, RunOptions
+from ntp_opt.planners.packing import fits_at_power_one
 from ntp_opt.rules.goodput import split_batch
 from ntp_opt.rules.validate import certified
 
@@ -319,40 +320,42 @@ def megatron_plan(
     return certified(instance, plan) if validate else plan
 
 
-def megatron_ntp(instance: Instance, *, validate: bool = True) -> Plan:
+def megatron_ntp(instance: Instance, options: RunOptions = RunOptions()) -> Outcome:
     """Megatron-LM's nonuniform TP on the launch-time rank layout.
 
     Parameters
     ----------
     instance
         The instance.
-    validate
-        Check the plan and attach the validator's metrics (default).
+    options
+        Not read (the planner runs to the end).
 
     Returns
     -------
-    Plan
-        A validated plan (empty when the job pauses); see :func:`megatron_plan`.
+    Outcome
+        Its plan (empty when the job pauses; see :func:`megatron_plan`), not
+        yet checked: :func:`ntp_opt.solve.solve` checks it.
     """
-    return megatron_plan(instance, reordered=False, validate=validate)
+    return Outcome(megatron_plan(instance, reordered=False, validate=False))
 
 
-def megatron_ntp_reordered(instance: Instance, *, validate: bool = True) -> Plan:
+def megatron_ntp_reordered(instance: Instance, options: RunOptions = RunOptions()) -> Outcome:
     """Megatron-LM's nonuniform TP after a launcher packs failed domains first.
 
     Parameters
     ----------
     instance
         The instance.
-    validate
-        Check the plan and attach the validator's metrics (default).
+    options
+        Not read (the planner runs to the end).
 
     Returns
     -------
-    Plan
-        A validated plan (empty when the job pauses); see :func:`megatron_plan`.
+    Outcome
+        Its plan (empty when the job pauses; see :func:`megatron_plan`), not
+        yet checked: :func:`ntp_opt.solve.solve` checks it.
     """
-    return megatron_plan(instance, reordered=True, validate=validate)
+    return Outcome(megatron_plan(instance, reordered=True, validate=False))
 
 
 # ---------------------------------------------------------------------------

@@ -378,7 +378,7 @@ def reboost(instance: Instance, plan: Plan, *, validate: bool = True) -> Plan:
 
     Tries the plan's own multipliers, the boost of the replicas slower than
     nominal (:func:`ntp_opt.rules.power.boost_stages`, as
-    :func:`ntp_opt.planners.heuristics.boost_slowest`) and the common-speed
+    :func:`ntp_opt.planners.packing.boost_slowest`) and the common-speed
     boost (:func:`ntp_opt.rules.power.boost_floor_stages`, as
     :func:`ntp_opt.planners.fast.boost_floor`), on the plan's
     :class:`~ntp_opt.rules.power.Stages`; keeps the best (checked by the
@@ -751,7 +751,7 @@ def _step(
 
         # checked once, after alignment (which changes no figure); the bound
         # is the one above
-        fresh, _ = plan_fast(new_inst, validate=False, bound=False)
+        fresh = plan_fast(new_inst, bound=False).require_plan()
         fresh, fresh_lay = _aligned(new_inst, plan, fresh, before, None)
         fresh_ev = check(new_inst, fresh)
         evals["global"] = fresh_ev
