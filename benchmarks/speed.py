@@ -49,7 +49,7 @@ Sections (``SECTIONS``; one function each, returning Markdown lines):
   took (which bound decided, which plan was kept). ``benchmarks/replan_chains.py``
   runs the same chains against an older revision in the same process.
 
-* ``cli``: per instance, ``ntp-opt solve FILE --policy fast -o plan.json`` end
+* ``cli``: per instance, ``ntp-opt solve FILE --planner fast -o plan.json`` end
   to end in a subprocess (CPU: its user + system time; peak RSS: its
   ``ru_maxrss``; both from ``os.wait4``, the child's own ``getrusage``; run it
   from outside the repository to measure the code on ``PYTHONPATH``), next
@@ -488,9 +488,9 @@ build_parser("solve")
 
 
 def cli_section(ctx: Context) -> list[str]:
-    """``ntp-opt solve --policy fast -o`` end to end per instance, next to the floor."""
+    """``ntp-opt solve --planner fast -o`` end to end per instance, next to the floor."""
     rows = [
-        "| instance | GPUs | floor: gunzip + json.loads + numpy | CLI solve --policy fast -o "
+        "| instance | GPUs | floor: gunzip + json.loads + numpy | CLI solve --planner fast -o "
         "| CLI / floor | peak RSS MB |",
         "|---|---|---|---|---|---|",
     ]
@@ -507,7 +507,7 @@ def cli_section(ctx: Context) -> list[str]:
                 unzip.wall + parse.wall + ctx.numpy_floor.wall,
             )
             args = [sys.executable, "-m", "ntp_opt.app.cli", "solve", str(path)]
-            run = best_child(ctx.repeat, [*args, "--policy", "fast", "-o", f"{tmp}/plan.json"])
+            run = best_child(ctx.repeat, [*args, "--planner", "fast", "-o", f"{tmp}/plan.json"])
             rows.append(
                 f"| {path.name.removesuffix('.json.gz')} | {gpus:,} | {_fmt(floor)} "
                 f"| {run.cpu:.3f} / {run.wall:.3f} | {run.cpu / max(floor.cpu, 1e-9):.2f} "
@@ -537,7 +537,7 @@ def cli_section(ctx: Context) -> list[str]:
     )
     print(startup, flush=True)
     return [
-        "## CLI end to end (`ntp-opt solve FILE --policy fast -o plan.json`)",
+        "## CLI end to end (`ntp-opt solve FILE --planner fast -o plan.json`)",
         "",
         f"CPU / wall seconds of the child process, best of {ctx.repeat}; the floor adds "
         "the numpy import to reading the file.",

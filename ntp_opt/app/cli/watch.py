@@ -140,8 +140,8 @@ def run(args: argparse.Namespace) -> int:
     """Run ``ntp-opt watch``."""
     from ntp_opt.solve import PLANNERS
 
-    if args.policy not in PLANNERS:
-        raise ValueError(f"--policy: unknown planner {args.policy!r} ({', '.join(PLANNERS)})")
+    if args.planner not in PLANNERS:
+        raise ValueError(f"--planner: unknown planner {args.planner!r} ({', '.join(PLANNERS)})")
     if args.flap_count < 1:
         raise ValueError(f"--flap-count: must be at least 1, got {args.flap_count}")
     if args.max_polls is not None and args.max_polls < 1:
@@ -155,7 +155,7 @@ def run(args: argparse.Namespace) -> int:
     settings = Settings(
         out=out,
         interval=args.interval,
-        planner=args.policy,
+        planner=args.planner,
         time_limit=args.time_limit,
         mode=args.mode,
         tolerance=args.tolerance,
@@ -193,11 +193,12 @@ def add_parser(sub: Any) -> None:
             "--interval", type=seconds_arg, default=10.0, metavar="S", help="seconds (default 10)"
         )
         p.add_argument(
-            "--policy",
+            "--planner",
             default="fast",
             metavar="P",
             help="planner of fresh solves (default fast; see ntp-opt solve --help)",
         )
+        p.add_argument("--policy", dest="planner", help=argparse.SUPPRESS)  # before issue 34
         p.add_argument(
             "--time-limit",
             type=seconds_arg,

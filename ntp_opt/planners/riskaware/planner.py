@@ -158,20 +158,11 @@ def plan_risk_aware(
     Returns
     -------
     RiskAwareOutcome
-        Its plan is not yet checked: :func:`ntp_opt.solve.solve` checks it
-        (or call :func:`ntp_opt.rules.validate.certified`).
+        Its plan not yet checked (:func:`ntp_opt.solve.solve` checks it).
     """
-    if not 0.0 <= nominal_tolerance <= 1.0:
-        raise ValueError(f"nominal_tolerance must be in [0, 1], got {nominal_tolerance!r}")
-    if fresh_samples < 0:
-        raise ValueError(f"fresh_samples must be >= 0, got {fresh_samples}")
-    time_limit = options.time_limit
-    if time_limit is not None and not time_limit > 0:
-        raise ValueError(f"time_limit must be positive, got {time_limit!r}")
+    _check_arguments(options, nominal_tolerance, fresh_samples)
     start = time.perf_counter()
-    bound = None
-    if blind is None:
-        blind, bound = _blind_optimum(instance, options)
+    blind, bound = (blind, None) if blind is not None else _blind_optimum(instance, options)
     run = _start(
         instance,
         options,
@@ -187,9 +178,18 @@ def plan_risk_aware(
     if ws_bound is not False and not run.cancel.is_set():
         _bound(run, ws_bound, bound)
     _estimate(run, fresh_samples, blast_radius, scale)
-    if bound is not None:
-        run.metrics["bound"] = bound
-    return run.outcome()
+    return run.outcome(bound)
+
+
+def _check_arguments(options: RunOptions, nominal_tolerance: float, fresh_samples: int) -> None:
+    """``ValueError`` naming the first argument out of its range."""
+    if not 0.0 <= nominal_tolerance <= 1.0:
+        raise ValueError(f"nominal_tolerance must be in [0, 1], got {nominal_tolerance!r}")
+    if fresh_samples < 0:
+        raise ValueError(f"fresh_samples must be >= 0, got {fresh_samples}")
+    time_limit = options.time_limit
+    if time_limit is not None and not time_limit > 0:
+        raise ValueError(f"time_limit must be positive, got {time_limit!r}")
 
 
 def _blind_optimum(instance: Instance, options: RunOptions) -> tuple[Plan, float | None]:
@@ -256,8 +256,10 @@ class _Run:
         )
         self.hit = s.timed_out
 
-    def outcome(self) -> RiskAwareOutcome:
-        """The :class:`RiskAwareOutcome` of the run (plan not yet checked)."""
+    def outcome(self, nominal_bound: float | None) -> RiskAwareOutcome:
+        """The :class:`RiskAwareOutcome` (plan not yet checked; the blind optimum's bound)."""
+        if nominal_bound is not None:
+            self.metrics["bound"] = nominal_bound
         s = self.search
         assert self.plan is not None  # the search always returns a plan
         out = self.plan.with_metrics(**self.metrics)
