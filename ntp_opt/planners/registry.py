@@ -1,9 +1,9 @@
 """Every planner :func:`ntp_opt.solve.solve` accepts, as a :class:`~ntp_opt.planners.base.Planner`.
 
-Each entry is a planner function itself (``(instance, options) -> Outcome``,
-its knobs bound with :func:`functools.partial`), except the exact ones, which
-:class:`ExactPlanner` runs on the instance without power boost for the
-``-nopower`` names. The heuristics and ``fast`` are imported normally; the
+Each entry is a planner function itself (``(instance, options) -> Outcome``;
+:func:`functools.partial` would bind a knob other than its default), except
+the exact ones, which :class:`ExactPlanner` runs (on the instance without
+power boost for the ``-nopower`` names). The heuristics and ``fast`` are imported normally; the
 exact search, the Megatron-restricted search and the risk-aware planner when
 first run (:class:`Lazy`: a command that runs ``fast`` does not import them);
 the optional integer-programming backends (ortools, pulp, highspy) are
