@@ -34,6 +34,7 @@ from pathlib import Path
 from ntp_opt import load_instance, solve
 from ntp_opt.app.export import equal_batch, megatron_export
 from ntp_opt.model.instance import Instance
+from ntp_opt.planners.base import RunOptions
 from ntp_opt.planners.megatron import (
     MegatronError,
     megatron_compatible,
@@ -54,7 +55,7 @@ def _fig(res: Result) -> str:
 
 def _old(inst: Instance, time_limit: float) -> tuple[str, str]:
     """The free-batch planner's figure and that plan after ``equal_batch``."""
-    out = solve_megatron(inst, time_limit=time_limit, one_batch=False)
+    out = solve_megatron(inst, RunOptions(time_limit=time_limit), one_batch=False)
     assert out.plan is not None
     ev = evaluate(inst, out.plan)
     assert ev.feasible

@@ -139,7 +139,8 @@ def main(argv: list[str] | None = None) -> None:
             for side, (pkg, insts) in sides.items():
                 fast = importlib.import_module(f"{pkg}.planners.fast")
                 replan = importlib.import_module(f"{pkg}.workflows.replan")
-                runs[side] = (replan, insts[k][1], fast.plan_fast(insts[k][1])[0])
+                out = fast.plan_fast(insts[k][1])  # before the planner contract: (plan, bound)
+                runs[side] = (replan, insts[k][1], out[0] if isinstance(out, tuple) else out.plan)
             if shape(runs["before"][2]) != shape(runs["now"][2]):
                 raise SystemExit(f"{name}: the two revisions' fast plans differ")
             times: dict[str, list[float]] = {"before": [], "now": []}

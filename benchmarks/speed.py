@@ -49,7 +49,7 @@ Sections (``SECTIONS``; one function each, returning Markdown lines):
   took (which bound decided, which plan was kept). ``benchmarks/replan_chains.py``
   runs the same chains against an older revision in the same process.
 
-* ``cli``: per instance, ``ntp-opt solve FILE --policy fast -o plan.json`` end
+* ``cli``: per instance, ``ntp-opt solve FILE --planner fast -o plan.json`` end
   to end in a subprocess (CPU: its user + system time; peak RSS: its
   ``ru_maxrss``; both from ``os.wait4``, the child's own ``getrusage``; run it
   from outside the repository to measure the code on ``PYTHONPATH``), next
@@ -83,6 +83,7 @@ from ntp_opt.model.instance import Instance
 from ntp_opt.model.safeio import atomic_write
 from ntp_opt.planners.exact.bounds import capacity_bound
 from ntp_opt.planners.fast import plan_fast
+from ntp_opt.rules.validate import certified
 
 HERE = Path(__file__).resolve().parent
 INSTANCES = HERE.parent / "instances"
@@ -195,7 +196,8 @@ def fast_section(ctx: Context) -> list[str]:
             return inst
 
         load_t, inst = best_of(1, load)
-        fast_t, (plan, _) = best_of(ctx.repeat, lambda i=inst: plan_fast(i, validate=False))
+        fast_t, out = best_of(ctx.repeat, lambda i=inst: plan_fast(i))
+        plan = out.plan
         bound_t, _ = best_of(ctx.repeat, lambda i=inst: capacity_bound(i))
         worst = max(worst, fast_t.cpu)
         name = path.name.removesuffix(".json.gz")
@@ -207,7 +209,7 @@ def fast_section(ctx: Context) -> list[str]:
         )
         print(rows[-1], flush=True)
     return [
-        "## `fast` (`plan_fast(validate=False)`)",
+        "## `fast` (`plan_fast`, its plan not validated)",
         "",
         "CPU / wall seconds, best of "
         f"{ctx.repeat}; 'of which bound' is `capacity_bound` alone (CPU), 'fast without "
@@ -263,7 +265,7 @@ def _replan_rows(name: str, instance: Instance, modes: tuple[str, ...], n: int) 
     from ntp_opt.rules.goodput import split_batch
     from ntp_opt.workflows.replan import Replanner
 
-    plan, _ = plan_fast(instance)
+    plan = certified(instance, plan_fast(instance).require_plan())
     rows = []
     runners = {m: Replanner(instance, plan, mode=m) for m in modes}  # type: ignore[arg-type]
     state = runners[modes[0]].state
@@ -307,7 +309,7 @@ def _chain_rows(name: str, instance: Instance, n: int, seeds: tuple[int, ...] = 
 
     from ntp_opt.workflows.replan import ClusterEvent, Replanner
 
-    plan, _ = plan_fast(instance)
+    plan = certified(instance, plan_fast(instance).require_plan())
     times: list[float] = []
     paths: dict[str, int] = {}
     for seed in seeds:
@@ -486,9 +488,9 @@ build_parser("solve")
 
 
 def cli_section(ctx: Context) -> list[str]:
-    """``ntp-opt solve --policy fast -o`` end to end per instance, next to the floor."""
+    """``ntp-opt solve --planner fast -o`` end to end per instance, next to the floor."""
     rows = [
-        "| instance | GPUs | floor: gunzip + json.loads + numpy | CLI solve --policy fast -o "
+        "| instance | GPUs | floor: gunzip + json.loads + numpy | CLI solve --planner fast -o "
         "| CLI / floor | peak RSS MB |",
         "|---|---|---|---|---|---|",
     ]
@@ -505,7 +507,7 @@ def cli_section(ctx: Context) -> list[str]:
                 unzip.wall + parse.wall + ctx.numpy_floor.wall,
             )
             args = [sys.executable, "-m", "ntp_opt.app.cli", "solve", str(path)]
-            run = best_child(ctx.repeat, [*args, "--policy", "fast", "-o", f"{tmp}/plan.json"])
+            run = best_child(ctx.repeat, [*args, "--planner", "fast", "-o", f"{tmp}/plan.json"])
             rows.append(
                 f"| {path.name.removesuffix('.json.gz')} | {gpus:,} | {_fmt(floor)} "
                 f"| {run.cpu:.3f} / {run.wall:.3f} | {run.cpu / max(floor.cpu, 1e-9):.2f} "
@@ -535,7 +537,7 @@ def cli_section(ctx: Context) -> list[str]:
     )
     print(startup, flush=True)
     return [
-        "## CLI end to end (`ntp-opt solve FILE --policy fast -o plan.json`)",
+        "## CLI end to end (`ntp-opt solve FILE --planner fast -o plan.json`)",
         "",
         f"CPU / wall seconds of the child process, best of {ctx.repeat}; the floor adds "
         "the numpy import to reading the file.",

@@ -14,7 +14,7 @@ The public API (``docs/api.md``) is the names of :data:`__all__`:
   failures, repairs and stragglers.
 
 The names are imported on first use (PEP 562), so that ``import ntp_opt``, and
-a command that needs one layer (``ntp-opt solve --policy fast``), does not
+a command that needs one layer (``ntp-opt solve --planner fast``), does not
 import every layer.
 
 Old module paths (``ntp_opt.replan``, ``ntp_opt.milp.search``, ...: the table

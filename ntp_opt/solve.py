@@ -20,7 +20,15 @@ from ntp_opt.model.control import Callback, Control, sigint_sets
 from ntp_opt.model.hosts import pack_plan_hosts
 from ntp_opt.model.instance import Instance
 from ntp_opt.model.plan import Plan
-from ntp_opt.planners.base import Limit, Outcome, Planner, PlannerSpec, RunOptions, Status
+from ntp_opt.planners.base import (
+    Limit,
+    Outcome,
+    Planner,
+    PlannerKind,
+    PlannerSpec,
+    RunOptions,
+    Status,
+)
 from ntp_opt.planners.registry import REGISTRY, without_power
 from ntp_opt.rules.goodput import check_batch_size
 from ntp_opt.rules.tolerances import BOUND_TOL, REL_TOL
@@ -106,15 +114,17 @@ class Result:
 
 
 #: Planners by kind (names only; the planners are in :data:`REGISTRY`).
-HEURISTICS: tuple[str, ...] = tuple(n for n, p in REGISTRY.items() if p.kind == "heuristic")
-BOUNDED: tuple[str, ...] = tuple(n for n, p in REGISTRY.items() if p.kind == "bounded")
-SEARCHES: tuple[str, ...] = tuple(n for n, p in REGISTRY.items() if p.kind == "search")
+HEURISTICS: tuple[str, ...] = tuple(
+    n for n, p in REGISTRY.items() if p.kind == PlannerKind.HEURISTIC
+)
+BOUNDED: tuple[str, ...] = tuple(n for n, p in REGISTRY.items() if p.kind == PlannerKind.BOUNDED)
+SEARCHES: tuple[str, ...] = tuple(n for n, p in REGISTRY.items() if p.kind == PlannerKind.SEARCH)
 
 #: Exact planners: name -> (integer-programming backend, power boost allowed).
 EXACT: dict[str, tuple[str, bool]] = {
     n: (p.backend or "", not n.endswith("-nopower"))
     for n, p in REGISTRY.items()
-    if p.kind == "exact"
+    if p.kind == PlannerKind.EXACT
 }
 
 #: Planners whose :attr:`Result.bound` holds for the instance as it is. The
@@ -203,6 +213,11 @@ def solve(
     with sigint_sets(control.cancel):
         logger.info("%s: solving %s", solver, instance.name)
         result = _solve(instance, solver, time_limit, seed, threads, initial_plan, log, control)
+    return _settled(result, control)
+
+
+def _settled(result: Result, control: Control) -> Result:
+    """``result`` with the limit a cancel or a proof sets; the final report sent."""
     if control.cancelled and result.plan is not None:
         result = dataclasses.replace(result, limit=Limit.INTERRUPTED)
     if result.status == Status.OPTIMAL and result.limit in (Limit.INTERRUPTED, Limit.UNSETTLED):
@@ -210,7 +225,9 @@ def solve(
         result = dataclasses.replace(result, limit=Limit.NONE)
     value = result.objective if result.expected_objective is None else result.expected_objective
     control.report(value, result.bound, final=True)
-    logger.info("%s: %s, limit %s, %.2f s", solver, result.status, result.limit, result.runtime_s)
+    logger.info(
+        "%s: %s, limit %s, %.2f s", result.solver, result.status, result.limit, result.runtime_s
+    )
     return result
 
 
@@ -245,7 +262,7 @@ def _solve(
     out = spec.run(instance, options)
     runtime = time.perf_counter() - start
     plan, bound = out.plan, out.bound
-    text = "\n".join(out.log) if log and spec.kind == "exact" else None
+    text = "\n".join(out.log) if log and spec.kind == PlannerKind.EXACT else None
     if plan is None:  # stopped before any plan, or proven infeasible
         return Result(
             status=Status.INFEASIBLE if out.proven else Status.NO_SOLUTION,
@@ -262,17 +279,17 @@ def _solve(
     # interchangeable GPUs re-dealt host by host (goodput unchanged): torchrun-friendly
     plan = pack_plan_hosts(instance, plan)
     evaluation = check(instance, plan)  # the one check: never trust a planner
-    if spec.kind == "bounded" and bound is not None:
+    if spec.kind == PlannerKind.BOUNDED and bound is not None:
         if evaluation.goodput > bound * (1 + BOUND_TOL):  # a bug, never hidden
             raise RuntimeError(
                 f"planner {solver!r}: goodput {evaluation.goodput} above its bound {bound}"
             )
-    if spec.kind in ("bounded", "exact") and bound is not None:
+    if spec.kind in (PlannerKind.BOUNDED, PlannerKind.EXACT) and bound is not None:
         # the status follows the gap: a closed gap is a proof, whichever limit stopped
         # the planner (a bound of 0 met by the paused plan included)
         if bound <= evaluation.goodput * (1 + REL_TOL):
             status = Status.OPTIMAL
-    if spec.kind in ("heuristic", "bounded", "search"):  # unchecked: attach the checked figures
+    if spec.kind != PlannerKind.EXACT:  # unchecked: attach the checked figures
         plan = plan.with_metrics(**evaluation.as_metrics())
     return Result(
         status=status,
@@ -286,7 +303,9 @@ def _solve(
         log=text,
         evaluation=evaluation,
         reason=None if plan.replicas else pause_reason(instance, status == Status.OPTIMAL),
-        expected_objective=out.stats.get("expected_objective") if spec.kind == "search" else None,
+        expected_objective=(
+            out.stats.get("expected_objective") if spec.kind == PlannerKind.SEARCH else None
+        ),
     )
 
 
@@ -302,6 +321,7 @@ __all__ = [
     "Limit",
     "Outcome",
     "Planner",
+    "PlannerKind",
     "PlannerSpec",
     "Result",
     "Status",

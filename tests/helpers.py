@@ -10,6 +10,14 @@ from ntp_opt.model import topology
 from ntp_opt.model.control import SolveProgress
 from ntp_opt.model.instance import Instance
 from ntp_opt.model.job import Job
+from ntp_opt.model.plan import Plan
+from ntp_opt.planners.base import Planner, RunOptions
+from ntp_opt.rules.validate import certified
+
+
+def planned(planner: Planner, instance: Instance, options: RunOptions = RunOptions()) -> Plan:
+    """``planner``'s plan of ``instance``, checked, with the validator's metrics (as ``solve``)."""
+    return certified(instance, planner(instance, options).require_plan())
 
 
 def make_instance(

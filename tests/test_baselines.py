@@ -11,7 +11,7 @@ from ntp_opt.planners import heuristics as baselines
 from ntp_opt.rules.validate import evaluate
 from ntp_opt.solve import Status, solve
 
-from .helpers import make_instance
+from .helpers import make_instance, planned
 
 PLANNERS = [baselines.dp_drop, baselines.ntp, baselines.ntp_pw]
 
@@ -33,7 +33,7 @@ def job(**kw):
 def test_dp_drop_drops_replicas_with_failed_domains():
     # one failure in each of d0, d1, d2: 5 healthy domains hold 2 replicas of PP2
     inst = Instance("x", cluster(["d0.t0.g0", "d1.t0.g0", "d2.t1.g3"]), job())
-    plan = baselines.dp_drop(inst)
+    plan = planned(baselines.dp_drop, inst)
     ev = evaluate(inst, plan)
     assert ev.n_replicas == 2 and ev.n_reduced == 0
     assert ev.relative_goodput == pytest.approx(2 / 4)
@@ -44,7 +44,7 @@ def test_dp_drop_drops_replicas_with_failed_domains():
 def test_ntp_packs_failed_domains_together():
     # failures in d0 and d5: NTP packs both into one TP7 replica... but TP7 is allowed
     inst = Instance("x", cluster(["d0.t0.g0", "d5.t1.g2"]), job())
-    plan = baselines.ntp(inst)
+    plan = planned(baselines.ntp, inst)
     ev = evaluate(inst, plan)
     assert ev.n_replicas == 4 and ev.n_reduced == 1
     reduced = [r for r in plan.replicas if r.tp < 8]
@@ -56,7 +56,7 @@ def test_ntp_packs_failed_domains_together():
 
 def test_ntp_respects_tp_allowed():
     inst = Instance("x", cluster(["d0.t0.g0"]), job(tp_allowed=(6, 8)))
-    plan = baselines.ntp(inst)
+    plan = planned(baselines.ntp, inst)
     assert sorted(r.tp for r in plan.replicas) == [6, 8, 8, 8]
 
 
@@ -64,7 +64,7 @@ def test_ntp_pw_restores_nominal_speed_with_rack_headroom():
     g = cluster(["d0.t0.g0", "d5.t1.g2"], rack_power_factor=1.3)
     g.graph["power_budget_w"] = 1.05 * 64 * 1000  # a site with 5 % headroom
     inst = Instance("x", g, job())
-    plan = baselines.ntp_pw(inst)
+    plan = planned(baselines.ntp_pw, inst)
     ev = evaluate(inst, plan)
     assert ev.feasible and ev.n_reduced == 1
     reduced = next(r for r in plan.replicas if r.tp < 8)
@@ -79,33 +79,33 @@ def test_ntp_pw_limited_by_rack_budget():
     # 7 pi + 0 (the failed GPU) <= 8 kW each -> pi <= 8/7; the site's 2 kW freed by
     # the two failed GPUs allow the same 2 x 7 (pi - 1) <= 2.
     inst = Instance("x", cluster(["d0.t0.g0", "d5.t1.g2"]), job())
-    plan = baselines.ntp_pw(inst)
+    plan = planned(baselines.ntp_pw, inst)
     reduced = next(r for r in plan.replicas if r.tp < 8)
     assert {s.domain for s in reduced.stages} == {"d0", "d5"}
     assert all(s.power == pytest.approx(8 / 7, rel=1e-6) for s in reduced.stages)
     ev = evaluate(inst, plan)
     assert ev.feasible
-    assert ev.relative_goodput > evaluate(inst, baselines.ntp(inst)).relative_goodput
+    assert ev.relative_goodput > evaluate(inst, planned(baselines.ntp, inst)).relative_goodput
 
 
 def test_stragglers_end_up_as_spares_when_there_are_spares():
     g = cluster(stragglers=[("d3.t0.g1", 0.6)], domains=10)
     inst = Instance("x", g, job())
     for planner in PLANNERS:
-        plan = planner(inst)
+        plan = planned(planner, inst)
         assert "d3.t0.g1" not in set(plan.used_gpus())
         assert evaluate(inst, plan).relative_goodput == pytest.approx(1.0)
 
 
 def test_fixed_policy_pauses_without_capacity():
     inst = Instance("x", cluster(["d0.t0.g0"]), job(batch_policy="fixed"))
-    plan = baselines.dp_drop(inst)
+    plan = planned(baselines.dp_drop, inst)
     assert plan.replicas == () and plan.metrics["paused"] is True
     assert evaluate(inst, plan).goodput == 0.0
     res = solve(inst, "dp-drop")
     assert res.status is Status.FEASIBLE and res.objective == 0.0
     # NTP keeps four replicas, all at b0 = 4; the TP7 one sets the step time
-    ev = evaluate(inst, baselines.ntp(inst))
+    ev = evaluate(inst, planned(baselines.ntp, inst))
     assert ev.n_replicas == 4 and ev.total_batch == 16
     assert ev.relative_goodput == pytest.approx(16 / (4 / (7 / 8) * 1.01) / 4)
 
@@ -124,7 +124,7 @@ def test_random_instances_valid_and_ordered(seed, policy):
     )
     values = {}
     for planner in PLANNERS:
-        plan = planner(inst)
+        plan = planned(planner, inst)
         ev = evaluate(inst, plan)
         assert ev.feasible, ev.violations
         assert plan.metrics["goodput"] == pytest.approx(ev.goodput)

@@ -57,12 +57,36 @@ def test_gen_solve_validate_evaluate(tmp_path, capsys):
 
 
 def test_solve_all_and_compare(capsys):
-    assert main(["solve", TINY, "--policy", "all"]) == 0
+    assert main(["solve", TINY, "--planner", "all"]) == 0
     out = capsys.readouterr().out
     for name in ("dp-drop", "ntp", "ntp-pw"):
         assert name in out
     assert main(["compare", TINY]) == 0
     assert "0.7500" in capsys.readouterr().out
+
+
+def test_planner_options_and_their_old_names(tmp_path, capsys):
+    # --planner / --planners are the documented options; --policy / --policies (their
+    # names before issue 34) still work, to the same effect, and are not listed
+    a, b = tmp_path / "a.json", tmp_path / "b.json"
+    assert main(["solve", TINY, "--planner", "ntp", "-o", str(a)]) == 0
+    assert main(["solve", TINY, "--policy", "ntp", "-o", str(b)]) == 0
+    new, old = json.loads(a.read_text()), json.loads(b.read_text())
+    assert new["metrics"]["policy"] == "ntp" and new["replicas"] == old["replicas"]
+    capsys.readouterr()
+    assert main(["compare", TINY, "--planners", "dp-drop,ntp"]) == 0
+    listed = capsys.readouterr().out
+    assert main(["compare", TINY, "--policies", "dp-drop,ntp"]) == 0
+    assert capsys.readouterr().out == listed and "ntp-pw" not in listed
+    for args, shown, hidden in (
+        (["solve", "--help"], "--planner", "--policy"),
+        (["compare", "--help"], "--planners", "--policies"),
+        (["watch", "k8s", "--help"], "--planner", "--policy"),
+    ):
+        with pytest.raises(SystemExit):
+            main(args)
+        text = capsys.readouterr().out
+        assert shown in text and hidden not in text
 
 
 def test_validate_reports_violations(tmp_path, capsys):

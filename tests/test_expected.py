@@ -14,6 +14,7 @@ from ntp_opt.planners import heuristics as baselines
 from ntp_opt.rules.expected import expected_goodput
 from ntp_opt.rules.recourse import goodput_after
 
+from .helpers import planned
 from .test_milp import exact_instance
 
 
@@ -30,7 +31,7 @@ def _small(seed: int) -> Instance:
 @pytest.mark.parametrize("radius", ["gpu", "tray", "domain"])
 def test_monte_carlo_agrees_with_exact(seed, radius):
     inst = _small(seed)
-    plan = baselines.ntp_pw(inst)
+    plan = planned(baselines.ntp_pw, inst)
     exact = expected_goodput(inst, plan, method="exact", blast_radius=radius)
     mc = expected_goodput(inst, plan, samples=3000, seed=seed, blast_radius=radius)
     assert exact.method == "exact" and exact.ci_low == exact.mean == exact.ci_high
@@ -46,7 +47,7 @@ def test_exact_is_the_weighted_sum_over_scenarios():
     g = topology.build_cluster(3, 4, 2, 2)
     topology.set_p_fail(g, 0.1, topology.gpus(g)[:6])
     inst = Instance("w", g, Job(tp=4, tp_min=2, pp=1, dp=2, global_batch=4))
-    plan = baselines.ntp(inst)
+    plan = planned(baselines.ntp, inst)
     exact = expected_goodput(inst, plan, method="exact")
     manual = sum(p * goodput_after(inst, plan, m) for m, p in enumerate_scenarios(inst))
     assert exact.mean == pytest.approx(manual)
@@ -55,7 +56,7 @@ def test_exact_is_the_weighted_sum_over_scenarios():
 
 def test_no_failure_probability_gives_the_plan_goodput():
     inst = exact_instance(3)
-    plan = baselines.ntp(inst)
+    plan = planned(baselines.ntp, inst)
     base = goodput_after(inst, plan, None)
     mc = expected_goodput(inst, plan, samples=50)
     exact = expected_goodput(inst, plan, method="exact")
@@ -65,7 +66,7 @@ def test_no_failure_probability_gives_the_plan_goodput():
 
 def test_bad_arguments():
     inst = _small(0)
-    plan = baselines.ntp(inst)
+    plan = planned(baselines.ntp, inst)
     with pytest.raises(ValueError, match="method"):
         expected_goodput(inst, plan, method="bogus")
     with pytest.raises(ValueError, match="samples"):

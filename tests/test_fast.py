@@ -67,7 +67,8 @@ def test_stage_bound_straggler_by_hand():
     job = Job(tp=4, tp_min=3, pp=1, dp=1, global_batch=2, max_boost=0.0, reshard_overhead=0.0)
     inst = Instance("strag", g, job)
     assert stage_bound(inst) == pytest.approx(0.75, rel=1e-8)
-    plan, bound = plan_fast(inst)
+    out = plan_fast(inst)
+    plan, bound = out.plan, out.bound
     assert plan.replicas[0].tp == 3 and "d0.t0.g0" not in set(plan.used_gpus())
     # b = 2 at speed 0.75: step 2 / 0.75, goodput 0.75 = the bound, so proven optimal
     assert evaluate(inst, plan).goodput == pytest.approx(0.75, rel=1e-9)

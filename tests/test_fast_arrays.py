@@ -14,8 +14,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from ntp_opt import Instance
-from ntp_opt.planners import fast_cuts, heuristics
-from ntp_opt.planners.heuristics import Slot
+from ntp_opt.planners import fast_cuts, packing
+from ntp_opt.planners.packing import Slot
 from ntp_opt.rules.boost import Stages, boost_floor_stages, boost_stages
 from ntp_opt.rules.goodput import replica_speed
 from ntp_opt.rules.power import (
@@ -117,9 +117,7 @@ def ref_pack(instance: Instance, slots: list[Slot], by_value: bool) -> Groups:
 
 def ref_fit_power(instance: Instance, groups: Groups) -> Groups:
     groups = list(groups)
-    while groups and not heuristics.fits_at_power_one(
-        instance, heuristics.used_mask(instance, groups)
-    ):
+    while groups and not packing.fits_at_power_one(instance, packing.used_mask(instance, groups)):
         groups.pop()
     return groups
 
@@ -234,7 +232,7 @@ def ref_fit_by_degree(instance: Instance, groups: Groups) -> Groups | None:
     a, job = instance.arrays, instance.job
     out = [(t, list(m)) for t, m in groups[: len(kept) + 1]]
     lower = {t: max((u for u in job.allowed if u < t), default=None) for t in job.allowed}
-    rack, site = heuristics.draw_at_power_one(instance, heuristics.used_mask(instance, out))
+    rack, site = packing.draw_at_power_one(instance, packing.used_mask(instance, out))
     saving = a.tdp * (1.0 - job.idle_power_fraction)
 
     def over():
@@ -256,8 +254,8 @@ def ref_fit_by_degree(instance: Instance, groups: Groups) -> Groups | None:
             if stuck >= len(out):
                 return None
         r = r - 1 if r > 0 else len(out) - 1
-    used = heuristics.used_mask(instance, out)
-    return out if heuristics.fits_at_power_one(instance, used) else None
+    used = packing.used_mask(instance, out)
+    return out if packing.fits_at_power_one(instance, used) else None
 
 
 # --- helpers ---------------------------------------------------------------------
@@ -278,7 +276,7 @@ def same_groups(x: Groups | None, y: Groups | None) -> bool:
 
 
 def boost_input(instance: Instance, groups: Groups):
-    used = heuristics.used_mask(instance, groups).astype(float)
+    used = packing.used_mask(instance, groups).astype(float)
     rack_room, site_room = headroom(instance, used)
     reps = [(t, [s.gpus[:t] for s in m], [1.0] * len(m)) for t, m in groups]
     return reps, rack_room, site_room
@@ -287,7 +285,7 @@ def boost_input(instance: Instance, groups: Groups):
 def check_everything(instance: Instance) -> None:
     for reduced in (False, True):
         assert same_slots(
-            heuristics.domain_slots(instance, reduced), ref_domain_slots(instance, reduced)
+            packing.domain_slots(instance, reduced), ref_domain_slots(instance, reduced)
         )
     assert same_slots(fast_cuts.speed_aware_slots(instance), ref_speed_aware_slots(instance))
     packs = [
@@ -296,9 +294,9 @@ def check_everything(instance: Instance) -> None:
         (ref_speed_aware_slots(instance), True),
     ]
     for slots, by_value in packs:
-        groups = heuristics.pack_replicas(instance, slots, by_value)
+        groups = packing.pack_replicas(instance, slots, by_value)
         assert same_groups(groups, ref_pack(instance, slots, by_value))
-        kept = heuristics.fit_power(instance, groups)
+        kept = packing.fit_power(instance, groups)
         assert same_groups(kept, ref_fit_power(instance, groups))
         assert same_groups(
             fast_cuts.fit_power_by_degree(instance, groups), ref_fit_by_degree(instance, groups)
@@ -320,15 +318,15 @@ def check_everything(instance: Instance) -> None:
         assert fast_cuts.boost_floor(instance, kept) == ref_boost_floor(
             instance, floor_reps, rack_room, site_room
         )
-        powers = heuristics.boost_slowest(instance, kept)
-        packed = heuristics.Packing.from_groups(instance, kept)
+        powers = packing.boost_slowest(instance, kept)
+        packed = packing.Packing.from_groups(instance, kept)
         pw = np.array(powers, dtype=float).reshape(len(kept), instance.job.pp)
-        split = heuristics.split_groups(instance, kept, powers)
-        assert split == heuristics.split_packing(instance, packed, pw)
+        split = packing.split_groups(instance, kept, powers)
+        assert split == packing.split_packing(instance, packed, pw)
         if split is not None:
-            assert heuristics.to_replicas(
+            assert packing.to_replicas(
                 instance, kept, powers, split.batches
-            ) == heuristics.packing_replicas(instance, packed, pw, split.batches)
+            ) == packing.packing_replicas(instance, packed, pw, split.batches)
 
 
 # --- the tests ---------------------------------------------------------------------
@@ -352,9 +350,7 @@ def test_partial_boosts_equal_the_loops(seed, site):
     g.graph["power_budget_w"] = site * 1000.0 * len(gpus)
     inst = Instance("tight", g, inst.job)
     check_everything(inst)
-    groups = heuristics.fit_power(
-        inst, heuristics.pack_replicas(inst, heuristics.domain_slots(inst, True))
-    )
+    groups = packing.fit_power(inst, packing.pack_replicas(inst, packing.domain_slots(inst, True)))
     reps, rack_room, site_room = boost_input(inst, groups)
     powers, boosted = boost_lists(
         inst, reps, list(range(len(groups))), rack_room, site_room, steps=50
@@ -371,9 +367,7 @@ def test_a_partial_boost_happens():
     gpus = [n for n, d in g.nodes(data=True) if d.get("kind") == "gpu"]
     g.graph["power_budget_w"] = 0.93 * 1000.0 * len(gpus)
     inst = Instance("tight", g, inst.job)
-    groups = heuristics.fit_power(
-        inst, heuristics.pack_replicas(inst, heuristics.domain_slots(inst, True))
-    )
+    groups = packing.fit_power(inst, packing.pack_replicas(inst, packing.domain_slots(inst, True)))
     reps, rack_room, site_room = boost_input(inst, groups)
     slow = list(range(len(groups)))
     powers, boosted = boost_lists(inst, reps, slow, rack_room, site_room, steps=50)
@@ -386,5 +380,5 @@ def test_fit_power_equals_dropping_one_at_a_time(instance, factor):
     g = instance.cluster.copy()
     g.graph["power_budget_w"] = factor * instance.arrays.site_budget
     inst = Instance(instance.name, g, instance.job)
-    groups = heuristics.pack_replicas(inst, heuristics.domain_slots(inst, True))
-    assert same_groups(heuristics.fit_power(inst, groups), ref_fit_power(inst, groups))
+    groups = packing.pack_replicas(inst, packing.domain_slots(inst, True))
+    assert same_groups(packing.fit_power(inst, groups), ref_fit_power(inst, groups))

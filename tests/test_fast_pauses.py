@@ -78,7 +78,7 @@ def test_no_boost_for_nothing(policy):
 
 def test_trim_keeps_goodput_and_lowers_power():
     # a replica boosted beyond what the split uses is lowered back (elastic, room to spare)
-    from ntp_opt.planners.heuristics import (
+    from ntp_opt.planners.packing import (
         boost_slowest_packed,
         domain_slot_table,
         pack,

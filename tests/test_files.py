@@ -22,7 +22,7 @@ from ntp_opt.model.files import (
 )
 from ntp_opt.planners import heuristics as baselines
 
-from .helpers import make_instance
+from .helpers import make_instance, planned
 
 SCHEMAS = Path(__file__).resolve().parent.parent / "ntp_opt" / "schemas"
 
@@ -59,7 +59,7 @@ def test_round_trip_detects_changes(inst):
 
 
 def test_plan_round_trip(tmp_path, inst):
-    plan = baselines.ntp_pw(inst)
+    plan = planned(baselines.ntp_pw, inst)
     path = tmp_path / "p.json"
     save_plan(plan, path)
     back = load_plan(path)
@@ -68,7 +68,7 @@ def test_plan_round_trip(tmp_path, inst):
 
 
 def test_save_plan_needs_metrics(inst):
-    plan = baselines.ntp(inst)
+    plan = planned(baselines.ntp, inst)
     from ntp_opt.model.plan import Plan
 
     with pytest.raises(ValueError, match="goodput"):
@@ -86,7 +86,7 @@ def test_published_schema_is_current(kind):
 def test_schema_validates_files(tmp_path, inst):
     jsonschema = pytest.importorskip("jsonschema")
     jsonschema.validate(instance_to_dict(inst), json_schema("instance"))
-    jsonschema.validate(plan_to_dict(baselines.ntp(inst)), json_schema("plan"))
+    jsonschema.validate(plan_to_dict(planned(baselines.ntp, inst)), json_schema("plan"))
 
 
 def _errors(tmp_path, data, name="bad.json") -> str:
@@ -162,7 +162,7 @@ def test_missing_file(tmp_path):
 
 
 def test_plan_file_errors(tmp_path, inst):
-    data = plan_to_dict(baselines.ntp(inst))
+    data = plan_to_dict(planned(baselines.ntp, inst))
     data["replicas"][0]["local_batch"] = 2.5
     data["replicas"][1]["stages"][0]["colour"] = 1
     path = tmp_path / "p.json"

@@ -31,11 +31,11 @@ from ntp_opt.model.files import (
 from ntp_opt.model.files.safe_json import field_path
 from ntp_opt.planners import heuristics as baselines
 
-from .helpers import make_instance
+from .helpers import make_instance, planned
 
 INST = make_instance(domains=2, size=8, tray=4, failed=1, stragglers=1, name="fuzz")
 INST_DICT = instance_to_dict(INST)
-PLAN_DICT = plan_to_dict(baselines.ntp_pw(INST))
+PLAN_DICT = plan_to_dict(planned(baselines.ntp_pw, INST))
 
 #: Values that are wrong almost anywhere: wrong types, NaN/inf, negative and huge numbers.
 bad_values = st.sampled_from(

@@ -17,6 +17,7 @@ from ntp_opt.planners.exact.model import WHOLE_UNIT, build_capacity, prepare
 from tests.helpers import HANG_GUARD
 
 from .bruteforce import brute_force
+from .helpers import planned
 from .test_milp import exact_instance
 
 needs_colgen = pytest.mark.skipif(
@@ -377,7 +378,7 @@ def test_dgx256_open_generated_program_is_settled(monkeypatch):
     full = build_capacity(prep, theta, degrees)
     direct = solve_program(full.program, "highs", threads=1)
     assert direct.status == "optimal"
-    start = search.baselines.dp_drop(inst)
+    start = planned(search.baselines.dp_drop, inst)
     s = search._Search(prep, "cpsat", None, 1, 0, True, start, -1.0)
     gen = search.column_generation_for(prep, degrees, theta)
     assert gen is not None
@@ -439,7 +440,7 @@ def test_descent_settles_a_program_that_would_creep(seed, monkeypatch):
 
     monkeypatch.setattr(colgen.ColumnGeneration, "solve", loose)
     monkeypatch.setattr(search, "FULL_HIGHS_VARS", 0)  # generated programs throughout
-    start = search.baselines.dp_drop(inst)
+    start = planned(search.baselines.dp_drop, inst)
 
     def oracle(target: int) -> tuple[int, int]:
         s = search._Search(prep, "cpsat", None, 1, 0, True, start, -1.0)

@@ -12,6 +12,8 @@ from ntp_opt.model.layout import Layout
 from ntp_opt.planners.heuristics import dp_drop, ntp, ntp_pw
 from ntp_opt.rules.recourse import plan_indices
 
+from .helpers import planned
+
 ROOT = Path(__file__).resolve().parents[1]
 
 
@@ -19,7 +21,7 @@ ROOT = Path(__file__).resolve().parents[1]
 @pytest.mark.parametrize("name", ["tiny.json", "nvl32-64-1gpu-elastic.json.gz"])
 def test_round_trip_keeps_plan_and_metrics(planner, name):
     inst = load_instance(ROOT / "instances" / name)
-    plan = planner(inst)
+    plan = planned(planner, inst)
     assert plan.replicas
     layout = Layout.from_plan(inst, plan)
     back = layout.to_plan(inst)
@@ -31,7 +33,7 @@ def test_round_trip_keeps_plan_and_metrics(planner, name):
 
 def test_index_views_match_the_plan():
     inst = load_instance(ROOT / "instances" / "tiny.json")
-    plan = ntp_pw(inst)
+    plan = planned(ntp_pw, inst)
     layout = Layout.from_plan(inst, plan)
     per = layout.per_replica()
     expected = plan_indices(inst, plan)
@@ -49,7 +51,7 @@ def test_index_views_match_the_plan():
 
 def test_unknown_gpu_raises():
     inst = load_instance(ROOT / "instances" / "tiny.json")
-    plan = ntp(inst)
+    plan = planned(ntp, inst)
     rep = plan.replicas[0]
     st = rep.stages[0]
     bad = type(plan)(
@@ -62,7 +64,7 @@ def test_unknown_gpu_raises():
 
 def test_lenient_layout_marks_what_the_validator_reports():
     inst = load_instance(ROOT / "instances" / "tiny.json")
-    plan = ntp(inst)
+    plan = planned(ntp, inst)
     rep = plan.replicas[0]
     st = rep.stages[0]
     stage = type(st)("no-such-domain", ("no-such-gpu", *st.gpus[1:]), "high")  # type: ignore[arg-type]
@@ -84,7 +86,7 @@ def test_lenient_layout_marks_what_the_validator_reports():
 
 def test_from_indices_round_trips():
     inst = load_instance(ROOT / "instances" / "tiny.json")
-    plan = ntp_pw(inst)
+    plan = planned(ntp_pw, inst)
     lay = Layout.from_plan(inst, plan)
     reps = [(int(lay.degree[r]), int(lay.batch[r]), []) for r in range(lay.n_replicas)]
     for s, (r, _, g, pw) in enumerate(lay.stages()):

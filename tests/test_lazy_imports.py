@@ -1,4 +1,4 @@
-"""What a command imports: ``ntp-opt solve --policy fast`` loads only the layers it runs.
+"""What a command imports: ``ntp-opt solve --planner fast`` loads only the layers it runs.
 
 Each check runs in a fresh interpreter (``sys.modules`` of this one holds
 everything the other tests imported) and prints the modules it ended with.
@@ -65,7 +65,7 @@ def test_solve_fast_imports_only_what_it_runs(tmp_path: Path) -> None:
     modules = _modules_after(
         "import json\n"
         "from ntp_opt.app.cli import main\n"
-        f"assert main(['solve', {str(SMALL)!r}, '--policy', 'fast', '-o', {str(out)!r}]) == 0"
+        f"assert main(['solve', {str(SMALL)!r}, '--planner', 'fast', '-o', {str(out)!r}]) == 0"
     )
     assert json.loads(out.read_text())["format"] == "ntp-opt/plan@1"
     # what it runs is there (the check below looks at the right process)

@@ -23,10 +23,10 @@ ENV = {**os.environ, "PYTHONPATH": str(ROOT)}
 
 def test_solve_all_with_output_is_refused_before_solving(tmp_path, capsys):
     out = tmp_path / "p.json"
-    assert main(["solve", TINY, "--policy", "all", "-o", str(out)]) == 2
+    assert main(["solve", TINY, "--planner", "all", "-o", str(out)]) == 2
     cap = capsys.readouterr()
     assert cap.out == ""  # refused up front: nothing loaded, nothing solved
-    assert "-o/--output writes one plan: name one --policy" in cap.err
+    assert "-o/--output writes one plan: name one --planner" in cap.err
     assert not out.exists()
 
 
@@ -119,7 +119,7 @@ def test_cli_and_python_defaults_are_documented():
     solve_help = next(
         a.help
         for a in build_parser()._subparsers._group_actions[0].choices["solve"]._actions  # type: ignore[union-attr]
-        if "--policy" in a.option_strings
+        if "--planner" in a.option_strings
     )
     assert "default ntp-pw" in solve_help and "solve() defaults to optimal" in solve_help
     readme = (ROOT / "README.md").read_text()

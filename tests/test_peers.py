@@ -27,7 +27,7 @@ from ntp_opt.model.job import Job
 from ntp_opt.planners import peers
 from ntp_opt.rules.validate import evaluate
 from ntp_opt.solve import HEURISTICS, solve
-from tests.helpers import HANG_GUARD
+from tests.helpers import HANG_GUARD, planned
 
 RHO = 0.01
 
@@ -88,7 +88,7 @@ def test_issue_example_both_replicas_at_tp6(policy):
     # theta = 4 / (6/8) * 1.01 = 5.38667, goodput = 16 / theta = 2.97030,
     # relative = 2.97030 / 4 = 0.742574.
     inst = Instance("x", cluster(["d0.t0.g2", "d0.t1.g1", "d1.t0.g1"]), job(batch_policy=policy))
-    plan = peers.megatron_ntp(inst)
+    plan = planned(peers.megatron_ntp, inst)
     assert [r.tp for r in plan.replicas] == [6, 6, 8, 8]
     assert ranks(plan.replicas[0]) == [0, 1, 3, 4, 6, 7]
     assert ranks(plan.replicas[1]) == [0, 2, 3, 4, 5, 6]
@@ -105,7 +105,7 @@ def test_reduced_degree_rounds_down_to_allowed():
     # raised to 2: TP6 on local ranks 0..5 after dropping rank 0 and padding rank 7.
     # theta = 4 / (6/8) * 1.01, relative = 16 / theta / 4 = 0.742574
     inst = Instance("x", cluster(["d2.t0.g0"]), job(tp_allowed=(6, 8)))
-    plan = peers.megatron_ntp(inst)
+    plan = planned(peers.megatron_ntp, inst)
     assert [r.tp for r in plan.replicas] == [8, 8, 6, 8]
     assert ranks(plan.replicas[2]) == [1, 2, 3, 4, 5, 6]
     assert rel(inst, plan) == pytest.approx(16 / (4 / 0.75 * (1 + RHO)) / 4)
@@ -120,7 +120,7 @@ def test_pp2_megatron_rank_order_and_drop():
     # goodput = 12 / theta = 2.59901, relative = 0.649752.
     failed = ["d5.t0.g0", "d2.t0.g0", "d2.t0.g1", "d2.t1.g0"]
     inst = Instance("x", cluster(failed, domains=8), job(pp=2, batch_policy="elastic"))
-    plan = peers.megatron_ntp(inst)
+    plan = planned(peers.megatron_ntp, inst)
     assert [[s.domain for s in r.stages] for r in plan.replicas] == [
         ["d0", "d4"],
         ["d1", "d5"],
@@ -142,7 +142,7 @@ def test_pp2_megatron_rank_order_and_drop():
     assert rel(inst, other) == pytest.approx(rel(inst, plan))
     # fixed policy: 3 x 4 = 12 != B = 16 and the runtime does not rebalance -> paused
     fixed = Instance("x", inst.cluster, job(pp=2, batch_policy="fixed"))
-    paused = peers.megatron_ntp(fixed)
+    paused = planned(peers.megatron_ntp, fixed)
     assert paused.replicas == () and paused.metrics["paused"] is True
     assert evaluate(fixed, paused).goodput == 0.0
 
@@ -155,8 +155,8 @@ def test_reordered_packs_failed_domains_into_one_replica():
     # by a TP6 replica either way: theta = 4 / 0.75 * 1.01, relative = 16 / theta / 4.
     failed = ["d0.t0.g0", "d0.t1.g3", "d5.t1.g0"]
     inst = Instance("x", cluster(failed, domains=8), job(pp=2))
-    launched = peers.megatron_ntp(inst)
-    packed = peers.megatron_ntp_reordered(inst)
+    launched = planned(peers.megatron_ntp, inst)
+    packed = planned(peers.megatron_ntp_reordered, inst)
     assert [r.tp for r in launched.replicas] == [6, 6, 8, 8]
     assert [r.tp for r in packed.replicas] == [6, 8, 8, 8]
     assert [[s.domain for s in r.stages] for r in packed.replicas] == [
@@ -178,15 +178,15 @@ def test_gpus_beyond_the_tp_groups_are_not_tp_spares():
     # launcher maps d0's ranks onto healthy GPUs first (t0.g1 .. t2.g0): every replica at
     # TP8, relative 1. A failure on t2 alone is invisible as launched.
     inst = Instance("x", cluster(["d0.t0.g0"], size=12), job(tp_min=7))
-    launched = peers.megatron_ntp(inst)
+    launched = planned(peers.megatron_ntp, inst)
     assert [r.tp for r in launched.replicas] == [7, 8, 8, 8]
     assert rel(inst, launched) == pytest.approx(16 / (4 / (7 / 8) * (1 + RHO)) / 4)
-    packed = peers.megatron_ntp_reordered(inst)
+    packed = planned(peers.megatron_ntp_reordered, inst)
     assert [r.tp for r in packed.replicas] == [8, 8, 8, 8]
     assert "d0.t2.g0" in packed.replicas[0].stages[0].gpus
     assert rel(inst, packed) == pytest.approx(1.0)
     outside = Instance("y", cluster(["d1.t2.g3"], size=12), job(tp_min=7))
-    assert rel(outside, peers.megatron_ntp(outside)) == pytest.approx(1.0)
+    assert rel(outside, planned(peers.megatron_ntp, outside)) == pytest.approx(1.0)
 
 
 def test_straggler_is_not_rebalanced():
@@ -194,7 +194,7 @@ def test_straggler_is_not_rebalanced():
     # theta = 4 / 0.5 = 8 (no overhead), goodput = 16 / 8 = 2, relative 0.5. ntp gives
     # the slow replica a smaller batch and does better.
     inst = Instance("x", cluster(stragglers=[("d3.t0.g0", 0.5)]), job(batch_policy="elastic"))
-    plan = peers.megatron_ntp(inst)
+    plan = planned(peers.megatron_ntp, inst)
     assert rel(inst, plan) == pytest.approx(16 / 8 / 4)
     assert rel(inst, solve(inst, "ntp").plan) > 0.5
 
@@ -203,7 +203,7 @@ def test_rack_budget_below_tdp_drops_replicas():
     # racks at 0.9 x TDP cannot feed a TP8 stage at power 1 (8 kW > 7.2 kW): every
     # replica is dropped and the job pauses.
     inst = Instance("x", cluster(rack_power_factor=0.9), job(batch_policy="elastic"))
-    plan = peers.megatron_ntp(inst)
+    plan = planned(peers.megatron_ntp, inst)
     assert plan.replicas == () and evaluate(inst, plan).feasible
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib
+import inspect
 from pathlib import Path
 
 import numpy as np
@@ -12,8 +13,14 @@ from ntp_opt.model.control import Control
 from ntp_opt.model.files import load_instance
 from ntp_opt.model.instance import Instance
 from ntp_opt.model.plan import Plan
-from ntp_opt.planners.base import Limit, Outcome, PlannerSpec, RunOptions, Status
+from ntp_opt.planners.base import Limit, Outcome, PlannerKind, PlannerSpec, RunOptions, Status
+from ntp_opt.planners.fast import plan_fast
+from ntp_opt.planners.heuristics import dp_drop, ntp, ntp_pw
+from ntp_opt.planners.megatron import solve_megatron
+from ntp_opt.planners.peers import megatron_ntp, megatron_ntp_reordered
 from ntp_opt.planners.registry import REGISTRY
+from ntp_opt.planners.riskaware import plan_risk_aware
+from ntp_opt.rules.validate import certified, check
 from ntp_opt.solve import PLANNERS, solve
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -37,6 +44,47 @@ def test_heuristic_outcome_is_checked_once_by_solve() -> None:
     assert out.plan is not None and "goodput" not in out.plan.metrics  # unchecked
     res = solve(inst, "ntp")
     assert res.plan is not None and res.plan.metrics["goodput"] == res.objective
+
+
+@pytest.mark.parametrize(
+    "planner",
+    [dp_drop, ntp, ntp_pw, megatron_ntp, megatron_ntp_reordered, plan_fast, solve_megatron],
+)
+def test_every_planner_is_called_alike_and_returns_its_plan_unchecked(planner) -> None:
+    # the contract: planner(instance, options=RunOptions()) -> Outcome, no validate flag
+    inst = _tiny()
+    params = inspect.signature(planner).parameters
+    assert list(params)[:2] == ["instance", "options"] and "validate" not in params
+    assert isinstance(params["options"].default, RunOptions)
+    assert all(p.kind is p.KEYWORD_ONLY for p in list(params.values())[2:])
+    out = planner(inst)
+    assert isinstance(out, Outcome) and out.plan is not None
+    plan = out.plan
+    if planner is not solve_megatron:  # the exact search attaches its own figures
+        assert "goodput" not in plan.metrics
+    assert certified(inst, plan).metrics["goodput"] == check(inst, plan).goodput
+
+
+def test_plan_risk_aware_follows_the_contract() -> None:
+    params = inspect.signature(plan_risk_aware).parameters
+    assert list(params)[:2] == ["instance", "options"] and "validate" not in params
+    assert all(p.kind is p.KEYWORD_ONLY for p in list(params.values())[2:])
+
+
+def test_plan_fast_bound_knob() -> None:
+    inst = _tiny()
+    with_bound, without = plan_fast(inst), plan_fast(inst, RunOptions(), bound=False)
+    assert with_bound.bound is not None and with_bound.plan.metrics["bound"] == with_bound.bound
+    assert without.bound is None and "bound" not in without.plan.metrics
+    assert without.plan.replicas == with_bound.plan.replicas
+
+
+def test_planner_kind_is_an_enum() -> None:
+    assert {p.kind for p in REGISTRY.values()} == set(PlannerKind)
+    assert PlannerSpec(_no_plan, "test", kind="bounded").kind is PlannerKind.BOUNDED
+    with pytest.raises(ValueError):
+        PlannerSpec(_no_plan, "test", kind="clever")
+    assert solve_mod.BOUNDED == ("fast",) and solve_mod.SEARCHES == ("risk-aware",)
 
 
 def _no_plan(instance: Instance, options: RunOptions) -> Outcome:

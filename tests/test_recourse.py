@@ -16,7 +16,7 @@ from ntp_opt.planners import heuristics as baselines
 from ntp_opt.rules.recourse import adapt, goodput_after
 from ntp_opt.rules.validate import check
 
-from .helpers import make_instance
+from .helpers import make_instance, planned
 from .strategies import instances
 from .test_milp import exact_instance
 
@@ -176,7 +176,7 @@ def test_recourse_output_passes_validator(seed):
             batch_policy=str(rng.choice(["fixed", "elastic"])),
         )
     for planner in (baselines.dp_drop, baselines.ntp, baselines.ntp_pw):
-        plan = planner(inst)
+        plan = planned(planner, inst)
         for frac in (0.05, 0.2, 0.5):
             mask = rng.random(inst.arrays.n_gpus) < frac
             out = adapt(inst, plan, mask)
@@ -188,7 +188,7 @@ def test_recourse_output_passes_validator(seed):
 def test_no_failure_keeps_plan_and_goodput():
     inst = make_instance(failed=3, seed=4)
     for planner in (baselines.ntp, baselines.ntp_pw):
-        plan = planner(inst)
+        plan = planned(planner, inst)
         out = adapt(inst, plan, None)
         assert [r.stages for r in out.replicas] == [r.stages for r in plan.replicas]
         assert out.metrics["goodput"] == pytest.approx(plan.metrics["goodput"])
@@ -275,7 +275,7 @@ def test_boost_output_passes_validator_and_never_hurts(seed):
         batch_policy=str(rng.choice(["fixed", "elastic"])),
     )
     for planner in (baselines.ntp, baselines.ntp_pw):
-        plan = planner(inst)
+        plan = planned(planner, inst)
         for frac in (0.05, 0.2):
             mask = rng.random(inst.arrays.n_gpus) < frac
             out = adapt(inst, plan, mask, boost=True)

@@ -27,7 +27,7 @@ from hypothesis import strategies as st
 from ntp_opt import Instance, Plan, Replica, Stage, check, solve
 from ntp_opt.model.layout import Layout
 from ntp_opt.planners.fast_cuts import boost_floor
-from ntp_opt.planners.heuristics import Slot, boost_slowest, split_groups
+from ntp_opt.planners.packing import Slot, boost_slowest, split_groups
 from ntp_opt.rules.power import can_boost, rack_and_site_draw, redraw
 from ntp_opt.rules.recourse import adapt_indices
 from ntp_opt.rules.tolerances import FLOAT_NOISE

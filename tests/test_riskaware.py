@@ -19,7 +19,7 @@ from ntp_opt.model import topology
 from ntp_opt.model.files import load_plan, save_plan
 from ntp_opt.model.instance import Instance
 from ntp_opt.model.layout import Layout
-from ntp_opt.planners.base import Limit, Outcome
+from ntp_opt.planners.base import Limit, Outcome, RunOptions
 from ntp_opt.planners.riskaware import (
     RISK_INSTANCES,
     fresh_scenarios,
@@ -33,7 +33,7 @@ from ntp_opt.planners.riskaware import (
 from ntp_opt.planners.riskaware.scorer import FastScorer
 from ntp_opt.rules.expected import expected_goodput
 from ntp_opt.rules.recourse import adapt
-from ntp_opt.rules.validate import check
+from ntp_opt.rules.validate import certified, check
 from tests.helpers import HANG_GUARD, StepClock
 
 from .test_milp import exact_instance
@@ -52,7 +52,7 @@ def _exact(inst, plan):
 
 def test_spare_domains_leaves_risky_domains_spare():
     inst = risk_instance("spare-domains")
-    out = plan_risk_aware(inst, time_limit=HANG_GUARD)
+    out = plan_risk_aware(inst, RunOptions(time_limit=HANG_GUARD))
     check(inst, out.plan)
     used = set().union(*_domains(out.plan))
     # Four domains (d1, d3, d4, d5) carry no risk at all and two replicas of two
@@ -71,7 +71,9 @@ def test_spare_domains_leaves_risky_domains_spare():
 
 def test_pack_groups_risky_domains_in_few_replicas():
     inst = risk_instance("pack")
-    out = plan_risk_aware(inst, time_limit=HANG_GUARD, ws_bound=False)  # bound: test_waitandsee
+    out = plan_risk_aware(
+        inst, RunOptions(time_limit=HANG_GUARD), ws_bound=False
+    )  # bound: test_waitandsee
     check(inst, out.plan)
     # Every plan uses all 8 domains in 4 replicas of 2. A replica survives
     # unless a risky tray in it fails; a lost replica costs 1/4 (elastic, no
@@ -92,7 +94,7 @@ def test_pack_groups_risky_domains_in_few_replicas():
 @pytest.mark.parametrize("name", ["mixed", "mixed-fixed"])
 def test_mixed_instances_beat_blind_on_fresh_scenarios(name):
     inst = risk_instance(name)
-    out = plan_risk_aware(inst, time_limit=HANG_GUARD, fresh_samples=200)
+    out = plan_risk_aware(inst, RunOptions(time_limit=HANG_GUARD), fresh_samples=200)
     check(inst, out.plan)
     m = out.plan.metrics
     assert m["saa_method"] == "saa"
@@ -125,7 +127,7 @@ def test_never_worse_than_blind_exactly(seed):
     res = solve(inst, "optimal", time_limit=HANG_GUARD)
     if res.plan is None:
         pytest.skip("infeasible instance")
-    out = plan_risk_aware(inst, time_limit=HANG_GUARD, blind=res.plan, ws_bound=False)
+    out = plan_risk_aware(inst, RunOptions(time_limit=HANG_GUARD), blind=res.plan, ws_bound=False)
     check(inst, out.plan)
     assert out.plan.metrics["saa_method"] == "exact"  # at most 7 units
     assert _exact(inst, out.plan) >= _exact(inst, res.plan) - 1e-12
@@ -134,8 +136,8 @@ def test_never_worse_than_blind_exactly(seed):
 
 def test_same_seed_same_plan_and_seed_matters_for_training_only():
     inst = risk_instance("mixed")
-    a = plan_risk_aware(inst, time_limit=HANG_GUARD, seed=3, fresh_samples=50)
-    b = plan_risk_aware(inst, time_limit=HANG_GUARD, seed=3, fresh_samples=50)
+    a = plan_risk_aware(inst, RunOptions(time_limit=HANG_GUARD, seed=3), fresh_samples=50)
+    b = plan_risk_aware(inst, RunOptions(time_limit=HANG_GUARD, seed=3), fresh_samples=50)
     assert a.plan.replicas == b.plan.replicas
     assert a.plan.metrics["saa_expected_goodput"] == b.plan.metrics["saa_expected_goodput"]
     s0 = training_scenarios(inst, samples=50, seed=0)
@@ -211,8 +213,10 @@ def test_recourse_keeps_a_plan_at_its_power_budget():
     ],
 )
 def test_bad_arguments_name_the_field(kwargs, field):
+    options = RunOptions(**{k: v for k, v in kwargs.items() if k == "time_limit"})
+    knobs = {k: v for k, v in kwargs.items() if k != "time_limit"}
     with pytest.raises(ValueError, match=field):
-        plan_risk_aware(risk_instance("pack"), **kwargs)
+        plan_risk_aware(risk_instance("pack"), options, **knobs)
 
 
 def test_unknown_instance_name():
@@ -230,7 +234,9 @@ def test_fast_scorer_equals_recourse(name):
     res = solve(inst, "ntp", time_limit=5)
     scen = training_scenarios(inst, samples=150, seed=2)
     fast = FastScorer(inst, scen)
-    aware = plan_risk_aware(inst, time_limit=HANG_GUARD, fresh_samples=0, ws_bound=False)
+    aware = plan_risk_aware(
+        inst, RunOptions(time_limit=HANG_GUARD), fresh_samples=0, ws_bound=False
+    )
     for plan in (res.plan, aware.plan):
         layout = Layout.from_plan(inst, plan)
         assert fast.eligible(layout)
@@ -265,35 +271,32 @@ def test_nominal_tolerance_bounds_the_nominal_loss(seed):
     inst = _random_risky(seed)
     res = solve(inst, "optimal", time_limit=HANG_GUARD)
     out = plan_risk_aware(
-        inst, time_limit=HANG_GUARD, blind=res.plan, nominal_tolerance=0.2, ws_bound=False
+        inst,
+        RunOptions(time_limit=HANG_GUARD),
+        blind=res.plan,
+        nominal_tolerance=0.2,
+        ws_bound=False,
     )
     nominal = check(inst, out.plan).goodput
     assert nominal >= 0.8 * res.objective * (1 - 1e-9)
     assert _exact(inst, out.plan) >= _exact(inst, res.plan) - 1e-12
 
 
-def test_outcome_is_an_outcome_checked_once(monkeypatch):
-    # a direct call returns a validated plan; solve passes validate=False and checks it itself
+def test_outcome_is_an_outcome_not_yet_checked():
+    # the planner contract: a direct call returns the plan unchecked; solve checks it
     inst = risk_instance("pack")
-    out = plan_risk_aware(inst, time_limit=HANG_GUARD, ws_bound=False)  # the bound: test_waitandsee
+    out = plan_risk_aware(inst, RunOptions(time_limit=HANG_GUARD), ws_bound=False)
     assert isinstance(out, Outcome) and out.limit == Limit.NONE
     assert not out.time_limit_hit and not out.interrupted
     assert out.evaluations == out.stats["evaluations"] > 0
-    assert out.plan.metrics["goodput"] == check(inst, out.plan).goodput
-    raw = plan_risk_aware(inst, time_limit=HANG_GUARD, validate=False, ws_bound=False)
-    assert "goodput" not in raw.plan.metrics and raw.plan.replicas == out.plan.replicas
-
-    import ntp_opt.planners.riskaware.planner as planner_mod
-
-    def refuse(*args, **kwargs):
-        raise AssertionError("solve's registry adapter must not validate")
-
-    monkeypatch.setattr(planner_mod, "certified", refuse)
+    assert "goodput" not in out.plan.metrics
+    checked = certified(inst, out.plan)
+    assert checked.metrics["goodput"] == check(inst, out.plan).goodput
     res = solve(inst, "risk-aware", time_limit=HANG_GUARD)
     assert res.plan.replicas == out.plan.replicas
     # solve attaches the same checked figures (and the wait-and-see bound's, which
     # out was asked not to compute)
-    assert {k: res.plan.metrics[k] for k in out.plan.metrics} == out.plan.metrics
+    assert {k: res.plan.metrics[k] for k in checked.metrics} == checked.metrics
     assert "ws_bound" in res.plan.metrics and "ws_bound" not in out.plan.metrics
 
 

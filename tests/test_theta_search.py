@@ -12,6 +12,7 @@ import pytest
 from ntp_opt import Instance, Job, evaluate
 from ntp_opt.model import topology
 from ntp_opt.model.plan import Plan
+from ntp_opt.planners.base import Outcome
 from ntp_opt.planners.exact import search
 from ntp_opt.planners.exact.search import solve_exact
 from tests.helpers import HANG_GUARD
@@ -68,8 +69,8 @@ def _seeds_against_brute_force(marker: str) -> int:
 def _pause_warm_starts(monkeypatch: pytest.MonkeyPatch) -> None:
     """Every warm start pauses the job: the descent raises the incumbent itself."""
 
-    def paused(instance: Instance, **_: object) -> Plan:
-        return Plan(instance.name, ())
+    def paused(instance: Instance, *_: object) -> Outcome:
+        return Outcome(Plan(instance.name, ()))
 
     for name in ("ntp_pw", "ntp", "dp_drop"):
         monkeypatch.setattr(search.baselines, name, paused)

@@ -15,6 +15,8 @@ from ntp_opt.model.plan import Plan, Replica, Stage
 from ntp_opt.planners import heuristics as baselines
 from ntp_opt.rules.validate import evaluate
 
+from .helpers import planned
+
 ROOT = Path(__file__).resolve().parent.parent
 V_BOOSTED_TP3 = 0.75 * 1.3**0.65  # 3/4 of the GPUs, power 1.3, alpha 0.65
 OPTIMUM = 2 * V_BOOSTED_TP3 / 1.01  # b = (4, 4), theta = 4 / v * (1 + rho)
@@ -80,7 +82,7 @@ def test_hand_alternatives(tiny):
 
 @pytest.mark.parametrize("planner", [baselines.dp_drop, baselines.ntp, baselines.ntp_pw])
 def test_baselines_hand(tiny, planner):
-    ev = evaluate(tiny, planner(tiny))
+    ev = evaluate(tiny, planned(planner, tiny))
     assert ev.feasible
     assert ev.goodput == pytest.approx(6 / 4)  # d2 and d1 with its straggler, b = (4, 2)
     assert ev.relative_goodput == pytest.approx(0.75)

@@ -12,7 +12,7 @@ from ntp_opt.planners import heuristics as baselines
 from ntp_opt.rules.validate import PlanError, check, evaluate, validate
 from ntp_opt.rules.violations import RULES
 
-from .helpers import make_instance
+from .helpers import make_instance, planned
 
 
 @pytest.fixture(scope="module")
@@ -23,7 +23,7 @@ def inst() -> Instance:
 
 @pytest.fixture(scope="module")
 def plan(inst: Instance) -> Plan:
-    p = baselines.ntp_pw(inst)
+    p = planned(baselines.ntp_pw, inst)
     assert validate(inst, p) == []
     assert p.n_replicas == 4
     return p
@@ -151,7 +151,7 @@ def test_batch_sum_fixed(inst, plan):
 
 def test_batch_sum_elastic():
     inst = make_instance(batch_policy="elastic", global_batch=10, max_local_batch=4)
-    plan = baselines.ntp(inst)
+    plan = planned(baselines.ntp, inst)
     assert validate(inst, plan) == []
     over = Plan(plan.instance, tuple(dataclasses.replace(r, local_batch=4) for r in plan.replicas))
     assert "batch-sum" in rules(inst, over)
@@ -201,7 +201,7 @@ def test_board_power():
 def test_rack_power():
     # racks budgeted at exactly their GPUs' TDP; two idle domains leave site headroom
     inst = make_instance(dp=3, global_batch=12)
-    plan = baselines.dp_drop(inst)
+    plan = planned(baselines.dp_drop, inst)
     assert plan.n_replicas == 3
     bad = replace_stage(plan, 0, 0, power=1.2)
     found = rules(inst, bad)
@@ -228,7 +228,7 @@ def test_site_power(inst, plan):
 
 def test_too_many_replicas():
     inst = make_instance(dp=4, dp_max=3, batch_policy="elastic")
-    plan = baselines.ntp(inst)
+    plan = planned(baselines.ntp, inst)
     assert plan.n_replicas == 3
     spare = [
         d

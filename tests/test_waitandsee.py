@@ -24,6 +24,7 @@ from ntp_opt.model.failures import failed_instance
 from ntp_opt.model.instance import Instance
 from ntp_opt.model.job import Job
 from ntp_opt.model.plan import Plan, Replica, Stage
+from ntp_opt.planners.base import RunOptions
 from ntp_opt.planners.exact.bounds import capacity_bound
 from ntp_opt.planners.riskaware import (
     plan_risk_aware,
@@ -128,7 +129,7 @@ def _exact_expected_optimum(inst: Instance) -> float:
 @pytest.mark.parametrize("seed", range(6))
 def test_risk_aware_below_exact_expected_optimum_below_wait_and_see(seed: int) -> None:
     inst = _tiny(seed)
-    out = plan_risk_aware(inst, time_limit=HANG_GUARD, ws_bound=True)
+    out = plan_risk_aware(inst, RunOptions(time_limit=HANG_GUARD), ws_bound=True)
     m = out.plan.metrics
     assert m["saa_method"] == "exact"  # the training objective is the exact expectation
     aware = expected_goodput(inst, out.plan, method="exact").mean
@@ -218,7 +219,7 @@ def test_without_exact_solves_the_cap_is_the_capacity_bound() -> None:
     assert ws.cap == pytest.approx(capacity_bound(inst), rel=1e-12)
     assert ws.bound <= ws.cap * (1 + 1e-12)  # lower tiers: smaller caps
     assert np.all(ws.scenario_bounds <= ws.cap * (1 + 1e-12))
-    out = plan_risk_aware(inst, time_limit=HANG_GUARD, ws_bound=False)
+    out = plan_risk_aware(inst, RunOptions(time_limit=HANG_GUARD), ws_bound=False)
     assert out.bound is None and "ws_bound" not in out.plan.metrics
     assert ws.bound >= out.plan.metrics["saa_expected_goodput"]
 
@@ -343,7 +344,7 @@ def test_planner_equals_enumeration_on_tiny_instances() -> None:
             (evaluate(inst, p).goodput, expected_goodput(inst, p, method="exact").mean)
             for p in _plans(inst)
         ]
-        out = plan_risk_aware(inst, time_limit=None)
+        out = plan_risk_aware(inst, RunOptions(time_limit=None))
         m = out.plan.metrics
         assert m["saa_method"] == "exact"
         nominal = evaluate(inst, out.blind).goodput
@@ -446,7 +447,7 @@ def test_power_cap_and_degraded_groups_against_enumeration(seed: int) -> None:
         p = adapt(inst, p, None)
         assert not p.replicas or evaluate(inst, p).goodput < nominal * (1 - 1e-6)
     best = max(expected_goodput(inst, p, method="exact").mean for p in kept)
-    out = plan_risk_aware(inst, time_limit=None)
+    out = plan_risk_aware(inst, RunOptions(time_limit=None))
     cap = out.plan.metrics["na_power_cap"]
     assert cap is None if boost == 0 else cap == pytest.approx(1.0)  # 3 TDPs over 3 GPUs
     assert out.bound is not None

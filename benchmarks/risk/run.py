@@ -30,6 +30,7 @@ from gaps import generated  # benchmarks/risk/gaps.py (this script's directory)
 
 from ntp_opt.model.failures import MAX_EXACT_UNITS, failure_units
 from ntp_opt.model.safeio import atomic_write
+from ntp_opt.planners.base import RunOptions
 from ntp_opt.planners.riskaware import (
     RISK_INSTANCES,
     fresh_scenarios,
@@ -38,7 +39,7 @@ from ntp_opt.planners.riskaware import (
     scenario_goodputs,
 )
 from ntp_opt.rules.expected import Z95, expected_goodput
-from ntp_opt.rules.validate import check
+from ntp_opt.rules.validate import certified, check
 
 HERE = Path(__file__).resolve().parent
 #: The generated instance of the table (``gaps.generated``).
@@ -54,9 +55,9 @@ def run(time_limit: float, fresh: int) -> list[dict[str, object]]:
         inst = generated() if name == GENERATED else risk_instance(name)
         scale = inst.job.seq_time_s / inst.job.dp
         t0 = time.perf_counter()
-        out = plan_risk_aware(inst, time_limit=time_limit, seed=0)
+        out = plan_risk_aware(inst, RunOptions(time_limit=time_limit, seed=0))
         runtime = time.perf_counter() - t0
-        blind, aware = out.blind, out.plan
+        blind, aware = out.blind, certified(inst, out.plan)
         nom_b, nom_a = check(inst, blind).goodput, check(inst, aware).goodput
         scen = fresh_scenarios(inst, fresh, seed=FRESH_SEED)
         vb = scenario_goodputs(inst, blind, scen) * scale

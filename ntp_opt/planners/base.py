@@ -1,7 +1,11 @@
-"""The one planner interface: :class:`Planner` returns an :class:`Outcome`.
+"""The one planner contract: ``planner(instance, options) -> Outcome``.
 
-Every planner :func:`ntp_opt.solve.solve` runs is a :class:`Planner`, listed
-with its properties (:class:`PlannerSpec`) in
+Every planner is a function ``name(instance: Instance, options: RunOptions =
+RunOptions(), *, <its knobs>) -> Outcome`` (a :class:`Planner` once its knobs
+are bound); the plan in the :class:`Outcome` is not yet checked: only
+:func:`ntp_opt.solve.solve` checks it (a workflow may call
+:func:`ntp_opt.rules.validate.certified` itself). Each is listed with its
+properties (:class:`PlannerSpec`, :class:`PlannerKind`) in
 :data:`ntp_opt.planners.registry.REGISTRY`.
 """
 
@@ -104,6 +108,18 @@ class Outcome:
     stats: Mapping[str, float] = field(default_factory=dict)
     layout: Layout | None = None
 
+    def require_plan(self) -> Plan:
+        """:attr:`plan`, from a planner that always returns one (a heuristic, ``fast``).
+
+        Raises
+        ------
+        ValueError
+            There is no plan.
+        """
+        if self.plan is None:
+            raise ValueError(f"no plan (limit {self.limit}, proven {self.proven})")
+        return self.plan
+
     @property
     def time_limit_hit(self) -> bool:
         """The time limit stopped the planner."""
@@ -141,6 +157,21 @@ class RunOptions:
     control: Control = field(default_factory=lambda: Control("", None, None))
 
 
+class PlannerKind(StrEnum):
+    """What :func:`ntp_opt.solve.solve` may rely on in a planner's :class:`Outcome`."""
+
+    HEURISTIC = "heuristic"
+    """Runs to the end, no bound."""
+    BOUNDED = "bounded"
+    """A heuristic with a proven bound: the plan is optimal when its checked
+    goodput reaches the bound."""
+    EXACT = "exact"
+    """An exact search: a proof, or a plan and a bound when a limit stops it."""
+    SEARCH = "search"
+    """Maximises another objective (``stats["expected_objective"]``), which
+    its bound bounds."""
+
+
 class Planner(Protocol):
     """A planner as :func:`ntp_opt.solve.solve` calls it."""
 
@@ -165,9 +196,7 @@ class PlannerSpec:
     uses_time_limit
         It uses the time limit, seed and threads (heuristics do not).
     kind
-        ``"heuristic"``, ``"bounded"`` (heuristic with a proven bound: the
-        plan is optimal when its checked goodput reaches the bound),
-        ``"exact"`` or ``"search"``.
+        :class:`PlannerKind` (a string is converted).
     backend
         Integer-programming backend of an exact planner, else ``None``.
     """
@@ -176,5 +205,8 @@ class PlannerSpec:
     description: str
     instance_bound: bool = False
     uses_time_limit: bool = False
-    kind: str = "heuristic"
+    kind: PlannerKind = PlannerKind.HEURISTIC
     backend: str | None = None
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "kind", PlannerKind(self.kind))

@@ -3,13 +3,14 @@
 Made for instances too large for the exact planner (32k–131k GPUs) and for
 re-planning: it builds a few candidate plans in array form, scores each with
 the exact batch split, turns only the best into a :class:`~ntp_opt.model.plan.Plan`
-(validated) and reports :func:`ntp_opt.planners.exact.bounds.capacity_bound` next to it.
+(checked by :func:`ntp_opt.solve.solve`) and reports
+:func:`ntp_opt.planners.exact.bounds.capacity_bound` next to it.
 
 The candidates and their scoring are in
 :mod:`ntp_opt.planners.fast_candidates`, the domains' cuts and the degree
 fits they pack in :mod:`ntp_opt.planners.fast_cuts`.
 The winner's multipliers are lowered to what its batch split uses
-(:func:`ntp_opt.planners.heuristics.trim_packed`): the same goodput, no power
+(:func:`ntp_opt.planners.packing.trim_packed`): the same goodput, no power
 spent for nothing. Deterministic: no randomness, ties broken by index.
 """
 
@@ -17,8 +18,6 @@ from __future__ import annotations
 
 import gc
 import logging
-import math
-import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 
@@ -26,12 +25,12 @@ import numpy as np
 
 from ntp_opt.model.instance import Instance
 from ntp_opt.model.plan import Plan
+from ntp_opt.planners.base import Outcome, RunOptions
 from ntp_opt.planners.exact.bounds import capacity_bound
 from ntp_opt.planners.fast_candidates import Candidate, candidates
-from ntp_opt.planners.heuristics import Packing, packing_replicas, replica_speeds, trim_packed
+from ntp_opt.planners.packing import Packing, packing_replicas, replica_speeds, trim_packed
 from ntp_opt.rules.goodput import BatchSplit, goodput
 from ntp_opt.rules.tolerances import FLOAT_NOISE
-from ntp_opt.rules.validate import certified
 
 logger = logging.getLogger(__name__)
 
@@ -99,37 +98,33 @@ def trim_degrees(
 
 
 def plan_fast(
-    instance: Instance,
-    *,
-    validate: bool = True,
-    cancel: threading.Event | None = None,
-    bound: bool = True,
-) -> tuple[Plan, float]:
-    """The best candidate plan, validated, and an upper bound on goodput.
+    instance: Instance, options: RunOptions = RunOptions(), *, bound: bool = True
+) -> Outcome:
+    """The best candidate plan (not yet checked) and an upper bound on goodput.
 
     Parameters
     ----------
     instance
         The instance.
-    validate
-        Check the plan and attach the validator's metrics (default). Only
-        :func:`ntp_opt.solve.solve`, which checks every plan itself, turns it
-        off.
-    cancel
-        Stop packing once set (:func:`candidates`); the plan is then the
-        best candidate scored so far.
+    options
+        Only its cancel token is read (``options.control.cancel``): once set,
+        packing stops (:func:`candidates`) and the plan is the best candidate
+        scored so far.
     bound
         Compute the bound (default). ``False`` (a caller with a bound of its
-        own: :func:`ntp_opt.workflows.replan.replan`) returns ``inf`` instead.
+        own: :func:`ntp_opt.workflows.replan.replan`) leaves it out.
 
     Returns
     -------
-    (Plan, float)
-        The plan (empty when every candidate pauses) and
-        :func:`~ntp_opt.planners.exact.bounds.capacity_bound` (``inf`` unless ``bound``).
+    Outcome
+        Its plan (empty when every candidate pauses; with the bound as its
+        ``bound`` metric) and its ``bound``:
+        :func:`~ntp_opt.planners.exact.bounds.capacity_bound`, or ``None``
+        unless ``bound``. :func:`ntp_opt.solve.solve` checks the plan; a
+        direct caller may call :func:`ntp_opt.rules.validate.certified`.
     """
     with gc_paused():
-        found = candidates(instance, cancel=cancel)
+        found = candidates(instance, cancel=options.control.cancel)
         logger.debug(
             "fast: %d candidates%s", len(found), f", best {found[0].name}" if found else ""
         )
@@ -137,8 +132,10 @@ def plan_fast(
             plan = _to_plan(instance, found[0])
         else:
             plan = Plan(instance.name, (), {"policy": "fast", "paused": True})
-        value = capacity_bound(instance) if bound else math.inf
-    return (certified(instance, plan) if validate else plan), value
+        if not bound:
+            return Outcome(plan)
+        value = capacity_bound(instance)
+    return Outcome(plan.with_metrics(bound=value), bound=value)
 
 
 @contextmanager

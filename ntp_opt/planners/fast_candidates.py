@@ -55,7 +55,7 @@ from ntp_opt.planners.fast_cuts import (
     replicas_needed,
     speed_aware_table,
 )
-from ntp_opt.planners.heuristics import (
+from ntp_opt.planners.packing import (
     Packing,
     boost_slowest_packed,
     domain_slot_table,

@@ -11,7 +11,7 @@ from __future__ import annotations
 import numpy as np
 
 from ntp_opt.model.instance import Instance
-from ntp_opt.planners.heuristics import (
+from ntp_opt.planners.packing import (
     Packing,
     Slot,
     SlotTable,
@@ -28,7 +28,7 @@ from ntp_opt.rules.tolerances import BUDGET_SLACK
 
 
 def speed_aware_table(instance: Instance) -> SlotTable:
-    """:func:`speed_aware_slots` as a :class:`~ntp_opt.planners.heuristics.SlotTable`.
+    """:func:`speed_aware_slots` as a :class:`~ntp_opt.planners.packing.SlotTable`.
 
     Every domain takes its next stage in the same round: one pass over the
     allowed degrees per round, vectorised over the domains.
@@ -135,7 +135,7 @@ def boost_floor(instance: Instance, groups: list[tuple[int, list[Slot]]]) -> lis
 
     :func:`ntp_opt.rules.boost.boost_floor_stages` from power 1. Under the ``fixed``
     policy goodput is set by the slowest replica, so this is the boost that
-    counts; it complements :func:`ntp_opt.planners.heuristics.boost_slowest`,
+    counts; it complements :func:`ntp_opt.planners.packing.boost_slowest`,
     which only lifts slow replicas up to nominal speed.
     """
     if not groups or not can_boost(instance):
@@ -147,7 +147,7 @@ def boost_floor(instance: Instance, groups: list[tuple[int, list[Slot]]]) -> lis
 
 
 def boost_floor_packed(instance: Instance, packing: Packing) -> np.ndarray:
-    """:func:`boost_floor` on a :class:`~ntp_opt.planners.heuristics.Packing` (R x pp)."""
+    """:func:`boost_floor` on a :class:`~ntp_opt.planners.packing.Packing` (R x pp)."""
     shape = packing.members.shape
     if len(packing) == 0 or not can_boost(instance):
         return np.ones(shape)

@@ -39,11 +39,10 @@ import logging
 import math
 import time
 
-from ntp_opt.model.control import Control
 from ntp_opt.model.instance import Instance
 from ntp_opt.model.job import Job
 from ntp_opt.model.plan import Plan
-from ntp_opt.planners.base import Limit, Outcome, stop_limit
+from ntp_opt.planners.base import Limit, Outcome, RunOptions, stop_limit
 from ntp_opt.planners.exact.search import solve_exact
 from ntp_opt.rules.validate import Violation, evaluate
 
@@ -102,27 +101,41 @@ def megatron_compatible(
     list of Violation
         Empty when the plan is expressible; rules are keys of :data:`RULES`.
     """
-    big_t = instance.job.tp
-    out: list[Violation] = []
     if not plan.replicas:
         return [Violation("megatron-empty", "the plan is the paused job: no replica to launch")]
+    out = _degree_violations(instance, plan) + _order_violations(instance, plan)
+    out += _slot_violations(instance, plan)
+    if uniform_batch:
+        out += _batch_violations(instance, plan)
+    return out
+
+
+def _degree_violations(instance: Instance, plan: Plan) -> list[Violation]:
+    """``megatron-degrees``: more than one reduced degree."""
+    big_t = instance.job.tp
     reduced = sorted({r.tp for r in plan.replicas if r.tp != big_t}, reverse=True)
-    if len(reduced) > 1:
-        where = {t: [i for i, r in enumerate(plan.replicas) if r.tp == t][:3] for t in reduced[:4]}
-        listed = ", ".join(f"TP{t} (replicas {where[t]})" for t in where)
-        out.append(
-            Violation(
-                "megatron-degrees",
-                f"reduced replicas run at {len(reduced)} TP degrees {reduced}: {listed}; "
-                f"the runtime has one tp_spares, so one reduced degree below tp_base={big_t}",
-            )
+    if len(reduced) <= 1:
+        return []
+    where = {t: [i for i, r in enumerate(plan.replicas) if r.tp == t][:3] for t in reduced[:4]}
+    listed = ", ".join(f"TP{t} (replicas {where[t]})" for t in where)
+    return [
+        Violation(
+            "megatron-degrees",
+            f"reduced replicas run at {len(reduced)} TP degrees {reduced}: {listed}; "
+            f"the runtime has one tp_spares, so one reduced degree below tp_base={big_t}",
         )
+    ]
+
+
+def _order_violations(instance: Instance, plan: Plan) -> list[Violation]:
+    """``megatron-order``: the first reduced replica after a full-TP one."""
+    big_t = instance.job.tp
     seen_full = None
     for i, r in enumerate(plan.replicas):
         if r.tp == big_t and seen_full is None:
             seen_full = i
         elif r.tp != big_t and seen_full is not None:
-            out.append(
+            return [
                 Violation(
                     "megatron-order",
                     f"replica {i} (TP{r.tp}) comes after full-TP replica {seen_full}: "
@@ -131,41 +144,51 @@ def megatron_compatible(
                     "ntp_opt.planners.megatron.megatron_order)",
                     replica=i,
                 )
-            )
-            break
+            ]
+    return []
+
+
+def _slot_violations(instance: Instance, plan: Plan) -> list[Violation]:
+    """``megatron-slots``: a world larger than the cluster's GPUs."""
+    big_t = instance.job.tp
     world = len(plan.replicas) * instance.job.pp * big_t
     n_gpus = instance.arrays.n_gpus
-    if world > n_gpus:
+    if world <= n_gpus:
+        return []
+    return [
+        Violation(
+            "megatron-slots",
+            f"the world has {len(plan.replicas)} x pp={instance.job.pp} x "
+            f"tp_base={big_t} = {world} ranks but the cluster has {n_gpus} GPUs: every "
+            "rank, inactive ones included, needs a GPU slot to be launched on (the "
+            "export can add hosts outside the cluster: --placeholder-hosts)",
+        )
+    ]
+
+
+def _batch_violations(instance: Instance, plan: Plan) -> list[Violation]:
+    """``megatron-batch`` and ``megatron-micro-batch``: one local batch, of micro-batches."""
+    out: list[Violation] = []
+    batches = sorted({r.local_batch for r in plan.replicas})
+    if len(batches) > 1:
         out.append(
             Violation(
-                "megatron-slots",
-                f"the world has {len(plan.replicas)} x pp={instance.job.pp} x "
-                f"tp_base={big_t} = {world} ranks but the cluster has {n_gpus} GPUs: every "
-                "rank, inactive ones included, needs a GPU slot to be launched on (the "
-                "export can add hosts outside the cluster: --placeholder-hosts)",
+                "megatron-batch",
+                f"local batches differ ({batches[:4]}): Megatron-LM's micro-batch "
+                "calculator gives every DP rank global_batch_size / data_parallel_size "
+                "sequences (--equal-batch: one local batch for all, power re-balanced)",
             )
         )
-    if uniform_batch:
-        batches = sorted({r.local_batch for r in plan.replicas})
-        if len(batches) > 1:
-            out.append(
-                Violation(
-                    "megatron-batch",
-                    f"local batches differ ({batches[:4]}): Megatron-LM's micro-batch "
-                    "calculator gives every DP rank global_batch_size / data_parallel_size "
-                    "sequences (--equal-batch: one local batch for all, power re-balanced)",
-                )
+    mbs = instance.job.micro_batch
+    off = [b for b in batches if b % mbs]
+    if off:
+        out.append(
+            Violation(
+                "megatron-micro-batch",
+                f"local batch {off[0]} is not a multiple of the job's micro_batch {mbs}: "
+                "Megatron-LM needs global_batch_size divisible by micro-batch size x DP",
             )
-        mbs = instance.job.micro_batch
-        off = [b for b in batches if b % mbs]
-        if off:
-            out.append(
-                Violation(
-                    "megatron-micro-batch",
-                    f"local batch {off[0]} is not a multiple of the job's micro_batch {mbs}: "
-                    "Megatron-LM needs global_batch_size divisible by micro-batch size x DP",
-                )
-            )
+        )
     return out
 
 
@@ -338,14 +361,9 @@ def _subs(instance: Instance, one_batch: bool) -> tuple[list[_Sub], list[str]]:
 
 def solve_megatron(
     instance: Instance,
-    backend: str = "cpsat",
+    options: RunOptions = RunOptions(),
     *,
-    time_limit: float | None = None,
-    threads: int = 1,
-    seed: int = 0,
-    initial_plan: Plan | None = None,
-    log: bool = False,
-    control: Control | None = None,
+    backend: str = "cpsat",
     one_batch: bool = True,
 ) -> Outcome:
     """The best plan Megatron-LM's NTP runtime can run (exact, per reduced degree).
@@ -381,20 +399,15 @@ def solve_megatron(
     instance
         The instance (power boost as its job allows; ``solve`` passes a copy
         with ``max_boost = 0`` for ``optimal-megatron-nopower``).
+    options
+        ``time_limit``: seconds for all searches together (``None``: no
+        limit), each search gets an equal share of what is left; ``threads``,
+        ``seed``: passed to the backend; ``initial_plan``: warm start (its
+        batches set to 1), used by the searches it fits; ``log``: keep the
+        search logs; ``control``: progress reports and cancel token, passed
+        to every search (once cancelled, the remaining searches are skipped).
     backend
         Integer-programming backend of the exact search.
-    time_limit
-        Seconds for all searches together (``None``: no limit); each search
-        gets an equal share of what is left.
-    threads, seed
-        Passed to the backend.
-    initial_plan
-        Warm start (its batches set to 1); used by the searches it fits.
-    log
-        Keep the search logs.
-    control
-        Progress reports and cancel token, passed to every search; once
-        cancelled, the remaining searches are skipped.
     one_batch
         Plan under one local batch (the default). ``False``: the earlier
         planner, one search per reduced degree with free batches (plans may
@@ -407,30 +420,68 @@ def solve_megatron(
         :func:`ntp_opt.planners.exact.search.solve_exact`.
     """
     start = time.perf_counter()
-    job = instance.job
-    big_t = job.tp
     subs, lines = _subs(instance, one_batch)
+    found = _Found(lines)
+    _search_subs(subs, options, backend, one_batch, start, found)
+    return _megatron_outcome(instance, subs, found, one_batch)
+
+
+@dataclasses.dataclass
+class _Found:
+    """What the sub-searches of :func:`solve_megatron` found so far."""
+
+    lines: list[str]
     best: Outcome | None = None
-    best_value = 0.0
-    bounds: list[float | None] = []
-    proven = True
-    hit = interrupted = False
-    evaluations = 0
+    best_value: float = 0.0
+    bounds: list[float | None] = dataclasses.field(default_factory=list)
+    proven: bool = True
+    hit: bool = False
+    interrupted: bool = False
+    evaluations: int = 0
+
+    def record(self, sub: _Sub, out: Outcome) -> None:
+        """Count the outcome ``out`` of the search of ``sub``; keep it if it is the best."""
+        self.evaluations += int(out.stats["evaluations"])
+        self.bounds.append(out.bound)
+        self.proven = self.proven and out.proven
+        self.hit = self.hit or out.time_limit_hit
+        self.lines.append(
+            f"{sub.label()}: goodput {out.stats['goodput']:.9g} bound {out.bound} "
+            f"proven {out.proven}"
+        )
+        logger.info("optimal-megatron: %s", self.lines[-1])
+        self.lines += [f"  {line}" for line in out.log]
+        if self.best is None or out.stats["goodput"] > self.best.stats["goodput"]:
+            self.best, self.best_value = out, float(out.stats["goodput"])
+
+
+def _search_subs(
+    subs: list[_Sub],
+    options: RunOptions,
+    backend: str,
+    one_batch: bool,
+    start: float,
+    found: _Found,
+) -> None:
+    """Run the exact search of every sub-search in turn (time shared), into ``found``."""
+    time_limit, threads, seed = options.time_limit, options.threads, options.seed
+    initial_plan, log, control = options.initial_plan, options.log, options.control
     for i, sub in enumerate(subs):
+        best, best_value = found.best, found.best_value
         if sub.cap <= best_value:  # no plan of this search beats the best one
-            bounds.append(sub.cap)
-            lines.append(f"{sub.label()}: bound {sub.cap:.9g} does not beat {best_value:.9g}")
+            found.bounds.append(sub.cap)
+            found.lines.append(f"{sub.label()}: bound {sub.cap:.9g} does not beat {best_value:.9g}")
             continue
-        if control is not None and control.cancelled and best is not None:
-            interrupted, proven = True, False
+        if control.cancelled and best is not None:
+            found.interrupted, found.proven = True, False
             break
         share = None
         if time_limit is not None:
             left = time_limit - (time.perf_counter() - start)
             if left <= 0.05:
-                hit, proven = True, False
-                bounds.append(None)
-                lines.append(f"{sub.label()}: skipped, time limit reached")
+                found.hit, found.proven = True, False
+                found.bounds.append(None)
+                found.lines.append(f"{sub.label()}: skipped, time limit reached")
                 continue
             share = left / sum(1 for s in subs[i:] if s.cap > best_value)
         out = solve_exact(
@@ -444,50 +495,52 @@ def solve_megatron(
             control=control,
             report_bounds=False,  # one search's bound is no bound for all of them
         )
-        evaluations += int(out.stats["evaluations"])
-        bounds.append(out.bound)
-        proven = proven and out.proven
-        hit = hit or out.time_limit_hit
-        lines.append(
-            f"{sub.label()}: goodput {out.stats['goodput']:.9g} bound {out.bound} "
-            f"proven {out.proven}"
-        )
-        logger.info("optimal-megatron: %s", lines[-1])
-        lines += [f"  {line}" for line in out.log]
-        if best is None or out.stats["goodput"] > best.stats["goodput"]:
-            best, best_value = out, float(out.stats["goodput"])
+        found.record(sub, out)
         if out.interrupted:
-            interrupted, proven = True, False
+            found.interrupted, found.proven = True, False
             break
+
+
+def _best_or_paused(instance: Instance, subs: list[_Sub], best: Outcome | None) -> Outcome:
+    """``best``, else ``ntp-pw``'s plan (every search skipped), else the paused job."""
     if best is None and subs:  # every search skipped: the time limit was too short
         from ntp_opt.planners.heuristics import ntp_pw
 
-        plan = ntp_pw(subs[0].instance, validate=False)
+        plan = ntp_pw(subs[0].instance).require_plan()
         if not evaluate(subs[0].instance, plan).feasible:
             plan = Plan(instance.name, ())
         best = Outcome(plan, limit=Limit.TIME, stats={"goodput": 0.0, "evaluations": 0})
     if best is None:  # nothing to search: no count takes one batch
         best = Outcome(Plan(instance.name, ()), stats={"goodput": 0.0, "evaluations": 0})
+    return best
+
+
+def _megatron_outcome(
+    instance: Instance, subs: list[_Sub], found: _Found, one_batch: bool
+) -> Outcome:
+    """The best plan found, at its one batch, reduced replicas first, and the common bound."""
+    best = _best_or_paused(instance, subs, found.best)
+    bounds = found.bounds
     bound = None
     if all(b is not None for b in bounds) and len(bounds) == len(subs):
         bound = max([b for b in bounds if b is not None] + [best.stats["goodput"]])
     assert best.plan is not None  # every search returns a plan
     plan = best.plan
     if one_batch and plan.replicas:
-        batch = launch_batch(job, len(plan.replicas))
+        batch = launch_batch(instance.job, len(plan.replicas))
         assert batch is not None  # the derived job allows only admissible counts
         plan = _at_batch(plan, batch)
-    plan = megatron_order(plan, big_t).with_metrics(policy="optimal-megatron")
+    plan = megatron_order(plan, instance.job.tp).with_metrics(policy="optimal-megatron")
     ev = evaluate(instance, plan)
     plan = plan.with_metrics(**ev.as_metrics())
-    proven = proven and bound is not None and not math.isinf(bound)
+    proven = found.proven and bound is not None and not math.isinf(bound)
     return Outcome(
         plan=plan,
         bound=bound,
         proven=proven,
-        limit=stop_limit(interrupted=interrupted, timed_out=hit, proven=proven),
-        log=tuple(lines),
-        stats={"goodput": ev.goodput, "evaluations": evaluations},
+        limit=stop_limit(interrupted=found.interrupted, timed_out=found.hit, proven=proven),
+        log=tuple(found.lines),
+        stats={"goodput": ev.goodput, "evaluations": found.evaluations},
     )
 
 

@@ -41,9 +41,9 @@ import numpy as np
 from ntp_opt.model.instance import Instance
 from ntp_opt.model.job import Job
 from ntp_opt.model.plan import Plan, Replica, Stage
-from ntp_opt.planners.heuristics import fits_at_power_one
+from ntp_opt.planners.base import Outcome, RunOptions
+from ntp_opt.planners.packing import fits_at_power_one
 from ntp_opt.rules.goodput import split_batch
-from ntp_opt.rules.validate import certified
 
 #: Rank orders of the launcher: ``"tp-dp-pp"`` is Megatron-LM's default
 #: (``order="tp-cp-ep-dp-pp"`` with no context or expert parallelism: TP ranks
@@ -205,7 +205,6 @@ def megatron_plan(
     *,
     reordered: bool = False,
     rank_order: RankOrder = "tp-dp-pp",
-    validate: bool = True,
 ) -> Plan:
     """Megatron-LM's nonuniform TP, out of the box.
 
@@ -234,16 +233,14 @@ def megatron_plan(
         Use the re-ordering launcher (see :func:`megatron_layout`).
     rank_order
         Rank order of the as-launched layout.
-    validate
-        Check the plan and attach the validator's metrics (default);
-        :func:`ntp_opt.solve.solve` checks it itself.
 
     Returns
     -------
     Plan
-        A validated plan; its metrics add ``tp_spares`` (``T`` minus the
-        common reduced degree, 0 if no replica is reduced) and
-        ``dropped_replicas``.
+        The plan, not validated (:func:`ntp_opt.solve.solve` checks it; a direct
+        caller may call :func:`ntp_opt.rules.validate.certified`); its metrics
+        add ``tp_spares`` (``T`` minus the common reduced degree, 0 if no
+        replica is reduced) and ``dropped_replicas``.
     """
     job = instance.job
     big_t = job.tp
@@ -268,7 +265,7 @@ def megatron_plan(
             "dropped_replicas": job.dp - len(replicas),
         },
     )
-    return certified(instance, plan) if validate else plan
+    return plan
 
 
 def _replica_failures(instance: Instance, layout: Layout) -> dict[int, int]:
@@ -339,40 +336,42 @@ def _nominal_replicas(
     )
 
 
-def megatron_ntp(instance: Instance, *, validate: bool = True) -> Plan:
+def megatron_ntp(instance: Instance, options: RunOptions = RunOptions()) -> Outcome:
     """Megatron-LM's nonuniform TP on the launch-time rank layout.
 
     Parameters
     ----------
     instance
         The instance.
-    validate
-        Check the plan and attach the validator's metrics (default).
+    options
+        Not read (the planner runs to the end).
 
     Returns
     -------
-    Plan
-        A validated plan (empty when the job pauses); see :func:`megatron_plan`.
+    Outcome
+        Its plan (empty when the job pauses; see :func:`megatron_plan`), not
+        yet checked: :func:`ntp_opt.solve.solve` checks it.
     """
-    return megatron_plan(instance, reordered=False, validate=validate)
+    return Outcome(megatron_plan(instance, reordered=False))
 
 
-def megatron_ntp_reordered(instance: Instance, *, validate: bool = True) -> Plan:
+def megatron_ntp_reordered(instance: Instance, options: RunOptions = RunOptions()) -> Outcome:
     """Megatron-LM's nonuniform TP after a launcher packs failed domains first.
 
     Parameters
     ----------
     instance
         The instance.
-    validate
-        Check the plan and attach the validator's metrics (default).
+    options
+        Not read (the planner runs to the end).
 
     Returns
     -------
-    Plan
-        A validated plan (empty when the job pauses); see :func:`megatron_plan`.
+    Outcome
+        Its plan (empty when the job pauses; see :func:`megatron_plan`), not
+        yet checked: :func:`ntp_opt.solve.solve` checks it.
     """
-    return megatron_plan(instance, reordered=True, validate=validate)
+    return Outcome(megatron_plan(instance, reordered=True))
 
 
 # ---------------------------------------------------------------------------

@@ -1,23 +1,25 @@
 """Every planner :func:`ntp_opt.solve.solve` accepts, as a :class:`~ntp_opt.planners.base.Planner`.
 
-The heuristics and ``fast`` are imported normally; the exact search, the
-Megatron-restricted search and the risk-aware planner when first run (a
-command that runs ``fast`` does not import them); the optional
-integer-programming backends (ortools, pulp, highspy) are imported by
-:mod:`ntp_opt.planners.exact.backends` only when used, and raise an
-:class:`ImportError` naming the missing extra.
+Each entry is a planner function itself (``(instance, options) -> Outcome``;
+:func:`functools.partial` would bind a knob other than its default), except
+the exact ones, which :class:`ExactPlanner` runs (on the instance without
+power boost for the ``-nopower`` names). The heuristics and ``fast`` are imported normally; the
+exact search, the Megatron-restricted search and the risk-aware planner when
+first run (:class:`Lazy`: a command that runs ``fast`` does not import them);
+the optional integer-programming backends (ortools, pulp, highspy) are
+imported by :mod:`ntp_opt.planners.exact.backends` only when used, and raise
+an :class:`ImportError` naming the missing extra.
 """
 
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable
-from typing import Protocol
+import importlib
+from dataclasses import dataclass
 
 from ntp_opt.model.instance import Instance
-from ntp_opt.model.plan import Plan
 from ntp_opt.planners import heuristics, peers
-from ntp_opt.planners.base import Outcome, Planner, PlannerSpec, RunOptions
+from ntp_opt.planners.base import Outcome, PlannerKind, PlannerSpec, RunOptions
 from ntp_opt.planners.fast import plan_fast
 
 
@@ -26,96 +28,100 @@ def without_power(instance: Instance) -> Instance:
     return instance.with_job(instance.job.model_copy(update={"max_boost": 0.0}))
 
 
-class Heuristic(Protocol):
-    """A heuristic: ``function(instance, validate=False)`` returns an unchecked plan."""
+@dataclass(frozen=True)
+class Lazy:
+    """The planner ``module.name``, imported when first run.
 
-    def __call__(self, instance: Instance, *, validate: bool = True) -> Plan:
-        """The plan; checked with the validator's metrics when ``validate``."""
-        ...
+    Attributes
+    ----------
+    module, name
+        Where the planner function is.
+    """
 
+    module: str
+    name: str
 
-def heuristic(function: Heuristic) -> Planner:
-    """A :class:`Planner` running ``function(instance) -> Plan`` to the end, unchecked."""
-
-    def run(instance: Instance, options: RunOptions) -> Outcome:
-        # solve checks the plan: the heuristic need not check it too
-        return Outcome(plan=function(instance, validate=False))
-
-    return run
-
-
-def fast(instance: Instance, options: RunOptions) -> Outcome:
-    """:func:`ntp_opt.planners.fast.plan_fast` as a :class:`Planner` (unchecked plan, bound)."""
-    # solve checks the plan: the planner need not check it too
-    plan, bound = plan_fast(instance, validate=False, cancel=options.control.cancel)
-    return Outcome(plan=plan.with_metrics(bound=bound), bound=bound)
+    def __call__(self, instance: Instance, options: RunOptions) -> Outcome:
+        """Run the planner on ``instance`` under ``options``."""
+        planner = getattr(importlib.import_module(self.module), self.name)
+        out: Outcome = planner(instance, options)
+        return out
 
 
-def exact(name: str, backend: str, power: bool, megatron: bool = False) -> Planner:
-    """A :class:`Planner` running the exact search (or the Megatron-restricted one)."""
+@dataclass(frozen=True)
+class ExactPlanner:
+    """The exact search (or the Megatron-restricted one) under a registered name.
 
-    def run(instance: Instance, options: RunOptions) -> Outcome:
+    Attributes
+    ----------
+    name
+        The name, written as the plan's ``policy`` metric.
+    backend
+        Integer-programming backend.
+    power
+        Power boost as the job allows; ``False``: none (:func:`without_power`).
+    megatron
+        :func:`ntp_opt.planners.megatron.solve_megatron` instead of
+        :func:`ntp_opt.planners.exact.search.solve_exact`.
+    """
+
+    name: str
+    backend: str
+    power: bool
+    megatron: bool = False
+
+    def __call__(self, instance: Instance, options: RunOptions) -> Outcome:
+        """Run the search on ``instance`` (or its copy without boost) under ``options``."""
         from ntp_opt.planners.exact.search import solve_exact
         from ntp_opt.planners.megatron import solve_megatron
 
-        search: Callable[..., Outcome] = solve_megatron if megatron else solve_exact
-        out = search(
-            instance if power else without_power(instance),
-            backend,
-            time_limit=options.time_limit,
-            threads=options.threads,
-            seed=options.seed,
-            initial_plan=options.initial_plan,
-            log=options.log,
-            control=options.control,
-        )
+        inst = instance if self.power else without_power(instance)
+        if self.megatron:
+            out = solve_megatron(inst, options, backend=self.backend)
+        else:
+            out = solve_exact(
+                inst,
+                self.backend,
+                time_limit=options.time_limit,
+                threads=options.threads,
+                seed=options.seed,
+                initial_plan=options.initial_plan,
+                log=options.log,
+                control=options.control,
+            )
         if out.plan is None:
             return out
-        plan = out.plan.with_metrics(policy=name)
+        plan = out.plan.with_metrics(policy=self.name)
         if out.bound is not None:
             plan = plan.with_metrics(bound=out.bound)
         return dataclasses.replace(out, plan=plan, log=out.log if options.log else ())
 
-    return run
-
-
-def risk_aware(instance: Instance, options: RunOptions) -> Outcome:
-    """:func:`ntp_opt.planners.riskaware.plan_risk_aware` as a :class:`Planner` (unchecked plan)."""
-    from ntp_opt.planners.riskaware import plan_risk_aware
-
-    # solve checks the plan: the planner need not check it too
-    return plan_risk_aware(
-        instance,
-        time_limit=options.time_limit,
-        seed=options.seed,
-        threads=options.threads,
-        cancel=options.control.cancel,
-        validate=False,
-    )
-
 
 def _exact(name: str, backend: str, power: bool, megatron: bool, what: str) -> PlannerSpec:
     return PlannerSpec(
-        run=exact(name, backend, power, megatron),
+        run=ExactPlanner(name, backend, power, megatron),
         description=what,
         instance_bound=power and not megatron,
         uses_time_limit=True,
-        kind="exact",
+        kind=PlannerKind.EXACT,
         backend=backend,
     )
 
 
 #: Every planner by name, in the order of :data:`ntp_opt.solve.PLANNERS`.
 REGISTRY: dict[str, PlannerSpec] = {
-    "dp-drop": PlannerSpec(heuristic(heuristics.dp_drop), "drop failed replicas (policy dp-drop)"),
-    "ntp": PlannerSpec(heuristic(heuristics.ntp), "nonuniform tensor parallelism (policy ntp)"),
-    "ntp-pw": PlannerSpec(heuristic(heuristics.ntp_pw), "ntp with power boost (policy ntp-pw)"),
-    "megatron-ntp": PlannerSpec(heuristic(peers.megatron_ntp), "Megatron-LM's NTP runtime planner"),
+    "dp-drop": PlannerSpec(heuristics.dp_drop, "drop failed replicas (policy dp-drop)"),
+    "ntp": PlannerSpec(heuristics.ntp, "nonuniform tensor parallelism (policy ntp)"),
+    "ntp-pw": PlannerSpec(heuristics.ntp_pw, "ntp with power boost (policy ntp-pw)"),
+    "megatron-ntp": PlannerSpec(peers.megatron_ntp, "Megatron-LM's NTP runtime planner"),
     "megatron-ntp-reordered": PlannerSpec(
-        heuristic(peers.megatron_ntp_reordered), "megatron-ntp with reordered replicas"
+        peers.megatron_ntp_reordered, "megatron-ntp with reordered replicas"
     ),
     "fast": PlannerSpec(
-        fast, "best of several sort-and-pack candidates, with a bound", True, False, "bounded"
+        plan_fast,
+        "best of several sort-and-pack candidates, with a bound",
+        instance_bound=True,
+        kind=PlannerKind.BOUNDED,
     ),
     "optimal": _exact("optimal", "cpsat", True, False, "exact (CP-SAT)"),
     "optimal-nopower": _exact("optimal-nopower", "cpsat", False, False, "exact, no boost"),
@@ -129,6 +135,9 @@ REGISTRY: dict[str, PlannerSpec] = {
         "optimal-megatron-nopower", "cpsat", False, True, "exact, Megatron runnable, no boost"
     ),
     "risk-aware": PlannerSpec(
-        risk_aware, "maximise expected goodput after recourse", False, True, "search"
+        Lazy("ntp_opt.planners.riskaware", "plan_risk_aware"),
+        "maximise expected goodput after recourse",
+        uses_time_limit=True,
+        kind=PlannerKind.SEARCH,
     ),
 }

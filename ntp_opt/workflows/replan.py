@@ -16,7 +16,7 @@ migrate. Up to three plans are compared:
   the events touched (:func:`ntp_opt.planners.swaps.improve`): a damaged domain joins
   an already reduced replica, a spare domain comes in, a repaired replica
   returns to a higher degree. Each swap moves about two stages.
-* **global**: the :func:`ntp_opt.fast.plan_fast` plan of the new instance,
+* **global**: the :func:`ntp_opt.planners.fast.plan_fast` plan of the new instance,
   with its replicas and stages renumbered to overlap the running plan as
   much as possible (:func:`align`).
 
@@ -276,7 +276,7 @@ def reboost(instance: Instance, plan: Plan) -> Plan:
 
     Tries the plan's own multipliers, the boost of the replicas slower than
     nominal (:func:`ntp_opt.rules.boost.boost_stages`, as
-    :func:`ntp_opt.planners.heuristics.boost_slowest`) and the common-speed
+    :func:`ntp_opt.planners.packing.boost_slowest`) and the common-speed
     boost (:func:`ntp_opt.rules.boost.boost_floor_stages`, as
     :func:`ntp_opt.planners.fast_cuts.boost_floor`), on the plan's
     :class:`~ntp_opt.rules.boost.Stages`; keeps the best. No GPU moves. Used
@@ -518,7 +518,7 @@ def _add_global(step: _Step) -> None:
     from ntp_opt.planners.fast import plan_fast
 
     new_inst = step.new_inst
-    fresh, _ = plan_fast(new_inst, validate=False, bound=False)
+    fresh = plan_fast(new_inst, bound=False).require_plan()
     fresh, fresh_lay = _aligned(new_inst, step.state.plan, fresh, step.state.assignment, None)
     step.add("global", fresh, check(new_inst, fresh), fresh_lay)
 

@@ -29,7 +29,7 @@ examples:
   ntp-opt import slurm --topology topology.yaml --nodes nodes.txt \\
       --job job.json -o my.json           from a real cluster (also: import k8s)
   ntp-opt info my.json                       what is in it
-  ntp-opt solve my.json --policy ntp-pw -o plan.json
+  ntp-opt solve my.json --planner ntp-pw -o plan.json
   ntp-opt compare my.json                    every policy side by side
   ntp-opt validate my.json plan.json         exit 1 if the plan breaks a rule
   ntp-opt evaluate my.json plan.json --json  recomputed goodput

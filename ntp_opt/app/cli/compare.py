@@ -53,7 +53,7 @@ def _progress_bar(quiet: bool) -> Any:
 
 def run(args: argparse.Namespace) -> int:
     con = make_console()
-    policies = args.policies.split(",") if args.policies else list(POLICIES)
+    policies = args.planners.split(",") if args.planners else list(POLICIES)
     unknown = [p for p in policies if p not in PLANNERS]
     if unknown:
         raise ValueError(f"unknown policies {unknown}; known: {', '.join(PLANNERS)}")
@@ -106,9 +106,11 @@ def run(args: argparse.Namespace) -> int:
 
 def add_parser(sub: Any) -> None:
     """The ``ntp-opt compare`` subcommand."""
-    c = sub.add_parser("compare", help="relative goodput of several policies on instances")
+    c = sub.add_parser("compare", help="relative goodput of several planners on instances")
     c.add_argument("instances", nargs="+")
-    c.add_argument("--policies", help=f"comma-separated (default {','.join(POLICIES)})")
+    c.add_argument("--planners", help=f"comma-separated (default {','.join(POLICIES)})")
+    # the option's name before issue 34, kept for old scripts
+    c.add_argument("--policies", dest="planners", help=argparse.SUPPRESS)
     c.add_argument(
         "--time-limit", type=float, default=60.0, help="seconds per exact solve (default 60)"
     )

@@ -237,9 +237,9 @@ def _live(status: StatusLine | None) -> Iterator[Callable[[SolveProgress], None]
 
 
 def run(args: argparse.Namespace) -> int:
-    if args.policy == "all" and args.output:
+    if args.planner == "all" and args.output:
         raise ValueError(
-            "-o/--output writes one plan: name one --policy (see `ntp-opt compare` "
+            "-o/--output writes one plan: name one --planner (see `ntp-opt compare` "
             "for every policy side by side)"
         )
     if args.output:  # refuse an unsafe output before any work
@@ -248,12 +248,12 @@ def run(args: argparse.Namespace) -> int:
         instance = load_instance(args.instance)
     con = make_console()
     con.print(instance_line(instance))
-    policies = list(POLICIES) if args.policy == "all" else [args.policy]
-    if args.policy == "all":
+    policies = list(POLICIES) if args.planner == "all" else [args.planner]
+    if args.planner == "all":
         con.print(
-            f"--policy all runs the {len(POLICIES)} policies of docs/model.md section 5: "
+            f"--planner all runs the {len(POLICIES)} policies of docs/model.md section 5: "
             f"{', '.join(POLICIES)} (any of the {len(PLANNERS)} planners by name: "
-            "--policy NAME)",
+            "--planner NAME)",
             markup=False,
         )
     rows = []
@@ -300,15 +300,17 @@ def run(args: argparse.Namespace) -> int:
 
 def add_parser(sub: Any) -> None:
     """The ``ntp-opt solve`` subcommand."""
-    s = sub.add_parser("solve", help="plan an instance with a policy")
+    s = sub.add_parser("solve", help="plan an instance with a planner")
     s.add_argument("instance")
     s.add_argument(
-        "--policy",
+        "--planner",
         default="ntp-pw",
         choices=[*PLANNERS, "all"],
         help="planner (default ntp-pw, the quick heuristic; Python's solve() defaults to "
         f"optimal); 'all' runs the policies {','.join(POLICIES)}",
     )
+    # the option's name before issue 34, kept for old scripts
+    s.add_argument("--policy", dest="planner", choices=[*PLANNERS, "all"], help=argparse.SUPPRESS)
     s.add_argument("-o", "--output", help="write the plan here")
     s.add_argument(
         "--time-limit", type=float, default=60.0, help="seconds for exact planners (default 60)"

@@ -158,8 +158,8 @@ def run(args: argparse.Namespace) -> int:
     """Run ``ntp-opt watch``."""
     from ntp_opt.solve import PLANNERS
 
-    if args.policy not in PLANNERS:
-        raise ValueError(f"--policy: unknown planner {args.policy!r} ({', '.join(PLANNERS)})")
+    if args.planner not in PLANNERS:
+        raise ValueError(f"--planner: unknown planner {args.planner!r} ({', '.join(PLANNERS)})")
     if args.flap_count < 1:
         raise ValueError(f"--flap-count: must be at least 1, got {args.flap_count}")
     if args.max_polls is not None and args.max_polls < 1:
@@ -173,7 +173,7 @@ def run(args: argparse.Namespace) -> int:
     settings = Settings(
         out=out,
         interval=args.interval,
-        planner=args.policy,
+        planner=args.planner,
         time_limit=args.time_limit,
         mode=args.mode,
         tolerance=args.tolerance,
@@ -248,11 +248,12 @@ def _input_options(p: argparse.ArgumentParser) -> None:
 def _planning_options(p: argparse.ArgumentParser) -> None:
     """The planner of fresh solves and the re-planner's mode and tolerance."""
     p.add_argument(
-        "--policy",
+        "--planner",
         default="fast",
         metavar="P",
         help="planner of fresh solves (default fast; see ntp-opt solve --help)",
     )
+    p.add_argument("--policy", dest="planner", help=argparse.SUPPRESS)  # before issue 34
     p.add_argument(
         "--time-limit",
         type=seconds_arg,

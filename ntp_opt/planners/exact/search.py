@@ -69,7 +69,7 @@ from ntp_opt.rules.tolerances import (
     PROBE_STEP,
     REL_TOL,
 )
-from ntp_opt.rules.validate import evaluate
+from ntp_opt.rules.validate import certified, evaluate
 
 logger = logging.getLogger(__name__)
 
@@ -736,7 +736,7 @@ def _fast_plan(instance: Instance) -> Plan:
     """``fast``'s plan (not validated: the caller evaluates it)."""
     from ntp_opt.planners.fast import plan_fast
 
-    return plan_fast(instance, validate=False)[0]
+    return plan_fast(instance, bound=False).require_plan()
 
 
 #: Domains in multi-domain units (racks shared by several domains, NVL8) above which
@@ -1160,7 +1160,11 @@ def solve_exact(
     start = time.perf_counter()
     deadline = None if time_limit is None else start + time_limit
     prep = prepare(instance)
-    starts = [baselines.ntp_pw(instance), baselines.ntp(instance), baselines.dp_drop(instance)]
+    starts = [  # checked: the baselines' plans are not
+        certified(instance, baselines.ntp_pw(instance).require_plan()),
+        certified(instance, baselines.ntp(instance).require_plan()),
+        certified(instance, baselines.dp_drop(instance).require_plan()),
+    ]
     if initial_plan is not None:
         starts.insert(0, initial_plan)
     if len(instance.arrays.speed) >= FAST_WARM_GPUS:

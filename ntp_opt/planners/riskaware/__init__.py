@@ -33,8 +33,8 @@ summed failure probability of the GPUs in use):
 Moves keep each stage's power multiplier; a move that breaks a rack or site
 budget, or puts a boosted stage on a board that does not accept its power
 (``max_power_w``), is rejected. Batches are re-split exactly after every move. The final
-plan passes :func:`ntp_opt.rules.validate.check` (in :func:`ntp_opt.solve.solve`, or
-here with ``validate=True``); its metrics carry the training
+plan passes :func:`ntp_opt.rules.validate.check` in :func:`ntp_opt.solve.solve`
+(the planner returns it unchecked); its metrics carry the training
 objective (``saa_expected_goodput``, ``saa_method``) and an estimate on
 *fresh* scenarios the search never saw (``expected_goodput``,
 ``expected_method``, ``expected_ci_low``, ``expected_ci_high``). See

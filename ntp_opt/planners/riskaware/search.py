@@ -12,6 +12,7 @@ in use.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import threading
 import time
 from dataclasses import dataclass
@@ -164,6 +165,15 @@ def _with_stages(layout: Layout, changes: list[tuple[int, int, np.ndarray, float
     return dataclasses.replace(layout, domain=domain, gpus=gpus, power=power)
 
 
+def _stage_key(s: Search, layout: Layout, speed_first: bool, k: int) -> tuple[float, ...]:
+    """Sort key of stage ``k`` in :func:`_regroup` (then domain and first GPU: no ties)."""
+    g = layout.stage_gpus(k)
+    eff = float(layout.power[k]) ** s.job.power_exponent * float(s.a.speed[g].min())
+    risk = s.gpus_risk(g)
+    head = (-eff, -risk) if speed_first else (-risk, -eff)
+    return (*head, int(layout.domain[k]), int(g[0]))
+
+
 def _regroup(s: Search, layout: Layout, speed_first: bool) -> Layout:
     """Inside each degree, stages sorted and grouped ``pp`` at a time.
 
@@ -173,19 +183,11 @@ def _regroup(s: Search, layout: Layout, speed_first: bool) -> Layout:
     come in decreasing degree.
     """
     pp = s.job.pp
-    alpha = s.job.power_exponent
     by_tp: dict[int, list[int]] = {}
     degree = layout.degree.tolist()
     for k, r in enumerate(layout.replica.tolist()):
         by_tp.setdefault(degree[r], []).append(k)
-
-    def key(k: int) -> tuple[float, ...]:
-        g = layout.stage_gpus(k)
-        eff = float(layout.power[k]) ** alpha * float(s.a.speed[g].min())
-        risk = s.gpus_risk(g)
-        head = (-eff, -risk) if speed_first else (-risk, -eff)
-        return (*head, int(layout.domain[k]), int(g[0]))
-
+    key = functools.partial(_stage_key, s, layout, speed_first)
     order: list[int] = []
     replica: list[int] = []
     stage: list[int] = []
