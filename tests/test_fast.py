@@ -9,7 +9,8 @@ from hypothesis import given, settings
 
 from ntp_opt import Instance, Job, evaluate, solve
 from ntp_opt.model import topology
-from ntp_opt.planners.exact.bounds import capacity_bound, gpu_bound, stage_bound
+from ntp_opt.planners.bounds.capacity import capacity_bound, gpu_bound
+from ntp_opt.planners.bounds.stage import stage_bound
 from ntp_opt.planners.fast import candidates, plan_fast, speed_aware_slots
 
 from .bruteforce import brute_force

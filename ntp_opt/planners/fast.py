@@ -3,7 +3,7 @@
 Made for instances too large for the exact planner (32k–131k GPUs) and for
 re-planning: it builds a few candidate plans in array form, scores each with
 the exact batch split, turns only the best into a :class:`~ntp_opt.model.plan.Plan`
-(validated) and reports :func:`ntp_opt.planners.exact.bounds.capacity_bound` next to it.
+(validated) and reports :func:`ntp_opt.planners.bounds.capacity.capacity_bound` next to it.
 
 Candidates (each packed by sorted grouping, see ``docs/milp.md``):
 
@@ -59,7 +59,7 @@ import numpy as np
 
 from ntp_opt.model.instance import Instance
 from ntp_opt.model.plan import Plan
-from ntp_opt.planners.exact.bounds import capacity_bound
+from ntp_opt.planners.bounds import capacity_bound
 from ntp_opt.planners.heuristics import (
     Packing,
     Slot,
@@ -822,7 +822,7 @@ def plan_fast(
     -------
     (Plan, float)
         The plan (empty when every candidate pauses) and
-        :func:`~ntp_opt.planners.exact.bounds.capacity_bound` (``inf`` unless ``bound``).
+        :func:`~ntp_opt.planners.bounds.capacity.capacity_bound` (``inf`` unless ``bound``).
     """
     with gc_paused():
         found = candidates(instance, cancel=cancel)

@@ -39,9 +39,9 @@ from ntp_opt.model.layout import Layout
 from ntp_opt.model.plan import Plan
 from ntp_opt.planners import heuristics as baselines
 from ntp_opt.planners.base import Limit, Outcome, stop_limit
+from ntp_opt.planners.bounds import capacity_bound, stage_bound
 from ntp_opt.planners.exact.backends import solve_or_highs, solve_program
 from ntp_opt.planners.exact.backends.base import RelaxingBackend, registered
-from ntp_opt.planners.exact.bounds import capacity_bound, stage_bound
 from ntp_opt.planners.exact.colgen import ColumnGeneration, column_generation_for
 from ntp_opt.planners.exact.model import (
     MAX_CONFIGS,
@@ -695,7 +695,7 @@ def _case_bound(s: _Search, degrees: tuple[int, ...]) -> float:
 def _drop_bounded_cases(
     s: _Search, cases: list[tuple[tuple[int, ...], float]]
 ) -> tuple[list[tuple[tuple[int, ...], float]], float]:
-    """Per case, its capacity bound (:func:`~ntp_opt.planners.exact.bounds.stage_bound`
+    """Per case, its capacity bound (:func:`~ntp_opt.planners.bounds.stage.stage_bound`
     restricted to the case's plans); a case whose bound is within the tolerance of
     the incumbent is not searched. Returns the cases to search and the largest bound
     of those left out (``0.0``: none)."""
