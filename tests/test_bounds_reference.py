@@ -4,7 +4,7 @@
 call per Lagrangian step, ``np.unique(axis=0)`` for the domain classes);
 :mod:`ntp_opt.planners.bounds` batches the same steps. Both must give
 the same float on random instances and on bundled ones, and
-:func:`ntp_opt.planners.exact.model.tighten` must give what the per-stage
+:func:`ntp_opt.planners.exact.tighten.tighten` must give what the per-stage
 ``np.add.at`` loop gave.
 """
 
@@ -22,7 +22,8 @@ from ntp_opt.model import topology
 from ntp_opt.model.files import load_instance
 from ntp_opt.planners.bounds import batched, capacity, case, stage
 from ntp_opt.planners.bounds import rows as bound_rows
-from ntp_opt.planners.exact.model import StagePick, prepare, tighten
+from ntp_opt.planners.exact.model import StagePick, prepare
+from ntp_opt.planners.exact.tighten import tighten
 from ntp_opt.rules.tolerances import BISECT_TOL, BUDGET_SLACK, TIGHTEN_TOL
 
 from . import bounds_reference as ref
@@ -141,7 +142,7 @@ def test_domain_classes_are_np_unique_rows(seed):
 
 
 def _tighten_reference(prep, stages, theta):
-    """model.tighten as first written: one np.add.at per stage."""
+    """tighten.tighten as first written: one np.add.at per stage."""
     inst = prep.instance
     job = inst.job
     a = inst.arrays
