@@ -63,7 +63,7 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-from ntp_opt.model.instance import Instance
+from ntp_opt.model.instance import ClusterArrays, Instance
 from ntp_opt.planners.exact.choice import ChoiceDomain, choice_groups
 from ntp_opt.rules.power import fits_mw, floor_mw, idle_draw, site_idle_draw
 
@@ -223,7 +223,7 @@ def _find(parent: list[int], i: int) -> int:
     return i
 
 
-def _power_units(a: Any) -> dict[int, list[int]]:
+def _power_units(a: ClusterArrays) -> dict[int, list[int]]:
     """Power units: union-find over domains joined by shared racks (root -> domains)."""
     parent = list(range(a.n_domains))
     rack_first: dict[int, int] = {}
