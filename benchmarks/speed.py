@@ -22,7 +22,7 @@ Sections (``SECTIONS``; one function each, returning Markdown lines):
 * ``fast``: per instance, the floor, :func:`ntp_opt.model.files.load_instance`
   (with the arrays compiled), and :func:`ntp_opt.planners.fast.plan_fast`
   without validation (the planner's own time, as :func:`ntp_opt.solve.solve`
-  runs it), of which :func:`ntp_opt.planners.exact.bounds.capacity_bound`.
+  runs it), of which :func:`ntp_opt.planners.bounds.capacity.capacity_bound`.
 
 * ``replan``: one event re-planned by a :class:`ntp_opt.workflows.replan.Replanner`
   (the running plan checked once, events applied to its layout), 20 events
@@ -81,7 +81,7 @@ from typing import Any
 from ntp_opt.model.files import load_instance
 from ntp_opt.model.instance import Instance
 from ntp_opt.model.safeio import atomic_write
-from ntp_opt.planners.exact.bounds import capacity_bound
+from ntp_opt.planners.bounds import capacity_bound
 from ntp_opt.planners.fast import plan_fast
 from ntp_opt.rules.validate import certified
 

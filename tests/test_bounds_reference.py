@@ -2,9 +2,9 @@
 
 ``tests/bounds_reference.py`` keeps the bounds as first written (one numpy
 call per Lagrangian step, ``np.unique(axis=0)`` for the domain classes);
-:mod:`ntp_opt.planners.exact.bounds` batches the same steps. Both must give
+:mod:`ntp_opt.planners.bounds` batches the same steps. Both must give
 the same float on random instances and on bundled ones, and
-:func:`ntp_opt.planners.exact.model.tighten` must give what the per-stage
+:func:`ntp_opt.planners.exact.tighten.tighten` must give what the per-stage
 ``np.add.at`` loop gave.
 """
 
@@ -20,8 +20,10 @@ from hypothesis import given, settings
 from ntp_opt import Instance, Job
 from ntp_opt.model import topology
 from ntp_opt.model.files import load_instance
-from ntp_opt.planners.exact import bounds
-from ntp_opt.planners.exact.model import StagePick, prepare, tighten
+from ntp_opt.planners.bounds import batched, capacity, case, stage
+from ntp_opt.planners.bounds import rows as bound_rows
+from ntp_opt.planners.exact.model import StagePick, prepare
+from ntp_opt.planners.exact.tighten import tighten
 from ntp_opt.rules.tolerances import BISECT_TOL, BUDGET_SLACK, TIGHTEN_TOL
 
 from . import bounds_reference as ref
@@ -33,9 +35,9 @@ ROOT = Path(__file__).resolve().parent.parent
 
 
 def _assert_same(inst: Instance) -> None:
-    assert bounds.stage_bound(inst) == ref.stage_bound(inst)
-    assert bounds.gpu_bound(inst) == ref.gpu_bound(inst)
-    assert bounds.capacity_bound(inst) == ref.capacity_bound(inst)
+    assert stage.stage_bound(inst) == ref.stage_bound(inst)
+    assert capacity.gpu_bound(inst) == ref.gpu_bound(inst)
+    assert capacity.capacity_bound(inst) == ref.capacity_bound(inst)
 
 
 def mixed_instance(seed: int) -> Instance:
@@ -97,11 +99,11 @@ def test_sparse_powers_equal_the_reference(seed, monkeypatch):
     # the dual's powers taken only between the clips (large batches) on every
     # batch, and the plain ones on none: both give the reference's floats
     inst = mixed_instance(seed)
-    monkeypatch.setattr(bounds, "_SPARSE_POWERS", 0)
-    monkeypatch.setattr(bounds, "_PY_MIDPOINTS", 0)  # and every midpoint from numpy
+    monkeypatch.setattr(case, "_SPARSE_POWERS", 0)
+    monkeypatch.setattr(batched, "_PY_MIDPOINTS", 0)  # and every midpoint from numpy
     _assert_same(inst)
-    monkeypatch.setattr(bounds, "_SPARSE_POWERS", 10**12)
-    monkeypatch.setattr(bounds, "_PY_MIDPOINTS", 10**12)  # and from Python
+    monkeypatch.setattr(case, "_SPARSE_POWERS", 10**12)
+    monkeypatch.setattr(batched, "_PY_MIDPOINTS", 10**12)  # and from Python
     _assert_same(inst)
 
 
@@ -130,17 +132,17 @@ def test_domain_classes_are_np_unique_rows(seed):
     rng = np.random.default_rng(seed)
     base = rng.choice([0.0, -0.0, 0.5, 1.0, 2.0], size=(int(rng.integers(1, 6)), 5))
     key = base[rng.integers(0, len(base), size=int(rng.integers(1, 300)))]
-    rows, counts = bounds._unique_rows(key)
+    rows, counts = bound_rows._unique_rows(key)
     want_rows, want_counts = np.unique(key, axis=0, return_counts=True)
     assert rows.tolist() == want_rows.tolist()
     assert counts.tolist() == want_counts.tolist()
-    got = bounds.DomainRows(key, 5)  # and each row's class
+    got = bound_rows.DomainRows(key, 5)  # and each row's class
     assert got.classes()[0].tolist() == want_rows.tolist()
     assert (got.classes()[0][got.domain_class()] == key).all()
 
 
 def _tighten_reference(prep, stages, theta):
-    """model.tighten as first written: one np.add.at per stage."""
+    """tighten.tighten as first written: one np.add.at per stage."""
     inst = prep.instance
     job = inst.job
     a = inst.arrays

@@ -18,16 +18,10 @@ from ntp_opt import Instance, Job, solve, validate
 from ntp_opt.model import topology
 from ntp_opt.planners.exact import choice, search
 from ntp_opt.planners.exact.backends import available_backends, solve_program
+from ntp_opt.planners.exact.capacity import build_capacity, iter_stages, level_floor
 from ntp_opt.planners.exact.colgen import ColumnGeneration, column_generation_available
-from ntp_opt.planners.exact.model import (
-    NoClusterGraph,
-    build_capacity,
-    domain_configs,
-    iter_stages,
-    level_floor,
-    prepare,
-    rack_relaxed,
-)
+from ntp_opt.planners.exact.configs import domain_configs
+from ntp_opt.planners.exact.model import NoClusterGraph, prepare, rack_relaxed
 from ntp_opt.planners.exact.search import solve_exact
 from tests.helpers import HANG_GUARD
 
@@ -230,7 +224,7 @@ def tp36_like(seed: int) -> Instance:
     """Two NVL36x2-like domains of 8 GPUs, each across two racks of 4 (own budgets),
     TP4 with TP3 allowed: at most two stages per domain, as TP36 on NVL36x2. Up to
     one failed GPU and one straggler; a fixed batch at or one below ``dp_max M``
-    (every replica then carries ``M`` or ``M - 1``: :func:`model.level_floor` > 1),
+    (every replica then carries ``M`` or ``M - 1``: :func:`capacity.level_floor` > 1),
     or elastic with boost."""
     rng = np.random.default_rng(1000 + seed)
     g = topology.build_cluster(2, 8, 2, 2, rack_power_factor=float(rng.choice([1.0, 1.1, 1.25])))

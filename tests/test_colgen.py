@@ -1,6 +1,6 @@
 """Column generation (ntp_opt/planners/exact/colgen.py) against the full capacity program.
 
-On instances where every configuration can be listed (model.domain_configs),
+On instances where every configuration can be listed (configs.domain_configs),
 the generated program must give the same C(theta'), its LP bound must never
 be below the integer value, and the pricing search must find the same best
 configuration as a scan of every configuration.
@@ -18,6 +18,7 @@ from ntp_opt import Instance, Job, solve
 from ntp_opt.model import topology
 from ntp_opt.planners.exact import colgen
 from ntp_opt.planners.exact.backends import available_backends, solve_program
+from ntp_opt.planners.exact.capacity import build_capacity, iter_stages
 from ntp_opt.planners.exact.colgen import (
     ColumnGeneration,
     Pricing,
@@ -27,13 +28,8 @@ from ntp_opt.planners.exact.colgen import (
     owner_domain,
     owners,
 )
-from ntp_opt.planners.exact.model import (
-    WHOLE_UNIT,
-    build_capacity,
-    domain_configs,
-    iter_stages,
-    prepare,
-)
+from ntp_opt.planners.exact.configs import domain_configs
+from ntp_opt.planners.exact.model import WHOLE_UNIT, prepare
 from tests.helpers import HANG_GUARD
 
 from .bruteforce import brute_force
@@ -338,10 +334,10 @@ def dgx_like_instance(seed: int) -> Instance:
 
 @pytest.mark.parametrize("seed", range(12))
 def test_merged_program_equals_full_program(seed):
-    """model.merged_capacity (racks merged, dominated levels dropped, stages serving
+    """merged.merged_capacity (racks merged, dominated levels dropped, stages serving
     lower levels) is a relaxation of the capacity program, and in fact the same
     optimum: checked against the full program (CP-SAT) at step times across the range."""
-    from ntp_opt.planners.exact.model import merged_capacity
+    from ntp_opt.planners.exact.merged import merged_capacity
 
     inst = dgx_like_instance(seed) if seed % 2 else small_instance(3 + 5 * (seed // 2))
     prep = prepare(inst)
@@ -360,7 +356,7 @@ def test_merged_program_equals_full_program(seed):
 
 def test_merged_program_is_smaller_on_identical_racks():
     """Identical racks are one class: the program does not grow with their number."""
-    from ntp_opt.planners.exact.model import merged_capacity
+    from ntp_opt.planners.exact.merged import merged_capacity
 
     sizes = []
     for n_racks in (2, 6):

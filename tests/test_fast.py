@@ -9,7 +9,8 @@ from hypothesis import given, settings
 
 from ntp_opt import Instance, Job, evaluate, solve
 from ntp_opt.model import topology
-from ntp_opt.planners.exact.bounds import capacity_bound, gpu_bound, stage_bound
+from ntp_opt.planners.bounds.capacity import capacity_bound, gpu_bound
+from ntp_opt.planners.bounds.stage import stage_bound
 from ntp_opt.planners.fast import plan_fast
 from ntp_opt.planners.fast_candidates import candidates
 from ntp_opt.planners.fast_cuts import speed_aware_slots

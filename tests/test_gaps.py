@@ -12,8 +12,9 @@ from ntp_opt import Instance, Job, evaluate, solve
 from ntp_opt.model import topology
 from ntp_opt.planners.exact import search
 from ntp_opt.planners.exact.backends import solve_program
+from ntp_opt.planners.exact.capacity import build_capacity
 from ntp_opt.planners.exact.colgen import column_generation_available, owners
-from ntp_opt.planners.exact.model import WHOLE_UNIT, build_capacity, prepare
+from ntp_opt.planners.exact.model import WHOLE_UNIT, prepare
 from tests.helpers import HANG_GUARD
 
 from .bruteforce import brute_force
@@ -227,7 +228,7 @@ def test_open_generated_programs_are_settled_by_the_full_program(monkeypatch):
 
 @needs_colgen
 def test_open_generated_programs_are_settled_by_the_merged_program(monkeypatch):
-    # the same weakened oracle: the merged program (model.merged_capacity, racks of
+    # the same weakened oracle: the merged program (merged.merged_capacity, racks of
     # interchangeable units merged) settles where the generated one stays open, and
     # every seed is proven at the brute force's optimum (its bound is valid)
     settled = 0

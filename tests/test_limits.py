@@ -16,7 +16,8 @@ import pytest
 from ntp_opt.app.cli import main
 from ntp_opt.model.files import load_instance
 from ntp_opt.model.instance import Instance
-from ntp_opt.planners.exact import model
+from ntp_opt.planners.exact import capacity, model
+from ntp_opt.planners.exact import configs as exact_configs
 from ntp_opt.planners.exact.search import solve_exact
 from ntp_opt.rules import goodput as gp
 from ntp_opt.rules.validate import evaluate
@@ -39,35 +40,35 @@ def test_batch_levels_listed_do_not_grow_with_the_batch(batch: int) -> None:
     prep = model.prepare(_tiny(batch))
     d0 = prep.domains[0]
     assert len(d0.gpus) == 3
-    configs = model.domain_configs(prep, d0, 1, 10.0, (3, 4))
+    configs = exact_configs.domain_configs(prep, d0, 1, 10.0, (3, 4))
     assert [c.stages[0].b for c in configs[1:]] == [8, 7, 6, 5, 4, 3, 2, 1]
-    assert model.max_level(prep, 3, 1.0, 10.0) in (8, 9)  # exact, or one above
+    assert exact_configs.max_level(prep, 3, 1.0, 10.0) in (8, 9)  # exact, or one above
 
 
 def test_too_many_levels_refused_before_listing() -> None:
     # theta' = 1e6: about 889,000 levels for one stage, far above MAX_CONFIGS
     prep = model.prepare(_tiny(10**7))
     calls = 0
-    real = model.stage_power
+    real = exact_configs.stage_power
 
     def counting(*args: object) -> float | None:
         nonlocal calls
         calls += 1
         return real(*args)  # type: ignore[arg-type]
 
-    model.stage_power = counting  # type: ignore[assignment]
+    exact_configs.stage_power = counting  # type: ignore[assignment]
     try:
         with pytest.raises(model.ModelTooLarge):
-            model.domain_configs(prep, prep.domains[0], 1, 1e6, (3, 4))
+            exact_configs.domain_configs(prep, prep.domains[0], 1, 1e6, (3, 4))
     finally:
-        model.stage_power = real  # type: ignore[assignment]
+        exact_configs.stage_power = real  # type: ignore[assignment]
     assert calls == 0  # refused without trying a single level
 
 
 def test_a_passed_deadline_stops_building() -> None:
     prep = model.prepare(_tiny(8))
     with pytest.raises(model.DeadlineReached):
-        model.build_capacity(prep, 10.0, (3, 4), deadline=time.perf_counter() - 1.0)
+        capacity.build_capacity(prep, 10.0, (3, 4), deadline=time.perf_counter() - 1.0)
 
 
 def test_exact_search_with_no_time_left_returns_a_valid_plan() -> None:

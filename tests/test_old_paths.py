@@ -59,7 +59,6 @@ OLD_TO_NEW = {
     "ntp_opt.importers.slurm": "ntp_opt.app.importers.slurm",
     "ntp_opt.milp": "ntp_opt.planners.exact",
     "ntp_opt.milp.backends": "ntp_opt.planners.exact.backends",
-    "ntp_opt.milp.bounds": "ntp_opt.planners.exact.bounds",
     "ntp_opt.milp.model": "ntp_opt.planners.exact.model",
     "ntp_opt.milp.program": "ntp_opt.planners.exact.program",
     "ntp_opt.milp.search": "ntp_opt.planners.exact.search",

@@ -19,8 +19,8 @@ from ntp_opt.model.files import InputError, instance_from_dict, instance_to_dict
 from ntp_opt.model.instance import Instance
 from ntp_opt.model.job import Job
 from ntp_opt.model.topology import TopologyError, check_topology
+from ntp_opt.planners.bounds import capacity_bound
 from ntp_opt.planners.exact.backends import available_backends
-from ntp_opt.planners.exact.bounds import capacity_bound
 from ntp_opt.rules.recourse import adapt
 from ntp_opt.solve import EXACT, PLANNERS
 from ntp_opt.workflows.replan import ClusterEvent, reboost, replan

@@ -201,7 +201,7 @@ def test_recourse_plans_are_feasible_and_below_the_bound(inst, planner, data):
     passes the validator on the failed instance, its goodput is what
     goodput_after reports, and no more than the failed instance's bound."""
     from ntp_opt import solve
-    from ntp_opt.planners.exact.bounds import capacity_bound
+    from ntp_opt.planners.bounds import capacity_bound
 
     plan = solve(inst, planner).plan
     assert plan is not None

@@ -1,7 +1,7 @@
 """Re-planning at a fixed batch (issue 30) and re-boosting only what pays (issue 32).
 
 * the incremental bound's ``fixed`` refinement (kept speed bounds re-checked,
-  :func:`ntp_opt.planners.exact.bounds.stage_bound_at` with ``fixed``) is
+  :func:`ntp_opt.planners.bounds.stage.stage_bound_at` with ``fixed``) is
   never below a proven optimum, never above the bound without it, and at
   its own instance within a hair of :func:`stage_bound`;
 * the step time it solves directly is the least one that carries the batch;
@@ -22,11 +22,10 @@ from ntp_opt import Instance, Job, check, solve
 from ntp_opt.model import topology
 from ntp_opt.model.layout import Layout
 from ntp_opt.model.plan import Plan, Replica, Stage
-from ntp_opt.planners.exact import bounds
-from ntp_opt.planners.exact.bounds import (
+from ntp_opt.planners.bounds import fixed
+from ntp_opt.planners.bounds.rows import domain_rows, domain_rows_after
+from ntp_opt.planners.bounds.stage import (
     FixedSpeeds,
-    domain_rows,
-    domain_rows_after,
     stage_bound,
     stage_bound_at,
     stage_bound_point,
@@ -76,7 +75,7 @@ def test_the_direct_step_time_is_the_least_that_carries_the_batch():
         if live == 0:
             continue
         big_b = int(rng.integers(1, b_max * live + 1))
-        theta = bounds._carry_time(w, b_max, big_b)
+        theta = fixed._carry_time(w, b_max, big_b)
 
         def carried(t: float, w=w, b_max=b_max) -> float:
             return float(np.minimum(b_max, t * w).sum())

@@ -320,13 +320,8 @@ def test_bad_settings_are_refused():
 
 @given(instances(), st.data())
 def test_the_incremental_bound_is_valid_and_its_rows_are_the_full_ones(inst, data):
-    from ntp_opt.planners.exact.bounds import (
-        domain_rows,
-        domain_rows_after,
-        stage_bound,
-        stage_bound_at,
-        stage_bound_point,
-    )
+    from ntp_opt.planners.bounds.rows import domain_rows, domain_rows_after
+    from ntp_opt.planners.bounds.stage import stage_bound, stage_bound_at, stage_bound_point
 
     rows = domain_rows(inst)
     value, points = stage_bound_point(inst, rows)

@@ -25,7 +25,7 @@ from ntp_opt.model.instance import Instance
 from ntp_opt.model.job import Job
 from ntp_opt.model.plan import Plan, Replica, Stage
 from ntp_opt.planners.base import RunOptions
-from ntp_opt.planners.exact.bounds import capacity_bound
+from ntp_opt.planners.bounds import capacity_bound
 from ntp_opt.planners.riskaware import (
     plan_risk_aware,
     relaxed_instance,

@@ -4,7 +4,7 @@ Made for instances too large for the exact planner (32k–131k GPUs) and for
 re-planning: it builds a few candidate plans in array form, scores each with
 the exact batch split, turns only the best into a :class:`~ntp_opt.model.plan.Plan`
 (checked by :func:`ntp_opt.solve.solve`) and reports
-:func:`ntp_opt.planners.exact.bounds.capacity_bound` next to it.
+:func:`ntp_opt.planners.bounds.capacity.capacity_bound` next to it.
 
 The candidates and their scoring are in
 :mod:`ntp_opt.planners.fast_candidates`, the domains' cuts and the degree
@@ -26,7 +26,7 @@ import numpy as np
 from ntp_opt.model.instance import Instance
 from ntp_opt.model.plan import Plan
 from ntp_opt.planners.base import Outcome, RunOptions
-from ntp_opt.planners.exact.bounds import capacity_bound
+from ntp_opt.planners.bounds import capacity_bound
 from ntp_opt.planners.fast_candidates import Candidate, candidates
 from ntp_opt.planners.packing import Packing, packing_replicas, replica_speeds, trim_packed
 from ntp_opt.rules.goodput import BatchSplit, goodput
@@ -119,7 +119,7 @@ def plan_fast(
     Outcome
         Its plan (empty when every candidate pauses; with the bound as its
         ``bound`` metric) and its ``bound``:
-        :func:`~ntp_opt.planners.exact.bounds.capacity_bound`, or ``None``
+        :func:`~ntp_opt.planners.bounds.capacity.capacity_bound`, or ``None``
         unless ``bound``. :func:`ntp_opt.solve.solve` checks the plan; a
         direct caller may call :func:`ntp_opt.rules.validate.certified`.
     """

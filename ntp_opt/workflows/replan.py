@@ -22,7 +22,7 @@ migrate. Up to three plans are compared:
 
 They are tried in that order, each only while the best so far is more than
 ``tolerance`` (default 0.1 %) below the proven bound
-:func:`ntp_opt.planners.exact.bounds.stage_bound`. Among the plans tried, the one moving
+:func:`ntp_opt.planners.bounds.stage.stage_bound`. Among the plans tried, the one moving
 the fewest GPUs within ``tolerance`` of the best goodput is kept.
 
 Migration counts the GPUs, healthy after the events, whose assignment
@@ -70,7 +70,7 @@ import numpy as np
 from ntp_opt.model.instance import Instance
 from ntp_opt.model.layout import SLOT, Layout
 from ntp_opt.model.plan import Plan, Replica
-from ntp_opt.planners.exact.bounds import (
+from ntp_opt.planners.bounds import (
     DomainRows,
     DualPoints,
     FixedSpeeds,
@@ -387,7 +387,7 @@ class _Step:
         return self.mode == "auto" and best >= self.bound * (1 - self.tolerance)
 
     def full_bound(self) -> None:
-        """Search the bound (:func:`~ntp_opt.planners.exact.bounds.stage_bound_point`)."""
+        """Search the bound (:func:`~ntp_opt.planners.bounds.stage.stage_bound_point`)."""
         rows = domain_rows(self.new_inst) if self.rows is None else self.rows
         fixed: FixedSpeeds | None = {} if self.new_inst.job.batch_policy == "fixed" else None
         self.bound, self.points = stage_bound_point(self.new_inst, rows, fixed)

@@ -19,7 +19,7 @@ import numpy as np
 from ntp_opt.model.instance import Instance
 from ntp_opt.model.layout import Layout
 from ntp_opt.model.plan import Plan
-from ntp_opt.planners.exact.bounds import DomainRows, DualPoints, FixedSpeeds
+from ntp_opt.planners.bounds import DomainRows, DualPoints, FixedSpeeds
 from ntp_opt.rules.validate import Evaluation, check
 
 __all__ = ["PlanState", "Replanned"]
@@ -42,15 +42,15 @@ class PlanState:
         The validator's figures of ``plan`` (feasible).
     points
         The multipliers of the last bound computed in full
-        (:func:`ntp_opt.planners.exact.bounds.stage_bound_point`), from which
+        (:func:`ntp_opt.planners.bounds.stage.stage_bound_point`), from which
         the next events' bounds are updated; ``None`` before the first.
     rows
-        ``domain_rows(instance)`` (:mod:`ntp_opt.planners.exact.bounds`),
+        ``domain_rows(instance)`` (:mod:`ntp_opt.planners.bounds.rows`),
         kept with ``points``: an event recomputes the rows of the domains it
         touches only.
     fixed
         For a ``fixed`` job, the speed bounds of the bound's ``fixed``
-        refinement (:data:`~ntp_opt.planners.exact.bounds.FixedSpeeds`), kept
+        refinement (:data:`~ntp_opt.planners.bounds.stage.FixedSpeeds`), kept
         with ``points``: the incremental bound re-checks them instead of
         searching them; ``None``: the incremental bound leaves the
         refinement out.
@@ -131,10 +131,10 @@ class Replanned:
         Of ``plan``, recomputed by the validator.
     bound
         Proven upper bound on the goodput of any plan for ``instance``:
-        :func:`ntp_opt.planners.exact.bounds.stage_bound` (``bound_kind``
+        :func:`ntp_opt.planners.bounds.stage.stage_bound` (``bound_kind``
         is ``"computed"``), or, re-planning from a :class:`PlanState` that
         carries the multipliers of an earlier full bound, the dual at them
-        (:func:`~ntp_opt.planners.exact.bounds.stage_bound_at`:
+        (:func:`~ntp_opt.planners.bounds.stage.stage_bound_at`:
         ``"incremental"``; valid, used only when it settles the choice,
         which makes it at most ``1 / (1 - tolerance)`` times the full bound,
         and the choice the full bound's up to the bisection's resolution);

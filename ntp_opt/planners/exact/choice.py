@@ -1,6 +1,6 @@
 """Exact GPU choice for domains where "fastest GPUs first" is not optimal.
 
-:func:`~ntp_opt.planners.exact.model.domain_configs` places a domain's stages
+:func:`~ntp_opt.planners.exact.configs.domain_configs` places a domain's stages
 on consecutive blocks of its healthy GPUs in fastest-first order. That is
 optimal when the domain's healthy GPUs share one TDP, one rack and board caps
 that agree with speeds; otherwise (a domain across two racks as in NVL36x2,
@@ -15,7 +15,7 @@ cap, its TDP per rack), so a stage is described completely by its kind
 ``(t, b)`` and its *split* ``k``: how many GPUs it takes from each group
 (``sum k = t``, ``k[g] <= |group g|``). Its power multiplier follows from the
 slowest speed and the lowest cap among the groups it uses
-(:func:`~ntp_opt.planners.exact.model.stage_power`), and its extra draw per
+(:func:`~ntp_opt.planners.exact.configs.stage_power`), and its extra draw per
 rack is ``sum_(g in rack) k[g] tdp[g] (pi - idle)``.
 
 A configuration is a multiset of stage kinds (listed once each, in the order

@@ -5,7 +5,7 @@ consecutive blocks of a domain's GPUs in fastest-first order; for a domain
 chosen exactly (:mod:`ntp_opt.planners.exact.choice`: across racks, mixed
 TDP, board limits that disagree with speeds) that misses configurations. This
 pricing lists the domain's configurations with the exact choice
-(:func:`~ntp_opt.planners.exact.model.domain_configs`, one per multiset of
+(:func:`~ntp_opt.planners.exact.configs.domain_configs`, one per multiset of
 stage kinds for a domain alone in its unit, the Pareto-minimal rack draws
 otherwise) and prices every one of them: the price of a configuration falls
 with each of its draws, so a dropped split never prices higher than a kept
@@ -20,14 +20,8 @@ from typing import Protocol
 
 import numpy as np
 
-from ntp_opt.planners.exact.model import (
-    MAX_CONFIGS,
-    Config,
-    ModelTooLarge,
-    Prepared,
-    domain_configs,
-    max_level,
-)
+from ntp_opt.planners.exact.configs import domain_configs, max_level
+from ntp_opt.planners.exact.model import MAX_CONFIGS, Config, ModelTooLarge, Prepared
 from ntp_opt.rules.power import ceil_mw, fits_mw
 
 __all__ = ["ListedPricing"]

@@ -1,6 +1,6 @@
 """The capacity program ``C(theta')`` with configurations generated on demand.
 
-:func:`ntp_opt.planners.exact.model.build_capacity` lists every configuration
+:func:`ntp_opt.planners.exact.capacity.build_capacity` lists every configuration
 of every domain class, which is impossible when a domain hosts many stages
 (TP8 on a 72-GPU domain: nine stages, each with its own degree and batch
 level). This module solves the same program by column generation:
@@ -8,7 +8,7 @@ level). This module solves the same program by column generation:
 * the *restricted master LP* holds the configurations generated so far (at
   the start: the configurations that repeat one stage kind as often as it
   fits, and the configurations that were useful at earlier step times). Its
-  rows are the ones of :func:`~ntp_opt.planners.exact.model.build_capacity`:
+  rows are the ones of :func:`~ntp_opt.planners.exact.capacity.build_capacity`:
   one convexity row per domain class (or domain of a multi-domain unit), a
   row per replica class ``(t, b)`` (stages = ``pp * n[t, b]``), ``dp_max``,
   ``global_batch``, the site budget and the racks of multi-domain units;
@@ -29,7 +29,7 @@ level). This module solves the same program by column generation:
   generated columns only, solved by one of the exact backends
   (:func:`~ntp_opt.planners.exact.backends.solve_program`): a feasible lower
   bound, with its stages readable by
-  :func:`~ntp_opt.planners.exact.model.iter_stages`. When it meets the bound,
+  :func:`~ntp_opt.planners.exact.capacity.iter_stages`. When it meets the bound,
   ``C(theta')`` is proven (price-and-branch).
 
 The LP is solved with HiGHS (``highspy``, extra ``ntp-opt[highs]``) through
@@ -51,12 +51,12 @@ import numpy as np
 
 from ntp_opt.planners.exact.backends import get_backend, load_backend, solve_or_highs
 from ntp_opt.planners.exact.backends.highs import HighsLP
+from ntp_opt.planners.exact.capacity import Capacity, CapacityBuilder
 from ntp_opt.planners.exact.choice_pricing import ListedPricing
+from ntp_opt.planners.exact.configs import max_level, stage_power
 from ntp_opt.planners.exact.model import (
     MAX_CONFIGS,
     WHOLE_UNIT,
-    Capacity,
-    CapacityBuilder,
     Config,
     DeadlineReached,
     Domain,
@@ -64,8 +64,6 @@ from ntp_opt.planners.exact.model import (
     Prepared,
     StageChoice,
     Unit,
-    max_level,
-    stage_power,
     unit_domain,
     unit_key,
 )
@@ -198,7 +196,7 @@ def stage_options(
     prep: Prepared, dom: Domain, theta: float, degrees: tuple[int, ...]
 ) -> list[tuple[int, int]]:
     """Stage kinds ``(t, b)`` a configuration of ``dom`` may hold at ``theta``, in the
-    order of :func:`~ntp_opt.planners.exact.model.domain_configs`: non-increasing speed
+    order of :func:`~ntp_opt.planners.exact.configs.domain_configs`: non-increasing speed
     requirement ``b / f(t)`` (ties: larger ``t``, then larger ``b`` first).
 
     Raises
@@ -354,7 +352,7 @@ class Pricing:
 
     def build(self, kinds: tuple[tuple[int, int], ...]) -> Config | None:
         """The configuration holding these stage kinds (in option order) from GPU 0,
-        with the draws :func:`~ntp_opt.planners.exact.model.domain_configs` computes;
+        with the draws :func:`~ntp_opt.planners.exact.configs.domain_configs` computes;
         ``None`` when a kind is unknown here, a block cannot carry it, or it does not fit.
 
         In a segmented domain (a whole unit) a kind that does not follow the order or
@@ -720,7 +718,7 @@ class MasterResult:
     ----------
     capacity
         The integer master over the generated columns, readable by
-        :func:`~ntp_opt.planners.exact.model.iter_stages`.
+        :func:`~ntp_opt.planners.exact.capacity.iter_stages`.
     solution
         The backend's answer for it.
     upper
@@ -861,7 +859,7 @@ class ColumnGeneration:
         bound
             Called where the first integer master leaves a gap: an upper bound on
             ``C(theta')`` from elsewhere (the merged program,
-            :func:`~ntp_opt.planners.exact.model.merged_capacity`). Where it meets
+            :func:`~ntp_opt.planners.exact.merged.merged_capacity`). Where it meets
             the integer master's value, ``C`` is proven without closing the gap here.
 
         Returns
@@ -1329,7 +1327,7 @@ class _Master:
         return open_bound
 
     def integer_master(self) -> Capacity:
-        """The program of :func:`~ntp_opt.planners.exact.model.build_capacity` over the columns."""
+        """The program of :func:`~ntp_opt.planners.exact.capacity.build_capacity` on the columns."""
         prep = self.prep
         out = CapacityBuilder(prep)
         by_owner: dict[int, list[int]] = {}

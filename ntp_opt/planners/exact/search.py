@@ -39,27 +39,24 @@ from ntp_opt.model.layout import Layout
 from ntp_opt.model.plan import Plan
 from ntp_opt.planners import heuristics as baselines
 from ntp_opt.planners.base import Limit, Outcome, stop_limit
+from ntp_opt.planners.bounds import capacity_bound, stage_bound
 from ntp_opt.planners.exact.backends import solve_or_highs, solve_program
 from ntp_opt.planners.exact.backends.base import RelaxingBackend, registered
-from ntp_opt.planners.exact.bounds import capacity_bound, stage_bound
+from ntp_opt.planners.exact.capacity import Capacity, build_capacity, iter_stages, level_floor
 from ntp_opt.planners.exact.colgen import ColumnGeneration, column_generation_for
+from ntp_opt.planners.exact.merged import merged_capacity
 from ntp_opt.planners.exact.model import (
     MAX_CONFIGS,
-    Capacity,
     DeadlineReached,
     ModelTooLarge,
     NoClusterGraph,
     Prepared,
     StagePick,
-    build_capacity,
-    iter_stages,
-    level_floor,
-    merged_capacity,
     prepare,
     rack_relaxed,
-    tighten,
 )
 from ntp_opt.planners.exact.program import IntProgram, IntSolution
+from ntp_opt.planners.exact.tighten import tighten
 from ntp_opt.rules.goodput import replica_speed, split_batch
 from ntp_opt.rules.power import can_boost, largest_cap
 from ntp_opt.rules.tolerances import (
@@ -131,7 +128,7 @@ def lp_relaxation(
 
     Without ``integer_from`` every variable is continuous (the LP relaxation).
     With it, the variables from that index on stay integer (the replica counts
-    ``n[t, b]`` of :class:`~ntp_opt.planners.exact.model.Capacity`, from its
+    ``n[t, b]`` of :class:`~ntp_opt.planners.exact.capacity.Capacity`, from its
     ``n_offset``) and the configuration counts before it are continuous: a small
     mixed program whose bound is often the integer optimum itself, where the LP
     is a fraction of a replica above it.
@@ -228,7 +225,7 @@ class _Search:
         With ``target``, only ``C(theta) >= target`` is asked: where its LP
         relaxation is below ``target``, the answer is ``(0, that bound)``
         without an integer program; where a replica carrying less than
-        :func:`~ntp_opt.planners.exact.model.level_floor` cannot reach the
+        :func:`~ntp_opt.planners.exact.capacity.level_floor` cannot reach the
         target (``fixed`` batch), the program lists no such level, and the upper
         bound is ``target - 1`` (not reached) or ``B`` (reached). ``descent=True`` (the
         question of :func:`_descend`: how far below ``target`` is ``C``): every
@@ -419,7 +416,7 @@ class _Search:
 
     def _merged_bound(self, theta: float, degrees: tuple[int, ...], upper: int) -> int:
         """An upper bound on ``C(theta)`` from the program with interchangeable
-        multi-domain units merged (:func:`~ntp_opt.planners.exact.model.merged_capacity`):
+        multi-domain units merged (:func:`~ntp_opt.planners.exact.merged.merged_capacity`):
         HiGHS' proven bound after at most :data:`MERGED_NODES` nodes (a deterministic
         limit), rounded down; ``upper`` where there is none.
 
@@ -529,10 +526,10 @@ def build_layout(prep: Prepared, stages: Sequence[StagePick], powers: Sequence[f
     prep
         From :func:`~ntp_opt.planners.exact.model.prepare`.
     stages
-        From :func:`~ntp_opt.planners.exact.model.iter_stages`.
+        From :func:`~ntp_opt.planners.exact.capacity.iter_stages`.
     powers
         Each stage's power multiplier (from
-        :func:`~ntp_opt.planners.exact.model.tighten`).
+        :func:`~ntp_opt.planners.exact.tighten.tighten`).
 
     Returns
     -------
@@ -695,7 +692,7 @@ def _case_bound(s: _Search, degrees: tuple[int, ...]) -> float:
 def _drop_bounded_cases(
     s: _Search, cases: list[tuple[tuple[int, ...], float]]
 ) -> tuple[list[tuple[tuple[int, ...], float]], float]:
-    """Per case, its capacity bound (:func:`~ntp_opt.planners.exact.bounds.stage_bound`
+    """Per case, its capacity bound (:func:`~ntp_opt.planners.bounds.stage.stage_bound`
     restricted to the case's plans); a case whose bound is within the tolerance of
     the incumbent is not searched. Returns the cases to search and the largest bound
     of those left out (``0.0``: none)."""

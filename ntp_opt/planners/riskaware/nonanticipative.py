@@ -85,8 +85,8 @@ import numpy as np
 from ntp_opt.model.control import Control, Deadline
 from ntp_opt.model.instance import Instance
 from ntp_opt.planners.base import Limit
+from ntp_opt.planners.bounds import capacity_bound
 from ntp_opt.planners.exact.backends.domains import domain_master
-from ntp_opt.planners.exact.bounds import capacity_bound
 from ntp_opt.planners.exact.search import solve_exact
 from ntp_opt.planners.riskaware.scenarios import Scenarios
 from ntp_opt.planners.riskaware.scorer import refills_keep_power

@@ -20,7 +20,7 @@ scenario not solved (time, cancel, an instance above :data:`WS_MAX_GPUS`
 GPUs, or a solve that would not tighten it) gets the *cap*: a bound valid
 for a whole group of scenarios (those whose failures free at most so many
 idle watts, :data:`WS_TIERS` groups), the exact planner's bound (or
-:func:`~ntp_opt.planners.exact.bounds.capacity_bound`) of the
+:func:`~ntp_opt.planners.bounds.capacity.capacity_bound`) of the
 :func:`relaxed_instance`: the instance without the new failures, each rack
 and the site budget raised by the largest idle draw that one scenario's
 failed GPUs had there. Any plan feasible in a scenario is feasible there:
@@ -54,7 +54,7 @@ from ntp_opt.model.failures import failed_instance
 from ntp_opt.model.instance import Instance
 from ntp_opt.model.plan import Plan
 from ntp_opt.planners.base import Limit
-from ntp_opt.planners.exact.bounds import capacity_bound
+from ntp_opt.planners.bounds import capacity_bound
 from ntp_opt.planners.exact.search import solve_exact
 from ntp_opt.planners.riskaware.scenarios import Scenarios
 from ntp_opt.planners.riskaware.scorer import refills_keep_power
