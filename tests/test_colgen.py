@@ -267,7 +267,7 @@ def test_threshold_question_skips_the_integer_master(seed):
 def test_nvl72_tp8_elastic_with_boost_equals_brute_force():
     # One GB200 NVL72 rack, one failed GPU and two stragglers, TP8 (TP7 allowed):
     # nine stages per domain, so both cases use generated configurations (the
-    # nominal one has about 12,900 per class, above search.COLGEN_CLASS_CONFIGS).
+    # nominal one has about 12,900 per class, above oracle.COLGEN_CLASS_CONFIGS).
     # Elastic with boost: the level descent runs on the generated program. Right at a
     # tight point the generated program leaves a gap (integer master 9, LP bound 11);
     # the descent must start from the bound, not from the master's value (it used to,

@@ -43,7 +43,7 @@ from ntp_opt.model.control import Control
 from ntp_opt.model.instance import Instance
 from ntp_opt.model.job import Job
 from ntp_opt.model.plan import Plan
-from ntp_opt.planners.base import Limit, Outcome, stop_limit
+from ntp_opt.planners.base import Limit, Outcome, RunOptions, stop_limit
 from ntp_opt.planners.exact.search import solve_exact
 from ntp_opt.rules.validate import Violation, evaluate
 
@@ -435,13 +435,15 @@ def solve_megatron(
             share = left / sum(1 for s in subs[i:] if s.cap > best_value)
         out = solve_exact(
             sub.instance,
-            backend,
-            time_limit=share,
-            threads=threads,
-            seed=seed,
-            initial_plan=_warm(sub, initial_plan, best, one_batch),
-            log=log,
-            control=control,
+            RunOptions(
+                time_limit=share,
+                seed=seed,
+                threads=threads,
+                initial_plan=_warm(sub, initial_plan, best, one_batch),
+                log=log,
+                control=control if control is not None else Control("", None, None),
+            ),
+            backend=backend,
             report_bounds=False,  # one search's bound is no bound for all of them
         )
         evaluations += int(out.stats["evaluations"])

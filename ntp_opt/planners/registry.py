@@ -11,7 +11,6 @@ integer-programming backends (ortools, pulp, highspy) are imported by
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable
 from typing import Protocol
 
 from ntp_opt.model.instance import Instance
@@ -58,17 +57,20 @@ def exact(name: str, backend: str, power: bool, megatron: bool = False) -> Plann
         from ntp_opt.planners.exact.search import solve_exact
         from ntp_opt.planners.megatron import solve_megatron
 
-        search: Callable[..., Outcome] = solve_megatron if megatron else solve_exact
-        out = search(
-            instance if power else without_power(instance),
-            backend,
-            time_limit=options.time_limit,
-            threads=options.threads,
-            seed=options.seed,
-            initial_plan=options.initial_plan,
-            log=options.log,
-            control=options.control,
-        )
+        inst = instance if power else without_power(instance)
+        if megatron:
+            out = solve_megatron(
+                inst,
+                backend,
+                time_limit=options.time_limit,
+                threads=options.threads,
+                seed=options.seed,
+                initial_plan=options.initial_plan,
+                log=options.log,
+                control=options.control,
+            )
+        else:
+            out = solve_exact(inst, options, backend=backend)
         if out.plan is None:
             return out
         plan = out.plan.with_metrics(policy=name)

@@ -17,7 +17,7 @@ from ntp_opt.model.control import Control
 from ntp_opt.model.instance import Instance
 from ntp_opt.model.layout import Layout
 from ntp_opt.model.plan import Plan
-from ntp_opt.planners.base import Limit, Outcome
+from ntp_opt.planners.base import Limit, Outcome, RunOptions
 from ntp_opt.planners.riskaware.nonanticipative import domain_bound, domain_limit
 from ntp_opt.planners.riskaware.scenarios import (
     SAA_SAMPLES,
@@ -185,11 +185,12 @@ def plan_risk_aware(
             raise ValueError(f"instance {instance.name!r}: {infeasibility(instance)}")
         found = solve_exact(
             instance,
-            "cpsat",
-            time_limit=None if time_limit is None else BLIND_SHARE * time_limit,
-            seed=seed,
-            threads=threads,
-            control=Control("risk-aware", None, cancel),
+            RunOptions(
+                time_limit=None if time_limit is None else BLIND_SHARE * time_limit,
+                seed=seed,
+                threads=threads,
+                control=Control("risk-aware", None, cancel),
+            ),
         )
         assert found.plan is not None  # the exact search always returns a plan
         blind, bound = found.plan, found.bound
