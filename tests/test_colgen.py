@@ -1,4 +1,4 @@
-"""Column generation (ntp_opt/planners/exact/colgen.py) against the full capacity program.
+"""Column generation (ntp_opt/planners/exact/colgen*.py) against the full capacity program.
 
 On instances where every configuration can be listed (model.domain_configs),
 the generated program must give the same C(theta'), its LP bound must never
@@ -16,17 +16,14 @@ import pytest
 
 from ntp_opt import Instance, Job, solve
 from ntp_opt.model import topology
-from ntp_opt.planners.exact import colgen
+from ntp_opt.planners.exact import colgen_master
 from ntp_opt.planners.exact.backends import available_backends, solve_program
 from ntp_opt.planners.exact.colgen import (
     ColumnGeneration,
-    Pricing,
-    ceil_mw,
     column_generation_available,
     column_generation_for,
-    owner_domain,
-    owners,
 )
+from ntp_opt.planners.exact.colgen_pricing import Pricing, owner_domain, owners
 from ntp_opt.planners.exact.model import (
     WHOLE_UNIT,
     build_capacity,
@@ -34,6 +31,7 @@ from ntp_opt.planners.exact.model import (
     iter_stages,
     prepare,
 )
+from ntp_opt.rules.power import ceil_mw
 from tests.helpers import HANG_GUARD
 
 from .bruteforce import brute_force
@@ -291,9 +289,9 @@ def test_target_question_branches_until_the_target_is_ruled_out(seed, closes, mo
     # that prunes the nodes below the target must rule the target out where it can
     # (issue 16: a 9k NVL72 TP8 elastic instance stopped on C in [1860, 1863]),
     # and never below the full program's C.
-    monkeypatch.setattr(colgen, "MAX_NODES", 0)
-    monkeypatch.setattr(colgen, "ENUM_LIMIT", 0)
-    monkeypatch.setattr(colgen, "NEAR_COLUMNS", 1)
+    monkeypatch.setattr(colgen_master, "MAX_NODES", 0)
+    monkeypatch.setattr(colgen_master, "ENUM_LIMIT", 0)
+    monkeypatch.setattr(colgen_master, "NEAR_COLUMNS", 1)
     inst = small_instance(seed)
     prep = prepare(inst)
     degrees = inst.job.allowed

@@ -12,7 +12,8 @@ from ntp_opt import Instance, Job, evaluate, solve
 from ntp_opt.model import topology
 from ntp_opt.planners.exact import oracle, search
 from ntp_opt.planners.exact.backends import solve_program
-from ntp_opt.planners.exact.colgen import column_generation_available, owners
+from ntp_opt.planners.exact.colgen import column_generation_available
+from ntp_opt.planners.exact.colgen_pricing import owners
 from ntp_opt.planners.exact.model import WHOLE_UNIT, build_capacity, prepare
 from tests.helpers import HANG_GUARD
 
@@ -250,17 +251,17 @@ def test_open_generated_programs_are_settled_by_the_merged_program(monkeypatch):
 def test_integer_master_past_the_work_limit_goes_to_highs(monkeypatch):
     # CP-SAT stopped at once on every integer master of the column generation:
     # HiGHS solves the master instead, and the optimum is still the brute force's
-    from ntp_opt.planners.exact import colgen
+    from ntp_opt.planners.exact import colgen_master
 
     monkeypatch.setattr(oracle, "MULTI_DOMAINS_COLGEN", 0)
     monkeypatch.setattr(oracle, "FULL_HIGHS_VARS", 0)
-    monkeypatch.setattr(colgen, "MASTER_WORK", 1e-9)
+    monkeypatch.setattr(colgen_master, "MASTER_WORK", 1e-9)
     from ntp_opt.planners.exact import backends as exact_backends
 
     backends: list[str] = []
     in_master = [False]
     real = exact_backends.solve_program
-    real_master = colgen.solve_or_highs
+    real_master = colgen_master.solve_or_highs
 
     def spy(program, backend, **kwargs):  # type: ignore[no-untyped-def]
         if in_master[0]:  # the integer masters' backends only
@@ -275,7 +276,7 @@ def test_integer_master_past_the_work_limit_goes_to_highs(monkeypatch):
             in_master[0] = False
 
     monkeypatch.setattr(exact_backends, "solve_program", spy)  # solve_or_highs calls it
-    monkeypatch.setattr(colgen, "solve_or_highs", master)
+    monkeypatch.setattr(colgen_master, "solve_or_highs", master)
     exercised = 0
     for seed in UNRESOLVED_SEEDS:
         backends.clear()
@@ -296,12 +297,12 @@ def test_integer_master_past_the_work_limit_goes_to_highs(monkeypatch):
 def test_work_limit_is_not_reported_as_a_time_limit(monkeypatch):
     # CP-SAT stopped by its work limit and HiGHS finding nothing either (faked):
     # the master is left unsolved, which is an unresolved program, not a time limit
-    from ntp_opt.planners.exact import colgen
+    from ntp_opt.planners.exact import colgen_master
     from ntp_opt.planners.exact.program import IntSolution
 
     monkeypatch.setattr(oracle, "MULTI_DOMAINS_COLGEN", 0)
     monkeypatch.setattr(oracle, "FULL_HIGHS_VARS", 0)
-    monkeypatch.setattr(colgen, "MASTER_WORK", 1e-9)
+    monkeypatch.setattr(colgen_master, "MASTER_WORK", 1e-9)
     from ntp_opt.planners.exact import backends
 
     real = backends.solve_program

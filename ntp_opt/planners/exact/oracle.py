@@ -249,13 +249,7 @@ class CapacitySearch:
         # for these degrees before (then it is solved by HiGHS at every step time)
         full = degrees in self.full_highs
         generated = None if full else self.colgen.get(degrees)
-        fixed = self.prep.instance.job.batch_policy == "fixed"
-        floor = 1
-        if target is not None and generated is None and not descent and fixed:
-            # fixed batch only: elsewhere (the elastic search for the top step time on
-            # racks shared by domains) the program without the low levels can be far
-            # harder to prove below the target than the full one
-            floor = level_floor(self.prep, target)
+        floor = self._floor(target, generated is None and not descent)
         try:
             cap, master = self._program(theta, degrees, target, generated, floor)
         except ModelTooLarge:
@@ -291,6 +285,16 @@ class CapacitySearch:
         if sol.time_limit_hit and sol.status != "optimal":
             raise SearchDeadline
         return lower, upper, tight
+
+    def _floor(self, target: int | None, full_program: bool) -> int:
+        """The lowest batch level the program lists (1: every level)."""
+        fixed = self.prep.instance.job.batch_policy == "fixed"
+        if target is not None and full_program and fixed:
+            # fixed batch only: elsewhere (the elastic search for the top step time on
+            # racks shared by domains) the program without the low levels can be far
+            # harder to prove below the target than the full one
+            return level_floor(self.prep, target)
+        return 1
 
     def _time_left(self) -> float | None:
         """Seconds to the deadline (``None``: none); stops a cancelled or late search."""

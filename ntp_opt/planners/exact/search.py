@@ -138,22 +138,10 @@ def solve_exact(
     s.report()
     s.evaluations = sub_evaluations
     if _cannot_run(instance):
-        s.note("the job cannot run: paused, proven without a program")
-        return Outcome(
-            plan=s.best_plan,
-            bound=s.best_value,
-            proven=True,
-            log=tuple(s.log),
-            stats={"goodput": s.best_value, "evaluations": s.evaluations},
-        )
+        return _paused(s)
     cases, left_out, deadline_hit = _searchable_cases(s)
-    too_large = (left_out and not cases) or bool(s.colgen)
-    if too_large and len(instance.arrays.speed) < FAST_WARM_GPUS:
-        if deadline is None or time.perf_counter() < deadline:
-            # no case can be searched (huge batch levels, many stages per domain),
-            # or some only with generated configurations (slower): fast's plan
-            # is a better warm start there than the baselines
-            _offer_fast(s)
+    if (left_out and not cases) or bool(s.colgen):
+        _offer_fast(s)
     cases, dropped = drop_bounded_cases(s, cases)
     bound, timed_out, interrupted = _search_cases(s, cases, sub_interrupted)
     timed_out = timed_out or deadline_hit
@@ -219,6 +207,18 @@ def _cannot_run(instance: Instance) -> bool:
     return stages < job.pp or no_batch or job.replicas_max == 0
 
 
+def _paused(s: CapacitySearch) -> Outcome:
+    """The outcome where the job cannot run: the incumbent (paused), proven."""
+    s.note("the job cannot run: paused, proven without a program")
+    return Outcome(
+        plan=s.best_plan,
+        bound=s.best_value,
+        proven=True,
+        log=tuple(s.log),
+        stats={"goodput": s.best_value, "evaluations": s.evaluations},
+    )
+
+
 def _searchable_cases(s: CapacitySearch) -> tuple[list[Case], bool, bool]:
     """The cases searched (the nominal degree; every allowed one), each by the full
     program or generated configurations (:attr:`CapacitySearch.colgen`), and whether
@@ -273,8 +273,15 @@ def _generated(s: CapacitySearch, degrees: tuple[int, ...], err: ModelTooLarge) 
 
 
 def _offer_fast(s: CapacitySearch) -> None:
-    """``fast``'s plan as the incumbent where it is better."""
+    """``fast``'s plan as the incumbent where it is better: where no case can be
+    searched (huge batch levels, many stages per domain), or some only with generated
+    configurations (slower), it is a better warm start than the baselines (from
+    :data:`FAST_WARM_GPUS` it is one already)."""
     instance = s.prep.instance
+    if len(instance.arrays.speed) >= FAST_WARM_GPUS:
+        return
+    if s.deadline is not None and time.perf_counter() >= s.deadline:
+        return
     fast_plan = _fast_plan(instance)
     ev = evaluate(instance, fast_plan)
     if ev.feasible and ev.goodput > s.best_value:
