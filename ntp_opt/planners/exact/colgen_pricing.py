@@ -56,7 +56,18 @@ PRICE_EPS = 1e-7
 
 
 def check_deadline(deadline: float | None) -> None:
-    """:class:`DeadlineReached` once ``deadline`` (a :func:`time.perf_counter` value) passed."""
+    """Stop once the deadline passed.
+
+    Parameters
+    ----------
+    deadline
+        A :func:`time.perf_counter` value, or ``None``.
+
+    Raises
+    ------
+    DeadlineReached
+        ``deadline`` has passed.
+    """
     if deadline is not None and time.perf_counter() >= deadline:
         raise DeadlineReached("time limit reached during column generation")
 

@@ -669,7 +669,17 @@ def _layout(prep: Prepared, groups: list[_Group], speeds: list[float]) -> Layout
 
 
 def build_plan(prep: Prepared, stages: Sequence[StagePick], powers: Sequence[float]) -> Plan:
-    """:func:`build_layout` in node ids."""
+    """:func:`build_layout` in node ids.
+
+    Parameters
+    ----------
+    prep, stages, powers
+        As :func:`build_layout`.
+
+    Returns
+    -------
+    Plan
+    """
     return build_layout(prep, stages, powers).to_plan(prep.instance)
 
 
@@ -718,7 +728,17 @@ COLGEN_CLASS_CONFIGS = 4_000
 
 def crowded_class(cap: Capacity) -> int:
     """The most configurations of one domain class in ``cap`` if above
-    :data:`COLGEN_CLASS_CONFIGS`, else 0."""
+    :data:`COLGEN_CLASS_CONFIGS`, else 0.
+
+    Parameters
+    ----------
+    cap
+        A full capacity program.
+
+    Returns
+    -------
+    int
+    """
     per_class: dict[tuple[tuple[int, ...], int], int] = {}
     for members, pos, _ in cap.columns:
         per_class[(members, pos)] = per_class.get((members, pos), 0) + 1
@@ -729,7 +749,21 @@ def crowded_class(cap: Capacity) -> int:
 def small_full_program(prep: Prepared, degrees: tuple[int, ...], deadline: float | None) -> bool:
     """Whether the full program at the top of the step-time range (where it is
     largest) has at most :data:`FULL_HIGHS_VARS` variables (0: never) and no
-    crowded class."""
+    crowded class.
+
+    Parameters
+    ----------
+    prep
+        From :func:`~ntp_opt.planners.exact.model.prepare`.
+    degrees
+        TP degrees replicas may use.
+    deadline
+        :func:`time.perf_counter` value, or ``None`` (past it: ``False``).
+
+    Returns
+    -------
+    bool
+    """
     try:
         top = build_capacity(prep, theta_range(prep, degrees)[1], degrees, deadline)
     except (ModelTooLarge, DeadlineReached):  # the search meets the deadline itself
@@ -738,5 +772,16 @@ def small_full_program(prep: Prepared, degrees: tuple[int, ...], deadline: float
 
 
 def many_rack_domains(prep: Prepared) -> bool:
-    """Whether the full program would hold too many domains that share racks."""
+    """Whether the full program would hold too many domains that share racks
+    (more than :data:`MULTI_DOMAINS_COLGEN`).
+
+    Parameters
+    ----------
+    prep
+        From :func:`~ntp_opt.planners.exact.model.prepare`.
+
+    Returns
+    -------
+    bool
+    """
     return sum(len(prep.units[u].domains) for u in prep.multi) > MULTI_DOMAINS_COLGEN

@@ -38,7 +38,21 @@ Case = tuple[tuple[int, ...], float]
 
 
 def jump_times(prep: Prepared, degrees: tuple[int, ...]) -> np.ndarray | None:
-    """Sorted step times where ``C`` can jump, or ``None`` when power makes them continuous."""
+    """Sorted step times where ``C`` can jump, or ``None`` when power makes them continuous.
+
+    Parameters
+    ----------
+    prep
+        From :func:`~ntp_opt.planners.exact.model.prepare`.
+    degrees
+        TP degrees replicas may use.
+
+    Returns
+    -------
+    numpy.ndarray or None
+        ``b seq_time / (f(t) s)`` over the levels, degrees and speeds; ``None``
+        with power boost or when there are too many.
+    """
     job = prep.instance.job
     if can_boost(prep.instance):
         return None
@@ -75,6 +89,24 @@ def min_theta(
     over like an infeasible one (the search for a plan goes on above it), but
     the proven lower end stays at the last step time where ``C < target`` is
     proven; the bracket returned is then wider than the search's.
+
+    Parameters
+    ----------
+    s
+        The search.
+    degrees
+        TP degrees replicas may use.
+    target
+        The level ``C`` must reach.
+    lo, hi
+        The bracket.
+    alternate
+        Alternate probes and midpoints strictly (continuous axis).
+
+    Returns
+    -------
+    (float, float)
+        A step time where ``C >= target`` and one below which ``C < target``.
     """
     cands = jump_times(s.prep, degrees)
     if cands is not None:
@@ -130,8 +162,20 @@ def drop_bounded_cases(
 ) -> tuple[list[tuple[tuple[int, ...], float]], float]:
     """Per case, its capacity bound (:func:`~ntp_opt.planners.exact.bounds.stage_bound`
     restricted to the case's plans); a case whose bound is within the tolerance of
-    the incumbent is not searched. Returns the cases to search and the largest bound
-    of those left out (``0.0``: none)."""
+    the incumbent is not searched.
+
+    Parameters
+    ----------
+    s
+        The search.
+    cases
+        ``(degrees, factor)`` per case.
+
+    Returns
+    -------
+    (list, float)
+        The cases to search and the largest bound of those left out (``0.0``: none).
+    """
     kept: list[tuple[tuple[int, ...], float]] = []
     dropped = 0.0
     for degrees, factor in cases:
@@ -161,7 +205,22 @@ def _bound_floor(s: CapacitySearch, degrees: tuple[int, ...], target: int, facto
 
 
 def case_fixed(s: CapacitySearch, degrees: tuple[int, ...], factor: float) -> float:
-    """Search one degree set under ``fixed``; returns the case's goodput bound."""
+    """Search one degree set under ``fixed``; returns the case's goodput bound.
+
+    Parameters
+    ----------
+    s
+        The search.
+    degrees
+        TP degrees replicas may use.
+    factor
+        The case's step-time factor (``1 + reshard_overhead`` with reduced degrees).
+
+    Returns
+    -------
+    float
+        An upper bound on the goodput of the case's plans.
+    """
     job = s.prep.instance.job
     lo, hi = theta_range(s.prep, degrees)
     big_b = job.global_batch
@@ -547,7 +606,29 @@ def look_ahead(
     integer programs of the levels between (their turn comes with the higher
     incumbent, where a relaxation usually rules them out). A look-ahead that
     does not find one leaves its upper bound on ``C`` in ``caps`` for the
-    descent to use when it gets there. Returns ``best`` and the next stride.
+    descent to use when it gets there.
+
+    Parameters
+    ----------
+    s
+        The search.
+    case
+        ``(degrees, factor)``.
+    window
+        The open interval of step times the program may be at.
+    level
+        The level asked for.
+    best
+        The best goodput found so far.
+    caps
+        ``(step time, upper bound on C)`` of earlier look-aheads (appended to).
+    stride
+        The current stride.
+
+    Returns
+    -------
+    (float, int)
+        ``best`` and the next stride.
     """
     degrees, factor = case
     big_b = s.prep.instance.job.global_batch
