@@ -110,30 +110,7 @@ def min_theta(
     """
     cands = jump_times(s.prep, degrees)
     if cands is not None:
-        i_lo = int(np.searchsorted(cands, lo, side="right"))  # first candidate > lo
-        i_hi = int(np.searchsorted(cands, hi, side="right")) - 1  # last candidate <= hi
-        if i_hi < i_lo:
-            return hi, lo
-        # C is constant between candidates: search the smallest feasible candidate
-        best = i_hi
-        i_proven = i_lo  # every step time below cands[i_proven] has C < target
-        while i_lo < best:
-            m = (i_lo + best) // 2
-            low, up, tight = s.capacity(float(cands[m]), degrees, target)
-            if low >= target:
-                # the solution still fits at `tight`: C is constant on [tight, cands[m]]
-                first = int(np.searchsorted(cands, tight * (1 - FLOAT_NOISE), side="left"))
-                best = max(i_lo, min(m, first))
-            else:
-                i_lo = m + 1
-                if up < target:  # proven up to here (C is non-decreasing)
-                    i_proven = i_lo
-                else:
-                    s.note(f"theta'={cands[m]:.9g}: C in [{low}, {up}], target {target}")
-        # every candidate below `best` is infeasible and C only jumps at
-        # candidates: no step time below cands[best] reaches the target (proven
-        # below cands[i_proven])
-        return float(cands[best]), float(cands[min(i_proven, best)])
+        return _min_listed(s, degrees, target, lo, hi, cands)
     proven = lo
     probe = True  # hi is where a known solution stops fitting: C often drops right below
     while hi / lo - 1 > REL_TOL:
@@ -150,6 +127,41 @@ def min_theta(
             else:
                 s.note(f"theta'={mid:.9g}: C in [{low}, {up}], target {target}")
     return hi, proven
+
+
+def _min_listed(
+    s: CapacitySearch,
+    degrees: tuple[int, ...],
+    target: int,
+    lo: float,
+    hi: float,
+    cands: np.ndarray,
+) -> tuple[float, float]:
+    """:func:`min_theta` over the finite set of step times where ``C`` can jump."""
+    i_lo = int(np.searchsorted(cands, lo, side="right"))  # first candidate > lo
+    i_hi = int(np.searchsorted(cands, hi, side="right")) - 1  # last candidate <= hi
+    if i_hi < i_lo:
+        return hi, lo
+    # C is constant between candidates: search the smallest feasible candidate
+    best = i_hi
+    i_proven = i_lo  # every step time below cands[i_proven] has C < target
+    while i_lo < best:
+        m = (i_lo + best) // 2
+        low, up, tight = s.capacity(float(cands[m]), degrees, target)
+        if low >= target:
+            # the solution still fits at `tight`: C is constant on [tight, cands[m]]
+            first = int(np.searchsorted(cands, tight * (1 - FLOAT_NOISE), side="left"))
+            best = max(i_lo, min(m, first))
+        else:
+            i_lo = m + 1
+            if up < target:  # proven up to here (C is non-decreasing)
+                i_proven = i_lo
+            else:
+                s.note(f"theta'={cands[m]:.9g}: C in [{low}, {up}], target {target}")
+    # every candidate below `best` is infeasible and C only jumps at
+    # candidates: no step time below cands[best] reaches the target (proven
+    # below cands[i_proven])
+    return float(cands[best]), float(cands[min(i_proven, best)])
 
 
 def _case_bound(s: CapacitySearch, degrees: tuple[int, ...]) -> float:
