@@ -16,6 +16,7 @@ from hypothesis import strategies as st
 
 from ntp_opt import Instance, Job, solve, validate
 from ntp_opt.model import topology
+from ntp_opt.planners.base import RunOptions
 from ntp_opt.planners.exact import choice, search
 from ntp_opt.planners.exact.backends import available_backends, solve_program
 from ntp_opt.planners.exact.capacity import build_capacity, iter_stages, level_floor
@@ -338,9 +339,9 @@ def test_rack_merged_relaxation_settles_fastest_first(seed, monkeypatch):
     inst = choice_instance(seed)
     assert "spans racks" in prepare(inst).inexact
     best, _ = brute_force(inst)
-    old = solve_exact(inst, time_limit=HANG_GUARD, relax_racks=False)
+    old = solve_exact(inst, RunOptions(time_limit=HANG_GUARD), relax_racks=False)
     assert not old.proven and old.limit == "unsettled"
-    new = solve_exact(inst, time_limit=HANG_GUARD)
+    new = solve_exact(inst, RunOptions(time_limit=HANG_GUARD))
     assert new.proven and new.limit == "none"
     assert any("racks merged" in line for line in new.log)
     assert new.stats["goodput"] == pytest.approx(best, rel=1e-6, abs=1e-12)
@@ -377,7 +378,7 @@ def test_rack_merged_relaxation_without_a_graph_is_no_proof(monkeypatch):
 
     monkeypatch.setattr(search.baselines, "ntp_pw", reads_graph)
     inst = choice_instance(0)
-    res = solve_exact(inst, time_limit=HANG_GUARD)
+    res = solve_exact(inst, RunOptions(time_limit=HANG_GUARD))
     assert not res.proven and res.limit == "unsettled"
     assert any("needs the cluster graph" in line for line in res.log)
     assert validate(inst, res.plan) == []

@@ -1,4 +1,4 @@
-"""Column generation (ntp_opt/planners/exact/colgen.py) against the full capacity program.
+"""Column generation (ntp_opt/planners/exact/colgen*.py) against the full capacity program.
 
 On instances where every configuration can be listed (configs.domain_configs),
 the generated program must give the same C(theta'), its LP bound must never
@@ -16,20 +16,18 @@ import pytest
 
 from ntp_opt import Instance, Job, solve
 from ntp_opt.model import topology
-from ntp_opt.planners.exact import colgen
+from ntp_opt.planners.exact import colgen_master
 from ntp_opt.planners.exact.backends import available_backends, solve_program
 from ntp_opt.planners.exact.capacity import build_capacity, iter_stages
 from ntp_opt.planners.exact.colgen import (
     ColumnGeneration,
-    Pricing,
-    ceil_mw,
     column_generation_available,
     column_generation_for,
-    owner_domain,
-    owners,
 )
+from ntp_opt.planners.exact.colgen_pricing import Pricing, owner_domain, owners
 from ntp_opt.planners.exact.configs import domain_configs
 from ntp_opt.planners.exact.model import WHOLE_UNIT, prepare
+from ntp_opt.rules.power import ceil_mw
 from tests.helpers import HANG_GUARD
 
 from .bruteforce import brute_force
@@ -263,7 +261,7 @@ def test_threshold_question_skips_the_integer_master(seed):
 def test_nvl72_tp8_elastic_with_boost_equals_brute_force():
     # One GB200 NVL72 rack, one failed GPU and two stragglers, TP8 (TP7 allowed):
     # nine stages per domain, so both cases use generated configurations (the
-    # nominal one has about 12,900 per class, above search.COLGEN_CLASS_CONFIGS).
+    # nominal one has about 12,900 per class, above oracle.COLGEN_CLASS_CONFIGS).
     # Elastic with boost: the level descent runs on the generated program. Right at a
     # tight point the generated program leaves a gap (integer master 9, LP bound 11);
     # the descent must start from the bound, not from the master's value (it used to,
@@ -287,9 +285,9 @@ def test_target_question_branches_until_the_target_is_ruled_out(seed, closes, mo
     # that prunes the nodes below the target must rule the target out where it can
     # (issue 16: a 9k NVL72 TP8 elastic instance stopped on C in [1860, 1863]),
     # and never below the full program's C.
-    monkeypatch.setattr(colgen, "MAX_NODES", 0)
-    monkeypatch.setattr(colgen, "ENUM_LIMIT", 0)
-    monkeypatch.setattr(colgen, "NEAR_COLUMNS", 1)
+    monkeypatch.setattr(colgen_master, "MAX_NODES", 0)
+    monkeypatch.setattr(colgen_master, "ENUM_LIMIT", 0)
+    monkeypatch.setattr(colgen_master, "NEAR_COLUMNS", 1)
     inst = small_instance(seed)
     prep = prepare(inst)
     degrees = inst.job.allowed

@@ -118,10 +118,10 @@ def test_cli_sigint_exact_returns_best_plan(tmp_path: Path, policy: str) -> None
 #: the search runs, however fast it has become and however loaded the machine.
 GATED_EXACT_CLI = """
 import sys
-import ntp_opt.planners.exact.search as search
+import ntp_opt.planners.exact.oracle as oracle
 from ntp_opt.app.cli import main
 
-real, calls = search.solve_or_highs, []
+real, calls = oracle.solve_or_highs, []
 
 def gate(*args, **kwargs):
     calls.append(1)
@@ -131,7 +131,7 @@ def gate(*args, **kwargs):
             pass
     return real(*args, **kwargs)
 
-search.solve_or_highs = gate
+oracle.solve_or_highs = gate
 sys.exit(main(sys.argv[1:]))
 """
 
@@ -352,7 +352,7 @@ def test_every_module_logs_to_its_own_logger_without_handlers(
     with caplog.at_level(logging.DEBUG, logger="ntp_opt"):
         res = solve(load_instance(TINY), "optimal", time_limit=HANG_GUARD)
     names = {r.name for r in caplog.records}
-    assert {"ntp_opt.solve", "ntp_opt.model.control", "ntp_opt.planners.exact.search"} <= names
+    assert {"ntp_opt.solve", "ntp_opt.model.control", "ntp_opt.planners.exact.oracle"} <= names
     assert "ntp_opt.planners.exact.backends.base" in names  # SolverBackend.solve
     assert all(not logging.getLogger(n).handlers for n in names)  # the library adds none
     assert not logging.getLogger("ntp_opt").handlers

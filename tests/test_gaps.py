@@ -10,10 +10,11 @@ import pytest
 
 from ntp_opt import Instance, Job, evaluate, solve
 from ntp_opt.model import topology
-from ntp_opt.planners.exact import search
+from ntp_opt.planners.exact import oracle, search
 from ntp_opt.planners.exact.backends import solve_program
 from ntp_opt.planners.exact.capacity import build_capacity
-from ntp_opt.planners.exact.colgen import column_generation_available, owners
+from ntp_opt.planners.exact.colgen import column_generation_available
+from ntp_opt.planners.exact.colgen_pricing import owners
 from ntp_opt.planners.exact.model import WHOLE_UNIT, prepare
 from tests.helpers import HANG_GUARD
 
@@ -36,9 +37,9 @@ def test_whole_racks_by_column_generation_equal_brute_force(seed, full, monkeypa
     # every multi-domain rack as one column-generation owner (classes of identical
     # racks), or (full) the full program by HiGHS where it is small: the optimum is
     # still the brute force's, and proven
-    monkeypatch.setattr(search, "MULTI_DOMAINS_COLGEN", 0)
+    monkeypatch.setattr(oracle, "MULTI_DOMAINS_COLGEN", 0)
     if not full:
-        monkeypatch.setattr(search, "FULL_HIGHS_VARS", 0)
+        monkeypatch.setattr(oracle, "FULL_HIGHS_VARS", 0)
     inst = exact_instance(seed)
     prep = prepare(inst)
     assert prep.multi
@@ -114,10 +115,10 @@ def test_relaxations_bound_the_capacity(seed):
             continue
         sol = solve_program(cap.program, "cpsat")
         assert sol.objective is not None
-        relaxed = search.lp_relaxation(cap.program)
+        relaxed = oracle.lp_relaxation(cap.program)
         assert relaxed is not None and relaxed >= sol.objective - 1e-6
-        mixed = search.lp_relaxation(cap.program, integer_from=cap.n_offset)
-        stopped = search.lp_relaxation(cap.program, integer_from=cap.n_offset, node_limit=1)
+        mixed = oracle.lp_relaxation(cap.program, integer_from=cap.n_offset)
+        stopped = oracle.lp_relaxation(cap.program, integer_from=cap.n_offset, node_limit=1)
         assert mixed is not None and stopped is not None
         assert sol.objective - 1e-6 <= mixed <= relaxed + 1e-6
         assert sol.objective - 1e-6 <= stopped <= relaxed + 1e-6
@@ -157,8 +158,8 @@ def _weakened_oracle(monkeypatch, every: int) -> list[int]:
         return out
 
     monkeypatch.setattr(colgen.ColumnGeneration, "solve", solve)
-    monkeypatch.setattr(search, "MULTI_DOMAINS_COLGEN", 0)
-    monkeypatch.setattr(search, "FULL_HIGHS_VARS", 0)  # generated programs throughout
+    monkeypatch.setattr(oracle, "MULTI_DOMAINS_COLGEN", 0)
+    monkeypatch.setattr(oracle, "FULL_HIGHS_VARS", 0)  # generated programs throughout
     return calls
 
 
@@ -167,9 +168,11 @@ UNRESOLVED_SEEDS = [14, 29, 35, 41, 50, 59, 74, 89, 104, 107, 110, 119]
 
 
 def _no_settling(monkeypatch) -> None:
-    """The full program never settles a generated one (search._Search._settle off)."""
+    """The full program never settles a generated one (oracle.CapacitySearch._settle off)."""
     monkeypatch.setattr(
-        search._Search, "_settle", lambda self, theta, degrees, lower, upper: (None, None, upper)
+        oracle.CapacitySearch,
+        "_settle",
+        lambda self, theta, degrees, lower, upper: (None, None, upper),
     )
 
 
@@ -215,7 +218,7 @@ def test_open_generated_programs_are_settled_by_the_full_program(monkeypatch):
         inst = exact_instance(seed)
         best, _ = brute_force(inst)
         _weakened_oracle(monkeypatch, 1)
-        monkeypatch.setattr(search, "merged_capacity", lambda *args, **kwargs: None)
+        monkeypatch.setattr(oracle, "merged_capacity", lambda *args, **kwargs: None)
         res = solve(inst, "cpsat", time_limit=HANG_GUARD, log=True)
         assert res.status == "optimal"
         assert res.limit == "none"
@@ -250,17 +253,17 @@ def test_open_generated_programs_are_settled_by_the_merged_program(monkeypatch):
 def test_integer_master_past_the_work_limit_goes_to_highs(monkeypatch):
     # CP-SAT stopped at once on every integer master of the column generation:
     # HiGHS solves the master instead, and the optimum is still the brute force's
-    from ntp_opt.planners.exact import colgen
+    from ntp_opt.planners.exact import colgen_master
 
-    monkeypatch.setattr(search, "MULTI_DOMAINS_COLGEN", 0)
-    monkeypatch.setattr(search, "FULL_HIGHS_VARS", 0)
-    monkeypatch.setattr(colgen, "MASTER_WORK", 1e-9)
+    monkeypatch.setattr(oracle, "MULTI_DOMAINS_COLGEN", 0)
+    monkeypatch.setattr(oracle, "FULL_HIGHS_VARS", 0)
+    monkeypatch.setattr(colgen_master, "MASTER_WORK", 1e-9)
     from ntp_opt.planners.exact import backends as exact_backends
 
     backends: list[str] = []
     in_master = [False]
     real = exact_backends.solve_program
-    real_master = colgen.solve_or_highs
+    real_master = colgen_master.solve_or_highs
 
     def spy(program, backend, **kwargs):  # type: ignore[no-untyped-def]
         if in_master[0]:  # the integer masters' backends only
@@ -275,7 +278,7 @@ def test_integer_master_past_the_work_limit_goes_to_highs(monkeypatch):
             in_master[0] = False
 
     monkeypatch.setattr(exact_backends, "solve_program", spy)  # solve_or_highs calls it
-    monkeypatch.setattr(colgen, "solve_or_highs", master)
+    monkeypatch.setattr(colgen_master, "solve_or_highs", master)
     exercised = 0
     for seed in UNRESOLVED_SEEDS:
         backends.clear()
@@ -296,12 +299,12 @@ def test_integer_master_past_the_work_limit_goes_to_highs(monkeypatch):
 def test_work_limit_is_not_reported_as_a_time_limit(monkeypatch):
     # CP-SAT stopped by its work limit and HiGHS finding nothing either (faked):
     # the master is left unsolved, which is an unresolved program, not a time limit
-    from ntp_opt.planners.exact import colgen
+    from ntp_opt.planners.exact import colgen_master
     from ntp_opt.planners.exact.program import IntSolution
 
-    monkeypatch.setattr(search, "MULTI_DOMAINS_COLGEN", 0)
-    monkeypatch.setattr(search, "FULL_HIGHS_VARS", 0)
-    monkeypatch.setattr(colgen, "MASTER_WORK", 1e-9)
+    monkeypatch.setattr(oracle, "MULTI_DOMAINS_COLGEN", 0)
+    monkeypatch.setattr(oracle, "FULL_HIGHS_VARS", 0)
+    monkeypatch.setattr(colgen_master, "MASTER_WORK", 1e-9)
     from ntp_opt.planners.exact import backends
 
     real = backends.solve_program
@@ -380,7 +383,7 @@ def test_dgx256_open_generated_program_is_settled(monkeypatch):
     direct = solve_program(full.program, "highs", threads=1)
     assert direct.status == "optimal"
     start = planned(search.baselines.dp_drop, inst)
-    s = search._Search(prep, "cpsat", None, 1, 0, True, start, -1.0)
+    s = oracle.CapacitySearch(prep, "cpsat", None, 1, 0, True, start, -1.0)
     gen = search.column_generation_for(prep, degrees, theta)
     assert gen is not None
     s.colgen[degrees] = gen
@@ -388,8 +391,8 @@ def test_dgx256_open_generated_program_is_settled(monkeypatch):
     assert lower == upper == direct.objective
     assert any("merged program" in x for x in s.log)
     assert not any("full program" in x for x in s.log)
-    monkeypatch.setattr(search, "merged_capacity", lambda *args, **kwargs: None)
-    s = search._Search(prep, "cpsat", None, 1, 0, True, start, -1.0)
+    monkeypatch.setattr(oracle, "merged_capacity", lambda *args, **kwargs: None)
+    s = oracle.CapacitySearch(prep, "cpsat", None, 1, 0, True, start, -1.0)
     gen = search.column_generation_for(prep, degrees, theta)
     assert gen is not None
     s.colgen[degrees] = gen
@@ -427,7 +430,7 @@ def test_descent_settles_a_program_that_would_creep(seed, monkeypatch):
     inst = exact_instance(seed)
     prep = prepare(inst)
     degrees = inst.job.allowed
-    theta = search._theta_range(prep, degrees)[1]
+    theta = oracle.theta_range(prep, degrees)[1]
     direct = solve_program(build_capacity(prep, theta, degrees).program, "highs", threads=1)
     assert direct.status == "optimal" and direct.objective
     c = int(direct.objective)
@@ -440,19 +443,19 @@ def test_descent_settles_a_program_that_would_creep(seed, monkeypatch):
         return dataclasses.replace(out, upper=c + 5)  # a valid, looser bound
 
     monkeypatch.setattr(colgen.ColumnGeneration, "solve", loose)
-    monkeypatch.setattr(search, "FULL_HIGHS_VARS", 0)  # generated programs throughout
+    monkeypatch.setattr(oracle, "FULL_HIGHS_VARS", 0)  # generated programs throughout
     start = planned(search.baselines.dp_drop, inst)
 
-    def oracle(target: int) -> tuple[int, int]:
-        s = search._Search(prep, "cpsat", None, 1, 0, True, start, -1.0)
+    def ask(target: int) -> tuple[int, int]:
+        s = oracle.CapacitySearch(prep, "cpsat", None, 1, 0, True, start, -1.0)
         gen = search.column_generation_for(prep, degrees, theta)
         assert gen is not None
         s.colgen[degrees] = gen
         lower, upper, _ = s.capacity(theta, degrees, target, descent=True)
         return lower, upper
 
-    assert oracle(c + 6) == (c, c)  # would lower the level by 1 with a gap of 5: settled
-    assert oracle(c + 20) == (c, c + 5)  # lowers it by 15: the bound is enough
+    assert ask(c + 6) == (c, c)  # would lower the level by 1 with a gap of 5: settled
+    assert ask(c + 20) == (c, c + 5)  # lowers it by 15: the bound is enough
 
 
 def test_deadline_while_sizing_the_full_program_is_not_a_crash(monkeypatch):
@@ -467,5 +470,5 @@ def test_deadline_while_sizing_the_full_program_is_not_a_crash(monkeypatch):
     def late(*args, **kwargs):
         raise DeadlineReached("deadline")
 
-    monkeypatch.setattr(search, "build_capacity", late)
-    assert search._small_full_program(prep, inst.job.allowed, 0.0) is False
+    monkeypatch.setattr(oracle, "build_capacity", late)
+    assert oracle.small_full_program(prep, inst.job.allowed, 0.0) is False

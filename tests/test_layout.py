@@ -97,10 +97,11 @@ def test_from_indices_round_trips():
 
 def test_exact_outcome_carries_its_plan_layout():
     pytest.importorskip("ortools")
+    from ntp_opt.planners.base import RunOptions
     from ntp_opt.planners.exact.search import solve_exact
 
     inst = load_instance(ROOT / "instances" / "nvl32-64-1gpu-elastic.json.gz")
-    out = solve_exact(inst, "cpsat", initial_plan=None)
+    out = solve_exact(inst, RunOptions(initial_plan=None))
     assert out.plan is not None and out.layout is not None
     back = out.layout.to_plan(inst)
     assert back == out.plan

@@ -16,6 +16,7 @@ import pytest
 from ntp_opt.app.cli import main
 from ntp_opt.model.files import load_instance
 from ntp_opt.model.instance import Instance
+from ntp_opt.planners.base import RunOptions
 from ntp_opt.planners.exact import capacity, model
 from ntp_opt.planners.exact import configs as exact_configs
 from ntp_opt.planners.exact.search import solve_exact
@@ -73,7 +74,7 @@ def test_a_passed_deadline_stops_building() -> None:
 
 def test_exact_search_with_no_time_left_returns_a_valid_plan() -> None:
     inst = _tiny(8)
-    out = solve_exact(inst, time_limit=1e-9)
+    out = solve_exact(inst, RunOptions(time_limit=1e-9))
     assert out.time_limit_hit and not out.proven
     assert out.plan is not None
     ev = evaluate(inst, out.plan)

@@ -12,8 +12,8 @@ import pytest
 from ntp_opt import Instance, Job, evaluate
 from ntp_opt.model import topology
 from ntp_opt.model.plan import Plan
-from ntp_opt.planners.base import Outcome
-from ntp_opt.planners.exact import search
+from ntp_opt.planners.base import Outcome, RunOptions
+from ntp_opt.planners.exact import oracle, search, steptime
 from ntp_opt.planners.exact.search import solve_exact
 from tests.helpers import HANG_GUARD
 
@@ -30,8 +30,8 @@ def _elastic(inst: Instance) -> Instance:
 def test_descent_equals_branch_and_bound_and_brute_force(seed: int) -> None:
     inst = _elastic(exact_instance(seed))
     best, _ = brute_force(inst)
-    new = solve_exact(inst, "cpsat", time_limit=HANG_GUARD, theta_search="descent")
-    old = solve_exact(inst, "cpsat", time_limit=HANG_GUARD, theta_search="bnb")
+    new = solve_exact(inst, RunOptions(time_limit=HANG_GUARD), theta_search="descent")
+    old = solve_exact(inst, RunOptions(time_limit=HANG_GUARD), theta_search="bnb")
     assert new.proven and old.proven
     g_new, g_old = float(new.stats["goodput"]), float(old.stats["goodput"])
     assert g_new == pytest.approx(best, rel=1e-5, abs=1e-9)
@@ -57,7 +57,7 @@ def _seeds_against_brute_force(marker: str) -> int:
     for seed in range(24):
         inst = _elastic(exact_instance(seed))
         best, _ = brute_force(inst)
-        res = solve_exact(inst, "cpsat", time_limit=HANG_GUARD, log=True)
+        res = solve_exact(inst, RunOptions(time_limit=HANG_GUARD, log=True))
         assert res.proven
         hits += any(marker in line for line in res.log)
         assert float(res.stats["goodput"]) == pytest.approx(best, rel=1e-5, abs=1e-9)
@@ -81,8 +81,8 @@ def test_mixed_relaxation_equals_brute_force(monkeypatch: pytest.MonkeyPatch) ->
     # forced here onto every program the LP does not decide and stopped after one
     # node, keeps the brute force's optimum and a valid bound
     _pause_warm_starts(monkeypatch)
-    monkeypatch.setattr(search, "MIXED_MIN_VARS", 0)
-    monkeypatch.setattr(search, "MIXED_NODES", 1)
+    monkeypatch.setattr(oracle, "MIXED_MIN_VARS", 0)
+    monkeypatch.setattr(oracle, "MIXED_NODES", 1)
     mixed = _seeds_against_brute_force("mixed=")
     assert mixed >= 3  # (4 of the 24 when written)
 
@@ -101,7 +101,7 @@ def test_look_ahead_keeps_the_optimum(monkeypatch: pytest.MonkeyPatch) -> None:
     # for a level ahead of its turn) finds better plans; with it and without it
     # the searches end at the same proven optimum
     _pause_warm_starts(monkeypatch)
-    real = search._look_ahead
+    real = steptime.look_ahead
     asked = found = 0
 
     def spy(s, case, window, level, best, caps, stride):  # type: ignore[no-untyped-def]
@@ -113,14 +113,14 @@ def test_look_ahead_keeps_the_optimum(monkeypatch: pytest.MonkeyPatch) -> None:
         return out
 
     def off(s, case, window, level, best, caps, stride):  # type: ignore[no-untyped-def]
-        return best, search.LOOK_AHEAD
+        return best, steptime.LOOK_AHEAD
 
     for seed in range(6):
         inst = _boosted(8, 2, seed)
-        monkeypatch.setattr(search, "_look_ahead", spy)
-        on = solve_exact(inst, "cpsat", time_limit=HANG_GUARD)
-        monkeypatch.setattr(search, "_look_ahead", off)
-        without = solve_exact(inst, "cpsat", time_limit=HANG_GUARD)
+        monkeypatch.setattr(steptime, "look_ahead", spy)
+        on = solve_exact(inst, RunOptions(time_limit=HANG_GUARD))
+        monkeypatch.setattr(steptime, "look_ahead", off)
+        without = solve_exact(inst, RunOptions(time_limit=HANG_GUARD))
         assert on.proven and without.proven
         g_on, g_off = float(on.stats["goodput"]), float(without.stats["goodput"])
         assert g_on == pytest.approx(g_off, rel=2e-6)
@@ -135,8 +135,8 @@ def test_descent_solves_fewer_programs_with_boost(seed: int) -> None:
     # the descent solves one program per level of C, the branch and bound
     # several per jump it locates
     inst = _boosted(16, 3, seed)
-    new = solve_exact(inst, "cpsat", time_limit=HANG_GUARD, theta_search="descent")
-    old = solve_exact(inst, "cpsat", time_limit=HANG_GUARD, theta_search="bnb")
+    new = solve_exact(inst, RunOptions(time_limit=HANG_GUARD), theta_search="descent")
+    old = solve_exact(inst, RunOptions(time_limit=HANG_GUARD), theta_search="bnb")
     assert new.proven and old.proven
     assert float(new.stats["goodput"]) >= float(old.stats["goodput"]) * (1 - 2e-6)
     assert float(old.stats["goodput"]) >= float(new.stats["goodput"]) * (1 - 2e-6)
@@ -145,7 +145,7 @@ def test_descent_solves_fewer_programs_with_boost(seed: int) -> None:
 
 def test_unknown_theta_search_is_refused() -> None:
     with pytest.raises(ValueError, match="theta_search"):
-        solve_exact(exact_instance(0), "cpsat", theta_search="golden")
+        solve_exact(exact_instance(0), theta_search="golden")
 
 
 def test_a_case_whose_bound_is_reached_is_not_searched() -> None:
@@ -154,7 +154,7 @@ def test_a_case_whose_bound_is_reached_is_not_searched() -> None:
     g = topology.nvl32(4, rack_power_factor=1.3)
     job = Job(tp=32, pp=2, dp=2, global_batch=32, batch_policy="elastic", max_boost=0.0)
     inst = Instance("healthy", g, job)
-    out = solve_exact(inst, "cpsat", time_limit=HANG_GUARD, log=True)
+    out = solve_exact(inst, RunOptions(time_limit=HANG_GUARD, log=True))
     best, _ = brute_force(inst)
     assert out.proven
     assert float(out.stats["goodput"]) == pytest.approx(best, rel=1e-6)
@@ -175,7 +175,7 @@ def test_descent_from_a_paused_incumbent_finds_the_optimum(
     inst = _elastic(exact_instance(seed))
     best, _ = brute_force(inst)
     _pause_warm_starts(monkeypatch)
-    out = solve_exact(inst, "cpsat", time_limit=HANG_GUARD)
+    out = solve_exact(inst, RunOptions(time_limit=HANG_GUARD))
     assert out.proven
     assert float(out.stats["goodput"]) == pytest.approx(best, rel=1e-5, abs=1e-9)
     assert out.bound is not None and out.bound >= best * (1 - 1e-9)

@@ -486,13 +486,15 @@ def _search_subs(
             share = left / sum(1 for s in subs[i:] if s.cap > best_value)
         out = solve_exact(
             sub.instance,
-            backend,
-            time_limit=share,
-            threads=threads,
-            seed=seed,
-            initial_plan=_warm(sub, initial_plan, best, one_batch),
-            log=log,
-            control=control,
+            RunOptions(
+                time_limit=share,
+                seed=seed,
+                threads=threads,
+                initial_plan=_warm(sub, initial_plan, best, one_batch),
+                log=log,
+                control=control,
+            ),
+            backend=backend,
             report_bounds=False,  # one search's bound is no bound for all of them
         )
         found.record(sub, out)

@@ -79,16 +79,7 @@ class ExactPlanner:
         if self.megatron:
             out = solve_megatron(inst, options, backend=self.backend)
         else:
-            out = solve_exact(
-                inst,
-                self.backend,
-                time_limit=options.time_limit,
-                threads=options.threads,
-                seed=options.seed,
-                initial_plan=options.initial_plan,
-                log=options.log,
-                control=options.control,
-            )
+            out = solve_exact(inst, options, backend=self.backend)
         if out.plan is None:
             return out
         plan = out.plan.with_metrics(policy=self.name)

@@ -378,65 +378,134 @@ def _listing(
     name: str,
     limit: int | None,
 ) -> list[Listed]:
-    n_racks = len(unit_idle_w)
-    idle_r = np.array(unit_idle_w)
-    budget_r = np.array(unit_budget_mw, dtype=float)
-    table = _table(job, cd, options, n_racks, theta, idle_r, budget_r)
-    sizes = cd.size
-    h = int(sizes.sum())
-    min_t = min((t for t in degrees if t <= h), default=h + 1)
-    configs: list[Listed] = [((), (0.0,) * n_racks)]
+    """:func:`choice_configs` without the cache."""
+    lister = _Lister(job, cd, unit_idle_w, unit_budget_mw, theta, degrees, options, check)
+    lister.name, lister.limit = name, limit
+    g = len(cd.members)
+    lister.rec(
+        0,
+        [],
+        np.zeros((1, g), dtype=np.int64),
+        np.zeros((1, lister.n_racks)),
+        np.zeros((1, 0), dtype=np.int64),
+        0,
+    )
+    return lister.configs
 
-    k_rows = table.k.tolist()
-    power_rows = table.power.tolist()
-    placed: dict[tuple[int, tuple[int, ...]], tuple[tuple[int, ...], tuple[int, ...]]] = {}
 
-    pairs = cd._pairs.setdefault((unit_idle_w, unit_budget_mw), {})
-    if len(pairs) > _MAX_PAIRS:
-        pairs.clear()
+def _best(site: np.ndarray, room: np.ndarray) -> np.ndarray:
+    """Per row: the column of least ``site``, ties to the largest ``room``."""
+    low = site == site.min(axis=1, keepdims=True)
+    pick: np.ndarray = np.where(low, room, -np.inf).argmax(axis=1)
+    return pick
 
-    def remember(first: tuple[int, bytes], r: int, got: _Pair | None) -> None:
-        pairs[(first, table.key[r])] = got
 
-    def place(row: int, ptr: tuple[int, ...]) -> tuple[tuple[int, ...], tuple[int, ...]]:
+#: Per stage kind's rows: the configurations to list (state indices) and the states
+#: (GPUs used per group, draw per rack, split rows so far).
+_States = tuple[list[int], np.ndarray, np.ndarray, np.ndarray]
+
+
+class _Lister:
+    """The listing of :func:`choice_configs`: a depth-first search over stage kinds
+    whose states (splits taken per group, draw per rack) advance in arrays."""
+
+    def __init__(
+        self,
+        job: Job,
+        cd: ChoiceDomain,
+        unit_idle_w: tuple[float, ...],
+        unit_budget_mw: tuple[int, ...],
+        theta: float,
+        degrees: tuple[int, ...],
+        options: list[tuple[int, int]],
+        check: Callable[[], None],
+    ) -> None:
+        self.cd = cd
+        self.options = options
+        self.check = check
+        self.name = ""
+        self.limit: int | None = None
+        self.n_racks = len(unit_idle_w)
+        self.idle_r = np.array(unit_idle_w)
+        self.budget_r = np.array(unit_budget_mw, dtype=float)
+        self.table = _table(job, cd, options, self.n_racks, theta, self.idle_r, self.budget_r)
+        self.sizes = cd.size
+        self.h = int(self.sizes.sum())
+        self.min_t = min((t for t in degrees if t <= self.h), default=self.h + 1)
+        self.configs: list[Listed] = [((), (0.0,) * self.n_racks)]
+        self.k_rows = self.table.k.tolist()
+        self.power_rows = self.table.power.tolist()
+        self.placed: dict[tuple[int, tuple[int, ...]], tuple[tuple[int, ...], tuple[int, ...]]]
+        self.placed = {}
+        self.pairs = cd._pairs.setdefault((unit_idle_w, unit_budget_mw), {})
+        if len(self.pairs) > _MAX_PAIRS:
+            self.pairs.clear()
+
+    def remember(self, first: tuple[int, bytes], r: int, got: _Pair | None) -> None:
+        """The last stage's pick after a first stage (``None``: none fits)."""
+        self.pairs[(first, self.table.key[r])] = got
+
+    def place(self, row: int, ptr: tuple[int, ...]) -> tuple[tuple[int, ...], tuple[int, ...]]:
         """GPU positions of split ``row`` taken after ``ptr`` GPUs of each group, and the
         new ``ptr``."""
         key = (row, ptr)
-        if key not in placed:
+        if key not in self.placed:
             pos: list[int] = []
             nxt = list(ptr)
-            for g, n in enumerate(k_rows[row]):
+            for g, n in enumerate(self.k_rows[row]):
                 if n:
-                    pos.extend(cd.members[g][ptr[g] : ptr[g] + n])
+                    pos.extend(self.cd.members[g][ptr[g] : ptr[g] + n])
                     nxt[g] += n
-            placed[key] = (tuple(sorted(pos)), tuple(nxt))
-        return placed[key]
+            self.placed[key] = (tuple(sorted(pos)), tuple(nxt))
+        return self.placed[key]
 
-    def _headroom(draw: np.ndarray) -> np.ndarray:
+    def headroom(self, draw: np.ndarray) -> np.ndarray:
         """The least budget left in any rack (mW), per state (last axis: racks)."""
-        used = ceil_mw_array(idle_r + draw)
-        left: np.ndarray = (budget_r - used).min(axis=-1)
+        used = ceil_mw_array(self.idle_r + draw)
+        left: np.ndarray = (self.budget_r - used).min(axis=-1)
         return left
 
-    def _best(site: np.ndarray, room: np.ndarray) -> np.ndarray:
-        """Per row: the column of least ``site``, ties to the largest ``room``."""
-        low = site == site.min(axis=1, keepdims=True)
-        pick: np.ndarray = np.where(low, room, -np.inf).argmax(axis=1)
-        return pick
-
-    def make(path: list[int], hist: np.ndarray, draw: np.ndarray) -> Listed:
-        ptr = (0,) * len(cd.members)
+    def make(self, path: list[int], hist: np.ndarray, draw: np.ndarray) -> Listed:
+        """The listed configuration of stage kinds ``path`` on split rows ``hist``."""
+        ptr = (0,) * len(self.cd.members)
         stages = []
         for j, row in zip(path, hist.tolist(), strict=True):
-            pos, ptr = place(row, ptr)
-            t, b = options[j]
-            stages.append((t, b, power_rows[row], pos))
+            pos, ptr = self.place(row, ptr)
+            t, b = self.options[j]
+            stages.append((t, b, self.power_rows[row], pos))
         return tuple(stages), tuple(draw.tolist())
 
+    def made(self, j1: int, j2: int, got: _Pair) -> Listed:
+        """A remembered pair as a listed configuration of stage kinds ``j1``, ``j2``."""
+        p1, pos1, p2, pos2, drawn = got
+        (t1, b1), (t2, b2) = self.options[j1], self.options[j2]
+        return ((t1, b1, p1, pos1), (t2, b2, p2, pos2)), drawn
+
+    def add(self, config: Listed) -> None:
+        """List a configuration (:class:`ChoiceTooLarge` past the limit)."""
+        self.configs.append(config)
+        self.check_limit()
+
+    def check_limit(self) -> None:
+        """:class:`ChoiceTooLarge` once more than ``limit`` configurations are listed."""
+        if self.limit is not None and len(self.configs) > self.limit:
+            raise ChoiceTooLarge(
+                f"domain {self.name!r} has more than {self.limit} stage configurations "
+                "at this step time"
+            )
+
     def rec(
-        j0: int, path: list[int], used: np.ndarray, draw: np.ndarray, hist: np.ndarray, total: int
+        self,
+        j0: int,
+        path: list[int],
+        used: np.ndarray,
+        draw: np.ndarray,
+        hist: np.ndarray,
+        total: int,
     ) -> None:
-        check()
+        """List the configurations extending ``path`` (kinds ``>= j0``) on its states."""
+        self.check()
+        table, options, h, min_t = self.table, self.options, self.h, self.min_t
         if total + min_t > h:
             return
         kinds = [
@@ -451,144 +520,133 @@ def _listing(
         # on the two stages' split tables only, which mostly repeat from one step time
         # to the next (every level that needs no boost shares one): remembered per pair.
         last = (
-            cd.single and len(path) == 1 and all(total + options[j][0] + min_t > h for j in kinds)
+            self.cd.single
+            and len(path) == 1
+            and all(total + options[j][0] + min_t > h for j in kinds)
         )
-        if last:
-            first = table.key[path[0]]
-            reps = [r for r in reps if (first, table.key[r]) not in pairs]
-            if reps:
-                _extend(reps, used, draw, hist, total, path, first)
-            for j in kinds:
-                got = pairs[(first, table.key[j])]
-                if got is not None:
-                    configs.append(made(path[0], j, got))
-                    if limit is not None and len(configs) > limit:
-                        raise ChoiceTooLarge(
-                            f"domain {name!r} has more than {limit} stage configurations "
-                            "at this step time"
-                        )
+        if not last:
+            self.extend(reps, _Step(self, reps, used, draw, hist), total, path, kinds)
             return
-        _extend(reps, used, draw, hist, total, path, None, kinds)
-
-    def made(j1: int, j2: int, got: _Pair) -> Listed:
-        """A remembered pair as a listed configuration of stage kinds ``j1``, ``j2``."""
-        p1, pos1, p2, pos2, drawn = got
-        (t1, b1), (t2, b2) = options[j1], options[j2]
-        return ((t1, b1, p1, pos1), (t2, b2, p2, pos2)), drawn
-
-    def _extend(
-        reps: list[int],
-        used: np.ndarray,
-        draw: np.ndarray,
-        hist: np.ndarray,
-        total: int,
-        path: list[int],
-        first: tuple[int, bytes] | None,
-        kinds: list[int] | None = None,
-    ) -> None:
-        """Extend the states by one stage of every kind reading rows of ``reps``: list
-        the configurations and recurse (``kinds``), or remember the last stage's pick
-        per pair (``first``: the first stage's table)."""
-        sizes_r = [table.hi[r] - table.lo[r] for r in reps]
-        cand = np.concatenate([np.arange(table.lo[r], table.hi[r]) for r in reps])
-        seg_of = dict(
-            zip(reps, np.split(np.arange(len(cand)), np.cumsum(sizes_r)[:-1]), strict=True)
-        )
-        # every candidate split on every state
-        new_used = table.k[cand][:, None, :] + used[None, :, :]
-        new_draw = table.add[cand][:, None, :] + draw[None, :, :]
-        ok = np.all(new_used <= sizes, axis=2)
-        ok &= np.all(fits_mw(idle_r + new_draw, budget_r), axis=2)
-        if not ok.any():
-            if first is not None:
-                for r in reps:
-                    remember(first, r, None)
-            return
-        if cd.single:
-            # the least site draw; among equal ones the most headroom in the tightest rack
-            # (any is exact; this one keeps fitting longest as the step time shrinks)
-            site = np.where(ok, ceil_mw_array(new_draw.sum(axis=2)), np.inf)
-            room = np.where(ok, _headroom(new_draw), -np.inf)
-            best_s = _best(site, room)
-            best_v = site[np.arange(len(cand)), best_s]
-            best_room = room[np.arange(len(cand)), best_s]
-        results: dict[int, tuple[list[int], np.ndarray, np.ndarray, np.ndarray] | None] = {}
-
-        def states(
-            r: int, deeper: bool
-        ) -> tuple[list[int], np.ndarray, np.ndarray, np.ndarray] | None:
-            """For the rows of kind ``r``: the configurations to list (state indices) and,
-            when ``deeper``, the distinct states to extend."""
-            if r in results:
-                return results[r]
-            seg = seg_of[r]
-            seg_ok = ok[seg]
-            out: tuple[list[int], np.ndarray, np.ndarray, np.ndarray] | None = None
-            if seg_ok.any():
-                ci, si = np.nonzero(seg_ok)
-                ci = seg[ci]
-                if cd.single and not deeper:
-                    c = int(seg[int(_best(best_v[seg][None, :], best_room[seg][None, :])[0])])
-                    ci, si = np.array([c]), np.array([int(best_s[c])])
-                u2 = new_used[ci, si]
-                d2 = new_draw[ci, si]
-                h2 = np.concatenate((hist[si], cand[ci][:, None]), axis=1)
-                if deeper:  # distinct states only (same GPUs per group and draws)
-                    _, first = np.unique(
-                        np.concatenate((u2, d2), axis=1), axis=0, return_index=True
-                    )
-                    first = np.sort(first)
-                    u2, d2, h2 = u2[first], d2[first], h2[first]
-                    if len(u2) > MAX_STATES:
-                        raise ChoiceTooLarge(
-                            f"domain {name!r}: more than {MAX_STATES} split states"
-                        )
-                if cd.single:
-                    site_u = ceil_mw_array(d2.sum(axis=1))
-                    picks = [int(_best(site_u[None, :], _headroom(d2)[None, :])[0])]
-                else:  # the racks are rows: every Pareto-minimal draw
-                    picks = _pareto(d2)
-                out = (picks, u2, d2, h2)
-            results[r] = out
-            return out
-
-        if first is not None:
-            for r in reps:
-                res = states(r, False)
-                if res is None:
-                    remember(first, r, None)
-                    continue
-                _, _, d2, h2 = res
-                row1, row2 = h2[0].tolist()
-                pos1, ptr = place(row1, (0,) * len(cd.members))
-                pos2, _ = place(row2, ptr)
-                got = (power_rows[row1], pos1, power_rows[row2], pos2, tuple(d2[0].tolist()))
-                remember(first, r, got)
-            return
-        assert kinds is not None
+        first = table.key[path[0]]
+        reps = [r for r in reps if (first, table.key[r]) not in self.pairs]
+        if reps:
+            self.remember_last(reps, _Step(self, reps, used, draw, hist), first)
         for j in kinds:
-            t = options[j][0]
-            deeper = total + t + min_t <= h
-            res = states(table.rep[j], deeper or not cd.single)
+            got = self.pairs[(first, table.key[j])]
+            if got is not None:
+                self.configs.append(self.made(path[0], j, got))
+                self.check_limit()
+
+    def remember_last(self, reps: list[int], step: _Step, first: tuple[int, bytes]) -> None:
+        """Remember the last stage's pick per pair (``first``: the first stage's table)."""
+        if not step.ok.any():
+            for r in reps:
+                self.remember(first, r, None)
+            return
+        for r in reps:
+            res = step.states(r, False)
+            if res is None:
+                self.remember(first, r, None)
+                continue
+            _, _, d2, h2 = res
+            row1, row2 = h2[0].tolist()
+            pos1, ptr = self.place(row1, (0,) * len(self.cd.members))
+            pos2, _ = self.place(row2, ptr)
+            power_rows = self.power_rows
+            got = (power_rows[row1], pos1, power_rows[row2], pos2, tuple(d2[0].tolist()))
+            self.remember(first, r, got)
+
+    def extend(
+        self, reps: list[int], step: _Step, total: int, path: list[int], kinds: list[int]
+    ) -> None:
+        """Extend the states by one stage of every kind in ``kinds`` (reading rows of
+        ``reps``): list the configurations and recurse."""
+        if not step.ok.any():
+            return
+        for j in kinds:
+            t = self.options[j][0]
+            deeper = total + t + self.min_t <= self.h
+            res = step.states(self.table.rep[j], deeper or not self.cd.single)
             if res is None:
                 continue
             picks, u2, d2, h2 = res
             for p in picks:
-                configs.append(make([*path, j], h2[p], d2[p]))
-            if limit is not None and len(configs) > limit:
-                raise ChoiceTooLarge(
-                    f"domain {name!r} has more than {limit} stage configurations at this step time"
-                )
+                self.configs.append(self.make([*path, j], h2[p], d2[p]))
+            self.check_limit()
             if deeper:
-                rec(j, [*path, j], u2, d2, h2, total + t)
+                self.rec(j, [*path, j], u2, d2, h2, total + t)
 
-    g = len(cd.members)
-    rec(
-        0,
-        [],
-        np.zeros((1, g), dtype=np.int64),
-        np.zeros((1, n_racks)),
-        np.zeros((1, 0), dtype=np.int64),
-        0,
-    )
-    return configs
+
+class _Step:
+    """One stage more on every state: every candidate split of the kinds ``reps`` on
+    every state, which fit, and per kind the states it leads to (computed once)."""
+
+    def __init__(
+        self,
+        lister: _Lister,
+        reps: list[int],
+        used: np.ndarray,
+        draw: np.ndarray,
+        hist: np.ndarray,
+    ) -> None:
+        table = lister.table
+        self.lister = lister
+        self.hist = hist
+        sizes_r = [table.hi[r] - table.lo[r] for r in reps]
+        self.cand = np.concatenate([np.arange(table.lo[r], table.hi[r]) for r in reps])
+        self.seg_of = dict(
+            zip(reps, np.split(np.arange(len(self.cand)), np.cumsum(sizes_r)[:-1]), strict=True)
+        )
+        # every candidate split on every state
+        self.new_used = table.k[self.cand][:, None, :] + used[None, :, :]
+        self.new_draw = table.add[self.cand][:, None, :] + draw[None, :, :]
+        ok = np.all(self.new_used <= lister.sizes, axis=2)
+        ok &= np.all(fits_mw(lister.idle_r + self.new_draw, lister.budget_r), axis=2)
+        self.ok = ok
+        self.results: dict[int, _States | None] = {}
+        if ok.any() and lister.cd.single:
+            # the least site draw; among equal ones the most headroom in the tightest rack
+            # (any is exact; this one keeps fitting longest as the step time shrinks)
+            site = np.where(ok, ceil_mw_array(self.new_draw.sum(axis=2)), np.inf)
+            room = np.where(ok, lister.headroom(self.new_draw), -np.inf)
+            self.best_s = _best(site, room)
+            self.best_v = site[np.arange(len(self.cand)), self.best_s]
+            self.best_room = room[np.arange(len(self.cand)), self.best_s]
+
+    def states(self, r: int, deeper: bool) -> _States | None:
+        """For the rows of kind ``r``: the configurations to list (state indices) and,
+        when ``deeper``, the distinct states to extend."""
+        if r in self.results:
+            return self.results[r]
+        seg = self.seg_of[r]
+        seg_ok = self.ok[seg]
+        out: _States | None = None
+        if seg_ok.any():
+            out = self._states(seg, seg_ok, deeper)
+        self.results[r] = out
+        return out
+
+    def _states(self, seg: np.ndarray, seg_ok: np.ndarray, deeper: bool) -> _States:
+        """:meth:`states` where some split of the kind fits."""
+        lister = self.lister
+        single = lister.cd.single
+        ci, si = np.nonzero(seg_ok)
+        ci = seg[ci]
+        if single and not deeper:
+            c = int(seg[int(_best(self.best_v[seg][None, :], self.best_room[seg][None, :])[0])])
+            ci, si = np.array([c]), np.array([int(self.best_s[c])])
+        u2 = self.new_used[ci, si]
+        d2 = self.new_draw[ci, si]
+        h2 = np.concatenate((self.hist[si], self.cand[ci][:, None]), axis=1)
+        if deeper:  # distinct states only (same GPUs per group and draws)
+            _, first = np.unique(np.concatenate((u2, d2), axis=1), axis=0, return_index=True)
+            first = np.sort(first)
+            u2, d2, h2 = u2[first], d2[first], h2[first]
+            if len(u2) > MAX_STATES:
+                raise ChoiceTooLarge(f"domain {lister.name!r}: more than {MAX_STATES} split states")
+        if single:
+            site_u = ceil_mw_array(d2.sum(axis=1))
+            picks = [int(_best(site_u[None, :], lister.headroom(d2)[None, :])[0])]
+        else:  # the racks are rows: every Pareto-minimal draw
+            picks = _pareto(d2)
+        return picks, u2, d2, h2

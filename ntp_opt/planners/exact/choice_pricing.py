@@ -1,6 +1,6 @@
 """Pricing for column generation over a domain whose GPUs are chosen exactly.
 
-:class:`~ntp_opt.planners.exact.colgen.Pricing` searches configurations on
+:class:`~ntp_opt.planners.exact.colgen_pricing.Pricing` searches configurations on
 consecutive blocks of a domain's GPUs in fastest-first order; for a domain
 chosen exactly (:mod:`ntp_opt.planners.exact.choice`: across racks, mixed
 TDP, board limits that disagree with speeds) that misses configurations. This
@@ -38,7 +38,7 @@ class _Owner(Protocol):
 class ListedPricing:
     """Every configuration of one chosen domain at one step time, priced by a scan.
 
-    The same interface as :class:`~ntp_opt.planners.exact.colgen.Pricing`
+    The same interface as :class:`~ntp_opt.planners.exact.colgen_pricing.Pricing`
     (``options``, ``n_racks``, :meth:`build`, :meth:`price`, :meth:`enumerate`).
 
     Parameters
@@ -46,7 +46,7 @@ class ListedPricing:
     prep
         From :func:`~ntp_opt.planners.exact.model.prepare`.
     owner
-        The column owner (:class:`~ntp_opt.planners.exact.colgen.Owner`).
+        The column owner (:class:`~ntp_opt.planners.exact.colgen_pricing.Owner`).
     theta
         Step time before the resharding factor.
     degrees
@@ -77,7 +77,7 @@ class ListedPricing:
         listed = domain_configs(prep, self.dom, self.n_racks, theta, degrees, deadline)[1:]
         self.configs = [cfg for cfg in listed if self.fits(cfg.extra_w)]
         job = prep.instance.job
-        # the stage kinds domain_configs tries, in its order (as colgen.stage_options)
+        # the stage kinds domain_configs tries, in its order (as colgen_pricing.stage_options)
         kinds = [
             (t, b)
             for t in degrees
@@ -129,7 +129,7 @@ class ListedPricing:
         limit: int = MAX_CONFIGS,
     ) -> tuple[float, list[tuple[float, Config]]]:
         """The largest price of any configuration, and the best ones above ``threshold``
-        (as :meth:`ntp_opt.planners.exact.colgen.Pricing.price`)."""
+        (as :meth:`ntp_opt.planners.exact.colgen_pricing.Pricing.price`)."""
         if not self.configs:
             return 0.0, []
         lam = np.array([duals.get(kind, 0.0) for kind in self.options])

@@ -24,13 +24,7 @@ import itertools
 import math
 
 from ntp_opt.planners.exact.configs import domain_configs
-from ntp_opt.planners.exact.model import (
-    Prepared,
-    Unit,
-    check_deadline,
-    unit_fits,
-    unit_key,
-)
+from ntp_opt.planners.exact.model import Prepared, Unit, check_deadline, unit_fits, unit_key
 from ntp_opt.planners.exact.program import IntProgram, Row
 from ntp_opt.rules.power import ceil_mw
 

@@ -84,7 +84,7 @@ import numpy as np
 
 from ntp_opt.model.control import Control, Deadline
 from ntp_opt.model.instance import Instance
-from ntp_opt.planners.base import Limit
+from ntp_opt.planners.base import Limit, RunOptions
 from ntp_opt.planners.bounds import capacity_bound
 from ntp_opt.planners.exact.backends.domains import domain_master
 from ntp_opt.planners.exact.search import solve_exact
@@ -251,11 +251,12 @@ def power_cap(
     inst = restricted_instance(instance, np.array(usable[:k], dtype=np.int64), healthy[:1])
     out = solve_exact(
         inst,
-        "cpsat",
-        time_limit=time_limit,
-        seed=seed,
-        threads=threads,
-        control=control,
+        RunOptions(
+            time_limit=time_limit,
+            seed=seed,
+            threads=threads,
+            control=Control("", None, None) if control is None else control,
+        ),
         report_bounds=False,
     )
     bound = out.bound if out.bound is not None else capacity_bound(inst)
@@ -592,11 +593,12 @@ class _Coupling:
             share = None if left is None else left * max(1 / (len(todo) - n_left), SOLVE_SHARE)
             out = solve_exact(
                 inst,
-                "cpsat",
-                time_limit=share,
-                seed=seed,
-                threads=threads,
-                control=control,
+                RunOptions(
+                    time_limit=share,
+                    seed=seed,
+                    threads=threads,
+                    control=Control("", None, None) if control is None else control,
+                ),
                 report_bounds=False,
             )
             self.limit_hit = self.limit_hit or out.limit != Limit.NONE

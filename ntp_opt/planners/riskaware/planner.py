@@ -202,11 +202,12 @@ def _blind_optimum(instance: Instance, options: RunOptions) -> tuple[Plan, float
     cancel = options.control.cancel
     found = solve_exact(
         instance,
-        "cpsat",
-        time_limit=None if time_limit is None else BLIND_SHARE * time_limit,
-        seed=seed,
-        threads=threads,
-        control=Control("risk-aware", None, cancel),
+        RunOptions(
+            time_limit=None if time_limit is None else BLIND_SHARE * time_limit,
+            seed=seed,
+            threads=threads,
+            control=Control("risk-aware", None, cancel),
+        ),
     )
     assert found.plan is not None  # the exact search always returns a plan
     return found.plan, found.bound

@@ -53,7 +53,7 @@ from ntp_opt.model.control import Control, Deadline
 from ntp_opt.model.failures import failed_instance
 from ntp_opt.model.instance import Instance
 from ntp_opt.model.plan import Plan
-from ntp_opt.planners.base import Limit
+from ntp_opt.planners.base import Limit, RunOptions
 from ntp_opt.planners.bounds import capacity_bound
 from ntp_opt.planners.exact.search import solve_exact
 from ntp_opt.planners.riskaware.scenarios import Scenarios
@@ -343,11 +343,12 @@ def _tier_caps(
             left = clock.remaining()
             out = solve_exact(
                 relaxed,
-                "cpsat",
-                time_limit=None if left is None else CAP_SHARE * left / (len(tiers) - j),
-                seed=seed,
-                threads=threads,
-                control=control,
+                RunOptions(
+                    time_limit=None if left is None else CAP_SHARE * left / (len(tiers) - j),
+                    seed=seed,
+                    threads=threads,
+                    control=Control("", None, None) if control is None else control,
+                ),
                 report_bounds=False,
             )
             limit_hit = limit_hit or out.limit != Limit.NONE
@@ -407,11 +408,12 @@ def _solve_scenarios(
         share = None if left is None else left * max(1 / (len(order) - k), SOLVE_SHARE)
         out = solve_exact(
             scenario,
-            "cpsat",
-            time_limit=share,
-            seed=seed,
-            threads=threads,
-            control=control,
+            RunOptions(
+                time_limit=share,
+                seed=seed,
+                threads=threads,
+                control=Control("", None, None) if control is None else control,
+            ),
             report_bounds=False,
         )
         limit_hit = limit_hit or out.limit != Limit.NONE

@@ -90,7 +90,7 @@ class RelaxingBackend(Backend, Protocol):
         time_limit: float | None = None,
     ) -> float | None:
         """An upper bound on the program's optimum, or None (see
-        :func:`~ntp_opt.planners.exact.search.lp_relaxation`)."""
+        :func:`~ntp_opt.planners.exact.oracle.lp_relaxation`)."""
         ...
 
 

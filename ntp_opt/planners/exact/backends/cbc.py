@@ -77,6 +77,41 @@ _CBC_TIME = re.compile(r"^Result - Stopped on time", re.MULTILINE)
 
 def solve_cbc(pulp: Any, cbc_class: Any, data: Data, opts: Options) -> Raw:
     """Build the program with PuLP and solve it with the CBC executable."""
+    prob, xs = _build(pulp, data)
+    hint = data.hint
+    options = []
+    if opts.seed != 0:  # CBC reads 0 as "seed from the clock"; keep its fixed defaults
+        options += [f"randomSeed {opts.seed}", f"randomCbcSeed {opts.seed}"]
+    fd, log_path = tempfile.mkstemp(prefix="ntp_opt_cbc_", suffix=".log")
+    os.close(fd)
+    failure: Exception | None = None
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", DeprecationWarning)
+            solver = cbc_class(
+                msg=False,
+                timeLimit=opts.time_limit,
+                gapRel=opts.gap if opts.gap > 0 else None,
+                threads=100 + opts.threads if opts.threads > 1 else None,
+                warmStart=hint is not None,
+                logPath=log_path,
+                options=options,
+            )
+            prob.solve(solver)
+    except pulp.PulpError as exc:  # PulpSolverError too: CBC crashed or wrote no solution
+        failure = exc
+    finally:
+        text = read_and_remove(log_path) or ""
+    if failure is not None and opts.cancel is not None and opts.cancel.is_set():
+        return Raw("unknown", log=text if opts.log else None, interrupted=True)
+    if failure is not None:
+        tail = "\n".join(text.splitlines()[-20:])
+        raise RuntimeError(f"CBC failed: {failure}\n{tail}") from failure
+    return _read(pulp, prob, xs, text, opts)
+
+
+def _build(pulp: Any, data: Data) -> tuple[Any, list[Any]]:
+    """The PuLP problem of ``data`` and its variables (with the hint as initial values)."""
     prob = pulp.LpProblem("ntp_opt", pulp.LpMaximize)
     xs = [
         prob.add_variable(f"x{j}", lo, hi, pulp.LpInteger)
@@ -107,36 +142,11 @@ def solve_cbc(pulp: Any, cbc_class: Any, data: Data, opts: Options) -> Raw:
     if hint is not None:
         for var, val in zip(xs, hint.tolist(), strict=True):
             var.setInitialValue(val, check=False)
+    return prob, xs
 
-    options = []
-    if opts.seed != 0:  # CBC reads 0 as "seed from the clock"; keep its fixed defaults
-        options += [f"randomSeed {opts.seed}", f"randomCbcSeed {opts.seed}"]
-    fd, log_path = tempfile.mkstemp(prefix="ntp_opt_cbc_", suffix=".log")
-    os.close(fd)
-    failure: Exception | None = None
-    try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore", DeprecationWarning)
-            solver = cbc_class(
-                msg=False,
-                timeLimit=opts.time_limit,
-                gapRel=opts.gap if opts.gap > 0 else None,
-                threads=100 + opts.threads if opts.threads > 1 else None,
-                warmStart=hint is not None,
-                logPath=log_path,
-                options=options,
-            )
-            prob.solve(solver)
-    except pulp.PulpError as exc:  # PulpSolverError too: CBC crashed or wrote no solution
-        failure = exc
-    finally:
-        text = read_and_remove(log_path) or ""
-    if failure is not None and opts.cancel is not None and opts.cancel.is_set():
-        return Raw("unknown", log=text if opts.log else None, interrupted=True)
-    if failure is not None:
-        tail = "\n".join(text.splitlines()[-20:])
-        raise RuntimeError(f"CBC failed: {failure}\n{tail}") from failure
 
+def _read(pulp: Any, prob: Any, xs: list[Any], text: str, opts: Options) -> Raw:
+    """CBC's answer from the solved problem and its log."""
     match = _CBC_BOUND.search(text)
     bound = float(match.group(1)) if match else None
     hit = opts.time_limit is not None and _CBC_TIME.search(text) is not None

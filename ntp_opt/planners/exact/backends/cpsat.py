@@ -111,6 +111,18 @@ def solve_cpsat(cp_model: Any, program: IntProgram, data: Data, opts: Options) -
     return Raw("unknown", time_limit_hit=hit, log=log, interrupted=stopped)
 
 
+def _watch(cancel: threading.Event, stop: Any, done: threading.Event) -> None:
+    """Call ``stop()`` while ``cancel`` is set, until ``done`` is."""
+    # polls ``cancel`` while waiting on ``done``, so that leaving the block
+    # wakes the watcher at once (waiting on ``cancel`` instead kept every
+    # solve waiting up to one poll interval for the join below)
+    while True:
+        if cancel.is_set():
+            stop()  # a no-op until the solve has started: repeat until done
+        if done.wait(0.05):
+            return
+
+
 @contextlib.contextmanager
 def _stop_when_set(cancel: threading.Event | None, stop: Any) -> Iterator[None]:
     """While inside, a watcher thread calls ``stop()`` once ``cancel`` is set."""
@@ -118,18 +130,9 @@ def _stop_when_set(cancel: threading.Event | None, stop: Any) -> Iterator[None]:
         yield
         return
     done = threading.Event()
-
-    def watch() -> None:
-        # polls ``cancel`` while waiting on ``done``, so that leaving the block
-        # wakes the watcher at once (waiting on ``cancel`` instead kept every
-        # solve waiting up to one poll interval for the join below)
-        while True:
-            if cancel.is_set():
-                stop()  # a no-op until the solve has started: repeat until done
-            if done.wait(0.05):
-                return
-
-    watcher = threading.Thread(target=watch, name="ntp_opt-cancel", daemon=True)
+    watcher = threading.Thread(
+        target=_watch, args=(cancel, stop, done), name="ntp_opt-cancel", daemon=True
+    )
     watcher.start()
     try:
         yield

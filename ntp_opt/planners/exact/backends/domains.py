@@ -11,7 +11,8 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from typing import Protocol
+from dataclasses import dataclass
+from typing import Any, Protocol
 
 import numpy as np
 
@@ -109,49 +110,11 @@ def domain_master(
     m = cp_model.CpModel()
     z = {d: m.new_bool_var(f"z{d}") for d in usable}
     m.add(sum(z.values()) == k)
-    # u[d, e]: dead-able domains d and e in one replica (at most pp per replica)
-    # only pairs that some option counts (a pair no option reads can be 0)
-    u = {}
-    for o in options:
-        for group in (o.dead, o.degraded):
-            for j, d in enumerate(group):
-                for e in group[j + 1 :]:
-                    if (d, e) not in u:
-                        u[d, e] = m.new_bool_var(f"u{d}_{e}")
-                        m.add_implication(u[d, e], z[d])
-                        m.add_implication(u[d, e], z[e])
-    groupable = sorted({d for pair in u for d in pair})
-    for d in groupable:
-        m.add(sum(v for (x, y_), v in u.items() if d in (x, y_)) <= pp - 1)
+    u = _pair_vars(m, options, z, pp)
     y = [m.new_bool_var(f"y{i}") for i in range(len(options))]
-    constant = 0.0
-    terms = []
-    for s, mine in enumerate(per_scenario):
-        if len(mine) == 1 and options[mine[0]].key is None:
-            constant += float(weights[s]) * values[mine[0]]
-            m.add(y[mine[0]] == 1)
-            continue
-        m.add_exactly_one(y[i] for i in mine)
-        for i in mine:
-            o = options[i]
-            t = set(o.domains)
-            for d in affected[s]:
-                m.add_implication(y[i], z[d] if d in t else z[d].negated())
-            # the dead domains form at most `lost` classes, the degraded ones
-            # at most `groups`: at least (members - classes) pairs among them
-            for group, classes in ((o.dead, o.lost), (o.degraded, o.groups)):
-                if classes < len(group):
-                    pairs = [u[d, e] for j, d in enumerate(group) for e in group[j + 1 :]]
-                    need = len(group) - classes
-                    if need == len(pairs):
-                        for v in pairs:
-                            m.add_implication(y[i], v)
-                    elif need == 1:
-                        m.add_bool_or(pairs).only_enforce_if(y[i])
-                    else:
-                        m.add(sum(pairs) >= need).only_enforce_if(y[i])
-        for i in mine:
-            terms.append((i, math.ceil(float(weights[s]) * values[i] * scale)))
+    constant, terms = _scenario_rows(
+        m, _Model(options, y, z, u), per_scenario, affected, weights, values, scale
+    )
     m.maximize(sum(c * y[i] for i, c in terms))
     solver = cp_model.CpSolver()
     solver.parameters.num_workers = 1
@@ -168,3 +131,86 @@ def domain_master(
         picked = [i for i in range(len(options)) if solver.value(y[i])]
         return bound, chosen, picked
     return math.inf, (), []
+
+
+@dataclass
+class _Model:
+    """The options and the variables of the domain master."""
+
+    options: Sequence[MasterOption]
+    y: list[Any]
+    z: dict[int, Any]
+    u: dict[tuple[int, int], Any]
+
+
+def _scenario_rows(
+    m: Any,
+    mod: _Model,
+    per_scenario: list[list[int]],
+    affected: list[tuple[int, ...]],
+    weights: np.ndarray,
+    values: list[float],
+    scale: float,
+) -> tuple[float, list[tuple[int, int]]]:
+    """Each scenario's choice of one option; the objective's constant and terms."""
+    options, y = mod.options, mod.y
+    constant = 0.0
+    terms = []
+    for s, mine in enumerate(per_scenario):
+        if len(mine) == 1 and options[mine[0]].key is None:
+            constant += float(weights[s]) * values[mine[0]]
+            m.add(y[mine[0]] == 1)
+            continue
+        m.add_exactly_one(y[i] for i in mine)
+        for i in mine:
+            _option_rows(m, options[i], y[i], affected[s], mod.z, mod.u)
+        for i in mine:
+            terms.append((i, math.ceil(float(weights[s]) * values[i] * scale)))
+    return constant, terms
+
+
+def _pair_vars(
+    m: Any, options: Sequence[MasterOption], z: dict[int, Any], pp: int
+) -> dict[tuple[int, int], Any]:
+    """``u[d, e]``: dead-able domains ``d`` and ``e`` in one replica (at most ``pp``
+    per replica), for the pairs some option counts only (a pair no option reads can be 0)."""
+    u = {}
+    for o in options:
+        for group in (o.dead, o.degraded):
+            for j, d in enumerate(group):
+                for e in group[j + 1 :]:
+                    if (d, e) not in u:
+                        u[d, e] = m.new_bool_var(f"u{d}_{e}")
+                        m.add_implication(u[d, e], z[d])
+                        m.add_implication(u[d, e], z[e])
+    groupable = sorted({d for pair in u for d in pair})
+    for d in groupable:
+        m.add(sum(v for (x, y_), v in u.items() if d in (x, y_)) <= pp - 1)
+    return u
+
+
+def _option_rows(
+    m: Any,
+    o: MasterOption,
+    y_i: Any,
+    affected: tuple[int, ...],
+    z: dict[int, Any],
+    u: dict[tuple[int, int], Any],
+) -> None:
+    """What choosing option ``o`` (``y_i``) of a scenario implies for ``D`` and the pairs."""
+    t = set(o.domains)
+    for d in affected:
+        m.add_implication(y_i, z[d] if d in t else z[d].negated())
+    # the dead domains form at most `lost` classes, the degraded ones
+    # at most `groups`: at least (members - classes) pairs among them
+    for group, classes in ((o.dead, o.lost), (o.degraded, o.groups)):
+        if classes < len(group):
+            pairs = [u[d, e] for j, d in enumerate(group) for e in group[j + 1 :]]
+            need = len(group) - classes
+            if need == len(pairs):
+                for v in pairs:
+                    m.add_implication(y_i, v)
+            elif need == 1:
+                m.add_bool_or(pairs).only_enforce_if(y_i)
+            else:
+                m.add(sum(pairs) >= need).only_enforce_if(y_i)

@@ -257,11 +257,7 @@ def highs_attempt(
 
         cancel = opts.cancel
         if cancel is not None:
-
-            def interrupt(event: Any) -> None:
-                if cancel.is_set():
-                    event.interrupt()
-
+            interrupt = _Interrupt(cancel)
             for name in ("cbMipInterrupt", "cbSimplexInterrupt", "cbIpmInterrupt"):
                 getattr(h, name).subscribe(interrupt)
         _run_highs(highspy, h, opts.threads)
@@ -291,6 +287,18 @@ def highs_attempt(
             return Raw("feasible", values, bound, time_limit_hit=hit, log=log, interrupted=cut)
         return Raw("unknown", bound=bound, time_limit_hit=hit, log=log, interrupted=cut)
     raise RuntimeError(f"HiGHS failed: model status {h.modelStatusToString(model_status)!r}")
+
+
+class _Interrupt:
+    """A HiGHS interrupt callback: stops the solve once ``cancel`` is set."""
+
+    def __init__(self, cancel: threading.Event) -> None:
+        self.cancel = cancel
+
+    def __call__(self, event: Any) -> None:
+        """Interrupt HiGHS at this callback if the token is set."""
+        if self.cancel.is_set():
+            event.interrupt()
 
 
 class HighsBackend(SolverBackend):
