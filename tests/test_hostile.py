@@ -658,7 +658,7 @@ def test_item7_best_known_refuses_nan_and_escapes_names(tmp_path):
 
 
 def test_item8_hundred_thousand_fleets(tmp_path, capsys):
-    from ntp_opt.multi.files import load_workloads
+    from ntp_opt.model.files.workloads import load_workloads
 
     fleets = [{"name": f"f{i}", "throughput": {"4": 1.0}, "demand": 1.0} for i in range(100_000)]
     fleets[99_999]["name"] = "f7"  # the whole list is validated, then the names

@@ -34,7 +34,7 @@ NOT_ON_THE_FAST_PATH = (
     "ntp_opt.planners.riskaware",
     "ntp_opt.planners.megatron",
     "ntp_opt.workflows",
-    "ntp_opt.multi",
+    "ntp_opt.planners.multi",
     "ntp_opt.app.service",
     "ntp_opt.app.importers",
     *(m for name, m in COMMANDS.items() if name != "solve"),

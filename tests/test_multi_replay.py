@@ -13,9 +13,11 @@ from ntp_opt import Instance, Job
 from ntp_opt.app.cli import main
 from ntp_opt.model import topology
 from ntp_opt.model.files import InputError, save_instance
-from ntp_opt.multi import MultiInstance, ServingWorkload, Workloads, evaluate_multi
-from ntp_opt.multi import replay as replay_module
-from ntp_opt.multi.demand import (
+from ntp_opt.model.files.workloads import save_workloads
+from ntp_opt.model.workloads import MultiInstance, ServingWorkload, Workloads
+from ntp_opt.rules.multi import evaluate_multi
+from ntp_opt.workflows.multi import replay as replay_module
+from ntp_opt.workflows.multi.demand import (
     DemandStep,
     DemandTrace,
     demand_from_dict,
@@ -23,8 +25,9 @@ from ntp_opt.multi.demand import (
     load_demand,
     save_demand,
 )
-from ntp_opt.multi.files import save_workloads
-from ntp_opt.multi.replay import ReplayOptions, moves, replan_multi, replay, summary, with_demand
+from ntp_opt.workflows.multi.migration import ReplayOptions, moves, with_demand
+from ntp_opt.workflows.multi.replanner import replan_multi
+from ntp_opt.workflows.multi.replay import replay, summary
 from ntp_opt.workflows.replan import ClusterEvent
 from tests.helpers import HANG_GUARD
 

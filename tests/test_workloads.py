@@ -15,19 +15,17 @@ from pydantic import ValidationError
 from ntp_opt import Instance, Job
 from ntp_opt.model import topology
 from ntp_opt.model.plan import Plan
-from ntp_opt.multi import (
+from ntp_opt.model.workloads import (
     MultiInstance,
     MultiPlan,
     ServingReplica,
     ServingWorkload,
     Workloads,
-    check_multi,
-    evaluate_multi,
-    solve_multi,
-    solve_static,
-    validate_multi,
 )
+from ntp_opt.planners.multi import solve_multi
+from ntp_opt.rules.multi import check_multi, evaluate_multi, validate_multi, with_training_metrics
 from ntp_opt.rules.validate import check
+from ntp_opt.workflows.multi.static import solve_static
 from tests.helpers import HANG_GUARD, make_instance
 
 TL = HANG_GUARD  # every exact run here finishes; the limit only guards against a hang
@@ -741,7 +739,7 @@ def test_validator_memory_floor_and_late_replicas() -> None:
 )
 def test_bad_latency_and_memory_fields(spec: dict[str, object], needle: str) -> None:
     from ntp_opt.model.files import InputError
-    from ntp_opt.multi.files import workloads_from_dict
+    from ntp_opt.model.files.workloads import workloads_from_dict
 
     fleet = {"name": "f", "throughput": {"1": 1.0, "2": 2.0}, "demand": 1.0, **spec}
     data = {"format": "ntp-opt/workloads@1", "serving": [fleet]}
@@ -878,7 +876,7 @@ def test_files_round_trip_and_cli(tmp_path, capsys) -> None:  # type: ignore[no-
     from ntp_opt import save_instance
     from ntp_opt.app.cli import main
     from ntp_opt.model.files import InputError
-    from ntp_opt.multi.files import (
+    from ntp_opt.model.files.workloads import (
         load_multi_plan,
         load_workloads,
         save_multi_plan,
@@ -890,7 +888,7 @@ def test_files_round_trip_and_cli(tmp_path, capsys) -> None:  # type: ignore[no-
     assert load_workloads(tmp_path / "wl.json") == multi.workloads
     res = solve_multi(multi, time_limit=TL)
     assert res.plan is not None
-    save_multi_plan(multi, res.plan, tmp_path / "plan.json")
+    save_multi_plan(with_training_metrics(multi, res.plan), tmp_path / "plan.json")
     back = load_multi_plan(tmp_path / "plan.json")
     assert back.serving == res.plan.serving
     assert back.training.replicas == res.plan.training.replicas

@@ -4,12 +4,12 @@ Clusters as in ``benchmarks/multi/run.py`` (NVL32 or GB200 NVL72, 0.2 % of the
 GPUs failed at random, one TP32 PP4 training job on about three quarters of
 the domains, fleets chat / agents / embed at load 1.0) at about 4k GPUs
 (128 NVL32 domains, DP 24) and 32k GPUs (1,024 NVL32 domains, DP 192). Demand
-traces from :func:`ntp_opt.multi.demand.generate_demand` around the fleets'
+traces from :func:`ntp_opt.workflows.multi.demand.generate_demand` around the fleets'
 base demand (embed plays the batch role): ``diurnal``, ``bursty``, ``ramp``
 (and ``flat``, noise only), one step per ``--step-s`` seconds.
 
 Each trace is replayed by ``replay`` (first plan by the MILP, then
-:func:`ntp_opt.multi.replay.replan_multi` with the default migration cost and
+:func:`ntp_opt.workflows.multi.replanner.replan_multi` with the default migration cost and
 hysteresis), ``static`` (the static partition sized for each fleet's peak
 demand) and ``resolve`` (the MILP from scratch at every step). Every plan is
 validated. Figures: mean weighted goodput, the same net of migration losses
@@ -41,8 +41,8 @@ sys.path.insert(0, str(HERE))
 import run  # noqa: E402  (the cluster builder of benchmarks/multi/run.py)
 
 from ntp_opt.model.safeio import atomic_write  # noqa: E402
-from ntp_opt.multi.demand import generate_demand  # noqa: E402
-from ntp_opt.multi.replay import PLANNERS, replay, summary  # noqa: E402
+from ntp_opt.workflows.multi.demand import generate_demand  # noqa: E402
+from ntp_opt.workflows.multi.replay import PLANNERS, replay, summary  # noqa: E402
 
 DEFAULT_TABLE = HERE / "results-replay.md"
 #: size -> (cluster kind, domains, training DP replicas)

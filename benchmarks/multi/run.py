@@ -16,8 +16,8 @@ Training has weight 1.0. Three plans per instance, each checked by the
 multi-workload validator:
 
 * ``static``: every workload gets a fixed block of domains in proportion to
-  its nominal need (:func:`ntp_opt.multi.solve_static`); training planned
-  exactly inside its block (``optimal-nopower``), fleets greedily;
+  its nominal need (:func:`ntp_opt.workflows.multi.static.solve_static`);
+  training planned exactly inside its block (``optimal-nopower``), fleets greedily;
 * ``milp-split``: the MILP, whole domains only (``share_domains=False``);
 * ``milp``: the MILP, packing serving replicas into the GPUs training leaves
   idle inside its domains.
@@ -41,14 +41,10 @@ from pathlib import Path
 from ntp_opt import Instance, Job
 from ntp_opt.model import topology
 from ntp_opt.model.safeio import atomic_write
-from ntp_opt.multi import (
-    MultiEvaluation,
-    MultiInstance,
-    ServingWorkload,
-    Workloads,
-    solve_multi,
-    solve_static,
-)
+from ntp_opt.model.workloads import MultiInstance, ServingWorkload, Workloads
+from ntp_opt.planners.multi import solve_multi
+from ntp_opt.rules.multi import MultiEvaluation
+from ntp_opt.workflows.multi.static import solve_static
 
 HERE = Path(__file__).resolve().parent
 DEFAULT_TABLE = HERE / "results.md"

@@ -64,7 +64,7 @@ COMMANDS: dict[str, str] = {
     "export": "ntp_opt.app.cli.export",
     "plot": "ntp_opt.app.cli.plot",
     "serve": "ntp_opt.app.cli.serve",
-    "multi": "ntp_opt.multi.cli",
+    "multi": "ntp_opt.app.cli.multi",
     "import": "ntp_opt.app.importers.cli",
     "watch": "ntp_opt.app.cli.watch",
 }

@@ -1,6 +1,6 @@
 """JSON files for several workloads: ``ntp-opt/workloads@1`` and ``ntp-opt/multi-plan@1``.
 
-A workloads file carries the fields of :class:`~ntp_opt.multi.workloads.Workloads`
+A workloads file carries the fields of :class:`~ntp_opt.model.workloads.Workloads`
 (unknown fields are errors)::
 
     {"format": "ntp-opt/workloads@1", "training_weight": 1.0,
@@ -11,6 +11,9 @@ serving replicas::
 
     {"format": "ntp-opt/multi-plan@1", "instance": "...", "training": {plan@1},
      "serving": [{"workload", "tp", "domain", "gpus"}], "metrics": {...}}
+
+The training part is written as the plan holds it: the command line first gives
+it the validator's figures (:func:`ntp_opt.rules.multi.with_training_metrics`).
 """
 
 from __future__ import annotations
@@ -31,8 +34,7 @@ from ntp_opt.model.files import (
     validation_problems,
     write_json,
 )
-from ntp_opt.multi.workloads import MultiInstance, MultiPlan, ServingReplica, Workloads
-from ntp_opt.rules.validate import evaluate
+from ntp_opt.model.workloads import MultiPlan, ServingReplica, Workloads
 
 WORKLOADS_FORMAT = "ntp-opt/workloads@1"
 MULTI_PLAN_FORMAT = "ntp-opt/multi-plan@1"
@@ -88,14 +90,13 @@ def save_workloads(
     write_json(workloads_to_dict(workloads), Path(path), inputs)
 
 
-def multi_plan_to_dict(multi: MultiInstance, plan: MultiPlan) -> dict[str, Any]:
-    """The JSON form of ``plan``; the training part gets the validator's metrics."""
-    training = plan.training.with_metrics(**evaluate(multi.instance, plan.training).as_metrics())
+def multi_plan_to_dict(plan: MultiPlan) -> dict[str, Any]:
+    """The JSON form of ``plan`` (the training part with its own metrics)."""
     metrics = {k: v for k, v in plan.metrics.items() if isinstance(v, int | float | str)}
     return {
         "format": MULTI_PLAN_FORMAT,
         "instance": plan.instance,
-        "training": plan_to_dict(training),
+        "training": plan_to_dict(plan.training),
         "serving": [
             {"workload": r.workload, "tp": r.tp, "domain": r.domain, "gpus": list(r.gpus)}
             for r in plan.serving
@@ -119,13 +120,12 @@ def multi_plan_from_dict(data: Any, source: str = "<multi-plan>") -> MultiPlan:
 
 
 def save_multi_plan(
-    multi: MultiInstance,
     plan: MultiPlan,
     path: str | os.PathLike[str],
     inputs: Iterable[str | os.PathLike[str]] = (),
 ) -> None:
     """Write ``plan`` to ``path`` atomically (never onto one of ``inputs``)."""
-    write_json(multi_plan_to_dict(multi, plan), Path(path), inputs)
+    write_json(multi_plan_to_dict(plan), Path(path), inputs)
 
 
 def load_multi_plan(path: str | os.PathLike[str]) -> MultiPlan:

@@ -23,7 +23,6 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from ntp_opt.model.instance import Instance
 from ntp_opt.model.plan import Plan
-from ntp_opt.rules.tolerances import FLOAT_NOISE
 
 #: Name reserved for the training workload in reports.
 TRAINING = "training"
@@ -68,8 +67,11 @@ class ServingWorkload(BaseModel):
     >>> a = ServingWorkload(name="agents", throughput={2: 2.0, 4: 3.5, 8: 6.0}, demand=9.0,
     ...                     latency_ms={2: 90.0, 4: 50.0, 8: 30.0}, max_latency_ms=60.0,
     ...                     min_tp=4)
-    >>> a.usable(4, 1.0), a.usable(4, 0.8), a.usable(8, 0.8), a.usable(2, 1.0)
-    (True, False, True, False)
+    >>> a.fitting_degrees, a.latency(4, 0.8)
+    ((4, 8), 62.5)
+
+    Whether a replica counts (the latency target, ``min_tp``) is a rule:
+    :func:`ntp_opt.rules.multi.usable`.
     """
 
     model_config = ConfigDict(extra="forbid", frozen=True)
@@ -153,19 +155,6 @@ class ServingWorkload(BaseModel):
         if self.latency_ms is None:
             return None
         return float(self.latency_ms[t]) / float(speed)
-
-    def meets_latency(self, t: int, speed: float = 1.0) -> bool:
-        """Whether a replica of degree ``t`` whose slowest GPU has ``speed`` meets
-        ``max_latency_ms`` (always, without a target)."""
-        ms = self.latency(t, speed)
-        if self.max_latency_ms is None or ms is None:
-            return True
-        return ms <= self.max_latency_ms * (1 + FLOAT_NOISE)
-
-    def usable(self, t: int, speed: float = 1.0) -> bool:
-        """Whether a replica of degree ``t`` whose slowest GPU has ``speed`` counts:
-        an allowed degree, at least ``min_tp``, meeting the latency target."""
-        return t in self.throughput and t >= self.min_tp and self.meets_latency(t, speed)
 
 
 class Workloads(BaseModel):

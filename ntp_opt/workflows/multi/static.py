@@ -30,8 +30,8 @@ import numpy as np
 
 from ntp_opt.model.instance import Instance
 from ntp_opt.model.plan import Plan
-from ntp_opt.multi.validate import MultiEvaluation, evaluate_multi
-from ntp_opt.multi.workloads import MultiInstance, MultiPlan, ServingReplica, ServingWorkload
+from ntp_opt.model.workloads import MultiInstance, MultiPlan, ServingReplica, ServingWorkload
+from ntp_opt.rules.multi import MultiEvaluation, evaluate_multi, meets_latency, usable
 from ntp_opt.solve import solve
 
 
@@ -54,7 +54,7 @@ def _efficient(fleet: ServingWorkload) -> list[int]:
     first, those meeting the latency target at speed 1.0 before the others."""
     return sorted(
         fleet.fitting_degrees,
-        key=lambda t: (not fleet.meets_latency(t), -fleet.rate(t) / t, t),
+        key=lambda t: (not meets_latency(fleet, t), -fleet.rate(t) / t, t),
     )
 
 
@@ -122,7 +122,7 @@ def _serve(
             fits = [
                 t
                 for t in degrees
-                if t <= len(free) and fleet.usable(t, float(a.speed[free[t - 1]]))
+                if t <= len(free) and usable(fleet, t, float(a.speed[free[t - 1]]))
             ]
             if not fits:
                 break

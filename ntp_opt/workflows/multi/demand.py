@@ -35,7 +35,7 @@ from ntp_opt.model.files import (
     validation_problems,
     write_json,
 )
-from ntp_opt.multi.workloads import Workloads
+from ntp_opt.model.workloads import Workloads
 from ntp_opt.workflows.replan import ClusterEvent
 
 DEMAND_FORMAT = "ntp-opt/demand@1"
@@ -222,6 +222,52 @@ ROLE_PARAMS: dict[str, tuple[float, float, float, float, float]] = {
 RAMP_START = {"chat": 0.8, "agent": 0.6, "batch": 1.2}
 
 
+def _check_args(
+    shape: str, steps: int, step_s: float, noise: float, roles: Mapping[str, str]
+) -> None:
+    """Raise ``ValueError`` naming the first bad argument of :func:`generate_demand`."""
+    if shape not in SHAPES:
+        raise ValueError(f"shape: {shape!r} is not one of {', '.join(SHAPES)}")
+    if steps < 1 or not (math.isfinite(step_s) and step_s > 0):
+        raise ValueError("steps must be >= 1 and step_s a positive number of seconds")
+    if not (math.isfinite(noise) and 0 <= noise <= 1):
+        raise ValueError(f"noise: {noise!r} must be in [0, 1]")
+    for name, role in roles.items():
+        if role not in ROLES:
+            raise ValueError(f"roles.{name}: {role!r} is not one of {', '.join(ROLES)}")
+
+
+def _bursts(
+    rng: np.random.Generator, hours: np.ndarray, step_s: float, rate: float, height: float
+) -> np.ndarray:
+    """1 plus Poisson bursts (``rate`` per hour) of ``height * U(0.5, 1.5)``, each decaying
+    with a 30-minute time constant."""
+    f = np.ones(len(hours))
+    horizon = float(hours[-1]) + step_s / 3600.0
+    t = rng.exponential(1.0 / rate) if rate > 0 else math.inf
+    while t < horizon:
+        h = height * rng.uniform(0.5, 1.5)
+        after = hours >= t
+        f[after] += h * np.exp(-(hours[after] - t) / 0.5)
+        t += rng.exponential(1.0 / rate)
+    return f
+
+
+def _shape_factor(
+    shape: str, role: str, rng: np.random.Generator, hours: np.ndarray, step_s: float
+) -> np.ndarray:
+    """The shape factor of a fleet of ``role`` at each step (before the noise)."""
+    amp, peak, rate, height, end = ROLE_PARAMS[role]
+    steps = len(hours)
+    if shape == "diurnal":
+        return 1.0 + amp * np.cos(2 * math.pi * (hours % 24.0 - peak) / 24.0)
+    if shape == "bursty":
+        return _bursts(rng, hours, step_s, rate, height)
+    if shape == "ramp":
+        return np.linspace(RAMP_START[role], end, steps)
+    return np.ones(steps)
+
+
 def generate_demand(
     workloads: Workloads,
     shape: Shape,
@@ -265,38 +311,15 @@ def generate_demand(
     DemandTrace
         Every step names every fleet; ``meta`` records the arguments.
     """
-    if shape not in SHAPES:
-        raise ValueError(f"shape: {shape!r} is not one of {', '.join(SHAPES)}")
-    if steps < 1 or not (math.isfinite(step_s) and step_s > 0):
-        raise ValueError("steps must be >= 1 and step_s a positive number of seconds")
-    if not (math.isfinite(noise) and 0 <= noise <= 1):
-        raise ValueError(f"noise: {noise!r} must be in [0, 1]")
+    _check_args(shape, steps, step_s, noise, roles or {})
     roles = dict(roles or {})
-    for name, role in roles.items():
-        if role not in ROLES:
-            raise ValueError(f"roles.{name}: {role!r} is not one of {', '.join(ROLES)}")
     rng = np.random.default_rng(seed)
     times = np.arange(steps) * float(step_s)
     hours = times / 3600.0
     factors: dict[str, np.ndarray] = {}
     for fleet in workloads.serving:
         role = roles.get(fleet.name, fleet_role(fleet.name))
-        amp, peak, rate, height, end = ROLE_PARAMS[role]
-        if shape == "diurnal":
-            f = 1.0 + amp * np.cos(2 * math.pi * (hours % 24.0 - peak) / 24.0)
-        elif shape == "bursty":
-            f = np.ones(steps)
-            horizon = float(hours[-1]) + step_s / 3600.0
-            t = rng.exponential(1.0 / rate) if rate > 0 else math.inf
-            while t < horizon:
-                h = height * rng.uniform(0.5, 1.5)
-                after = hours >= t
-                f[after] += h * np.exp(-(hours[after] - t) / 0.5)
-                t += rng.exponential(1.0 / rate)
-        elif shape == "ramp":
-            f = np.linspace(RAMP_START[role], end, steps)
-        else:
-            f = np.ones(steps)
+        f = _shape_factor(shape, role, rng, hours, step_s)
         if noise > 0:
             f = f * np.exp(noise * rng.standard_normal(steps))
         factors[fleet.name] = f
@@ -308,7 +331,7 @@ def generate_demand(
         }
         out.append(DemandStep(float(times[k]), demand))
     meta = {
-        "generator": "ntp_opt.multi.demand.generate_demand",
+        "generator": "ntp_opt.workflows.multi.demand.generate_demand",
         "shape": shape,
         "steps": steps,
         "step_s": step_s,

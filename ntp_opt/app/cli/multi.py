@@ -2,8 +2,9 @@
 
 ``ntp-opt multi INSTANCE WORKLOADS`` plans one snapshot; ``ntp-opt multi replay
 INSTANCE WORKLOADS TRACE -o OUT`` follows a demand trace with the re-planner and
-the baselines (:mod:`ntp_opt.multi.replay`); ``ntp-opt multi trace WORKLOADS
---shape SHAPE -o OUT`` draws a demand trace (:mod:`ntp_opt.multi.demand`).
+the baselines (:mod:`ntp_opt.workflows.multi.replay`); ``ntp-opt multi trace
+WORKLOADS --shape SHAPE -o OUT`` draws a demand trace
+(:mod:`ntp_opt.workflows.multi.demand`).
 Registered by :func:`add_parser` in :mod:`ntp_opt.app.cli`.
 """
 
@@ -11,29 +12,29 @@ from __future__ import annotations
 
 import argparse
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
 from rich.console import Console
 from rich.table import Table
 
 from ntp_opt.model.files import load_instance
+from ntp_opt.model.files.workloads import load_workloads, save_multi_plan
 from ntp_opt.model.safeio import check_target
-from ntp_opt.multi.demand import SHAPES, generate_demand, load_demand, save_demand
-from ntp_opt.multi.files import load_workloads, save_multi_plan
-from ntp_opt.multi.milp import solve_multi
-from ntp_opt.multi.replay import (
+from ntp_opt.model.workloads import MultiInstance
+from ntp_opt.planners.multi import solve_multi
+from ntp_opt.rules.multi import MultiEvaluation, with_training_metrics
+from ntp_opt.workflows.multi.demand import SHAPES, generate_demand, load_demand, save_demand
+from ntp_opt.workflows.multi.migration import MigrationCost, ReplayOptions
+from ntp_opt.workflows.multi.replay import (
     PLANNERS,
-    MigrationCost,
-    ReplayOptions,
     replay,
     replay_document,
     summary,
     write_replay,
 )
-from ntp_opt.multi.static import solve_static
-from ntp_opt.multi.validate import MultiEvaluation
-from ntp_opt.multi.workloads import MultiInstance
+from ntp_opt.workflows.multi.static import solve_static
 
 #: ``multi replay`` rewrites its output after every step up to this many steps, then
 #: every :data:`WRITE_EVERY` steps (and always when interrupted or done).
@@ -76,9 +77,42 @@ def cmd_multi(args: argparse.Namespace) -> int:
         table.add_row(*_row("static", ev, ok, time.perf_counter() - t0))
     con.print(table)
     if args.output:
-        save_multi_plan(multi, res.plan, args.output, inputs=[args.instance, args.workloads])
+        plan = with_training_metrics(multi, res.plan)
+        save_multi_plan(plan, args.output, inputs=[args.instance, args.workloads])
         con.print(f"wrote {args.output}")
     return 0
+
+
+@dataclass
+class _ReplayOutput:
+    """The replay report being written step by step, and the console lines."""
+
+    output: str
+    inputs: list[str]
+    multi: MultiInstance
+    meta: Mapping[str, Any]
+    options: ReplayOptions
+    planners: list[str]
+    con: Console
+    records: list[dict[str, Any]] = field(default_factory=list)
+
+    def write(self, complete: bool) -> None:
+        """Write the report of the steps done so far."""
+        doc = replay_document(
+            self.multi, self.meta, self.options, self.records, self.planners, complete
+        )
+        write_replay(self.output, doc, self.inputs)
+
+    def on_step(self, rec: dict[str, Any]) -> None:
+        """Keep a finished step, write it (at first every one), print its line."""
+        self.records.append(rec)
+        if len(self.records) <= WRITE_ALL or len(self.records) % WRITE_EVERY == 0:
+            self.write(False)  # finished steps are on disk even if the process is killed
+        cells = [
+            f"{p} W {rec[p]['weighted_goodput']:.4f} moved {rec[p]['gpus_moved']}"
+            for p in self.planners
+        ]
+        self.con.print(f"step {rec['step']} t={rec['time_s']:g}s: " + "; ".join(cells))
 
 
 def cmd_replay(args: argparse.Namespace) -> int:
@@ -102,21 +136,9 @@ def cmd_replay(args: argparse.Namespace) -> int:
     trace = load_demand(args.trace)
     trace.check_fleets(multi.workloads, args.trace)
     con = Console(highlight=False, width=160)
-    records: list[dict[str, Any]] = []
-
-    def write(complete: bool) -> None:
-        doc = replay_document(multi, trace.meta, options, records, planners, complete)
-        write_replay(args.output, doc, inputs)
-
-    def on_step(rec: dict[str, Any]) -> None:
-        records.append(rec)
-        if len(records) <= WRITE_ALL or len(records) % WRITE_EVERY == 0:
-            write(False)  # finished steps are on disk even if the process is killed
-        cells = [
-            f"{p} W {rec[p]['weighted_goodput']:.4f} moved {rec[p]['gpus_moved']}" for p in planners
-        ]
-        con.print(f"step {rec['step']} t={rec['time_s']:g}s: " + "; ".join(cells))
-
+    out = _ReplayOutput(args.output, inputs, multi, trace.meta, options, planners, con)
+    records = out.records
+    write, on_step = out.write, out.on_step
     try:
         replay(
             multi,
@@ -243,6 +265,23 @@ def _trace_parser(p: argparse.ArgumentParser) -> None:
     p.set_defaults(func=cmd_trace, command="multi")
 
 
+@dataclass(frozen=True)
+class _Dispatch:
+    """``multi``'s ``parse_known_args``: 'replay' / 'trace' first go to that sub-command's
+    parser, anything else to the snapshot planner's."""
+
+    subs: dict[str, argparse.ArgumentParser]
+    plain: Callable[..., tuple[argparse.Namespace, list[str]]]
+
+    def __call__(
+        self, args: Sequence[str] | None = None, namespace: argparse.Namespace | None = None
+    ) -> tuple[argparse.Namespace, list[str]]:
+        """Parse ``args`` with the parser its first word names."""
+        if args and args[0] in self.subs:
+            return self.subs[args[0]].parse_known_args(list(args[1:]), namespace)
+        return self.plain(args, namespace)
+
+
 def add_parser(sub: Any) -> None:
     """Add the ``multi`` sub-command to ``ntp-opt``'s sub-parsers."""
     m = sub.add_parser(
@@ -273,14 +312,4 @@ def add_parser(sub: Any) -> None:
         p = type(m)(prog=f"{m.prog} {name}", description=text)
         build(p)
         subs[name] = p
-    plain = m.parse_known_args
-
-    def parse_known_args(
-        args: Sequence[str] | None = None, namespace: argparse.Namespace | None = None
-    ) -> tuple[argparse.Namespace, list[str]]:
-        # 'replay' / 'trace' first: that sub-command's parser, else the snapshot planner's
-        if args and args[0] in subs:
-            return subs[args[0]].parse_known_args(list(args[1:]), namespace)
-        return plain(args, namespace)
-
-    setattr(m, "parse_known_args", parse_known_args)  # noqa: B010
+    setattr(m, "parse_known_args", _Dispatch(subs, m.parse_known_args))  # noqa: B010
