@@ -1,6 +1,6 @@
 """The bounds of :mod:`ntp_opt.planners.exact.bounds` as first written (issue 15).
 
-A reference for ``tests/test_bounds_reference.py``: the same mathematics,
+A reference for ``tests/property/test_bounds_reference.py``: the same mathematics,
 one ``(lambda, mu)`` point at a time with one numpy call per step, and
 ``np.unique(axis=0)`` for the domain classes. The fast module must give the
 same floats, bit for bit. Do not optimise this file.

@@ -5,7 +5,7 @@ which ``pytest -n 4 --dist loadfile`` hands test files to its workers.
 no example database writes that could change later runs. ``thorough`` draws
 many more examples for a local run::
 
-    HYPOTHESIS_PROFILE=thorough .venv/bin/pytest tests/test_properties.py
+    HYPOTHESIS_PROFILE=thorough .venv/bin/pytest tests/property/test_properties.py
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """A real Slurm on one machine: munge, one slurmctld and one ``slurmd -N NAME`` per emulated node.
 
-Used by ``tests/test_slurm_launch.py`` (a session fixture) and by hand::
+Used by ``tests/app/test_slurm_launch.py`` (a session fixture) and by hand::
 
     python tests/slurm_cluster.py start DIR [--nodes 4] [--gpus 4] [--spares 1]
     export SLURM_CONF=DIR/etc/slurm.conf        # start prints this line

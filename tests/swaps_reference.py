@@ -1,6 +1,6 @@
 """The stage-swap search of :mod:`ntp_opt.planners.swaps` as it was before issue 30.
 
-A reference for ``tests/test_replan_swaps.py``: slots read from the plan's node
+A reference for ``tests/workflows/test_replan_swaps.py``: slots read from the plan's node
 ids and sorted one at a time, candidate moves scored one slot at a time. The
 module's :func:`~ntp_opt.planners.swaps.improve` must return the same plan. Do
 not optimise this file.

@@ -1,4 +1,4 @@
-"""A warm ``ntp-opt`` for tests/test_docs.py: the documented shell commands run
+"""A warm ``ntp-opt`` for tests/docs/test_docs.py: the documented shell commands run
 the real command line without paying the interpreter's start and the imports
 (about 0.6 CPU-s) for every one of them.
 

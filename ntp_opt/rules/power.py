@@ -19,7 +19,7 @@ Budgets: every comparison of a draw with a rack or site budget goes through
 :func:`fits` / :func:`exceeds` (watts, a relative and an absolute slack: the
 validator's by default) or :func:`fits_mw` (the exact planner's integer
 milliwatts, draws rounded up with :func:`ceil_mw`, budgets down with
-:func:`floor_mw`); ``tests/test_power_once.py`` fails on a budget compared
+:func:`floor_mw`); ``tests/rules/test_power_once.py`` fails on a budget compared
 anywhere else in the package.
 
 The boosts, which raise stages' multipliers within the rooms these draws

@@ -1,0 +1,1 @@
+"""Tests of the package part of the same name."""
