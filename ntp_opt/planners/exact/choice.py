@@ -104,7 +104,7 @@ class ChoiceDomain:
     )
     #: Listed configurations with the objects ``domain_configs`` built for them.
     built: dict[Listed, object] = field(default_factory=dict, compare=False, repr=False)
-    # the last stage's split per pair of split tables (:func:`_listing`), per unit budget
+    # the last stage's split per pair of split tables (:class:`_Lister`), per unit budget
     _pairs: dict[tuple[object, ...], dict[tuple[object, object], _Pair | None]] = field(
         default_factory=dict, compare=False, repr=False
     )
@@ -357,28 +357,6 @@ def choice_configs(
     key = (theta, degrees, tuple(options), unit_idle_w, unit_budget_mw, limit)
     if key in cd._listed:
         return cd._listed[key]
-    configs = _listing(
-        job, cd, unit_idle_w, unit_budget_mw, theta, degrees, options, check, name, limit
-    )
-    if len(cd._listed) >= 4:
-        del cd._listed[next(iter(cd._listed))]
-    cd._listed[key] = configs
-    return configs
-
-
-def _listing(
-    job: Job,
-    cd: ChoiceDomain,
-    unit_idle_w: tuple[float, ...],
-    unit_budget_mw: tuple[int, ...],
-    theta: float,
-    degrees: tuple[int, ...],
-    options: list[tuple[int, int]],
-    check: Callable[[], None],
-    name: str,
-    limit: int | None,
-) -> list[Listed]:
-    """:func:`choice_configs` without the cache."""
     lister = _Lister(job, cd, unit_idle_w, unit_budget_mw, theta, degrees, options, check)
     lister.name, lister.limit = name, limit
     g = len(cd.members)
@@ -390,7 +368,11 @@ def _listing(
         np.zeros((1, 0), dtype=np.int64),
         0,
     )
-    return lister.configs
+    configs = lister.configs
+    if len(cd._listed) >= 4:
+        del cd._listed[next(iter(cd._listed))]
+    cd._listed[key] = configs
+    return configs
 
 
 def _best(site: np.ndarray, room: np.ndarray) -> np.ndarray:

@@ -84,13 +84,12 @@ import numpy as np
 
 from ntp_opt.model.control import Control, Deadline
 from ntp_opt.model.instance import Instance
-from ntp_opt.planners.base import Limit, RunOptions
+from ntp_opt.planners.base import Limit
 from ntp_opt.planners.bounds import capacity_bound
 from ntp_opt.planners.exact.backends.domains import domain_master
-from ntp_opt.planners.exact.search import solve_exact
 from ntp_opt.planners.riskaware.scenarios import Scenarios
 from ntp_opt.planners.riskaware.scorer import refills_keep_power
-from ntp_opt.planners.riskaware.waitandsee import idle_instance
+from ntp_opt.planners.riskaware.waitandsee import bound_solve, idle_instance, solve_share
 from ntp_opt.rules.power import budget_limit
 from ntp_opt.rules.tolerances import REL_TOL
 
@@ -106,9 +105,6 @@ __all__ = [
 #: A scenario failing GPUs in more than this many domains is not coupled
 #: (its only option is its own bound ``U_s``).
 MAX_AFFECTED = 7
-#: A restricted instance's solve may use the remaining time divided by the
-#: instances left to solve, but at least this share of it.
-SOLVE_SHARE = 0.25
 #: Largest share of the remaining time one master program may use.
 MASTER_SHARE = 0.25
 #: Seconds the last master program may use once the time is up.
@@ -249,16 +245,7 @@ def power_cap(
     if cap >= 1.0 + job.max_boost:
         return None
     inst = restricted_instance(instance, np.array(usable[:k], dtype=np.int64), healthy[:1])
-    out = solve_exact(
-        inst,
-        RunOptions(
-            time_limit=time_limit,
-            seed=seed,
-            threads=threads,
-            control=Control("", None, None) if control is None else control,
-        ),
-        report_bounds=False,
-    )
+    out = bound_solve(inst, time_limit, seed, threads, control)
     bound = out.bound if out.bound is not None else capacity_bound(inst)
     return cap if bound * (1 + CAP_MARGIN) < min_nominal else None
 
@@ -541,7 +528,9 @@ class _Coupling:
                 self.limit_hit = True
                 if self.masters > 0:  # one last master (short) uses what was solved
                     left = MASTER_MIN / MASTER_SHARE
-            ub, z, picked = _master(
+            values = [self.value(o) for o in self.options]
+            top = max(values)  # the objective scaled to SCALE
+            ub, z, picked = domain_master(
                 self.options,
                 self.per_scenario,
                 self.affected,
@@ -549,9 +538,10 @@ class _Coupling:
                 self.k,
                 self.instance.job.pp,
                 self.weights,
-                [self.value(o) for o in self.options],
+                values,
                 None if left is None else MASTER_SHARE * left,
                 self.seed,
+                SCALE / top if top > 0 else 1.0,
             )
             self.masters += 1
             fresh_values = False
@@ -589,18 +579,8 @@ class _Coupling:
                 values[o.key] = 0.0
                 fresh_values = True
                 continue
-            left = self.clock.remaining()
-            share = None if left is None else left * max(1 / (len(todo) - n_left), SOLVE_SHARE)
-            out = solve_exact(
-                inst,
-                RunOptions(
-                    time_limit=share,
-                    seed=seed,
-                    threads=threads,
-                    control=Control("", None, None) if control is None else control,
-                ),
-                report_bounds=False,
-            )
+            share = solve_share(self.clock, len(todo) - n_left)
+            out = bound_solve(inst, share, seed, threads, control)
             self.limit_hit = self.limit_hit or out.limit != Limit.NONE
             values[o.key] = out.bound if out.bound is not None else capacity_bound(inst)
             fresh_values = True
@@ -631,25 +611,3 @@ class _Coupling:
         if change:
             inst = Instance(inst.name, inst.cluster, job.model_copy(update=change), inst.meta)
         return inst
-
-
-def _master(
-    options: list[_Option],
-    per_scenario: list[list[int]],
-    affected: list[tuple[int, ...]],
-    usable: list[int],
-    k: int,
-    pp: int,
-    weights: np.ndarray,
-    values: list[float],
-    time_limit: float | None,
-    seed: int,
-) -> tuple[float, tuple[int, ...], list[int]]:
-    """``max sum_s w_s v_s(D ∩ A_s)`` over ``|D| = k``: its proven bound, its ``D`` and options
-    (:func:`~ntp_opt.planners.exact.backends.domains.domain_master`, with the
-    objective scaled to :data:`SCALE`)."""
-    top = max(values)
-    scale = SCALE / top if top > 0 else 1.0
-    return domain_master(
-        options, per_scenario, affected, usable, k, pp, weights, values, time_limit, seed, scale
-    )

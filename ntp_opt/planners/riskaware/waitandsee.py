@@ -53,7 +53,7 @@ from ntp_opt.model.control import Control, Deadline
 from ntp_opt.model.failures import failed_instance
 from ntp_opt.model.instance import Instance
 from ntp_opt.model.plan import Plan
-from ntp_opt.planners.base import Limit, RunOptions
+from ntp_opt.planners.base import Limit, Outcome, RunOptions
 from ntp_opt.planners.bounds import capacity_bound
 from ntp_opt.planners.exact.search import solve_exact
 from ntp_opt.planners.riskaware.scenarios import Scenarios
@@ -75,9 +75,10 @@ __all__ = [
 WS_MAX_GPUS = 4096
 #: Share of the remaining budget the cap's exact solve may use.
 CAP_SHARE = 0.5
-#: A scenario solve may use the remaining budget divided by the scenarios
-#: left, but never less than this share of it (so that solves that need more
-#: than an even split still finish while few are left).
+#: A scenario's (or a nonanticipative restricted instance's) solve may use the
+#: remaining budget divided by the solves left, but never less than this share
+#: of it (so that solves that need more than an even split still finish while
+#: few are left).
 SOLVE_SHARE = 0.25
 #: Tiers of caps: scenarios are grouped by the idle watts their failures
 #: free (at evenly spaced quantiles of their weight), and each group gets
@@ -201,6 +202,50 @@ def idle_instance(instance: Instance, unusable: np.ndarray) -> Instance:
             g.nodes[rid]["power_budget_w"] = float(a.rack_budget[i] - per_rack[i])
     g.graph["power_budget_w"] = float(a.site_budget - watts.sum())
     return Instance(instance.name, g, instance.job, instance.meta)
+
+
+def bound_solve(
+    instance: Instance,
+    time_limit: float | None,
+    seed: int,
+    threads: int,
+    control: Control | None,
+) -> Outcome:
+    """:func:`solve_exact` for its bound alone (no bound report), as the risk-aware
+    bounds solve their scenario and restricted instances.
+
+    Parameters
+    ----------
+    instance
+        The instance to bound.
+    time_limit, seed, threads
+        As :class:`~ntp_opt.planners.base.RunOptions`.
+    control
+        The caller's control (``None``: a silent one).
+
+    Returns
+    -------
+    Outcome
+        The exact planner's outcome; its ``bound`` (``None`` when not found)
+        bounds the goodput of every plan of ``instance``.
+    """
+    return solve_exact(
+        instance,
+        RunOptions(
+            time_limit=time_limit,
+            seed=seed,
+            threads=threads,
+            control=Control("", None, None) if control is None else control,
+        ),
+        report_bounds=False,
+    )
+
+
+def solve_share(clock: Deadline, n_left: int) -> float | None:
+    """Seconds one of ``n_left`` solves may use: the time left split evenly, but at
+    least :data:`SOLVE_SHARE` of it (``None`` without a deadline)."""
+    left = clock.remaining()
+    return None if left is None else left * max(1 / n_left, SOLVE_SHARE)
 
 
 def _avoids(plan_gpus: np.ndarray, failed: np.ndarray) -> bool:
@@ -341,16 +386,8 @@ def _tier_caps(
             cap_j = min(cap_j, nominal_bound)
         elif exact and not clock.stopped():
             left = clock.remaining()
-            out = solve_exact(
-                relaxed,
-                RunOptions(
-                    time_limit=None if left is None else CAP_SHARE * left / (len(tiers) - j),
-                    seed=seed,
-                    threads=threads,
-                    control=Control("", None, None) if control is None else control,
-                ),
-                report_bounds=False,
-            )
+            share = None if left is None else CAP_SHARE * left / (len(tiers) - j)
+            out = bound_solve(relaxed, share, seed, threads, control)
             limit_hit = limit_hit or out.limit != Limit.NONE
             if out.bound is not None:
                 cap_j = min(cap_j, out.bound)
@@ -404,18 +441,7 @@ def _solve_scenarios(
         mask = np.zeros(instance.arrays.n_gpus, dtype=bool)
         mask[scenarios.gpus[i]] = True
         scenario = idle_instance(instance, mask) if keeps else failed_instance(instance, mask)
-        left = clock.remaining()
-        share = None if left is None else left * max(1 / (len(order) - k), SOLVE_SHARE)
-        out = solve_exact(
-            scenario,
-            RunOptions(
-                time_limit=share,
-                seed=seed,
-                threads=threads,
-                control=Control("", None, None) if control is None else control,
-            ),
-            report_bounds=False,
-        )
+        out = bound_solve(scenario, solve_share(clock, len(order) - k), seed, threads, control)
         limit_hit = limit_hit or out.limit != Limit.NONE
         u = out.bound if out.bound is not None else capacity_bound(scenario)
         bounds[i] = cache[key] = min(caps[i], u)
