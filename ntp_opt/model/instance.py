@@ -51,6 +51,12 @@ class ClusterArrays:
     rack_budget: np.ndarray
     site_budget: float
 
+    def __post_init__(self) -> None:
+        """Make the per-GPU, per-tray and per-rack arrays read-only."""
+        for arr in self.__dict__.values():
+            if isinstance(arr, np.ndarray):
+                arr.setflags(write=False)
+
     @property
     def n_gpus(self) -> int:
         """Number of GPUs."""
@@ -154,9 +160,6 @@ def compile_cluster(graph: nx.Graph) -> ClusterArrays:
     site = graph.graph.get("power_budget_w")
     site_budget = float(tdp.sum()) if site is None else float(site)
     tray_p = np.array([float(nodes[t].get("p_fail", 0.0)) for t in tray_ids], dtype=float)
-    arrs = (gpu_tray, gpu_domain, gpu_rack, healthy, speed, p_fail, tdp, max_power, rack_budget)
-    for arr in (*arrs, tray_p):
-        arr.setflags(write=False)
     return ClusterArrays(
         gpu_ids=gpu_ids,
         gpu_index={g: i for i, g in enumerate(gpu_ids)},
@@ -361,8 +364,6 @@ class Instance:
         if new_healthy.shape != a.healthy.shape or new_speed.shape != a.speed.shape:
             raise ValueError(f"healthy and speed need one entry per GPU ({a.n_gpus})")
         changed = np.flatnonzero((new_healthy != a.healthy) | (new_speed != a.speed))
-        for arr in (new_healthy, new_speed):
-            arr.setflags(write=False)
         arrays = ClusterArrays(**{**a.__dict__, "healthy": new_healthy, "speed": new_speed})
 
         source = self.__dict__.get("_graph_source")

@@ -450,9 +450,6 @@ def _compile(
     rack_tdp = np.bincount(gpu_rack, weights=tdp, minlength=len(budgets))
     rack_budget = np.where(np.isnan(budgets), rack_tdp, budgets).astype(float)
     site = float(tdp.sum()) if site_budget is None else float(site_budget)
-    arrs = (gpu_tray, gpu_domain, gpu_rack, healthy, speed, p_fail, tdp, max_power, rack_budget)
-    for arr in (*arrs, tray_p):
-        arr.setflags(write=False)
     ids, order = sorted_nodes.ids, sorted_nodes.order
     gpu_ids = tuple(_pick(ids, order[_GPU]))
     domain_ids = tuple(_pick(ids, order[_DOMAIN]))

@@ -406,10 +406,7 @@ def rack_relaxed(prep: Prepared) -> Instance | None:
         merged = True
     if not merged:
         return None
-    gpu_rack = rack_map[a.gpu_rack]
-    gpu_rack.setflags(write=False)
-    budget.setflags(write=False)
-    arrays = dataclasses.replace(a, gpu_rack=gpu_rack, rack_budget=budget)
+    arrays = dataclasses.replace(a, gpu_rack=rack_map[a.gpu_rack], rack_budget=budget)
     inst = prep.instance
     return Instance.from_arrays(inst.name, arrays, inst.job, dict(inst.meta), _no_graph)
 
