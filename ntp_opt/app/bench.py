@@ -36,20 +36,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
-from rich.console import Console
-from rich.progress import (
-    BarColumn,
-    MofNCompleteColumn,
-    Progress,
-    TaskID,
-    TextColumn,
-    TimeElapsedColumn,
-    TimeRemainingColumn,
-)
+from rich.progress import Progress, TaskID
 
 from ntp_opt.app.bench_local import execute as execute_local
 from ntp_opt.app.best_known import md_cell
-from ntp_opt.app.cli.common import MAX_LINE
+from ntp_opt.app.cli.common import MAX_LINE, progress_bar
 from ntp_opt.app.runs import Todo, check_planner
 from ntp_opt.model.echo import echo
 from ntp_opt.model.safeio import atomic_append, atomic_write, check_target, locked
@@ -396,16 +387,7 @@ def _run_locked(
     wanted = [(run_key(f, p, s), f, p, s) for f in files for p in planners for s in seeds]
     todo = [Todo(*w) for w in dict((w[0], w) for w in wanted).values() if w[0] not in done]
     recorder = _Recorder(done, results, __version__)
-    with Progress(
-        TextColumn("[progress.description]{task.description}"),
-        BarColumn(),
-        MofNCompleteColumn(),
-        TimeElapsedColumn(),
-        TextColumn("ETA"),
-        TimeRemainingColumn(),
-        console=Console(stderr=True),
-        disable=not progress,
-    ) as bar:
+    with progress_bar(not progress) as bar:
         calls = _Bar(bar, bar.add_task("bench", total=len(todo)), recorder)
         started, finished = calls.started, calls.finished
         if backend == "ray":

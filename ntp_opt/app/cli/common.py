@@ -16,6 +16,7 @@ from typing import IO, TYPE_CHECKING, Any, NoReturn
 if TYPE_CHECKING:  # imported by the commands that use them (the parser's own import is light)
     from pydantic import ValidationError
     from rich.console import Console
+    from rich.progress import Progress
     from rich.table import Table
 
     from ntp_opt.model.instance import Instance
@@ -104,6 +105,49 @@ def status_console() -> Console:
     from rich.console import Console
 
     return Console(stderr=True, highlight=False, markup=False, emoji=False)
+
+
+def progress_bar(
+    disable: bool, *, transient: bool = False, terminal_only: bool = False
+) -> Progress:
+    """A rich progress bar (count, elapsed time, ETA) on stderr.
+
+    Parameters
+    ----------
+    disable
+        Show nothing.
+    transient
+        Clear the bar when it stops.
+    terminal_only
+        Show nothing either when stderr is not a terminal.
+
+    Returns
+    -------
+    rich.progress.Progress
+        Not started (use it as a context manager).
+    """
+    from rich.console import Console
+    from rich.progress import (
+        BarColumn,
+        MofNCompleteColumn,
+        Progress,
+        TextColumn,
+        TimeElapsedColumn,
+        TimeRemainingColumn,
+    )
+
+    console = Console(stderr=True)
+    return Progress(
+        TextColumn("[progress.description]{task.description}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeElapsedColumn(),
+        TextColumn("ETA"),
+        TimeRemainingColumn(),
+        console=console,
+        disable=disable or (terminal_only and not console.is_terminal),
+        transient=transient,
+    )
 
 
 def warn(message: str) -> None:

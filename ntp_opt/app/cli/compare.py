@@ -8,12 +8,11 @@ import time
 from pathlib import Path
 from typing import Any
 
-from rich.console import Console
-
 from ntp_opt.app.cli.common import (
     fitted_tables,
     fmt,
     make_console,
+    progress_bar,
     stop_on_signals,
     stopped_status,
 )
@@ -26,31 +25,6 @@ from ntp_opt.solve import EXACT, PLANNERS, POLICIES, solve
 EXACT_NAMES = set(EXACT)
 
 
-def _progress_bar(quiet: bool) -> Any:
-    """A rich progress bar with ETA on stderr; disabled when quiet or not a terminal."""
-    from rich.progress import (
-        BarColumn,
-        MofNCompleteColumn,
-        Progress,
-        TextColumn,
-        TimeElapsedColumn,
-        TimeRemainingColumn,
-    )
-
-    console = Console(stderr=True)
-    return Progress(
-        TextColumn("[progress.description]{task.description}"),
-        BarColumn(),
-        MofNCompleteColumn(),
-        TimeElapsedColumn(),
-        TextColumn("ETA"),
-        TimeRemainingColumn(),
-        console=console,
-        disable=quiet or not console.is_terminal,
-        transient=True,
-    )
-
-
 def run(args: argparse.Namespace) -> int:
     con = make_console()
     policies = args.planners.split(",") if args.planners else list(POLICIES)
@@ -60,7 +34,10 @@ def run(args: argparse.Namespace) -> int:
     cells: list[list[str]] = []
     cancel = threading.Event()
     above_one = False
-    with stop_on_signals(cancel) as received, _progress_bar(args.quiet) as bar:
+    with (
+        stop_on_signals(cancel) as received,
+        progress_bar(args.quiet, transient=True, terminal_only=True) as bar,
+    ):
         task = bar.add_task("compare", total=len(args.instances) * len(policies))
         for path in args.instances:
             bar.update(task, description=f"{echo(Path(path).name, 60)}: loading")

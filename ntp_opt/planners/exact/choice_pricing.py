@@ -21,8 +21,8 @@ from typing import Protocol
 import numpy as np
 
 from ntp_opt.planners.exact.configs import domain_configs, max_level
-from ntp_opt.planners.exact.model import MAX_CONFIGS, Config, ModelTooLarge, Prepared
-from ntp_opt.rules.power import ceil_mw, fits_mw
+from ntp_opt.planners.exact.model import MAX_CONFIGS, Config, ModelTooLarge, Prepared, unit_fits
+from ntp_opt.rules.power import ceil_mw
 
 __all__ = ["ListedPricing"]
 
@@ -101,11 +101,7 @@ class ListedPricing:
 
     def fits(self, extra: tuple[float, ...]) -> bool:
         """Whether a configuration with this extra draw per rack fits the unit's racks."""
-        unit = self.unit
-        return all(
-            fits_mw(idle + x, budget)
-            for idle, x, budget in zip(unit.idle_w, extra, unit.budget_mw, strict=True)
-        )
+        return unit_fits(self.unit, extra)
 
     def build(self, kinds: tuple[tuple[int, int], ...]) -> Config | None:
         """The listed configuration holding exactly these stage kinds (in listing order),

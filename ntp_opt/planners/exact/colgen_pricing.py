@@ -33,6 +33,7 @@ from ntp_opt.planners.exact.model import (
     StageChoice,
     Unit,
     unit_domain,
+    unit_fits,
     unit_key,
 )
 from ntp_opt.rules.power import MW, ceil_mw, extra_draw, fits_mw
@@ -301,11 +302,7 @@ class Pricing:
 
     def fits(self, extra: tuple[float, ...]) -> bool:
         """Whether a configuration with this extra draw per rack fits the unit's racks."""
-        unit = self.unit
-        return all(
-            fits_mw(idle + x, budget)
-            for idle, x, budget in zip(unit.idle_w, extra, unit.budget_mw, strict=True)
-        )
+        return unit_fits(self.unit, extra)
 
     def build(self, kinds: tuple[tuple[int, int], ...]) -> Config | None:
         """The configuration holding these stage kinds (in option order) from GPU 0,
