@@ -81,17 +81,7 @@ def dp_drop(instance: Instance, options: RunOptions = RunOptions()) -> Outcome:
 def ntp(instance: Instance, options: RunOptions = RunOptions()) -> Outcome:
     """The paper's NTP: reduced-degree replicas with a smaller local batch.
 
-    Parameters
-    ----------
-    instance
-        The instance.
-    options
-        Not read (the planner runs to the end).
-
-    Returns
-    -------
-    Outcome
-        Its plan (empty when the job pauses), not yet checked.
+    Parameters and result as :func:`dp_drop`.
     """
     return _plan(instance, "ntp", reduced=True, boost=False)
 
@@ -99,16 +89,6 @@ def ntp(instance: Instance, options: RunOptions = RunOptions()) -> Outcome:
 def ntp_pw(instance: Instance, options: RunOptions = RunOptions()) -> Outcome:
     """NTP with power boost of slow replicas within rack and site budgets.
 
-    Parameters
-    ----------
-    instance
-        The instance.
-    options
-        Not read (the planner runs to the end).
-
-    Returns
-    -------
-    Outcome
-        Its plan (empty when the job pauses), not yet checked.
+    Parameters and result as :func:`dp_drop`.
     """
     return _plan(instance, "ntp-pw", reduced=True, boost=True)

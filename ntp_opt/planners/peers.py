@@ -358,18 +358,7 @@ def megatron_ntp(instance: Instance, options: RunOptions = RunOptions()) -> Outc
 def megatron_ntp_reordered(instance: Instance, options: RunOptions = RunOptions()) -> Outcome:
     """Megatron-LM's nonuniform TP after a launcher packs failed domains first.
 
-    Parameters
-    ----------
-    instance
-        The instance.
-    options
-        Not read (the planner runs to the end).
-
-    Returns
-    -------
-    Outcome
-        Its plan (empty when the job pauses; see :func:`megatron_plan`), not
-        yet checked: :func:`ntp_opt.solve.solve` checks it.
+    Parameters and result as :func:`megatron_ntp`.
     """
     return Outcome(megatron_plan(instance, reordered=True))
 
