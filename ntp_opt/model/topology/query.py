@@ -30,50 +30,17 @@ def gpus(G: nx.Graph) -> list[Hashable]:
 
 
 def trays(G: nx.Graph) -> list[Hashable]:
-    """Return the tray node ids in graph order.
-
-    Parameters
-    ----------
-    G : networkx.Graph
-        The cluster.
-
-    Returns
-    -------
-    list of Hashable
-        Ids of all nodes with ``kind == "tray"``.
-    """
+    """Return the tray node ids (``kind == "tray"``) in graph order."""
     return _of_kind(G, "tray")
 
 
 def domains(G: nx.Graph) -> list[Hashable]:
-    """Return the NVLink domain node ids in graph order.
-
-    Parameters
-    ----------
-    G : networkx.Graph
-        The cluster.
-
-    Returns
-    -------
-    list of Hashable
-        Ids of all nodes with ``kind == "domain"``.
-    """
+    """Return the NVLink domain node ids (``kind == "domain"``) in graph order."""
     return _of_kind(G, "domain")
 
 
 def racks(G: nx.Graph) -> list[Hashable]:
-    """Return the rack node ids in graph order.
-
-    Parameters
-    ----------
-    G : networkx.Graph
-        The cluster.
-
-    Returns
-    -------
-    list of Hashable
-        Ids of all nodes with ``kind == "rack"``.
-    """
+    """Return the rack node ids (``kind == "rack"``) in graph order."""
     return _of_kind(G, "rack")
 
 
