@@ -201,6 +201,23 @@ def atomic_write(path: PathLike, data: bytes | str, inputs: Iterable[PathLike] =
         fh.write(data.encode() if isinstance(data, str) else data)
 
 
+def _open_regular(path: PathLike, flags: int, verb: str) -> int:
+    """``os.open`` with ``flags`` plus ``O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC``; the
+    descriptor of a regular file, else :class:`UnsafeTargetError` ("refusing to ``verb``")."""
+    flags |= getattr(os, "O_NOFOLLOW", 0)
+    flags |= getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0)
+    try:
+        fd = os.open(path, flags, 0o666)
+    except OSError as err:
+        if err.errno in (getattr(os, "ELOOP", -1), getattr(os, "ENXIO", -1)):
+            raise UnsafeTargetError(path, f"refusing to {verb}: not a regular file") from None
+        raise _named(err, path) from None
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)
+        raise UnsafeTargetError(path, f"refusing to {verb}: not a regular file")
+    return fd
+
+
 def atomic_append(path: PathLike, data: bytes | str, inputs: Iterable[PathLike] = ()) -> None:
     """Append one record to ``path`` whole, or not at all visible to other appenders.
 
@@ -228,31 +245,21 @@ def atomic_append(path: PathLike, data: bytes | str, inputs: Iterable[PathLike] 
     """
     payload = data.encode() if isinstance(data, str) else data
     check_target(path, inputs)
-    flags = os.O_WRONLY | os.O_APPEND | os.O_CREAT | getattr(os, "O_NOFOLLOW", 0)
-    flags |= getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0)
     try:
-        fd = os.open(path, flags, 0o666)
+        import fcntl
+    except ImportError:  # pragma: no cover - Windows: no advisory locks
+        fcntl = None  # type: ignore[assignment]
+    fd = _open_regular(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, "write")
+    try:
+        if fcntl is not None:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+        view = memoryview(payload)
+        while view:
+            n = os.write(fd, view)
+            view = view[n:]
+        os.fsync(fd)
     except OSError as err:
-        if err.errno in (getattr(os, "ELOOP", -1), getattr(os, "ENXIO", -1)):
-            raise UnsafeTargetError(path, "refusing to write: not a regular file") from None
         raise _named(err, path) from None
-    try:
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
-            raise UnsafeTargetError(path, "refusing to write: not a regular file")
-        try:
-            import fcntl
-        except ImportError:  # pragma: no cover - Windows: no advisory locks
-            fcntl = None  # type: ignore[assignment]
-        try:
-            if fcntl is not None:
-                fcntl.flock(fd, fcntl.LOCK_EX)
-            view = memoryview(payload)
-            while view:
-                n = os.write(fd, view)
-                view = view[n:]
-            os.fsync(fd)
-        except OSError as err:
-            raise _named(err, path) from None
     finally:
         os.close(fd)  # also releases the lock
 
@@ -307,28 +314,19 @@ def locked(path: PathLike, *, wait: bool = True, what: str = "") -> Iterator[Non
         With ``wait=False``, when the lock is taken.
     """
     check_target(path)
-    flags = os.O_RDWR | os.O_CREAT | getattr(os, "O_NOFOLLOW", 0)
-    flags |= getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0)
     try:
-        fd = os.open(path, flags, 0o666)
-    except OSError as err:
-        if err.errno in (getattr(os, "ELOOP", -1), getattr(os, "ENXIO", -1)):
-            raise UnsafeTargetError(path, "refusing to lock: not a regular file") from None
-        raise _named(err, path) from None
+        import fcntl
+    except ImportError:  # pragma: no cover - Windows: no advisory locks
+        fcntl = None  # type: ignore[assignment]
+    fd = _open_regular(path, os.O_RDWR | os.O_CREAT, "lock")
     try:
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
-            raise UnsafeTargetError(path, "refusing to lock: not a regular file")
-        try:
-            import fcntl
-        except ImportError:  # pragma: no cover - Windows: no advisory locks
-            yield
-            return
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | (0 if wait else fcntl.LOCK_NB))
-        except BlockingIOError:
-            raise LockedError(
-                f"{path}: locked by another process{f' ({what})' if what else ''}"
-            ) from None
+        if fcntl is not None:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | (0 if wait else fcntl.LOCK_NB))
+            except BlockingIOError:
+                raise LockedError(
+                    f"{path}: locked by another process{f' ({what})' if what else ''}"
+                ) from None
         yield
     finally:
         os.close(fd)  # releases the lock
