@@ -65,8 +65,10 @@ __all__ = [
     "WS_MAX_GPUS",
     "WS_TIERS",
     "WaitAndSee",
+    "bound_solve",
     "idle_instance",
     "relaxed_instance",
+    "solve_share",
     "wait_and_see_bound",
 ]
 
