@@ -1,4 +1,4 @@
-"""The bounds of :mod:`ntp_opt.planners.exact.bounds` as first written (issue 15).
+"""The bounds of :mod:`ntp_opt.planners.bounds` as first written (issue 15).
 
 A reference for ``tests/property/test_bounds_reference.py``: the same mathematics,
 one ``(lambda, mu)`` point at a time with one numpy call per step, and

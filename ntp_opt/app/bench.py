@@ -15,7 +15,7 @@ truncated last line (a run killed mid-write) is cut off, and every key already
 present is skipped, so an interrupted bench resumes without losing or
 duplicating rows. With either backend only the driver (the calling process)
 writes files. After the run the rows can be merged into a best-known table
-(:mod:`ntp_opt.best_known`). See ``docs/bench.md``.
+(:mod:`ntp_opt.app.best_known`). See ``docs/bench.md``.
 
 Besides the built-in planner names (:data:`ntp_opt.solve.PLANNERS`), a planner
 may be given as ``"package.module:function"``: the worker imports it and calls
@@ -247,8 +247,8 @@ def run_bench(
         cluster this machine belongs to). Default: an already initialised Ray,
         else a new local one.
     best_known
-        Best-known table to merge the rows into (:mod:`ntp_opt.best_known`):
-        a path, ``"auto"`` (each file's :func:`ntp_opt.best_known.default_path`,
+        Best-known table to merge the rows into (:mod:`ntp_opt.app.best_known`):
+        a path, ``"auto"`` (each file's :func:`ntp_opt.app.best_known.default_path`,
         if any), or ``None`` (default: none).
 
     Returns
@@ -411,7 +411,7 @@ def update_best_known(
     """Merge rows into best-known tables; returns the changes by table.
 
     ``best_known="auto"`` sends each row to its file's default table
-    (:func:`ntp_opt.best_known.default_path`); rows of files without one are
+    (:func:`ntp_opt.app.best_known.default_path`); rows of files without one are
     left out.
     """
     from ntp_opt.app import best_known as bk

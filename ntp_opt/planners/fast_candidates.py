@@ -23,7 +23,7 @@ each also in a *degree-fit* variant when the budgets force replicas out
 (:func:`~ntp_opt.planners.fast_cuts.fit_power_by_degree`: one replica fewer
 dropped, degrees lowered instead, worst replica first) and a *level-fit* one
 (the highest degrees lowered first), and each without power boost, with the
-boost of :func:`ntp_opt.baselines.ntp_pw` (slow replicas lifted to nominal
+boost of :func:`ntp_opt.planners.heuristics.ntp_pw` (slow replicas lifted to nominal
 speed, cheapest first) and with :func:`~ntp_opt.planners.fast_cuts.boost_floor`
 (every replica lifted to the highest common speed).
 From the best candidate (and the best spread one), two local steps when

@@ -161,7 +161,7 @@ def fit_power_by_degree(
 ) -> list[tuple[int, list[Slot]]] | None:
     """Fit the budgets at power 1 by dropping whole replicas, then one fewer plus lower degrees.
 
-    :func:`ntp_opt.baselines.fit_power` drops the worst replicas until the
+    :func:`ntp_opt.planners.packing.fit_power` drops the worst replicas until the
     used GPUs (and the idle draw of the others) fit; the last drop usually
     frees more watts than needed. This keeps one more replica and instead
     lowers the degree of replicas, worst first, one allowed step at a time,

@@ -18,7 +18,7 @@ into replicas and split the batch exactly (the packing core is
   local batch; after the batch split, every stage is lowered back to what the
   split uses (:func:`~ntp_opt.planners.packing.trim_packed`: the same goodput,
   less power);
-* local batches come from :func:`ntp_opt.goodput.split_batch` (exact). Under
+* local batches come from :func:`ntp_opt.rules.goodput.split_batch` (exact). Under
   the ``fixed`` policy a plan that cannot carry ``B`` pauses (no replicas).
 
 Stragglers are not avoided on purpose: the paper's heuristic ignores them.

@@ -25,7 +25,7 @@ for the sources and every decision):
   does (``m_i >=`` the pipeline's stage count, no time limit by default, the
   solution read in variable-name order, any ``Optimal`` status accepted);
   :func:`our_split` solves the same input with this package's exact batch
-  split (:func:`ntp_opt.goodput.split_batch`).
+  split (:func:`ntp_opt.rules.goodput.split_batch`).
 """
 
 from __future__ import annotations
@@ -563,7 +563,7 @@ def malleus_split_as_shipped(
 def our_split(times: Sequence[float], n_micro_total: int) -> SplitOutcome:
     """The same program solved by this package's exact batch split.
 
-    Runs :func:`ntp_opt.goodput.split_batch` under the ``fixed`` policy with
+    Runs :func:`ntp_opt.rules.goodput.split_batch` under the ``fixed`` policy with
     speeds ``v_i = 1 / o_i``, ``B = N`` and every replica at the nominal
     degree (no resharding overhead). ``max_local_batch`` is set to
     ``ceil(N / n) * ceil(max o / min o)``, which no optimal split exceeds:

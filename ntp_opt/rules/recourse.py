@@ -26,7 +26,7 @@
    never below their current power), the one needing the fewest extra watts
    first, each as far as the remaining rack and site budgets allow (the
    reachable speed is found by bisection) — docs/model.md's "its racks boost".
-6. Local batches are re-split exactly with :func:`ntp_opt.goodput.split_batch`
+6. Local batches are re-split exactly with :func:`ntp_opt.rules.goodput.split_batch`
    under the job's policy; under ``fixed`` a set of replicas that cannot carry
    ``B`` pauses the job (empty plan).
 

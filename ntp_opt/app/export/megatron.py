@@ -270,7 +270,7 @@ def export_megatron(
         Files the caller read (never overwritten).
     extra_files
         More files to write with them, made from the export (the Kubernetes
-        objects of :mod:`ntp_opt.app.export_k8s`); its errors stop the export
+        objects of :mod:`ntp_opt.app.export.k8s`); its errors stop the export
         before any file is written.
 
     Returns

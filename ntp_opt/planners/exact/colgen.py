@@ -1,6 +1,6 @@
 """The capacity program ``C(theta')`` with configurations generated on demand.
 
-:func:`ntp_opt.planners.exact.model.build_capacity` lists every configuration
+:func:`ntp_opt.planners.exact.capacity.build_capacity` lists every configuration
 of every domain class, which is impossible when a domain hosts many stages
 (TP8 on a 72-GPU domain: nine stages, each with its own degree and batch
 level). This module solves the same program by column generation:
@@ -8,7 +8,7 @@ level). This module solves the same program by column generation:
 * the *restricted master LP* holds the configurations generated so far (at
   the start: the configurations that repeat one stage kind as often as it
   fits, and the configurations that were useful at earlier step times). Its
-  rows are the ones of :func:`~ntp_opt.planners.exact.model.build_capacity`:
+  rows are the ones of :func:`~ntp_opt.planners.exact.capacity.build_capacity`:
   one convexity row per domain class (or domain of a multi-domain unit), a
   row per replica class ``(t, b)`` (stages = ``pp * n[t, b]``), ``dp_max``,
   ``global_batch``, the site budget and the racks of multi-domain units;
@@ -29,7 +29,7 @@ level). This module solves the same program by column generation:
   generated columns only, solved by one of the exact backends
   (:func:`~ntp_opt.planners.exact.backends.solve_program`): a feasible lower
   bound, with its stages readable by
-  :func:`~ntp_opt.planners.exact.model.iter_stages`. When it meets the bound,
+  :func:`~ntp_opt.planners.exact.capacity.iter_stages`. When it meets the bound,
   ``C(theta')`` is proven (price-and-branch).
 
 The pricing is :mod:`ntp_opt.planners.exact.colgen_pricing`, the master LP and
@@ -79,7 +79,7 @@ class MasterResult:
     ----------
     capacity
         The integer master over the generated columns, readable by
-        :func:`~ntp_opt.planners.exact.model.iter_stages`.
+        :func:`~ntp_opt.planners.exact.capacity.iter_stages`.
     solution
         The backend's answer for it.
     upper
@@ -199,7 +199,7 @@ class ColumnGeneration:
         bound
             Called where the first integer master leaves a gap: an upper bound on
             ``C(theta')`` from elsewhere (the merged program,
-            :func:`~ntp_opt.planners.exact.model.merged_capacity`). Where it meets
+            :func:`~ntp_opt.planners.exact.merged.merged_capacity`). Where it meets
             the integer master's value, ``C`` is proven without closing the gap here.
 
         Returns

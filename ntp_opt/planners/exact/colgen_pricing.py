@@ -4,7 +4,7 @@
 configurations generated on demand. An *owner* (:class:`Owner`) is a domain
 class, or a domain of a multi-domain unit (or a whole such unit); its
 configurations (:class:`Pricing`) are the ones
-:func:`~ntp_opt.planners.exact.model.domain_configs` would list: stages on
+:func:`~ntp_opt.planners.exact.configs.domain_configs` would list: stages on
 consecutive blocks of the domain's GPUs in stage order, kinds in non-increasing
 speed requirement, fitting the unit's rack budgets. :meth:`Pricing.price` finds
 the configuration of the largest price ``sum dual(t, b) - dual_site * site_mW -
@@ -154,7 +154,7 @@ def stage_options(
     prep: Prepared, dom: Domain, theta: float, degrees: tuple[int, ...]
 ) -> list[tuple[int, int]]:
     """Stage kinds ``(t, b)`` a configuration of ``dom`` may hold at ``theta``, in the
-    order of :func:`~ntp_opt.planners.exact.model.domain_configs`: non-increasing speed
+    order of :func:`~ntp_opt.planners.exact.configs.domain_configs`: non-increasing speed
     requirement ``b / f(t)`` (ties: larger ``t``, then larger ``b`` first).
 
     Raises
@@ -306,7 +306,7 @@ class Pricing:
 
     def build(self, kinds: tuple[tuple[int, int], ...]) -> Config | None:
         """The configuration holding these stage kinds (in option order) from GPU 0,
-        with the draws :func:`~ntp_opt.planners.exact.model.domain_configs` computes;
+        with the draws :func:`~ntp_opt.planners.exact.configs.domain_configs` computes;
         ``None`` when a kind is unknown here, a block cannot carry it, or it does not fit.
 
         In a segmented domain (a whole unit) a kind that does not follow the order or

@@ -4,9 +4,9 @@
 deadline, control) and answers "how large is ``C(theta')``?" (or "does it reach
 a target?") with the cheapest program that decides it: the LP or mixed
 relaxation, the full capacity program
-(:func:`~ntp_opt.planners.exact.model.build_capacity`), column generation
+(:func:`~ntp_opt.planners.exact.capacity.build_capacity`), column generation
 (:mod:`ntp_opt.planners.exact.colgen`), the merged program
-(:func:`~ntp_opt.planners.exact.model.merged_capacity`). Every solution it finds
+(:func:`~ntp_opt.planners.exact.merged.merged_capacity`). Every solution it finds
 becomes a plan (:func:`build_layout`) offered to the incumbent. The step-time
 searches that ask it are in :mod:`ntp_opt.planners.exact.steptime`; the planner
 is :func:`ntp_opt.planners.exact.search.solve_exact`.
@@ -98,7 +98,7 @@ def lp_relaxation(
 
     Without ``integer_from`` every variable is continuous (the LP relaxation).
     With it, the variables from that index on stay integer (the replica counts
-    ``n[t, b]`` of :class:`~ntp_opt.planners.exact.model.Capacity`, from its
+    ``n[t, b]`` of :class:`~ntp_opt.planners.exact.capacity.Capacity`, from its
     ``n_offset``) and the configuration counts before it are continuous: a small
     mixed program whose bound is often the integer optimum itself, where the LP
     is a fraction of a replica above it.
@@ -213,7 +213,7 @@ class CapacitySearch:
         With ``target``, only ``C(theta) >= target`` is asked: where its LP
         relaxation is below ``target``, the answer is ``(0, that bound)``
         without an integer program; where a replica carrying less than
-        :func:`~ntp_opt.planners.exact.model.level_floor` cannot reach the
+        :func:`~ntp_opt.planners.exact.capacity.level_floor` cannot reach the
         target (``fixed`` batch), the program lists no such level, and the upper
         bound is ``target - 1`` (not reached) or ``B`` (reached). ``descent=True`` (the
         question of :func:`~ntp_opt.planners.exact.steptime.descend`: how far below
@@ -496,7 +496,7 @@ class CapacitySearch:
 
     def _merged_bound(self, theta: float, degrees: tuple[int, ...], upper: int) -> int:
         """An upper bound on ``C(theta)`` from the program with interchangeable
-        multi-domain units merged (:func:`~ntp_opt.planners.exact.model.merged_capacity`):
+        multi-domain units merged (:func:`~ntp_opt.planners.exact.merged.merged_capacity`):
         HiGHS' proven bound after at most :data:`MERGED_NODES` nodes (a deterministic
         limit), rounded down; ``upper`` where there is none.
 
@@ -606,10 +606,10 @@ def build_layout(prep: Prepared, stages: Sequence[StagePick], powers: Sequence[f
     prep
         From :func:`~ntp_opt.planners.exact.model.prepare`.
     stages
-        From :func:`~ntp_opt.planners.exact.model.iter_stages`.
+        From :func:`~ntp_opt.planners.exact.capacity.iter_stages`.
     powers
         Each stage's power multiplier (from
-        :func:`~ntp_opt.planners.exact.model.tighten`).
+        :func:`~ntp_opt.planners.exact.tighten.tighten`).
 
     Returns
     -------

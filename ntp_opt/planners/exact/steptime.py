@@ -172,7 +172,7 @@ def _case_bound(s: CapacitySearch, degrees: tuple[int, ...]) -> float:
 def drop_bounded_cases(
     s: CapacitySearch, cases: list[tuple[tuple[int, ...], float]]
 ) -> tuple[list[tuple[tuple[int, ...], float]], float]:
-    """Per case, its capacity bound (:func:`~ntp_opt.planners.exact.bounds.stage_bound`
+    """Per case, its capacity bound (:func:`~ntp_opt.planners.bounds.stage.stage_bound`
     restricted to the case's plans); a case whose bound is within the tolerance of
     the incumbent is not searched.
 
