@@ -642,11 +642,10 @@ class _FloorGroups:
             inv_alpha = 1.0 / self.alpha
             step = np.array(
                 [
-                    min(max((tau / b) ** inv_alpha, 1.0), hi) if b < tau else min(1.0, hi)
+                    (min(max((tau / b) ** inv_alpha, 1.0), hi) if b < tau else min(1.0, hi)) - 1.0
                     for b, hi in self.few
                 ]
             )
-            step -= 1.0
         else:
             step = _floor_powers(tau, self.base, self.caps, self.alpha) - 1.0
         extra = self.tdp * step[self.inv]
@@ -658,13 +657,21 @@ class _FloorGroups:
         return racks_ok and bool(extra.sum() <= self.site)
 
     def highest(self, lo: float, top: float, steps: int) -> float:
-        """``steps`` bisection steps between a speed that fits (``lo``) and ``top``."""
+        """``steps`` bisection steps between a speed that fits (``lo``) and ``top``.
+
+        Stops early once a step cannot change ``lo`` any more: its mid is
+        ``lo`` (which fits), or ``top`` after ``top`` failed (the same mid, the
+        same answer, in every later step): the same result as all ``steps``.
+        """
+        top_failed = False
         for _ in range(steps):
             mid = 0.5 * (lo + top)
+            if mid == lo or (top_failed and mid == top):
+                break
             if self.fits(mid):
                 lo = mid
             else:
-                top = mid
+                top, top_failed = mid, True
         return lo
 
 
