@@ -44,25 +44,15 @@ class _Slots:
     row ``tables[k]`` of ``s(t)`` per allowed degree (-inf where the slot is
     too small), its domain, the layout stage it was read from (``origin``,
     -1: a spare domain, or unknown) and whether its first GPUs are that
-    stage's, in the plan's order (``same``). The search moves slot indices.
-    ``bounds``, ``domain``, ``origin`` and ``same`` are also kept as arrays
-    (``*_at``), for the plan's stages read at once."""
+    stage's, in the plan's order (``same``). The search moves slot indices."""
 
     gpus: np.ndarray
     speeds: np.ndarray
     tables: np.ndarray
-    bounds: list[int]
-    domain: list[int]
-    origin: list[int]
-    same: list[bool]
-    bounds_at: np.ndarray
-    domain_at: np.ndarray
-    origin_at: np.ndarray
-    same_at: np.ndarray
-
-    def first(self, k: int, t: int) -> np.ndarray:
-        """The ``t`` fastest GPUs of slot ``k``."""
-        return self.gpus[self.bounds[k] : self.bounds[k] + t]
+    bounds: np.ndarray
+    domain: np.ndarray
+    origin: np.ndarray
+    same: np.ndarray
 
 
 def _slots(
@@ -89,7 +79,7 @@ def _slots(
     has_free = np.bincount(a.gpu_domain[free], minlength=a.n_domains) > 0
     spare_d = np.flatnonzero((stages_in == 0) & has_free).tolist()
     # slots: the stages (layout order), then the spare domains
-    doms = layout.domain.tolist() + spare_d
+    doms = np.concatenate((layout.domain, np.array(spare_d, dtype=np.int64)))
     parts = [layout.gpus]
     owners = [np.repeat(np.arange(n_stages, dtype=np.int64), np.diff(layout.offsets))]
     single = np.flatnonzero((stages_in[layout.domain] == 1) & has_free[layout.domain]).tolist()
@@ -120,19 +110,7 @@ def _slots(
     bounds = np.concatenate((starts, [len(flat)]))
     same = _sorted_stages(layout, own_speed, extra_owner, a.speed[extra])
     origin = np.concatenate((np.arange(n_stages, dtype=np.int64), np.full(len(spare_d), -1)))
-    slots = _Slots(
-        flat,
-        speed,
-        tables,
-        bounds.tolist(),
-        doms,
-        origin.tolist(),
-        same.tolist(),
-        bounds,
-        np.array(doms, dtype=np.int64),
-        origin,
-        same,
-    )
+    slots = _Slots(flat, speed, tables, bounds, doms, origin, same)
     # a layout lists each replica's stages together, in order
     cut = np.searchsorted(layout.replica, np.arange(len(plan.replicas) + 1)).tolist()
     reps = [list(range(cut[r], cut[r + 1])) for r in range(len(plan.replicas))]
@@ -221,10 +199,6 @@ def _slots_of_plan(instance: Instance, plan: Plan) -> tuple[_Slots, list[list[in
         flat,
         a.speed[flat],
         tables,
-        bounds.tolist(),
-        doms,
-        [-1] * n,
-        [False] * n,
         bounds.astype(np.int64),
         np.array(doms, dtype=np.int64),
         np.full(n, -1, dtype=np.int64),
@@ -605,7 +579,7 @@ def _plan(
     ks = np.fromiter(chain.from_iterable(reps[r] for r, _ in kept), dtype=np.int64, count=n)
     lens = np.repeat(np.array([tps[r] for r, _ in kept], dtype=np.int64), pp)
     # every stage's first GPUs gathered at once
-    firsts = slots.bounds_at[ks]
+    firsts = slots.bounds[ks]
     ends = np.cumsum(lens)
     total = int(ends[-1]) if n else 0
     flat = slots.gpus[np.arange(total) + np.repeat(firsts - (ends - lens), lens)]
@@ -616,7 +590,7 @@ def _plan(
     lay = Layout(
         replica=np.repeat(np.arange(len(kept), dtype=np.int64), pp),
         stage=np.arange(n, dtype=np.int64) - np.repeat(starts, pp),
-        domain=slots.domain_at[ks],
+        domain=slots.domain[ks],
         offsets=offsets,
         gpus=flat.astype(np.int64, copy=False),
         power=np.ones(n),
@@ -659,10 +633,10 @@ class _OldStages:
         whole = np.zeros(len(pp), dtype=bool)
         if layout is None or not plan.replicas or not n:
             return cls(is_old, whole, [], [])
-        origin = slots.origin_at[ks]
+        origin = slots.origin[ks]
         sizes = np.diff(layout.offsets)
         at = np.maximum(origin, 0)
-        is_old = (origin >= 0) & slots.same_at[ks] & (sizes[at] == lens)
+        is_old = (origin >= 0) & slots.same[ks] & (sizes[at] == lens)
         p_of = layout.replica[at]
         if (pp > 0).all():
             ok = (
@@ -717,7 +691,7 @@ def _swap_replicas(
                 o = plan.replicas[rep_of[i]].stages[st_of[i]]
                 stages.append(o if o.power == 1.0 else Stage(o.domain, o.gpus, 1.0))
                 continue
-            stages.append(Stage(domain_ids[slots.domain[ks_l[i]]], names[pos : pos + t], 1.0))
+            stages.append(Stage(domain_ids[int(slots.domain[ks_l[i]])], names[pos : pos + t], 1.0))
             pos += t
         replicas.append(Replica(tp=t, local_batch=b, stages=tuple(stages)))
     return replicas
