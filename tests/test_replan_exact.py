@@ -3,7 +3,8 @@
 Each shortcut below is compared with the plain computation it replaces,
 written out here: the floor boost's bisection stopping once no step can
 change its result, a swap search's stage-order flags read at once, and the
-index-space check's degree test and factors.
+index-space check's degree test and factors, and the floor boost's (stage,
+rack) groups spliced from the last call's.
 """
 
 from __future__ import annotations
@@ -12,11 +13,13 @@ import numpy as np
 from hypothesis import given
 from hypothesis import strategies as st
 
-from ntp_opt import Job
+from ntp_opt import Instance, Job
 from ntp_opt.model.layout import Layout
 from ntp_opt.planners.swaps import _sorted_stages
-from ntp_opt.rules.boost import _FloorGroups
+from ntp_opt.rules.boost import Stages, _FloorGroups, _spliced_groups, _stage_rack_groups
 from ntp_opt.rules.validate import _allowed, _degree_factors
+
+from .strategies import preset_instances
 
 
 def _bisection(groups: _FloorGroups, lo: float, top: float, steps: int) -> float:
@@ -111,3 +114,53 @@ def test_degree_test_and_factors_match_the_plain_ones(degrees: list[int], seed: 
     assert np.array_equal(_degree_factors(job, ok), plain)
     same = np.full(len(degrees), 30, dtype=np.int64)
     assert _degree_factors(job, same).tolist() == [job.tp_factor(30)] * len(degrees)
+
+
+def _random_stages(data: st.DataObject, n_gpus: int, n: int) -> list[list[int]]:
+    gpu = st.integers(0, n_gpus - 1)
+    return [data.draw(st.lists(gpu, min_size=1, max_size=6)) for _ in range(n)]
+
+
+def _as_stages(groups: list[list[int]]) -> Stages:
+    return Stages.from_lists([[np.array(g, dtype=np.int64) for g in groups]])
+
+
+def _caps(inst: Instance, stages: list[list[int]]) -> np.ndarray:
+    """A cap per stage read from its GPUs (as the callers' caps are)."""
+    top = inst.max_multiplier
+    return np.array([float(top[g].min()) for g in stages])
+
+
+@given(preset_instances(), st.data())
+def test_floor_groups_spliced_from_the_last_ones_equal_the_full_ones(
+    inst: Instance, data: st.DataObject
+) -> None:
+    n = data.draw(st.integers(8, 24))
+    first = _random_stages(data, inst.arrays.n_gpus, n)
+    second = [list(g) for g in first]
+    for _ in range(data.draw(st.integers(0, 3))):  # a few stages change
+        k = data.draw(st.integers(0, n - 1))
+        how = data.draw(st.sampled_from(["moved", "new", "reversed"]))
+        if how == "moved":  # as many GPUs, elsewhere (likely another rack)
+            shift = data.draw(st.integers(1, inst.arrays.n_gpus - 1))
+            second[k] = [(g + shift) % inst.arrays.n_gpus for g in second[k]]
+        elif how == "new":
+            second[k] = _random_stages(data, inst.arrays.n_gpus, 1)[0]
+        else:
+            second[k] = second[k][::-1]
+    if data.draw(st.booleans()):  # or one more or fewer stage
+        second = second[:-1] if data.draw(st.booleans()) else [*second, [0]]
+    old, new = _as_stages(first), _as_stages(second)
+    ref = _stage_rack_groups(inst, new, _caps(inst, second), None)
+    memo: dict[str, object] = {}
+    _stage_rack_groups(inst, old, _caps(inst, first), memo)
+    kept = memo["floor"]
+    got = _stage_rack_groups(inst, new, _caps(inst, second), memo)
+    for x, y in zip(got, ref, strict=True):
+        assert x.dtype == y.dtype and x.tobytes() == y.tobytes()  # bit for bit
+    spliced = _spliced_groups(inst, new, kept)
+    if spliced is not None:
+        for x, y in zip(spliced, ref[1:], strict=True):
+            assert x.dtype == y.dtype and x.tobytes() == y.tobytes()
+    if len(second) == n and sum(a != b for a, b in zip(first, second, strict=True)) * 8 <= n:
+        assert spliced is not None  # few stages changed: the kept groups are used
