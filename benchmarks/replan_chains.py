@@ -16,7 +16,10 @@ for power multipliers), and the GPUs moved and the lowest goodput over the
 chain on each side (where the sides differ, each chain goes on from its own
 plan; the events are the same). ``--best-of K`` times each event as the
 fastest of ``K`` replays (``K - 1`` what-ifs, then the committed one), which
-takes most of the machine's load out of the medians. Instances: the NVL32 cluster of
+takes most of the machine's load out of the medians; the table then also gives
+each side's median of the first replays alone (an event computed once, as a
+scheduler computes it: the chain's memo holds nothing of this event yet).
+Instances: the NVL32 cluster of
 ``benchmarks/large.py`` (elastic), and ``instances/paper-nvl32-32k-0.1pct``
 as bundled (elastic) and with a fixed batch (issue 30).
 """
@@ -33,6 +36,7 @@ import sys
 import tarfile
 import tempfile
 import time
+from dataclasses import dataclass, field
 from pathlib import Path
 from types import ModuleType
 from typing import Any
@@ -107,6 +111,81 @@ def stats(xs: list[float]) -> str:
     return f"{statistics.median(xs):.1f} / {p90:.1f} / {xs[-1]:.1f}"
 
 
+@dataclass
+class _Tally:
+    """One instance's figures on both sides (``"before"``, ``"now"``)."""
+
+    times: dict[str, list[float]] = field(default_factory=lambda: {"before": [], "now": []})
+    first: dict[str, list[float]] = field(default_factory=lambda: {"before": [], "now": []})
+    paths: dict[str, dict[str, int]] = field(default_factory=lambda: {"before": {}, "now": {}})
+    moved: dict[str, int] = field(default_factory=lambda: {"before": 0, "now": 0})
+    low: dict[str, float] = field(default_factory=lambda: {"before": np.inf, "now": np.inf})
+    same: int = 0
+    placed: int = 0
+
+    def row(self, name: str, inst: Any) -> str:
+        """The table's row."""
+        kinds = {
+            side: ", ".join(f"{p}: {c}" for p, c in sorted(self.paths[side].items()))
+            for side in self.paths
+        }
+        first = {side: statistics.median(xs) for side, xs in self.first.items()}
+        return (
+            f"| {name} | {inst.job.batch_policy} | {inst.arrays.n_gpus:,} "
+            f"| {stats(self.times['before'])} | {stats(self.times['now'])} "
+            f"| {kinds['before']} | {kinds['now']} "
+            f"| {self.same} ({self.placed}) / {len(self.times['now'])} "
+            f"| {self.moved['before']} / {self.moved['now']} "
+            f"| {self.low['before']:.3f} / {self.low['now']:.3f} "
+            f"| {first['before']:.1f} / {first['now']:.1f} |"
+        )
+
+
+def _event(
+    runs: dict[str, Any], runners: dict[str, Any], gpu: Any, best_of: int, t: _Tally
+) -> None:
+    """Re-plan the failure of ``gpu`` on both sides (``best_of`` replays each) and tally it."""
+    outs = {}
+    for side, (mod, _, _) in runs.items():
+        event = [mod.ClusterEvent("fail", gpu)]
+        best = np.inf
+        for k in range(best_of):
+            cpu = time.process_time()
+            outs[side] = runners[side].replan(event, commit=k == best_of - 1)
+            ms = 1000 * (time.process_time() - cpu)
+            best = min(best, ms)
+            if k == 0:
+                t.first[side].append(ms)
+        t.times[side].append(best)
+    old, new = outs["before"], outs["now"]
+    t.same += (shape(old.plan), old.choice, old.moved) == (shape(new.plan), new.choice, new.moved)
+    t.placed += (placement(old.plan), old.choice, old.moved) == (
+        placement(new.plan),
+        new.choice,
+        new.moved,
+    )
+    for side, out in outs.items():
+        path = f"{out.bound_kind} bound, {out.choice}"
+        t.paths[side][path] = t.paths[side].get(path, 0) + 1
+        t.moved[side] += out.moved
+        t.low[side] = min(t.low[side], out.goodput)
+
+
+def _chains(inst: Any, runs: dict[str, Any], args: argparse.Namespace) -> _Tally:
+    """Every seed's chain of ``args.events`` failures of used GPUs, on both sides."""
+    t = _Tally()
+    for seed in args.seeds:
+        runners = {s: m.Replanner(i, p) for s, (m, i, p) in runs.items()}
+        rng = np.random.default_rng(seed)
+        a = inst.arrays
+        for _ in range(args.events):
+            used = np.zeros(a.n_gpus, dtype=bool)
+            used[runners["now"].state.layout.gpus] = True
+            gpu = a.gpu_ids[int(rng.choice(np.flatnonzero(used)))]
+            _event(runs, runners, gpu, args.best_of, t)
+    return t
+
+
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--rev", required=True, help="the older revision (git)")
@@ -130,8 +209,8 @@ def main(argv: list[str] | None = None) -> None:
             "| instance | batch | GPUs | before: median / p90 / max ms "
             "| now: median / p90 / max ms | events by path, before | events by path, now "
             "| same plan (placement) / events | GPUs moved, before / now "
-            "| lowest goodput, before / now |\n"
-            "|---|---|---|---|---|---|---|---|---|---|",
+            "| lowest goodput, before / now | first replay, median: before / now |\n"
+            "|---|---|---|---|---|---|---|---|---|---|---|",
             flush=True,
         )
         for k, (name, inst) in enumerate(sides["now"][1]):
@@ -143,57 +222,7 @@ def main(argv: list[str] | None = None) -> None:
                 runs[side] = (replan, insts[k][1], out[0] if isinstance(out, tuple) else out.plan)
             if shape(runs["before"][2]) != shape(runs["now"][2]):
                 raise SystemExit(f"{name}: the two revisions' fast plans differ")
-            times: dict[str, list[float]] = {"before": [], "now": []}
-            paths: dict[str, dict[str, int]] = {"before": {}, "now": {}}
-            moved = {"before": 0, "now": 0}
-            low = {"before": np.inf, "now": np.inf}
-            same = placed = 0
-            for seed in args.seeds:
-                runners = {s: m.Replanner(i, p) for s, (m, i, p) in runs.items()}
-                rng = np.random.default_rng(seed)
-                a = inst.arrays
-                for _ in range(args.events):
-                    used = np.zeros(a.n_gpus, dtype=bool)
-                    used[runners["now"].state.layout.gpus] = True
-                    gpu = a.gpu_ids[int(rng.choice(np.flatnonzero(used)))]
-                    outs = {}
-                    for side, (mod, _, _) in runs.items():
-                        event = [mod.ClusterEvent("fail", gpu)]
-                        best = np.inf
-                        for k in range(args.best_of):
-                            cpu = time.process_time()
-                            outs[side] = runners[side].replan(event, commit=k == args.best_of - 1)
-                            best = min(best, 1000 * (time.process_time() - cpu))
-                        times[side].append(best)
-                    old, new = outs["before"], outs["now"]
-                    same += (shape(old.plan), old.choice, old.moved) == (
-                        shape(new.plan),
-                        new.choice,
-                        new.moved,
-                    )
-                    placed += (placement(old.plan), old.choice, old.moved) == (
-                        placement(new.plan),
-                        new.choice,
-                        new.moved,
-                    )
-                    for side, out in outs.items():
-                        path = f"{out.bound_kind} bound, {out.choice}"
-                        paths[side][path] = paths[side].get(path, 0) + 1
-                        moved[side] += out.moved
-                        low[side] = min(low[side], out.goodput)
-            kinds = {
-                side: ", ".join(f"{p}: {c}" for p, c in sorted(paths[side].items()))
-                for side in paths
-            }
-            print(
-                f"| {name} | {inst.job.batch_policy} | {inst.arrays.n_gpus:,} "
-                f"| {stats(times['before'])} | {stats(times['now'])} "
-                f"| {kinds['before']} | {kinds['now']} "
-                f"| {same} ({placed}) / {len(times['now'])} "
-                f"| {moved['before']} / {moved['now']} "
-                f"| {low['before']:.3f} / {low['now']:.3f} |",
-                flush=True,
-            )
+            print(_chains(inst, runs, args).row(name, inst), flush=True)
 
 
 if __name__ == "__main__":

@@ -49,14 +49,10 @@ class _Slots:
     gpus: np.ndarray
     speeds: np.ndarray
     tables: np.ndarray
-    bounds: list[int]
-    domain: list[int]
-    origin: list[int]
-    same: list[bool]
-
-    def first(self, k: int, t: int) -> np.ndarray:
-        """The ``t`` fastest GPUs of slot ``k``."""
-        return self.gpus[self.bounds[k] : self.bounds[k] + t]
+    bounds: np.ndarray
+    domain: np.ndarray
+    origin: np.ndarray
+    same: np.ndarray
 
 
 def _slots(
@@ -83,7 +79,7 @@ def _slots(
     has_free = np.bincount(a.gpu_domain[free], minlength=a.n_domains) > 0
     spare_d = np.flatnonzero((stages_in == 0) & has_free).tolist()
     # slots: the stages (layout order), then the spare domains
-    doms = layout.domain.tolist() + spare_d
+    doms = np.concatenate((layout.domain, np.array(spare_d, dtype=np.int64)))
     parts = [layout.gpus]
     owners = [np.repeat(np.arange(n_stages, dtype=np.int64), np.diff(layout.offsets))]
     single = np.flatnonzero((stages_in[layout.domain] == 1) & has_free[layout.domain]).tolist()
@@ -111,11 +107,10 @@ def _slots(
     fits = degrees[None, :] <= sizes[:, None]
     at = np.where(fits, starts[:, None] + degrees[None, :] - 1, 0)
     tables = np.where(fits, speed[at] if len(speed) else 0.0, -np.inf)
-    bounds = np.concatenate((starts, [len(flat)])).tolist()
+    bounds = np.concatenate((starts, [len(flat)]))
     same = _sorted_stages(layout, own_speed, extra_owner, a.speed[extra])
-    slots = _Slots(
-        flat, speed, tables, bounds, doms, list(range(n_stages)) + [-1] * len(spare_d), same
-    )
+    origin = np.concatenate((np.arange(n_stages, dtype=np.int64), np.full(len(spare_d), -1)))
+    slots = _Slots(flat, speed, tables, bounds, doms, origin, same)
     # a layout lists each replica's stages together, in order
     cut = np.searchsorted(layout.replica, np.arange(len(plan.replicas) + 1)).tolist()
     reps = [list(range(cut[r], cut[r + 1])) for r in range(len(plan.replicas))]
@@ -124,7 +119,7 @@ def _slots(
 
 def _sorted_stages(
     layout: Layout, own_speed: np.ndarray, extra_owner: np.ndarray, extra_speed: np.ndarray
-) -> list[bool]:
+) -> np.ndarray:
     """Per stage: are its slot's first GPUs the stage's own, in the plan's order?
 
     The slots are sorted stably by speed, descending, the stage's GPUs (speeds
@@ -141,11 +136,14 @@ def _sorted_stages(
         inside = rises + 1 < layout.offsets[stage_of + 1]
         same[stage_of[inside]] = False
     mine = extra_owner < n_stages
-    for k, v in zip(extra_owner[mine].tolist(), extra_speed[mine].tolist(), strict=True):
-        lo, hi = int(layout.offsets[k]), int(layout.offsets[k + 1])
-        if hi > lo and v > own_speed[lo:hi].min():
-            same[k] = False
-    return same.tolist()
+    if mine.any():  # an unused GPU faster than its stage's slowest (stages with a GPU)
+        sizes = np.diff(layout.offsets)
+        full = np.flatnonzero(sizes > 0)
+        slowest = np.full(n_stages, np.inf)
+        slowest[full] = np.minimum.reduceat(own_speed, layout.offsets[full])
+        k = extra_owner[mine]
+        same[k[extra_speed[mine] > slowest[k]]] = False
+    return same
 
 
 def _table(degrees: np.ndarray, speeds: np.ndarray) -> np.ndarray:
@@ -197,7 +195,15 @@ def _slots_of_plan(instance: Instance, plan: Plan) -> tuple[_Slots, list[list[in
         len(parts), len(degrees)
     )
     n = len(parts)
-    slots = _Slots(flat, a.speed[flat], tables, bounds.tolist(), doms, [-1] * n, [False] * n)
+    slots = _Slots(
+        flat,
+        a.speed[flat],
+        tables,
+        bounds.astype(np.int64),
+        np.array(doms, dtype=np.int64),
+        np.full(n, -1, dtype=np.int64),
+        np.zeros(n, dtype=bool),
+    )
     return slots, reps, spare
 
 
@@ -573,7 +579,7 @@ def _plan(
     ks = np.fromiter(chain.from_iterable(reps[r] for r, _ in kept), dtype=np.int64, count=n)
     lens = np.repeat(np.array([tps[r] for r, _ in kept], dtype=np.int64), pp)
     # every stage's first GPUs gathered at once
-    firsts = np.asarray(slots.bounds, dtype=np.int64)[ks]
+    firsts = slots.bounds[ks]
     ends = np.cumsum(lens)
     total = int(ends[-1]) if n else 0
     flat = slots.gpus[np.arange(total) + np.repeat(firsts - (ends - lens), lens)]
@@ -584,7 +590,7 @@ def _plan(
     lay = Layout(
         replica=np.repeat(np.arange(len(kept), dtype=np.int64), pp),
         stage=np.arange(n, dtype=np.int64) - np.repeat(starts, pp),
-        domain=np.array(slots.domain, dtype=np.int64)[ks],
+        domain=slots.domain[ks],
         offsets=offsets,
         gpus=flat.astype(np.int64, copy=False),
         power=np.ones(n),
@@ -627,10 +633,10 @@ class _OldStages:
         whole = np.zeros(len(pp), dtype=bool)
         if layout is None or not plan.replicas or not n:
             return cls(is_old, whole, [], [])
-        origin = np.asarray(slots.origin, dtype=np.int64)[ks]
+        origin = slots.origin[ks]
         sizes = np.diff(layout.offsets)
         at = np.maximum(origin, 0)
-        is_old = (origin >= 0) & np.asarray(slots.same, dtype=bool)[ks] & (sizes[at] == lens)
+        is_old = (origin >= 0) & slots.same[ks] & (sizes[at] == lens)
         p_of = layout.replica[at]
         if (pp > 0).all():
             ok = (
@@ -674,8 +680,10 @@ def _swap_replicas(
     for q, (r, b) in enumerate(kept):
         t = tps[r]
         i0 = first_l[q]
-        if whole_l[q]:
-            replicas.append(Replica(tp=t, local_batch=b, stages=plan.replicas[rep_of[i0]].stages))
+        if whole_l[q]:  # the plan's replica (its object, when the batch is the same)
+            prev = plan.replicas[rep_of[i0]]
+            same = prev.tp == t and prev.local_batch == b
+            replicas.append(prev if same else Replica(tp=t, local_batch=b, stages=prev.stages))
             continue
         stages = []
         for i in range(i0, i0 + len(reps[r])):
@@ -683,7 +691,7 @@ def _swap_replicas(
                 o = plan.replicas[rep_of[i]].stages[st_of[i]]
                 stages.append(o if o.power == 1.0 else Stage(o.domain, o.gpus, 1.0))
                 continue
-            stages.append(Stage(domain_ids[slots.domain[ks_l[i]]], names[pos : pos + t], 1.0))
+            stages.append(Stage(domain_ids[int(slots.domain[ks_l[i]])], names[pos : pos + t], 1.0))
             pos += t
         replicas.append(Replica(tp=t, local_batch=b, stages=tuple(stages)))
     return replicas

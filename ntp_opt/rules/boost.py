@@ -553,8 +553,14 @@ def _stage_rack_groups(
     memo: dict[Any, Any] | None,
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """Per stage its cap, and per (stage, rack) group its watts at power 1, stage and
-    rack; from ``memo`` while the stages' GPUs are the same (kept in it otherwise)."""
-    a = instance.arrays
+    rack; from ``memo`` while the stages' GPUs are the same (kept in it otherwise).
+
+    When only a few stages differ from the kept ones (as many stages, given
+    ``caps``: a re-planning chain's next swap plan), the kept groups of the
+    other stages are reused and the differing stages' groups computed: the
+    same groups in the same order, each group's watts summed over its GPUs in
+    the same order (:func:`_spliced_groups`).
+    """
     kept = None if memo is None else memo.get("floor")
     if (
         kept is not None
@@ -563,20 +569,82 @@ def _stage_rack_groups(
     ):
         stage_caps, tdp, of, rack = kept[2:]
         return stage_caps, tdp, of, rack
-    sizes = stages.sizes
-    n_racks = len(a.rack_ids)
-    # per stage: the largest multiplier job and boards allow
-    stage_caps = stages.stage_min(instance.max_multiplier) if caps is None else caps
-    flat = stages.gpus
-    # aggregate per (stage, rack): one power multiplier per stage
-    stage = np.repeat(np.arange(len(sizes)), sizes)
-    key, inverse = _runs(stage * n_racks + a.gpu_rack[flat])
-    tdp = np.bincount(inverse, weights=a.tdp[flat], minlength=len(key))  # watts per group
-    of = key // n_racks
-    rack = key % n_racks
+    got = None if kept is None or caps is None else _spliced_groups(instance, stages, kept)
+    if got is None:
+        # per stage: the largest multiplier job and boards allow
+        stage_caps = stages.stage_min(instance.max_multiplier) if caps is None else caps
+        tdp, of, rack = _groups_of(
+            instance, stages.gpus, np.arange(len(stages.sizes)), stages.sizes
+        )
+    else:
+        stage_caps, (tdp, of, rack) = caps, got
     if memo is not None:
         memo["floor"] = (stages.gpus.copy(), stages.start.copy(), stage_caps, tdp, of, rack)
     return stage_caps, tdp, of, rack
+
+
+def _groups_of(
+    instance: Instance, flat: np.ndarray, ids: np.ndarray, sizes: np.ndarray
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Per (stage, rack) group of the stages ``ids`` (``sizes[k]`` GPUs each, listed in
+    ``flat`` one stage after the other): its watts at power 1, stage and rack."""
+    a = instance.arrays
+    n_racks = len(a.rack_ids)
+    stage = np.repeat(ids, sizes)
+    key, inverse = _runs(stage * n_racks + a.gpu_rack[flat])
+    tdp = np.bincount(inverse, weights=a.tdp[flat], minlength=len(key))  # watts per group
+    return tdp, key // n_racks, key % n_racks
+
+
+_SPLICE_SHARE = 8
+""":func:`_spliced_groups` reuses kept groups while at most one stage in this many
+differs."""
+
+
+def _spliced_groups(
+    instance: Instance, stages: Stages, kept: tuple[np.ndarray, ...]
+) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
+    """:func:`_groups_of` of every stage from the kept groups (``memo["floor"]``) of the
+    stages that did not change (same place, size and GPUs in order); ``None`` when
+    the stage count differs or too many stages changed."""
+    old_gpus, old_start, _, old_tdp, old_of, old_rack = kept
+    start, sizes = stages.start, stages.sizes
+    n = len(sizes)
+    if len(old_start) != n + 1 or n == 0:
+        return None
+    same = sizes == np.diff(old_start)
+    changed = _changed_stages(stages, old_gpus, old_start, same)
+    if len(changed) * _SPLICE_SHARE > n:
+        return None
+    same[changed] = False
+    n_racks = len(instance.arrays.rack_ids)
+    keep = same[old_of]
+    sub = sizes[changed]
+    at = np.repeat(start[changed] - (np.cumsum(sub) - sub), sub) + np.arange(int(sub.sum()))
+    tdp, of, rack = _groups_of(instance, stages.gpus[at], changed, sub)
+    key = np.concatenate((old_of[keep] * n_racks + old_rack[keep], of * n_racks + rack))
+    order = np.argsort(key, kind="stable")
+    key = key[order]
+    return np.concatenate((old_tdp[keep], tdp))[order], key // n_racks, key % n_racks
+
+
+def _changed_stages(
+    stages: Stages, old_gpus: np.ndarray, old_start: np.ndarray, same: np.ndarray
+) -> np.ndarray:
+    """The stages (increasing) whose size (``same``: as the kept stage's) or GPUs differ
+    from the kept ones: slices compared where the kept stages sit as far off."""
+    start = stages.start
+    shift = old_start[:-1] - start[:-1]
+    differs = np.ones(len(stages.gpus), dtype=bool)
+    cuts = np.flatnonzero(shift[1:] != shift[:-1]) + 1
+    for lo, hi in zip([0, *cuts.tolist()], [*cuts.tolist(), len(shift)], strict=True):
+        top = hi  # the run's stages as large as the kept ones, from its first
+        while top > lo and not same[top - 1]:
+            top -= 1
+        g0, g1, d = int(start[lo]), int(start[top]), int(shift[lo])
+        differs[g0:g1] = old_gpus[g0 + d : g1 + d] != stages.gpus[g0:g1]
+    stage_of = np.searchsorted(start, np.flatnonzero(differs), side="right") - 1
+    return np.union1d(stage_of, np.flatnonzero(~same))
 
 
 def _floor_powers(tau: float, b: np.ndarray, hi: np.ndarray, alpha: float) -> np.ndarray:
@@ -642,11 +710,10 @@ class _FloorGroups:
             inv_alpha = 1.0 / self.alpha
             step = np.array(
                 [
-                    min(max((tau / b) ** inv_alpha, 1.0), hi) if b < tau else min(1.0, hi)
+                    (min(max((tau / b) ** inv_alpha, 1.0), hi) if b < tau else min(1.0, hi)) - 1.0
                     for b, hi in self.few
                 ]
             )
-            step -= 1.0
         else:
             step = _floor_powers(tau, self.base, self.caps, self.alpha) - 1.0
         extra = self.tdp * step[self.inv]
@@ -658,13 +725,21 @@ class _FloorGroups:
         return racks_ok and bool(extra.sum() <= self.site)
 
     def highest(self, lo: float, top: float, steps: int) -> float:
-        """``steps`` bisection steps between a speed that fits (``lo``) and ``top``."""
+        """``steps`` bisection steps between a speed that fits (``lo``) and ``top``.
+
+        Stops early once a step cannot change ``lo`` any more: its mid is
+        ``lo`` (which fits), or ``top`` after ``top`` failed (the same mid, the
+        same answer, in every later step): the same result as all ``steps``.
+        """
+        top_failed = False
         for _ in range(steps):
             mid = 0.5 * (lo + top)
+            if mid == lo or (top_failed and mid == top):
+                break
             if self.fits(mid):
                 lo = mid
             else:
-                top = mid
+                top, top_failed = mid, True
         return lo
 
 

@@ -291,7 +291,8 @@ def redraw(
     objects) and idle fraction, only the GPUs whose multiplier or health
     differs are drawn again and only their racks summed again (each rack's
     GPUs in index order, as :func:`numpy.bincount` sums them): bit for bit
-    the draw of :func:`rack_and_site_draw`.
+    the draw of :func:`rack_and_site_draw`. When none differs, the new draw
+    shares ``last``'s arrays (a draw's arrays are only ever read).
 
     Parameters
     ----------
@@ -325,7 +326,15 @@ def redraw(
             power_of, a.healthy, per_gpu, rack, float(per_gpu.sum()), cluster, (order, starts)
         )
         return drawn, None
-    changed = np.flatnonzero((power_of != last.power_of) | (a.healthy != last.healthy))
+    differs = power_of != last.power_of
+    if a.healthy is not last.healthy:
+        differs |= a.healthy != last.healthy
+    changed = np.flatnonzero(differs)
+    if changed.size == 0:  # the same draw (its arrays are only read)
+        drawn = Drawn(
+            power_of, a.healthy, last.per_gpu, last.rack, last.site, cluster, last.by_rack
+        )
+        return drawn, changed
     per_gpu = last.per_gpu.copy()
     per_gpu[changed] = gpu_draw(instance, power_of, at=changed)
     rack = last.rack.copy()

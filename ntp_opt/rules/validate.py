@@ -18,6 +18,7 @@ from typing import Any, Protocol, TypeVar
 import numpy as np
 
 from ntp_opt.model.instance import Instance
+from ntp_opt.model.job import Job
 from ntp_opt.model.layout import Layout
 from ntp_opt.model.plan import Plan
 from ntp_opt.rules import goodput as gp
@@ -222,10 +223,18 @@ def layout_speeds(
     per_stage = pw**job.power_exponent * slowest
     first = np.searchsorted(layout.replica, np.arange(layout.n_replicas))
     low = np.minimum.reduceat(per_stage, first)
-    factors = {t: job.tp_factor(t) for t in set(layout.degree.tolist())}
-    factor = np.array([factors[t] for t in layout.degree.tolist()], dtype=float)
-    out: np.ndarray = factor * low / job.seq_time_s
+    out: np.ndarray = _degree_factors(job, layout.degree) * low / job.seq_time_s
     return out
+
+
+def _degree_factors(job: Job, degree: np.ndarray) -> np.ndarray:
+    """``job.tp_factor(t)`` per entry of ``degree`` (each degree's factor computed once)."""
+    degs = degree.tolist()
+    kinds = set(degs)
+    if len(kinds) == 1:  # one degree: one factor for all
+        return np.full(len(degs), job.tp_factor(kinds.pop()), dtype=float)
+    factors = {t: job.tp_factor(t) for t in kinds}
+    return np.array([factors[t] for t in degs], dtype=float)
 
 
 def evaluate_layout(
@@ -328,7 +337,7 @@ def _layout_power(instance: Instance, plan: Plan, lay: Layout) -> np.ndarray | N
     g = lay.gpus
     with np.errstate(invalid="ignore"):
         fine = (
-            bool(np.isin(deg, job.allowed).all())
+            _allowed(job, deg)
             and bool(((batch >= 1) & (batch <= job.local_batch_max)).all())
             and bool((np.bincount(lay.replica, minlength=n_rep) == job.pp).all())
             and bool((sizes == deg[lay.replica]).all())
@@ -349,6 +358,18 @@ def _layout_power(instance: Instance, plan: Plan, lay: Layout) -> np.ndarray | N
                 (a.gpu_domain[g] == np.repeat(lay.domain, sizes)).all()
             )
     return power_of if fine else None
+
+
+def _allowed(job: Job, degree: np.ndarray) -> bool:
+    """Is every entry of ``degree`` an allowed degree (``numpy.isin``, by a table)?"""
+    if degree.size == 0:
+        return True
+    lo, hi = int(degree.min()), int(degree.max())
+    if lo < 0 or hi > job.tp:
+        return False
+    table = np.zeros(job.tp + 1, dtype=bool)
+    table[list(job.allowed)] = True
+    return bool(table[degree].all())
 
 
 def validate(instance: Instance, plan: Plan) -> list[Violation]:

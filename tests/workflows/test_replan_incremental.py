@@ -28,7 +28,7 @@ from ntp_opt import Instance, Plan, Replica, Stage, check, solve
 from ntp_opt.model.layout import Layout
 from ntp_opt.planners.fast_cuts import boost_floor
 from ntp_opt.planners.packing import Slot, boost_slowest, split_groups
-from ntp_opt.rules.power import can_boost, rack_and_site_draw, redraw
+from ntp_opt.rules.power import can_boost, gpu_draw, rack_and_site_draw, redraw
 from ntp_opt.rules.recourse import adapt_indices
 from ntp_opt.rules.tolerances import FLOAT_NOISE
 from ntp_opt.rules.validate import evaluate, evaluate_layout
@@ -255,6 +255,7 @@ def test_a_redraw_equals_the_full_draw(inst, data):
         last, changed = redraw(inst, power_of, last)
         rack, site = rack_and_site_draw(inst, power_of)
         assert last.rack.tobytes() == rack.tobytes() and last.site == site  # bit for bit
+        assert last.per_gpu.tobytes() == gpu_draw(inst, power_of).tobytes()
         assert changed is None or set(changed.tolist()) <= set(at)
 
 

@@ -483,7 +483,8 @@ class Master:
         return open_bound
 
     def integer_master(self) -> Capacity:
-        """The program of :func:`~ntp_opt.planners.exact.capacity.build_capacity` over the columns."""
+        """The program of :func:`~ntp_opt.planners.exact.capacity.build_capacity`, over the
+        columns."""
         prep = self.prep
         out = CapacityBuilder(prep)
         by_owner: dict[int, list[int]] = {}

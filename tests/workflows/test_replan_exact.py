@@ -1,0 +1,165 @@
+"""Shortcuts on the re-planning path give the reference computation's numbers (issue 30).
+
+Each shortcut below is compared with the plain computation it replaces,
+written out here: the floor boost's bisection stopping once no step can
+change its result, a swap search's stage-order flags read at once, and the
+index-space check's degree test and factors, and the floor boost's (stage,
+rack) groups spliced from the last call's.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from hypothesis import given
+from hypothesis import strategies as st
+
+from ntp_opt import Instance, Job
+from ntp_opt.model.layout import Layout
+from ntp_opt.planners.swaps import _sorted_stages
+from ntp_opt.rules.boost import Stages, _FloorGroups, _spliced_groups, _stage_rack_groups
+from ntp_opt.rules.validate import _allowed, _degree_factors
+from tests.strategies import preset_instances
+
+
+def _bisection(groups: _FloorGroups, lo: float, top: float, steps: int) -> float:
+    """Every one of ``steps`` bisection steps (the reference)."""
+    for _ in range(steps):
+        mid = 0.5 * (lo + top)
+        if groups.fits(mid):
+            lo = mid
+        else:
+            top = mid
+    return lo
+
+
+@given(
+    st.integers(1, 12),
+    st.integers(1, 5),
+    st.integers(0, 2**32 - 1),
+    st.sampled_from([0.5, 1.0, 1.5, 2.0]),
+    st.integers(1, 80),
+    st.booleans(),
+)
+def test_floor_bisection_stops_early_with_the_same_speed(
+    n_groups: int, n_racks: int, seed: int, alpha: float, steps: int, tight: bool
+) -> None:
+    rng = np.random.default_rng(seed)
+    tdp = rng.uniform(100.0, 1000.0, n_groups)
+    base = rng.choice([0.8, 0.9, 1.0], n_groups) * rng.choice([1.0, 1.0 - 1e-3], n_groups)
+    caps = rng.choice([1.1, 1.2, 1.3], n_groups)
+    rack = rng.integers(0, n_racks, n_groups)
+    room = rng.uniform(0.0, 300.0 if tight else 3000.0, n_racks)
+    site = float(rng.uniform(0.0, 3000.0))
+    groups = _FloorGroups(tdp, base, caps, rack, n_racks, room, site, 0.98, alpha)
+    lo = float(base.min())
+    top = float((base * caps**alpha).min())
+    if not groups.fits(lo):
+        return
+    assert groups.highest(lo, top, steps) == _bisection(groups, lo, top, steps)
+
+
+def _same_reference(
+    layout: Layout, own_speed: np.ndarray, extra_owner: np.ndarray, extra_speed: np.ndarray
+) -> list[bool]:
+    """Per stage, one stage at a time (the reference)."""
+    out = []
+    for k in range(layout.n_stages):
+        lo, hi = int(layout.offsets[k]), int(layout.offsets[k + 1])
+        own = own_speed[lo:hi]
+        ok = not (own[1:] > own[:-1]).any()
+        for v in extra_speed[extra_owner == k].tolist():
+            if hi > lo and v > own.min():
+                ok = False
+        out.append(ok)
+    return out
+
+
+@given(
+    st.lists(st.integers(1, 4), min_size=1, max_size=8),
+    st.integers(0, 6),
+    st.integers(0, 2**32 - 1),
+)
+def test_stage_order_flags_match_one_stage_at_a_time(
+    sizes: list[int], n_extra: int, seed: int
+) -> None:
+    rng = np.random.default_rng(seed)
+    n = len(sizes)
+    offsets = np.concatenate(([0], np.cumsum(sizes))).astype(np.int64)
+    total = int(offsets[-1])
+    layout = Layout(
+        replica=np.zeros(n, dtype=np.int64),
+        stage=np.arange(n, dtype=np.int64),
+        domain=np.arange(n, dtype=np.int64),
+        offsets=offsets,
+        gpus=np.arange(total, dtype=np.int64),
+        power=np.ones(n),
+        degree=np.array([max(sizes)], dtype=np.int64),
+        batch=np.ones(1, dtype=np.int64),
+    )
+    own = rng.choice([0.7, 0.9, 1.0], total)
+    owner = rng.integers(0, n + 2, n_extra)  # some owners past the stages: spare slots
+    extra = rng.choice([0.7, 0.9, 1.0], n_extra)
+    got = _sorted_stages(layout, own, owner, extra)
+    assert got.tolist() == _same_reference(layout, own, owner, extra)
+
+
+@given(st.lists(st.integers(-2, 40), max_size=12), st.integers(0, 2**32 - 1))
+def test_degree_test_and_factors_match_the_plain_ones(degrees: list[int], seed: int) -> None:
+    job = Job(tp=32, tp_allowed=(28, 30, 32), pp=4, dp=4, global_batch=64)
+    deg = np.array(degrees, dtype=np.int64)
+    assert _allowed(job, deg) == bool(np.isin(deg, job.allowed).all())
+    ok = np.random.default_rng(seed).choice(job.allowed, len(degrees))
+    plain = np.array([job.tp_factor(int(t)) for t in ok.tolist()], dtype=float)
+    assert np.array_equal(_degree_factors(job, ok), plain)
+    same = np.full(len(degrees), 30, dtype=np.int64)
+    assert _degree_factors(job, same).tolist() == [job.tp_factor(30)] * len(degrees)
+
+
+def _random_stages(data: st.DataObject, n_gpus: int, n: int) -> list[list[int]]:
+    gpu = st.integers(0, n_gpus - 1)
+    return [data.draw(st.lists(gpu, min_size=1, max_size=6)) for _ in range(n)]
+
+
+def _as_stages(groups: list[list[int]]) -> Stages:
+    return Stages.from_lists([[np.array(g, dtype=np.int64) for g in groups]])
+
+
+def _caps(inst: Instance, stages: list[list[int]]) -> np.ndarray:
+    """A cap per stage read from its GPUs (as the callers' caps are)."""
+    top = inst.max_multiplier
+    return np.array([float(top[g].min()) for g in stages])
+
+
+@given(preset_instances(), st.data())
+def test_floor_groups_spliced_from_the_last_ones_equal_the_full_ones(
+    inst: Instance, data: st.DataObject
+) -> None:
+    n = data.draw(st.integers(8, 24))
+    first = _random_stages(data, inst.arrays.n_gpus, n)
+    second = [list(g) for g in first]
+    for _ in range(data.draw(st.integers(0, 3))):  # a few stages change
+        k = data.draw(st.integers(0, n - 1))
+        how = data.draw(st.sampled_from(["moved", "new", "reversed"]))
+        if how == "moved":  # as many GPUs, elsewhere (likely another rack)
+            shift = data.draw(st.integers(1, inst.arrays.n_gpus - 1))
+            second[k] = [(g + shift) % inst.arrays.n_gpus for g in second[k]]
+        elif how == "new":
+            second[k] = _random_stages(data, inst.arrays.n_gpus, 1)[0]
+        else:
+            second[k] = second[k][::-1]
+    if data.draw(st.booleans()):  # or one more or fewer stage
+        second = second[:-1] if data.draw(st.booleans()) else [*second, [0]]
+    old, new = _as_stages(first), _as_stages(second)
+    ref = _stage_rack_groups(inst, new, _caps(inst, second), None)
+    memo: dict[str, object] = {}
+    _stage_rack_groups(inst, old, _caps(inst, first), memo)
+    kept = memo["floor"]
+    got = _stage_rack_groups(inst, new, _caps(inst, second), memo)
+    for x, y in zip(got, ref, strict=True):
+        assert x.dtype == y.dtype and x.tobytes() == y.tobytes()  # bit for bit
+    spliced = _spliced_groups(inst, new, kept)
+    if spliced is not None:
+        for x, y in zip(spliced, ref[1:], strict=True):
+            assert x.dtype == y.dtype and x.tobytes() == y.tobytes()
+    if len(second) == n and sum(a != b for a, b in zip(first, second, strict=True)) * 8 <= n:
+        assert spliced is not None  # few stages changed: the kept groups are used
