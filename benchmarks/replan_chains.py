@@ -15,10 +15,19 @@ both gave the same plan, choice and migration (in brackets: the same but
 for power multipliers), and the GPUs moved and the lowest goodput over the
 chain on each side (where the sides differ, each chain goes on from its own
 plan; the events are the same). ``--best-of K`` times each event as the
-fastest of ``K`` replays (``K - 1`` what-ifs, then the committed one), which
-takes most of the machine's load out of the medians; the table then also gives
-each side's median of the first replays alone (an event computed once, as a
-scheduler computes it: the chain's memo holds nothing of this event yet).
+fastest of ``K`` replays, which takes most of the machine's load out of the
+medians. The main columns are **cold**: each of the ``K`` replays (what-ifs)
+starts from the Replanner's state as it was before the event (:class:`_Snapshot`:
+a fresh :class:`PlanState` whose chain memo is a copy of the memo before the
+event, and the lazily computed attributes of the running instance, plan and
+layout dropped again), so each is the event computed once, as a scheduler
+computes it, and the fastest of them is the cold cost without the machine's
+noise. Then ``K - 1`` **warm** replays follow without restoring (the last one
+commits): they reuse what the earlier replays of the same event left in the
+memo (the figure before the cold columns existed). The table also gives each
+side's median of the first cold replays alone. ``--verify`` also checks that
+no replay changed the snapshot it started from (the copy shares the memo's
+arrays: it fails if any is written in place).
 Instances: the NVL32 cluster of
 ``benchmarks/large.py`` (elastic), and ``instances/paper-nvl32-32k-0.1pct``
 as bundled (elastic) and with a fixed batch (issue 30).
@@ -27,8 +36,11 @@ as bundled (elastic) and with a fixed batch (issue 30).
 from __future__ import annotations
 
 import argparse
+import dataclasses
+import hashlib
 import importlib
 import io
+import pickle
 import re
 import statistics
 import subprocess
@@ -111,11 +123,72 @@ def stats(xs: list[float]) -> str:
     return f"{statistics.median(xs):.1f} / {p90:.1f} / {xs[-1]:.1f}"
 
 
+def _thawed(x: Any) -> Any:
+    """``x`` with its containers copied (dicts, lists, sets; tuples holding one),
+    everything else shared: the memo's arrays and objects are compared by identity
+    with the instance's (``is``) and never written in place (``--verify``)."""
+    if isinstance(x, dict):
+        return {k: _thawed(v) for k, v in x.items()}
+    if isinstance(x, list):
+        return [_thawed(v) for v in x]
+    if isinstance(x, set):
+        return set(x)
+    if isinstance(x, tuple) and type(x) is tuple:
+        items = [_thawed(v) for v in x]
+        return x if all(a is b for a, b in zip(items, x, strict=True)) else tuple(items)
+    return x
+
+
+def _fingerprint(x: Any) -> str:
+    """A digest of ``x``'s contents (arrays' bytes included)."""
+    return hashlib.sha256(pickle.dumps(x, protocol=5)).hexdigest()
+
+
+@dataclass
+class _Snapshot:
+    """A Replanner's state before an event, to start each cold replay from."""
+
+    runner: Any
+    state: Any
+    memo: Any
+    keys: list[tuple[Any, set[str]]]
+    digest: str | None = None
+
+    @classmethod
+    def of(cls, runner: Any, verify: bool) -> _Snapshot:
+        """The state of ``runner`` now (``verify``: with a digest to check later)."""
+        st = runner.state
+        objs = [st.instance, st.base, st.plan, st.layout, st.evaluation, st.instance.arrays]
+        keys = [(o, set(vars(o))) for o in objs if o is not None and hasattr(o, "__dict__")]
+        snap = cls(runner, st, _thawed(st.memo), keys)
+        if verify:
+            snap.digest = snap.contents()
+        return snap
+
+    def contents(self) -> str:
+        """The digest of what a replay must not change."""
+        st = self.state
+        return _fingerprint((self.memo, st.points, st.rows, st.fixed))
+
+    def restore(self) -> None:
+        """Put the runner back as it was (a new state object: nothing cached on it)."""
+        for obj, keys in self.keys:
+            for k in set(vars(obj)) - keys:
+                del vars(obj)[k]
+        self.runner.state = dataclasses.replace(self.state, memo=_thawed(self.memo))
+
+    def check(self) -> None:
+        """Fail if a replay changed the snapshot (``verify`` only)."""
+        if self.digest is not None and self.contents() != self.digest:
+            raise SystemExit("a replay wrote into the state it started from")
+
+
 @dataclass
 class _Tally:
     """One instance's figures on both sides (``"before"``, ``"now"``)."""
 
     times: dict[str, list[float]] = field(default_factory=lambda: {"before": [], "now": []})
+    warm: dict[str, list[float]] = field(default_factory=lambda: {"before": [], "now": []})
     first: dict[str, list[float]] = field(default_factory=lambda: {"before": [], "now": []})
     paths: dict[str, dict[str, int]] = field(default_factory=lambda: {"before": {}, "now": {}})
     moved: dict[str, int] = field(default_factory=lambda: {"before": 0, "now": 0})
@@ -129,34 +202,54 @@ class _Tally:
             side: ", ".join(f"{p}: {c}" for p, c in sorted(self.paths[side].items()))
             for side in self.paths
         }
-        first = {side: statistics.median(xs) for side, xs in self.first.items()}
+        med = {
+            what: {side: statistics.median(xs) for side, xs in got.items()}
+            for what, got in (("first", self.first), ("warm", self.warm), ("cold", self.times))
+        }
+        ratio = {what: m["now"] / m["before"] for what, m in med.items()}
         return (
             f"| {name} | {inst.job.batch_policy} | {inst.arrays.n_gpus:,} "
             f"| {stats(self.times['before'])} | {stats(self.times['now'])} "
+            f"| {ratio['cold']:.2f} "
+            f"| {med['warm']['before']:.1f} / {med['warm']['now']:.1f} | {ratio['warm']:.2f} "
+            f"| {med['first']['before']:.1f} / {med['first']['now']:.1f} "
             f"| {kinds['before']} | {kinds['now']} "
             f"| {self.same} ({self.placed}) / {len(self.times['now'])} "
             f"| {self.moved['before']} / {self.moved['now']} "
-            f"| {self.low['before']:.3f} / {self.low['now']:.3f} "
-            f"| {first['before']:.1f} / {first['now']:.1f} |"
+            f"| {self.low['before']:.3f} / {self.low['now']:.3f} |"
         )
 
 
+def _replay(runner: Any, mod: Any, gpu: Any, commit: bool) -> tuple[Any, float]:
+    """One re-plan of the failure of ``gpu``, and its CPU milliseconds."""
+    event = [mod.ClusterEvent("fail", gpu)]
+    cpu = time.process_time()
+    out = runner.replan(event, commit=commit)
+    return out, 1000 * (time.process_time() - cpu)
+
+
 def _event(
-    runs: dict[str, Any], runners: dict[str, Any], gpu: Any, best_of: int, t: _Tally
+    runs: dict[str, Any], runners: dict[str, Any], gpu: Any, args: argparse.Namespace, t: _Tally
 ) -> None:
-    """Re-plan the failure of ``gpu`` on both sides (``best_of`` replays each) and tally it."""
+    """Re-plan the failure of ``gpu`` on both sides (``best_of`` cold replays, then
+    ``best_of - 1`` warm ones, the last committed) and tally it."""
     outs = {}
+    k = args.best_of
     for side, (mod, _, _) in runs.items():
-        event = [mod.ClusterEvent("fail", gpu)]
-        best = np.inf
-        for k in range(best_of):
-            cpu = time.process_time()
-            outs[side] = runners[side].replan(event, commit=k == best_of - 1)
-            ms = 1000 * (time.process_time() - cpu)
-            best = min(best, ms)
-            if k == 0:
-                t.first[side].append(ms)
-        t.times[side].append(best)
+        snap = _Snapshot.of(runners[side], args.verify)
+        cold = []
+        for _ in range(k):
+            snap.restore()
+            outs[side], ms = _replay(runners[side], mod, gpu, commit=k == 1)
+            cold.append(ms)
+        snap.check()
+        warm = [cold[-1]]
+        for i in range(k - 1):
+            outs[side], ms = _replay(runners[side], mod, gpu, commit=i == k - 2)
+            warm.append(ms)
+        t.first[side].append(cold[0])
+        t.times[side].append(min(cold))
+        t.warm[side].append(min(warm))
     old, new = outs["before"], outs["now"]
     t.same += (shape(old.plan), old.choice, old.moved) == (shape(new.plan), new.choice, new.moved)
     t.placed += (placement(old.plan), old.choice, old.moved) == (
@@ -182,7 +275,7 @@ def _chains(inst: Any, runs: dict[str, Any], args: argparse.Namespace) -> _Tally
             used = np.zeros(a.n_gpus, dtype=bool)
             used[runners["now"].state.layout.gpus] = True
             gpu = a.gpu_ids[int(rng.choice(np.flatnonzero(used)))]
-            _event(runs, runners, gpu, args.best_of, t)
+            _event(runs, runners, gpu, args, t)
     return t
 
 
@@ -196,7 +289,10 @@ def main(argv: list[str] | None = None) -> None:
         "--best-of",
         type=int,
         default=1,
-        help="time each event as the fastest of this many replays (what-ifs, then the commit)",
+        help="time each event as the fastest of this many cold replays (and of as many warm)",
+    )
+    ap.add_argument(
+        "--verify", action="store_true", help="check that no replay changed its snapshot"
     )
     args = ap.parse_args(argv)
     with tempfile.TemporaryDirectory() as tmp:
@@ -206,11 +302,13 @@ def main(argv: list[str] | None = None) -> None:
             "now": ("ntp_opt", instances("ntp_opt", args.quick)),
         }
         print(
-            "| instance | batch | GPUs | before: median / p90 / max ms "
-            "| now: median / p90 / max ms | events by path, before | events by path, now "
+            "| instance | batch | GPUs | cold, before: median / p90 / max ms "
+            "| cold, now: median / p90 / max ms | ratio | warm median: before / now | ratio "
+            "| first replay, median: before / now "
+            "| events by path, before | events by path, now "
             "| same plan (placement) / events | GPUs moved, before / now "
-            "| lowest goodput, before / now | first replay, median: before / now |\n"
-            "|---|---|---|---|---|---|---|---|---|---|---|",
+            "| lowest goodput, before / now |\n"
+            "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
             flush=True,
         )
         for k, (name, inst) in enumerate(sides["now"][1]):

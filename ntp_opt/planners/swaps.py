@@ -23,6 +23,7 @@ to 1 by the search; the caller re-applies boosts
 from __future__ import annotations
 
 import heapq
+from collections.abc import Callable
 from dataclasses import dataclass
 from itertools import chain, repeat
 from operator import itemgetter
@@ -31,6 +32,7 @@ from typing import Any
 import numpy as np
 
 from ntp_opt.model.instance import Instance
+from ntp_opt.model.job import Job
 from ntp_opt.model.layout import Layout
 from ntp_opt.model.plan import Plan, Replica, Stage
 from ntp_opt.rules.goodput import BatchSplit, split_batch
@@ -281,10 +283,23 @@ def _leading(gain: np.ndarray, top: int) -> tuple[np.ndarray, ...]:
     return np.nonzero(ok)
 
 
+Splitter = Callable[[Job, list[float], list[int]], BatchSplit | None]
+"""What the swap search calls for an exact split: :func:`~ntp_opt.rules.goodput.split_batch`,
+or a function giving its result for the same arguments (a re-planning chain's kept splits)."""
+
+
 class _Search:
-    def __init__(self, instance: Instance, slots: _Slots, reps: list[list[int]], spare: list[int]):
+    def __init__(
+        self,
+        instance: Instance,
+        slots: _Slots,
+        reps: list[list[int]],
+        spare: list[int],
+        splitter: Splitter = split_batch,
+    ):
         job = instance.job
         self.job = job
+        self.splitter = splitter
         self.degrees = np.array(job.allowed, dtype=np.int64)
         self.factor = np.array([job.tp_factor(int(t)) for t in self.degrees])
         self.slots = slots
@@ -351,7 +366,7 @@ class _Search:
             return self.splits[key]
         keep = [i for i, t in enumerate(tps) if t > 0]
         c = self.job.seq_time_s
-        got = split_batch(self.job, [speeds[i] / c for i in keep], [tps[i] for i in keep])
+        got = self.splitter(self.job, [speeds[i] / c for i in keep], [tps[i] for i in keep])
         self.splits[key] = got
         return got
 
@@ -385,6 +400,7 @@ def improve_layout(
     rounds: int = 3,
     top: int = 6,
     layout: Layout | None = None,
+    splitter: Splitter = split_batch,
 ) -> tuple[Plan, Layout] | None:
     """Improve ``plan`` by re-degree and swap moves around the ``focus`` replicas.
 
@@ -404,6 +420,9 @@ def improve_layout(
         The plan's :class:`~ntp_opt.model.layout.Layout`, when the caller has
         it (re-planning does): the slots are read from its arrays, not from
         the plan's node ids. The result is the same.
+    splitter
+        The exact split (:data:`Splitter`): re-planning passes one that
+        shares the splits its re-boosts compute. The result is the same.
 
     Returns
     -------
@@ -416,7 +435,7 @@ def improve_layout(
     if not plan.replicas or not focus:
         return None
     slots, reps, spare = _slots(instance, plan, layout)
-    s = _Search(instance, slots, reps, spare)
+    s = _Search(instance, slots, reps, spare, splitter)
     tables, tps, speeds = s.tables()
     whole = s.whole  # every table as one array (views of it), when the replicas allow
     spare_tab = [slots.tables[k].copy() for k in spare]
@@ -636,7 +655,8 @@ class _OldStages:
         origin = slots.origin[ks]
         sizes = np.diff(layout.offsets)
         at = np.maximum(origin, 0)
-        is_old = (origin >= 0) & slots.same[ks] & (sizes[at] == lens)
+        # a spare domain's slot (origin -1) has no ``same`` flag: it is no old stage
+        is_old = (origin >= 0) & slots.same[at] & (sizes[at] == lens)
         p_of = layout.replica[at]
         if (pp > 0).all():
             ok = (

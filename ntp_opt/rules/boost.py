@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from ntp_opt.rules.boost_needs import ReplicaPart, needs_at
 from ntp_opt.rules.goodput import replica_speed
 from ntp_opt.rules.power import can_boost
 from ntp_opt.rules.tolerances import BOOST_MARGIN
@@ -282,6 +283,7 @@ class _Booster:
         self.n_neg = int(np.count_nonzero(self.room_keep < 0))
         self.memo: dict[Any, Any] | None = None
         self.idents: dict[int, tuple[Any, ...]] = {}
+        self.parts: dict[int, ReplicaPart] = {}
 
     def mults(self, goal: float | np.ndarray, lo: int, hi: int) -> np.ndarray:
         """Multipliers of stages ``lo:hi`` reaching speed ``goal`` (within their limits;
@@ -328,31 +330,27 @@ class _Booster:
         return got
 
     def needs(self, i: int, goals: list[float]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """:meth:`need`, computed."""
-        stages, sizes, tdp, pw = self.stages, self.sizes, self.tdp, self.pw
+        """:meth:`need`, computed (:func:`~ntp_opt.rules.boost_needs.needs_at`)."""
+        part = self.parts.get(i)
+        if part is None:
+            part = self.parts[i] = self.part(i)
+        return needs_at(part, goals, self.inv_alpha)
+
+    def part(self, i: int) -> ReplicaPart:
+        """Replica ``i``'s slices, read once for all its needs."""
+        stages, sizes = self.stages, self.sizes
         s0, s1 = int(self.sptr[i]), int(self.sptr[i + 1])
         g0, g1 = int(stages.start[s0]), int(stages.start[s1])
         k0, k1 = int(self.kptr[i]), int(self.kptr[i + 1])
-        n_s, n_g = s1 - s0, len(goals)
+        n_s = s1 - s0
+        tdp = self.tdp[g0:g1]
+        one = sizes[s0] * n_s == g1 - g0 and (sizes[s0:s1] == sizes[s0]).all()
+        start = stages.start[s0 : s1 + 1] - g0
+        sub = Stages(stages.replica[s0:s1], stages.gpus[g0:g1], start)
+        fs, pw, top = self.fs[s0:s1], self.pw[s0:s1], self.top[s0:s1]
+        matrix = tdp.reshape(n_s, -1)[None] if one else None
         local = self.inverse[g0:g1] - k0
-        mult = np.minimum(
-            np.maximum((np.array(goals)[:, None] / self.fs[s0:s1]) ** self.inv_alpha, pw[s0:s1]),
-            self.top[s0:s1],
-        )
-        step = mult - pw[s0:s1]
-        if sizes[s0] * n_s == g1 - g0 and (sizes[s0:s1] == sizes[s0]).all():
-            # one size: stages are the rows of a matrix, summed as each alone
-            watts = tdp[g0:g1].reshape(n_s, -1)[None] * step[:, :, None]
-            sums = watts.sum(axis=2)
-        else:
-            watts = tdp[g0:g1][None] * np.repeat(step, sizes[s0:s1], axis=1)
-            start = stages.start[s0 : s1 + 1] - g0
-            sub = Stages(stages.replica[s0:s1], stages.gpus[g0:g1], start)
-            sums = np.array([sub.stage_sums(w) for w in watts]).reshape(n_g, n_s)
-        extra = np.cumsum(sums, axis=1)[:, -1]  # stage after stage
-        slot = (np.arange(n_g)[:, None] * (k1 - k0) + local[None, :]).ravel()
-        per_rack = np.bincount(slot, weights=watts.ravel(), minlength=n_g * (k1 - k0))
-        return mult, per_rack.reshape(n_g, k1 - k0), extra
+        return ReplicaPart(fs, pw, top, tdp, sizes[s0:s1], matrix, sub, local, k1 - k0, {})
 
     def fits(self, i: int, per_rack: np.ndarray, extra: np.ndarray) -> np.ndarray:
         """Per row: do the extra watts fit the racks' and the site's rooms?"""

@@ -37,7 +37,7 @@ from ntp_opt.rules.recourse import SparePools, adapt_replica
 from ntp_opt.rules.tolerances import FLOAT_NOISE
 from ntp_opt.rules.validate import layout_speeds, stage_slowest
 
-__all__ = ["Local", "reboost_layout", "recourse_layout", "stages_of"]
+__all__ = ["Local", "exact_split", "reboost_layout", "recourse_layout", "stages_of"]
 
 
 class Local(NamedTuple):
@@ -397,6 +397,30 @@ def _exact(
             del splits[next(iter(splits))]
     splits[key] = split  # the most recently used last
     return split
+
+
+def exact_split(
+    job: Job, speeds: list[float], tps: list[int], memo: dict[Any, Any] | None = None
+) -> gp.BatchSplit | None:
+    """:func:`ntp_opt.rules.goodput.split_batch` of ``speeds`` and ``tps``, kept in
+    ``memo`` with the re-boosts' splits (the same values are split once).
+
+    Parameters
+    ----------
+    job
+        The job.
+    speeds, tps
+        Per replica: its speed and degree.
+    memo
+        A re-planning chain's memo (:class:`~ntp_opt.workflows.replan_state.PlanState`),
+        or ``None``.
+
+    Returns
+    -------
+    BatchSplit or None
+        What ``split_batch(job, speeds, tps)`` returns.
+    """
+    return _exact(job, np.array(speeds, dtype=float), np.array(tps, dtype=np.int64), memo)
 
 
 def _bound(

@@ -58,6 +58,7 @@ validator.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import logging
 import math
 import time
@@ -83,7 +84,7 @@ from ntp_opt.planners.swaps import improve_layout
 from ntp_opt.rules.tolerances import BOUND_TOL
 from ntp_opt.rules.validate import Evaluation, PlanError, check, evaluate, evaluate_layout
 from ntp_opt.workflows.events import ClusterEvent, apply_events, as_events, gpus_of
-from ntp_opt.workflows.incremental import reboost_layout, recourse_layout
+from ntp_opt.workflows.incremental import exact_split, reboost_layout, recourse_layout
 from ntp_opt.workflows.replan_state import PlanState, Replanned
 
 logger = logging.getLogger(__name__)
@@ -469,7 +470,11 @@ def _add_swap(
     # the replicas with a stage in a touched domain (read from the local layout)
     hit = np.isin(local_lay.domain, np.fromiter(touched, dtype=np.int64, count=len(touched)))
     focus = set(local_lay.replica[hit].tolist())
-    got = improve_layout(new_inst, local, focus, layout=None if legacy else local_lay)
+    if legacy:
+        got = improve_layout(new_inst, local, focus)
+    else:  # the search's splits and the re-boosts' are kept together
+        split = functools.partial(exact_split, memo=state.memo)
+        got = improve_layout(new_inst, local, focus, layout=local_lay, splitter=split)
     if got is None:
         return
     swap, swap_lay = got

@@ -3,11 +3,16 @@
 Each shortcut below is compared with the plain computation it replaces,
 written out here: the floor boost's bisection stopping once no step can
 change its result, a swap search's stage-order flags read at once, and the
-index-space check's degree test and factors, and the floor boost's (stage,
-rack) groups spliced from the last call's.
+index-space check's degree test and factors, the floor boost's (stage,
+rack) groups spliced from the last call's, and the swap search's exact splits
+kept with the re-boosts' (:func:`ntp_opt.workflows.incremental.exact_split`),
+and a replica's needs from its slices read once
+(:func:`ntp_opt.rules.boost_needs.needs_at`).
 """
 
 from __future__ import annotations
+
+from functools import partial
 
 import numpy as np
 from hypothesis import given
@@ -15,10 +20,13 @@ from hypothesis import strategies as st
 
 from ntp_opt import Instance, Job
 from ntp_opt.model.layout import Layout
-from ntp_opt.planners.swaps import _sorted_stages
+from ntp_opt.planners.swaps import _sorted_stages, improve_layout
 from ntp_opt.rules.boost import Stages, _FloorGroups, _spliced_groups, _stage_rack_groups
+from ntp_opt.rules.boost_needs import ReplicaPart, needs_at
+from ntp_opt.rules.goodput import split_batch
 from ntp_opt.rules.validate import _allowed, _degree_factors
-from tests.strategies import preset_instances
+from ntp_opt.workflows.incremental import exact_split
+from tests.strategies import instances, preset_instances, valid_plans
 
 
 def _bisection(groups: _FloorGroups, lo: float, top: float, steps: int) -> float:
@@ -163,3 +171,109 @@ def test_floor_groups_spliced_from_the_last_ones_equal_the_full_ones(
             assert x.dtype == y.dtype and x.tobytes() == y.tobytes()
     if len(second) == n and sum(a != b for a, b in zip(first, second, strict=True)) * 8 <= n:
         assert spliced is not None  # few stages changed: the kept groups are used
+
+
+@given(
+    st.lists(st.tuples(st.sampled_from([0.5, 0.7, 0.9, 1.0]), st.integers(1, 3)), max_size=6),
+    st.lists(st.integers(0, 5), min_size=1, max_size=8),
+)
+def test_kept_splits_equal_split_batch(replicas: list[tuple[float, int]], edits: list[int]) -> None:
+    """Splits kept in one memo, asked in turn for speed lists that differ in one replica,
+    each equal ``split_batch`` of its own speeds (a key that missed a speed would not)."""
+    job = Job(tp=4, tp_min=2, pp=2, dp=4, global_batch=64, batch_policy="elastic")
+    speeds = [v for v, _ in replicas]
+    tps = [1 + t for _, t in replicas]
+    memo: dict = {}
+    for k in edits:
+        if replicas:
+            speeds[k % len(speeds)] *= 0.75
+        for _ in range(2):  # computed, then read back
+            got = exact_split(job, list(speeds), list(tps), memo)
+            assert got == split_batch(job, list(speeds), list(tps))
+
+
+@given(instances(), st.data())
+def test_the_swap_search_on_kept_splits_makes_the_same_plan(inst: Instance, data) -> None:
+    """:func:`~ntp_opt.planners.swaps.improve_layout` with its exact splits kept in a
+    memo (a second search reading them all back) makes the plan and layout it makes
+    with ``split_batch``."""
+    plan = data.draw(valid_plans(inst))
+    if not plan.replicas:
+        return
+    lay = Layout.from_plan(inst, plan)
+    n = len(plan.replicas)
+    focus = set(data.draw(st.lists(st.integers(0, n - 1), min_size=1, max_size=3)))
+    plain = improve_layout(inst, plan, focus, layout=lay)
+    memo: dict = {}
+    for _ in range(2):
+        kept = improve_layout(
+            inst, plan, focus, layout=lay, splitter=partial(exact_split, memo=memo)
+        )
+        assert (plain is None) == (kept is None)
+        if plain is not None and kept is not None:
+            assert plain[0].replicas == kept[0].replicas
+            for name in ("replica", "stage", "domain", "offsets", "gpus", "power", "batch"):
+                assert np.array_equal(getattr(plain[1], name), getattr(kept[1], name))
+
+
+def _needs_reference(
+    stages: Stages,
+    tdp: np.ndarray,
+    fs: np.ndarray,
+    pw: np.ndarray,
+    top: np.ndarray,
+    local: np.ndarray,
+    width: int,
+    goals: list[float],
+    inv_alpha: float,
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """A replica's needs with every slice read again (the computation before the
+    slices were kept)."""
+    n_s, n_g = len(fs), len(goals)
+    sizes = stages.sizes
+    mult = np.minimum(np.maximum((np.array(goals)[:, None] / fs) ** inv_alpha, pw), top)
+    step = mult - pw
+    if sizes[0] * n_s == len(tdp) and (sizes == sizes[0]).all():
+        watts = tdp.reshape(n_s, -1)[None] * step[:, :, None]
+        sums = watts.sum(axis=2)
+    else:
+        watts = tdp[None] * np.repeat(step, sizes, axis=1)
+        sums = np.array([stages.stage_sums(w) for w in watts]).reshape(n_g, n_s)
+    extra = np.cumsum(sums, axis=1)[:, -1]
+    slot = (np.arange(n_g)[:, None] * width + local[None, :]).ravel()
+    per_rack = np.bincount(slot, weights=watts.ravel(), minlength=n_g * width)
+    return mult, per_rack.reshape(n_g, width), extra
+
+
+@given(
+    st.lists(st.integers(1, 6), min_size=1, max_size=5),
+    st.booleans(),
+    st.integers(0, 2**32 - 1),
+    st.lists(st.integers(1, 15), min_size=1, max_size=4),
+)
+def test_needs_from_slices_read_once_equal_the_plain_ones(
+    sizes: list[int], one_size: bool, seed: int, asks: list[int]
+) -> None:
+    """:func:`needs_at` on a :class:`ReplicaPart` (slices and groups kept from one call
+    to the next) gives bit for bit the needs computed from the arrays at each call."""
+    rng = np.random.default_rng(seed)
+    if one_size:
+        sizes = [sizes[0]] * len(sizes)
+    n_s, n = len(sizes), sum(sizes)
+    start = np.concatenate(([0], np.cumsum(sizes))).astype(np.int64)
+    stages = Stages(np.zeros(n_s, dtype=np.int64), np.arange(n, dtype=np.int64), start)
+    tdp = rng.uniform(300.0, 1000.0, n)
+    fs = rng.uniform(0.5, 1.0, n_s)
+    pw = rng.choice([1.0, 1.05, 1.1], n_s)
+    top = pw + rng.uniform(0.0, 0.3, n_s)
+    width = int(rng.integers(1, 4))
+    local = np.sort(rng.integers(0, width, n))
+    local[-1] = width - 1
+    matrix = tdp.reshape(n_s, -1)[None] if len(set(sizes)) == 1 else None
+    part = ReplicaPart(fs, pw, top, tdp, np.array(sizes), matrix, stages, local, width, {})
+    for k in asks + asks:  # each number of speeds twice: its groups are kept
+        goals = np.sort(rng.uniform(0.5, 1.3, k)).tolist()
+        got = needs_at(part, goals, 1 / 0.65)
+        want = _needs_reference(stages, tdp, fs, pw, top, local, width, goals, 1 / 0.65)
+        for x, y in zip(got, want, strict=True):
+            assert x.tobytes() == y.tobytes()
