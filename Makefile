@@ -18,7 +18,7 @@ $(VENV)/.installed: pyproject.toml constraints.txt
 	touch $@
 
 run: install  ## solve the default instance with every policy, then the paper instances
-	$(BIN)/ntp-opt solve $(INSTANCE) --policy all --time-limit 20
+	$(BIN)/ntp-opt solve $(INSTANCE) --planner all --time-limit 20
 	$(BIN)/ntp-opt compare $(PAPER) --time-limit 20
 
 compare: install  ## every policy on every bundled instance
