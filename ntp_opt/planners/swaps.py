@@ -444,7 +444,7 @@ def improve_layout(
     focus = {f for f in focus if 0 <= f < len(reps)}
     changed = False
     last: BatchSplit | None = None  # the split of the last move taken (at ``tps``, ``speeds``)
-    kept: dict[int, np.ndarray] = {}  # each focus replica's gains of the last round
+    kept: dict[int | str, np.ndarray] = {}  # what the last round computed (_candidates)
     moved: set[int] | None = None  # the replicas the last move changed
     for _ in range(rounds):
         big = np.stack(tables) if whole is None else whole  # (replicas, pp, degrees)
@@ -487,26 +487,27 @@ def _candidates(
     spare_tab: list[np.ndarray],
     focus: set[int],
     top: int,
-    kept: dict[int, np.ndarray] | None = None,
+    kept: dict[int | str, np.ndarray] | None = None,
     moved: set[int] | None = None,
 ) -> list[_Candidate]:
     """The moves from the ``focus`` replicas that can be among the ``top`` best by
     their gain in the two replicas' speeds (``big``: every replica's slot tables).
 
-    ``kept``: each focus replica's swap gains of the last call, updated here;
-    ``moved``: the replicas whose tables or speed changed since (``None``:
-    unknown). A kept replica that did not move has only the columns of the
-    moved ones recomputed (:func:`_swap_gain`): every gain is element-wise,
-    so the same numbers as computing them all.
+    ``kept``: what the last call computed, updated here (each focus
+    replica's swap gains, and under ``"fbig"`` / ``"fex"`` every replica's
+    tables and minima over its other stages, times f(t)); ``moved``: the
+    replicas whose tables or speed changed since (``None``: unknown). Only
+    the moved replicas' rows are computed again (:func:`_times_f`), and a
+    kept replica that did not move has only the columns of the moved ones
+    recomputed (:func:`_swap_gain`): every number is computed per replica
+    and element-wise, so the same numbers as computing them all.
     """
     cands: list[_Candidate] = []
-    ex = _exclusive_min(big)  # min over the other stages of the replica
     cur_v = np.array(speeds)
     f = s.factor
     sp_tab = np.array(spare_tab) if spare_tab else np.zeros((0, len(f)))
-    # the tables times f(t) first: f(t) * min(x, y) is min(f(t) x, f(t) y),
-    # rounding included (f(t) > 0), so the products are taken once a round
-    fbig, fex, fsp = big * f, ex * f, sp_tab * f
+    fbig, fex = _times_f(big, f, kept, moved)
+    fsp = sp_tab * f
     for a_i in sorted(focus):
         # every slot i of A against every slot (b, j) at once: A gets (b, j)
         # and b gets A's slot i (element for element the same numbers as
@@ -549,6 +550,28 @@ def _candidates(
                 )
             )
     return cands
+
+
+def _times_f(
+    big: np.ndarray,
+    f: np.ndarray,
+    kept: dict[int | str, np.ndarray] | None,
+    moved: set[int] | None,
+) -> tuple[np.ndarray, np.ndarray]:
+    """Every replica's slot tables and minima over its other stages
+    (:func:`_exclusive_min`), times f(t): f(t) * min(x, y) is min(f(t) x, f(t)
+    y), rounding included (f(t) > 0), so the products are taken once a round.
+    With ``kept`` (:func:`_candidates`), only the ``moved`` replicas' rows."""
+    if kept is None or moved is None or "fbig" not in kept:
+        fbig, fex = big * f, _exclusive_min(big) * f
+    else:
+        rows = np.array(sorted(moved), dtype=np.int64)
+        fbig, fex = kept["fbig"].copy(), kept["fex"].copy()
+        fbig[rows] = big[rows] * f
+        fex[rows] = _exclusive_min(big[rows]) * f
+    if kept is not None:
+        kept["fbig"], kept["fex"] = fbig, fex
+    return fbig, fex
 
 
 def _swap_gain(

@@ -1,12 +1,13 @@
-"""The swap search's candidates with the gains kept from the last round equal the
+"""The swap search's candidates with what the last round computed kept equal the
 candidates computed in full (issue 30).
 
 :func:`ntp_opt.planners.swaps._candidates` keeps each focus replica's swap
-gains and, after a move, recomputes only the columns of the replicas the
-move changed. Here random slot tables (few distinct values: ties and equal
-rows) go through a chain of moves (two replicas' slots swapped, or one
-replica's slot with a spare's) and each round's candidates are compared
-with those of the plain call (no kept gains), element for element.
+gains and every replica's tables and minima times f(t); after a move it
+recomputes only the moved replicas' rows and gain columns. Here random slot
+tables (few distinct values: ties and equal rows) go through a chain of
+moves (two replicas' slots swapped, or one replica's slot with a spare's)
+and each round's candidates, gains, tables and minima are compared with
+the plain call's (no kept numbers) and with one slot pair at a time.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ import numpy as np
 from hypothesis import given
 from hypothesis import strategies as st
 
-from ntp_opt.planners.swaps import _candidates
+from ntp_opt.planners.swaps import _candidates, _exclusive_min
 
 
 def _plain_gain(big: np.ndarray, speeds: list[float], f: np.ndarray, a_i: int) -> np.ndarray:
@@ -56,12 +57,14 @@ def test_kept_gains_give_the_same_candidates(
     s: Any = SimpleNamespace(factor=f)
     speeds = [float(np.max(np.min(t, axis=0) * f)) for t in big]
     focus = {int(x) for x in rng.integers(0, n_rep, 2)}
-    kept: dict[int, np.ndarray] = {}
+    kept: dict[int | str, np.ndarray] = {}
     moved: set[int] | None = None
     for _ in range(rounds):
         plain = _candidates(s, big, speeds, spare, focus, 3)
         got = _candidates(s, big, speeds, spare, focus, 3, kept, moved)
         assert got == plain
+        assert np.array_equal(kept["fbig"], big * f)
+        assert np.array_equal(kept["fex"], _exclusive_min(big) * f)
         for a_i in focus:  # the gains themselves, against one slot pair at a time
             ref = _plain_gain(big, speeds, f, a_i)
             np.testing.assert_allclose(kept[a_i], ref, rtol=0, atol=1e-12)
