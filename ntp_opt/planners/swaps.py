@@ -444,9 +444,11 @@ def improve_layout(
     focus = {f for f in focus if 0 <= f < len(reps)}
     changed = False
     last: BatchSplit | None = None  # the split of the last move taken (at ``tps``, ``speeds``)
+    kept: dict[int | str, np.ndarray] = {}  # what the last round computed (_candidates)
+    moved: set[int] | None = None  # the replicas the last move changed
     for _ in range(rounds):
         big = np.stack(tables) if whole is None else whole  # (replicas, pp, degrees)
-        cands = _candidates(s, big, speeds, spare_tab, focus, top)
+        cands = _candidates(s, big, speeds, spare_tab, focus, top, kept, moved)
         best_move = _best_move(s, cands, tables, spare_tab, tps, speeds, value, top)
         if best_move is None:
             break
@@ -458,6 +460,7 @@ def improve_layout(
         else:
             reps[a_i][i], spare[j] = spare[j], reps[a_i][i]
             tables[a_i][i], spare_tab[j] = spare_tab[j].copy(), tables[a_i][i].copy()
+        moved = {a_i, b_i} if kind == "swap" else {a_i}
         changed = True
     # re-degree alone (e.g. after a repair) is covered by recomputing every
     # replica's best degree from its slots above
@@ -484,29 +487,42 @@ def _candidates(
     spare_tab: list[np.ndarray],
     focus: set[int],
     top: int,
+    kept: dict[int | str, np.ndarray] | None = None,
+    moved: set[int] | None = None,
 ) -> list[_Candidate]:
     """The moves from the ``focus`` replicas that can be among the ``top`` best by
-    their gain in the two replicas' speeds (``big``: every replica's slot tables)."""
+    their gain in the two replicas' speeds (``big``: every replica's slot tables).
+
+    ``kept``: what the last call computed, updated here (each focus
+    replica's swap gains, and under ``"fbig"`` / ``"fex"`` every replica's
+    tables and minima over its other stages, times f(t)); ``moved``: the
+    replicas whose tables or speed changed since (``None``: unknown). Only
+    the moved replicas' rows are computed again (:func:`_times_f`), and a
+    kept replica that did not move has only the columns of the moved ones
+    recomputed (:func:`_swap_gain`): every number is computed per replica
+    and element-wise, so the same numbers as computing them all.
+    """
     cands: list[_Candidate] = []
-    ex = _exclusive_min(big)  # min over the other stages of the replica
     cur_v = np.array(speeds)
     f = s.factor
     sp_tab = np.array(spare_tab) if spare_tab else np.zeros((0, len(f)))
-    # the tables times f(t) first: f(t) * min(x, y) is min(f(t) x, f(t) y),
-    # rounding included (f(t) > 0), so the products are taken once a round
-    fbig, fex, fsp = big * f, ex * f, sp_tab * f
+    fbig, fex = _times_f(big, f, kept, moved)
+    fsp = sp_tab * f
     for a_i in sorted(focus):
         # every slot i of A against every slot (b, j) at once: A gets (b, j)
         # and b gets A's slot i (element for element the same numbers as
         # one slot at a time)
         rest = fex[a_i]  # (pp, degrees): min over A's other stages, times f(t)
-        # each distinct row once (A's slots mostly share their tables)
-        rows, back = _distinct(rest)
-        va = _expand(_max_last(np.minimum(rows[:, None, None, :], fbig[None])), back)
-        rows, back = _distinct(fbig[a_i])
-        vb = _expand(_max_last(np.minimum(fex[None], rows[:, None, None, :])), back)
-        gain = va + vb - cur_v[a_i] - cur_v[None, :, None]  # (pp, replicas, pp)
-        gain[:, a_i, :] = -np.inf
+        last = None if kept is None or moved is None or a_i in moved else kept.get(a_i)
+        if last is None:
+            gain = _swap_gain(a_i, fbig, fex, cur_v, None)
+            gain[:, a_i, :] = -np.inf
+        else:
+            gain = last.copy()
+            cols = np.array(sorted(moved or ()), dtype=np.int64)
+            gain[:, cols, :] = _swap_gain(a_i, fbig, fex, cur_v, cols)
+        if kept is not None:
+            kept[a_i] = gain
         ii, bb, jj = _leading(gain, top)
         cands.extend(
             zip(
@@ -534,6 +550,48 @@ def _candidates(
                 )
             )
     return cands
+
+
+def _times_f(
+    big: np.ndarray,
+    f: np.ndarray,
+    kept: dict[int | str, np.ndarray] | None,
+    moved: set[int] | None,
+) -> tuple[np.ndarray, np.ndarray]:
+    """Every replica's slot tables and minima over its other stages
+    (:func:`_exclusive_min`), times f(t): f(t) * min(x, y) is min(f(t) x, f(t)
+    y), rounding included (f(t) > 0), so the products are taken once a round.
+    With ``kept`` (:func:`_candidates`), only the ``moved`` replicas' rows."""
+    if kept is None or moved is None or "fbig" not in kept:
+        fbig, fex = big * f, _exclusive_min(big) * f
+    else:
+        rows = np.array(sorted(moved), dtype=np.int64)
+        fbig, fex = kept["fbig"].copy(), kept["fex"].copy()
+        fbig[rows] = big[rows] * f
+        fex[rows] = _exclusive_min(big[rows]) * f
+    if kept is not None:
+        kept["fbig"], kept["fex"] = fbig, fex
+    return fbig, fex
+
+
+def _swap_gain(
+    a_i: int, fbig: np.ndarray, fex: np.ndarray, cur_v: np.ndarray, cols: np.ndarray | None
+) -> np.ndarray:
+    """The gain in the two replicas' speeds of every swap of a slot ``i`` of
+    replica ``a_i`` with a slot ``(b, j)``, ``(pp, replicas, pp)``, for the
+    replicas ``cols`` only (``None``: all): ``a_i`` gets ``(b, j)`` and ``b``
+    gets slot ``i`` (``fbig``, ``fex``: the tables and the minima over the
+    other stages, times f(t); element for element the same numbers as one
+    slot at a time)."""
+    big_b = fbig if cols is None else fbig[cols]
+    ex_b = fex if cols is None else fex[cols]
+    v_b = cur_v if cols is None else cur_v[cols]
+    # each distinct row once (A's slots mostly share their tables)
+    rows, back = _distinct(fex[a_i])  # min over A's other stages
+    va = _expand(_max_last(np.minimum(rows[:, None, None, :], big_b[None])), back)
+    rows, back = _distinct(fbig[a_i])
+    vb = _expand(_max_last(np.minimum(ex_b[None], rows[:, None, None, :])), back)
+    return va + vb - cur_v[a_i] - v_b[None, :, None]
 
 
 def _best_move(

@@ -16,6 +16,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 from hypothesis import given, settings
+from hypothesis import strategies as hst
 
 from ntp_opt import Instance, Job
 from ntp_opt.model import topology
@@ -212,3 +213,23 @@ def test_tighten_equals_the_add_at_loop(seed):
                 stages.append(StagePick(t, int(rng.integers(1, 4)), dom.index, gpus, 1.0))
     for theta in (0.5, 2.0, 8.0, 50.0):
         assert tighten(prep, stages, theta) == _tighten_reference(prep, stages, theta)
+
+
+@given(
+    hst.integers(0, 40),
+    hst.integers(1, 5),
+    hst.integers(0, 2**32 - 1),
+    hst.sampled_from([0.0, 0.3, 1.0]),
+)
+def test_distinct_rows_are_numpy_unique(n: int, m: int, seed: int, nan_share: float) -> None:
+    """:func:`~ntp_opt.planners.bounds.rows.distinct_rows` gives ``numpy.unique``'s
+    first indices and inverse (ties, ``-0.0`` against ``0.0``, NaN, wide values)."""
+    rng = np.random.default_rng(seed)
+    pool = np.array([0.0, -0.0, 1.0, 1.0 + 2**-52, -3.5, 1e300, 7.0])
+    x = rng.choice(pool, (n, m))
+    if nan_share and n and rng.random() < nan_share:
+        x[rng.integers(n), rng.integers(m)] = np.nan
+    _, first, inverse = np.unique(x, axis=0, return_index=True, return_inverse=True)
+    got_first, got_inverse = bound_rows.distinct_rows(x)
+    assert got_first.tolist() == first.tolist()
+    assert got_inverse.tolist() == inverse.reshape(-1).tolist()

@@ -17,7 +17,7 @@ import numpy as np
 
 from ntp_opt.model.job import Job
 from ntp_opt.planners.bounds.batched import lookahead_depth, masked_row_sums, midpoints
-from ntp_opt.planners.bounds.rows import ClassTable
+from ntp_opt.planners.bounds.rows import ClassTable, distinct_rows
 from ntp_opt.rules.power import extra_draw
 
 __all__ = ["case_bound"]
@@ -283,15 +283,11 @@ def _case_dual(job: Job, degrees: tuple[int, ...], table: ClassTable) -> _CaseDu
     # Options that are equal (value, watts, cap) get equal element-wise results:
     # compute those once per distinct option row (classes) or option (GPUs) and
     # gather them back, which changes no number.
-    _, first, opt_of = np.unique(
-        np.hstack([val_s, w_s, hi_s]), axis=0, return_index=True, return_inverse=True
-    )
+    first, opt_of = distinct_rows(np.hstack([val_s, w_s, hi_s]))
     gpu_of: np.ndarray = np.zeros(0, dtype=np.int64)
     u_gv = u_gw = u_ghi = np.zeros(0)
     if gv.size:
-        _, g_first, gpu_of = np.unique(
-            np.stack([gv, gw, ghi], axis=1), axis=0, return_index=True, return_inverse=True
-        )
+        g_first, gpu_of = distinct_rows(np.stack([gv, gw, ghi], axis=1))
         u_gv, u_gw, u_ghi = gv[g_first], gw[g_first], ghi[g_first]
     u_val = val_s[first]
     # numbers per (lambda, mu) point; batches are sized to about ``batched._BATCH`` of them

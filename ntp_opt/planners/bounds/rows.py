@@ -14,7 +14,7 @@ import numpy as np
 from ntp_opt.model.instance import Instance
 from ntp_opt.rules.tolerances import POWER_TOL
 
-__all__ = ["ClassTable", "DomainRows", "domain_rows", "domain_rows_after"]
+__all__ = ["ClassTable", "DomainRows", "distinct_rows", "domain_rows", "domain_rows_after"]
 
 
 @dataclass(frozen=True, eq=False)
@@ -141,6 +141,34 @@ def domain_rows_after(instance: Instance, rows: DomainRows, domains: list[int]) 
     of = renumber[old_class]
     of[domains] = renumber[idx]
     return DomainRows(key, width, (cand[alive[order]], total[alive[order]], of))
+
+
+_FEW_ROWS = 256
+"""Rows up to which :func:`distinct_rows` sorts them in Python."""
+
+
+def distinct_rows(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """``np.unique(x, axis=0, return_index=True, return_inverse=True)[1:]`` of a
+    2-D float matrix: each distinct row's first index (rows in lexicographic
+    order) and each row's distinct row.
+
+    A few rows with no NaN are sorted as tuples in Python (the same order and
+    the same equalities, ``-0.0`` equal to ``0.0``, the first of equal rows
+    kept): the same indices without ``numpy.unique``'s fixed cost; else
+    ``numpy.unique`` answers.
+    """
+    n = len(x)
+    if n > _FEW_ROWS or bool(np.isnan(x).any()):
+        _, first, inverse = np.unique(x, axis=0, return_index=True, return_inverse=True)
+        return first, inverse.reshape(-1)
+    rows = [tuple(r) for r in x.tolist()]
+    seen: dict[tuple[float, ...], int] = {}
+    for i, r in enumerate(rows):
+        seen.setdefault(r, i)
+    keys = sorted(seen)
+    rank = {k: j for j, k in enumerate(keys)}
+    first = np.array([seen[k] for k in keys], dtype=np.int64)
+    return first, np.array([rank[r] for r in rows], dtype=np.int64)
 
 
 def _unique_rows(key: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
