@@ -147,6 +147,16 @@ class RunOptions:
         Keep the search log in :attr:`Outcome.log`.
     control
         Progress reports and the cancel token.
+
+    Notes
+    -----
+    A planner's default ``options=RunOptions()`` is one object, made when its
+    module is imported and shared by every call that leaves ``options`` out:
+    its control has no callback and a cancel token nobody sets, and its
+    monotone progress record (which only the INFO log reads) carries over from
+    one such call to the next. A caller that wants progress, a cancel token or
+    a per-call clock passes its own ``RunOptions`` (as :func:`ntp_opt.solve.solve`
+    does on every call).
     """
 
     time_limit: float | None = None
