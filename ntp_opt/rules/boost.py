@@ -16,11 +16,12 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from functools import partial
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from ntp_opt.rules.boost_needs import ReplicaPart, needs_at
+from ntp_opt.rules.boost_needs import ReplicaPart, bisect_levels, needs_at
 from ntp_opt.rules.goodput import replica_speed
 from ntp_opt.rules.power import can_boost
 from ntp_opt.rules.tolerances import BOOST_MARGIN
@@ -386,40 +387,12 @@ class _Booster:
     def walk(
         self, i: int, lo: float, up: float
     ) -> tuple[float, np.ndarray, np.ndarray, np.ndarray]:
-        """The bisection of :meth:`bisect`: its end, and per step the needs (extra watts
-        per touched rack and in all) at its mid and whether they fit."""
-        left = self.steps
-        rows: list[np.ndarray] = []
-        extras: list[np.ndarray] = []
-        oks: list[np.ndarray] = []
-        while left > 0:
-            depth = min(4, left)
-            bounds, mids = [(lo, up)], []
-            for _ in range(depth):  # the mids of the next levels, level by level
-                nxt = []
-                for x, y in bounds:
-                    m = 0.5 * (x + y)
-                    mids.append(m)
-                    nxt += [(x, m), (m, y)]
-                bounds = nxt
-            _, per_rack, extra = self.need(i, mids)
-            ok = self.fits(i, per_rack, extra)
-            node = 0
-            path = []
-            for _ in range(depth):
-                path.append(node)
-                if ok[node]:
-                    lo, node = mids[node], 2 * node + 2
-                else:
-                    up, node = mids[node], 2 * node + 1
-            rows.append(per_rack[path])
-            extras.append(extra[path])
-            oks.append(ok[path])
-            left -= depth
-        if not rows:
-            width = int(self.kptr[i + 1] - self.kptr[i])  # no step: nothing to check
-            return lo, np.zeros((0, width)), np.zeros(0), np.zeros(0, dtype=bool)
-        return lo, np.concatenate(rows), np.concatenate(extras), np.concatenate(oks)
+        """The bisection of :meth:`bisect` (:func:`~ntp_opt.rules.boost_needs.bisect_levels`
+        in the rooms of now): its end, and per step the needs (extra watts per touched
+        rack and in all) at its mid and whether they fit."""
+        room = self.room_keep[self.key_rack[self.kptr[i] : self.kptr[i + 1]]]
+        need = partial(self.need, i)
+        return bisect_levels(need, room, self.site_room * self.keep, lo, up, self.steps)
 
     def run(self, cand: list[int], out: np.ndarray) -> list[int]:
         """Boost the candidates, fewest extra watts first; write their multipliers into

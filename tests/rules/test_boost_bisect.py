@@ -1,0 +1,82 @@
+"""The slow replicas' bisection four levels at a time equals the plain bisection (issue 30).
+
+:func:`ntp_opt.rules.boost_needs.bisect_levels` asks for the 15 mids of four
+levels at once and follows the path the rooms decide; the plain computation,
+written out here, takes one step at a time: mid, needs at the mid, fit or not.
+Both must end at the same speed and record the same steps bit for bit.
+"""
+
+from __future__ import annotations
+
+from functools import partial
+
+import numpy as np
+from hypothesis import given
+from hypothesis import strategies as st
+
+from ntp_opt.rules.boost_needs import bisect_levels
+
+
+def _need(
+    coef: np.ndarray, wave: np.ndarray, mids: list[float]
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Needs depending on the speed alone, not monotone in it (any path can happen)."""
+    m = np.array(mids)[:, None]
+    per_rack = coef * m * m + np.sin(wave * m)
+    return m, per_rack, per_rack.sum(axis=1) - np.cos(m[:, 0] * 7.0)
+
+
+def _plain(
+    need: partial[tuple[np.ndarray, np.ndarray, np.ndarray]],
+    room: np.ndarray,
+    site: float,
+    lo: float,
+    up: float,
+    steps: int,
+) -> tuple[float, np.ndarray, np.ndarray, np.ndarray]:
+    """One bisection step at a time (the reference)."""
+    rows, extras, oks = [], [], []
+    for _ in range(steps):
+        mid = 0.5 * (lo + up)
+        _, per_rack, extra = need([mid])
+        ok = bool(np.all(per_rack[0] <= room)) and bool(extra[0] <= site)
+        rows.append(per_rack[0])
+        extras.append(extra[0])
+        oks.append(ok)
+        if ok:
+            lo = mid
+        else:
+            up = mid
+    return (
+        lo,
+        np.array(rows, dtype=float).reshape(-1, len(room)),
+        np.array(extras, dtype=float),
+        np.array(oks, dtype=bool),
+    )
+
+
+@given(
+    st.integers(1, 5),
+    st.integers(0, 2**32 - 1),
+    st.integers(0, 60),
+    st.floats(0.1, 2.0),
+    st.floats(1e-12, 1.0),
+)
+def test_bisection_by_levels_equals_one_step_at_a_time(
+    width: int, seed: int, steps: int, lo: float, span: float
+) -> None:
+    rng = np.random.default_rng(seed)
+    coef = rng.uniform(0.0, 3.0, width)
+    wave = rng.uniform(0.0, 50.0, width)
+    need = partial(_need, coef, wave)
+    up = lo + span
+    _, at_up, total_up = need([lo, up])
+    room = rng.uniform(at_up.min(), at_up.max() + 1e-9, width)
+    site = float(rng.uniform(total_up.min() - 1.0, total_up.max() + 1.0))
+    got = bisect_levels(need, room, site, lo, up, steps)
+    want = _plain(need, room, site, lo, up, steps)
+    assert got[0] == want[0]
+    for x, y in zip(got[1:], want[1:], strict=True):
+        assert x.dtype == y.dtype
+        assert x.shape == y.shape
+        assert x.tobytes() == y.tobytes()
