@@ -239,7 +239,9 @@ def _sorted_candidates(job: Job, v: np.ndarray, per: int) -> tuple[np.ndarray, .
     b = (np.arange(len(owner)) - starts[owner] + 1).astype(float)
     times = b / v[owner]
     first = b == 1.0
-    order = np.lexsort((owner, times))
+    # by time, ties by replica (then b): a stable sort of the times, which come
+    # replica by replica; positive floats sort as their bits read as integers
+    order = np.argsort(times.view(np.int64), kind="stable")
     return times[order], owner[order], first[order]
 
 
