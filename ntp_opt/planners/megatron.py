@@ -44,6 +44,7 @@ from ntp_opt.model.job import Job
 from ntp_opt.model.plan import Plan
 from ntp_opt.planners.base import Limit, Outcome, RunOptions, stop_limit
 from ntp_opt.planners.exact.search import solve_exact
+from ntp_opt.planners.heuristics import ntp_pw
 from ntp_opt.rules.validate import Violation, evaluate
 
 logger = logging.getLogger(__name__)
@@ -506,8 +507,6 @@ def _search_subs(
 def _best_or_paused(instance: Instance, subs: list[_Sub], best: Outcome | None) -> Outcome:
     """``best``, else ``ntp-pw``'s plan (every search skipped), else the paused job."""
     if best is None and subs:  # every search skipped: the time limit was too short
-        from ntp_opt.planners.heuristics import ntp_pw
-
         plan = ntp_pw(subs[0].instance).require_plan()
         if not evaluate(subs[0].instance, plan).feasible:
             plan = Plan(instance.name, ())

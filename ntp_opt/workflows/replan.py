@@ -80,6 +80,7 @@ from ntp_opt.planners.bounds import (
     stage_bound_at,
     stage_bound_point,
 )
+from ntp_opt.planners.fast import plan_fast
 from ntp_opt.planners.swaps import improve_layout
 from ntp_opt.rules.tolerances import BOUND_TOL
 from ntp_opt.rules.validate import Evaluation, PlanError, check, evaluate, evaluate_layout
@@ -520,8 +521,6 @@ def _settle_pending(step: _Step, local_goodput: float) -> None:
 def _add_global(step: _Step) -> None:
     """The ``fast`` plan of the new cluster, aligned with the running plan; checked
     once, after alignment (which changes no figure); the bound is the step's."""
-    from ntp_opt.planners.fast import plan_fast
-
     new_inst = step.new_inst
     fresh = plan_fast(new_inst, bound=False).require_plan()
     fresh, fresh_lay = _aligned(new_inst, step.state.plan, fresh, step.state.assignment, None)

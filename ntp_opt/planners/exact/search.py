@@ -57,6 +57,7 @@ from ntp_opt.planners.exact.oracle import (
     theta_range,
 )
 from ntp_opt.planners.exact.steptime import Case, case_fixed, drop_bounded_cases, elastic
+from ntp_opt.planners.fast import plan_fast
 from ntp_opt.rules.power import can_boost
 from ntp_opt.rules.tolerances import REL_TOL
 from ntp_opt.rules.validate import certified, evaluate
@@ -68,8 +69,6 @@ FAST_WARM_GPUS = 4096
 
 def _fast_plan(instance: Instance) -> Plan:
     """``fast``'s plan (not validated: the caller evaluates it)."""
-    from ntp_opt.planners.fast import plan_fast
-
     return plan_fast(instance, bound=False).require_plan()
 
 
