@@ -14,6 +14,7 @@ heuristics, ``fast``, recourse and re-planning, all on :class:`Stages`
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import partial
@@ -21,7 +22,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from ntp_opt.rules.boost_needs import ReplicaPart, bisect_levels, needs_at
+from ntp_opt.rules.boost_needs import ReplicaPart, bisect_predicted, needs_at
 from ntp_opt.rules.goodput import replica_speed
 from ntp_opt.rules.power import can_boost
 from ntp_opt.rules.tolerances import BOOST_MARGIN
@@ -34,6 +35,7 @@ __all__ = [
     "Stages",
     "boost_floor_stages",
     "boost_stages",
+    "floor_speed_bound",
     "trim_powers",
 ]
 
@@ -387,12 +389,12 @@ class _Booster:
     def walk(
         self, i: int, lo: float, up: float
     ) -> tuple[float, np.ndarray, np.ndarray, np.ndarray]:
-        """The bisection of :meth:`bisect` (:func:`~ntp_opt.rules.boost_needs.bisect_levels`
+        """The bisection of :meth:`bisect` (:func:`~ntp_opt.rules.boost_needs.bisect_predicted`
         in the rooms of now): its end, and per step the needs (extra watts per touched
         rack and in all) at its mid and whether they fit."""
         room = self.room_keep[self.key_rack[self.kptr[i] : self.kptr[i + 1]]]
         need = partial(self.need, i)
-        return bisect_levels(need, room, self.site_room * self.keep, lo, up, self.steps)
+        return bisect_predicted(need, room, self.site_room * self.keep, lo, up, self.steps)
 
     def run(self, cand: list[int], out: np.ndarray) -> list[int]:
         """Boost the candidates, fewest extra watts first; write their multipliers into
@@ -507,6 +509,87 @@ def boost_floor_stages(
     if not groups.fits(lo):
         return ones
     return _floor_powers(groups.highest(lo, top, steps), stage_base, stage_caps, alpha)
+
+
+FLOOR_SLACK = 1e-9
+"""Relative slack :func:`floor_speed_bound` adds to its bound: far above the rounding
+of the draws it sums and of the speeds the floor's multipliers give."""
+
+
+def floor_speed_bound(
+    instance: Instance,
+    stages: Stages,
+    tp: np.ndarray,
+    site_room: float,
+    *,
+    margin: float = BOOST_MARGIN,
+    slowest: np.ndarray | None = None,
+    caps: np.ndarray | None = None,
+) -> float:
+    """An upper bound on the common speed :func:`boost_floor_stages` reaches.
+
+    The floor boost's speed ``tau`` (in its units: the degree factor times the
+    slowest GPU's speed times the multiplier to the power ``alpha``) is at most
+    the highest stage cap's speed ``top``, and its extra draw over power 1 must
+    fit the site: ``F(tau) <= site_room * (1 - margin)``, ``F`` the sum over
+    stages of their watts at power 1 times their multiplier at ``tau`` minus 1.
+    Below ``top`` no stage is capped, so ``F`` is a sum of constants and of
+    ``max((tau / b) ** (1 / alpha), 1)`` terms: convex and non-decreasing for
+    ``alpha <= 1``. Newton steps from ``top`` therefore stay above the root
+    (each tangent lies below ``F``); the last one, plus :data:`FLOOR_SLACK`, is
+    returned. The racks are left out (they only lower ``tau``).
+
+    Parameters
+    ----------
+    instance
+        The instance.
+    stages
+        The replicas' stages.
+    tp
+        Degree per replica.
+    site_room
+        Watts left at the site at power 1 (:func:`~ntp_opt.rules.power.headroom`).
+    margin
+        Share of the room left unspent (as the boost's).
+    slowest, caps
+        Per stage, the speed of its slowest GPU and its largest multiplier,
+        when known.
+
+    Returns
+    -------
+    float
+        A speed no lower than the boost's ``tau``; ``inf`` when no bound is
+        known (no stage, or ``alpha`` not in ``(0, 1]``).
+    """
+    a = instance.arrays
+    alpha = instance.job.power_exponent
+    some = stages.sizes > 0
+    if not some.any() or not 0.0 < alpha <= 1.0:
+        return math.inf
+    if slowest is None:
+        slowest = stages.stage_min(a.speed)
+    hi = stages.stage_min(instance.max_multiplier) if caps is None else np.asarray(caps)
+    base = (_degree_factors(instance, tp)[stages.replica] * slowest)[some]
+    hi = hi[some]
+    watts = stages.stage_sums(a.tdp[stages.gpus])[some]
+    top = float((base * hi**alpha).min())
+    inv = 1.0 / alpha
+    room = site_room * (1.0 - margin)
+    # a stage not raised (at or above tau, or capped below 1): power min(1, cap)
+    fixed = watts * (np.minimum(1.0, hi) - 1.0)
+    t = top
+    for _ in range(8):
+        lift = (base < t) & (hi >= 1.0)
+        q = (t / base[lift]) ** inv
+        draw = float(fixed[~lift].sum() + (watts[lift] * (q - 1.0)).sum())
+        if not draw > room:
+            break
+        slope = float((watts[lift] * q).sum()) * inv / t
+        nxt = t - (draw - room) / slope if slope > 0 else t
+        if not nxt < t:
+            break
+        t = nxt
+    return t * (1.0 + FLOOR_SLACK)
 
 
 def _degree_factors(instance: Instance, tp: np.ndarray) -> np.ndarray:

@@ -1,8 +1,9 @@
 """A replica's needs at several speeds: the inner step of the slow replicas' boost.
 
 :func:`ntp_opt.rules.boost.boost_stages` bisects a replica's reachable speed
-four levels of mids at a time; each batch of mids asks for the replica's
-multipliers and extra watts (per touched rack and in all) at every mid.
+a stretch of the path at a time (:func:`bisect_predicted`); each batch of mids
+asks for the replica's multipliers and extra watts (per touched rack and in
+all) at every mid.
 :class:`ReplicaPart` holds what those depend on, read once per replica (its
 stages' slices of the boost's arrays), and :func:`needs_at` computes them:
 the same operations on the same numbers as reading the slices at each call.
@@ -10,12 +11,13 @@ the same operations on the same numbers as reading the slices at each call.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from typing import Any, NamedTuple
 
 import numpy as np
 
-__all__ = ["ReplicaPart", "bisect_levels", "needs_at"]
+__all__ = ["ReplicaPart", "bisect_predicted", "needs_at"]
 
 Needs = Callable[[list[float]], tuple[np.ndarray, np.ndarray, np.ndarray]]
 
@@ -101,22 +103,33 @@ def needs_at(
     return mult, per_rack.reshape(n_g, part.width), extra
 
 
-def bisect_levels(
+def bisect_predicted(
     need: Needs, room: np.ndarray, site: float, lo: float, up: float, steps: int
 ) -> tuple[float, np.ndarray, np.ndarray, np.ndarray]:
-    """``steps`` bisection steps on a replica's speed, four levels of mids at a time.
+    """``steps`` bisection steps on a replica's speed, whole stretches of the path at a time.
 
-    Each batch asks ``need`` for the 15 mids of the next four levels (level
-    by level, each level's intervals left to right: the children of mid ``j``
-    are ``2 j + 1``, below it, and ``2 j + 2``, above it) and follows the path
-    the rooms decide: a mid fits when every touched rack's extra watts are at
-    most its room and the extra watts in all at most ``site``.
+    The first batch asks ``need`` for the 15 mids of the first four levels
+    (level by level, each level's intervals left to right), which give the
+    first four steps and where the fit changes. Each later batch asks for
+    the mids of every remaining step along the path that a predicted
+    threshold ``s`` gives (a mid fits when it is at most ``s``): the rooms
+    decide each asked mid, and the path is taken as asked up to the first
+    step they decide otherwise, which is then taken as they decide. ``s`` is
+    interpolated from the slacks (room left at the tightest constraint) of
+    the asked speeds closest to the interval left. Every step is thus the
+    plain bisection's step, whatever the needs are (a wrong prediction only
+    costs a batch); with needs that grow with the speed, a few batches do
+    what the plain bisection does in ``steps`` calls.
+
+    A mid fits when every touched rack's extra watts are at most its room and
+    the extra watts in all at most ``site``.
 
     Parameters
     ----------
     need
         Per list of speeds: multipliers, extra watts per touched rack, extra
-        watts in all (:func:`needs_at`).
+        watts in all (:func:`needs_at`); each speed's numbers must not depend
+        on the other speeds asked with it.
     room
         Per touched rack (the replica's groups' racks), the watts it may take.
     site
@@ -132,42 +145,109 @@ def bisect_levels(
         The end (the last mid that fitted, or ``lo``), and per step the extra
         watts per touched rack and in all at its mid and whether they fitted.
     """
-    left, base = steps, 0
-    picked: list[int] = []
-    per_racks: list[np.ndarray] = []
-    extras: list[np.ndarray] = []
-    oks: list[np.ndarray] = []
-    while left > 0:
-        depth = min(4, left)
-        bounds, mids = [(lo, up)], []
-        for _ in range(depth):  # the mids of the next levels, level by level
-            nxt = []
-            for x, y in bounds:
-                m = 0.5 * (x + y)
-                mids.append(m)
-                nxt += [(x, m), (m, y)]
-            bounds = nxt
-        _, per_rack, extra = need(mids)
-        fit = np.logical_and.reduce(per_rack <= room, axis=-1) & (extra <= site)
-        ok = fit.tolist()
-        node = 0
-        for _ in range(depth):
-            picked.append(base + node)
-            if ok[node]:
-                lo, node = mids[node], 2 * node + 2
-            else:
-                up, node = mids[node], 2 * node + 1
-        per_racks.append(per_rack)
-        extras.append(extra)
-        oks.append(fit)
-        base += len(mids)
-        left -= depth
-    if not picked:  # no step: nothing to check
+    if steps <= 0:  # no step: nothing to check
         return lo, np.zeros((0, len(room))), np.zeros(0), np.zeros(0, dtype=bool)
+    seen = _Asked()
+    # the first four levels: the first steps, and a grid for the prediction
+    depth = min(4, steps)
+    bounds, mids = [(lo, up)], []
+    for _ in range(depth):
+        nxt = []
+        for x, y in bounds:
+            m = 0.5 * (x + y)
+            mids.append(m)
+            nxt += [(x, m), (m, y)]
+        bounds = nxt
+    fit = seen.ask(need, mids, room, site)
+    picked, node = [], 0
+    for _ in range(depth):
+        picked.append(node)
+        if fit[node]:
+            lo, node = mids[node], 2 * node + 2
+        else:
+            up, node = mids[node], 2 * node + 1
+    left = steps - depth
+    while left > 0:
+        s = seen.predict(lo, up)
+        mids, guess = [], []
+        x, y = lo, up
+        for _ in range(left):  # the path if the fit changes at s
+            m = 0.5 * (x + y)
+            mids.append(m)
+            ok = m <= s
+            guess.append(ok)
+            if ok:
+                x = m
+            else:
+                y = m
+        base = len(seen.x)
+        fit = seen.ask(need, mids, room, site)
+        for k, ok in enumerate(fit):
+            picked.append(base + k)
+            if ok:
+                lo = mids[k]
+            else:
+                up = mids[k]
+            left -= 1
+            if ok != guess[k]:  # the path leaves the prediction here
+                break
     at = np.array(picked)
     return (
         lo,
-        np.concatenate(per_racks)[at],
-        np.concatenate(extras)[at],
-        np.concatenate(oks)[at],
+        np.concatenate(seen.per_rack)[at],
+        np.concatenate(seen.extra)[at],
+        np.concatenate(seen.fit)[at],
     )
+
+
+class _Asked:
+    """The speeds :func:`bisect_predicted` asked so far, in order, with their needs,
+    slacks and fits."""
+
+    def __init__(self) -> None:
+        self.x: list[float] = []
+        self.slack: list[float] = []
+        self.ok: list[bool] = []
+        self.per_rack: list[np.ndarray] = []
+        self.extra: list[np.ndarray] = []
+        self.fit: list[np.ndarray] = []
+
+    def ask(self, need: Needs, mids: list[float], room: np.ndarray, site: float) -> list[bool]:
+        """The needs at ``mids``, kept; whether each fits."""
+        _, per_rack, extra = need(mids)
+        fit = np.logical_and.reduce(per_rack <= room, axis=-1) & (extra <= site)
+        with np.errstate(invalid="ignore"):
+            slack = np.minimum(np.min(room - per_rack, axis=-1, initial=np.inf), site - extra)
+        ok = fit.tolist()
+        self.x += mids
+        self.slack += slack.tolist()
+        self.ok += ok
+        self.per_rack.append(per_rack)
+        self.extra.append(extra)
+        self.fit.append(fit)
+        return ok
+
+    def predict(self, lo: float, up: float) -> float:
+        """Where the fit changes in ``[lo, up]``: interpolated between the highest asked
+        speed there that fits and the lowest above it that does not (their slacks),
+        else the middle of what is known."""
+        a = b = None
+        for k, x in enumerate(self.x):
+            if lo <= x <= up:
+                if self.ok[k]:
+                    if a is None or x > self.x[a]:
+                        a = k
+                elif b is None or x < self.x[b]:
+                    b = k
+        if a is not None and b is not None and self.x[a] < self.x[b]:
+            xa, xb, sa, sb = self.x[a], self.x[b], self.slack[a], self.slack[b]
+            if sa >= 0 > sb and math.isfinite(sa - sb):
+                s = xa + (xb - xa) * (sa / (sa - sb))
+                if xa <= s <= xb:
+                    return s
+            return 0.5 * (xa + xb)
+        if a is not None:  # everything asked here fits: so may the rest
+            return up
+        if b is not None:  # nothing asked here fits: nor may the rest
+            return lo
+        return 0.5 * (lo + up)

@@ -25,7 +25,13 @@ from ntp_opt.model.job import Job
 from ntp_opt.model.layout import Layout
 from ntp_opt.model.plan import Plan, Replica, Stage
 from ntp_opt.rules import goodput as gp
-from ntp_opt.rules.boost import Stages, boost_floor_stages, boost_stages, trim_powers
+from ntp_opt.rules.boost import (
+    Stages,
+    boost_floor_stages,
+    boost_stages,
+    floor_speed_bound,
+    trim_powers,
+)
 from ntp_opt.rules.power import (
     can_boost,
     headroom,
@@ -584,6 +590,10 @@ class _Boosts:
         base = _factors(job, tp)[stages.replica] * slowest
         caps = stages.stage_min(instance.max_multiplier)
         top = float((base * caps**job.power_exponent).min())
+        # the site's room caps the common speed too (Newton from above on its draw)
+        top = min(
+            top, floor_speed_bound(instance, stages, tp, site_room, slowest=slowest, caps=caps)
+        )
         ub_floor = _bound(job, np.maximum(at_one, top / job.seq_time_s), tp, memo)
         return cls(
             instance,

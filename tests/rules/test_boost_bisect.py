@@ -1,9 +1,12 @@
-"""The slow replicas' bisection four levels at a time equals the plain bisection (issue 30).
+"""The slow replicas' bisection by predicted stretches equals the plain bisection (issue 30).
 
-:func:`ntp_opt.rules.boost_needs.bisect_levels` asks for the 15 mids of four
-levels at once and follows the path the rooms decide; the plain computation,
-written out here, takes one step at a time: mid, needs at the mid, fit or not.
-Both must end at the same speed and record the same steps bit for bit.
+:func:`ntp_opt.rules.boost_needs.bisect_predicted` asks for the mids of a
+predicted stretch of the path at once and follows the path the rooms decide;
+the plain computation, written out here, takes one step at a time: mid, needs
+at the mid, fit or not. Both must end at the same speed and record the same
+steps bit for bit, with needs that are not monotone in the speed (the
+predictions fail often) and with needs that grow with it, as real ones do
+(the predictions mostly hold, and the rounding decides the last steps).
 """
 
 from __future__ import annotations
@@ -14,7 +17,7 @@ import numpy as np
 from hypothesis import given
 from hypothesis import strategies as st
 
-from ntp_opt.rules.boost_needs import bisect_levels
+from ntp_opt.rules.boost_needs import bisect_predicted
 
 
 def _need(
@@ -62,7 +65,7 @@ def _plain(
     st.floats(0.1, 2.0),
     st.floats(1e-12, 1.0),
 )
-def test_bisection_by_levels_equals_one_step_at_a_time(
+def test_bisection_by_stretches_equals_one_step_at_a_time(
     width: int, seed: int, steps: int, lo: float, span: float
 ) -> None:
     rng = np.random.default_rng(seed)
@@ -73,7 +76,44 @@ def test_bisection_by_levels_equals_one_step_at_a_time(
     _, at_up, total_up = need([lo, up])
     room = rng.uniform(at_up.min(), at_up.max() + 1e-9, width)
     site = float(rng.uniform(total_up.min() - 1.0, total_up.max() + 1.0))
-    got = bisect_levels(need, room, site, lo, up, steps)
+    got = bisect_predicted(need, room, site, lo, up, steps)
+    want = _plain(need, room, site, lo, up, steps)
+    assert got[0] == want[0]
+    for x, y in zip(got[1:], want[1:], strict=True):
+        assert x.dtype == y.dtype
+        assert x.shape == y.shape
+        assert x.tobytes() == y.tobytes()
+
+
+def _growing(
+    coef: np.ndarray, power: float, mids: list[float]
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Needs growing with the speed, as a replica's watts do (``speed ** (1 / alpha)``)."""
+    m = np.array(mids)[:, None]
+    per_rack = coef * (m**power - 1.0)
+    return m, per_rack, np.add.accumulate(per_rack, axis=1)[:, -1]
+
+
+@given(
+    st.integers(1, 4),
+    st.integers(0, 2**32 - 1),
+    st.integers(0, 60),
+    st.floats(1.0, 3.0),
+    st.floats(1e-9, 0.5),
+    st.floats(-0.1, 1.1),
+)
+def test_bisection_by_stretches_on_growing_needs(
+    width: int, seed: int, steps: int, power: float, span: float, where: float
+) -> None:
+    rng = np.random.default_rng(seed)
+    coef = rng.uniform(100.0, 3000.0, width)
+    need = partial(_growing, coef, power)
+    lo, up = 1.0, 1.0 + span
+    cut = lo + where * span  # the rooms run out about here (or never, or at once)
+    _, at_cut, total_cut = need([cut])
+    room = at_cut[0] * rng.uniform(1.0, 1.5, width)
+    site = float(total_cut[0])
+    got = bisect_predicted(need, room, site, lo, up, steps)
     want = _plain(need, room, site, lo, up, steps)
     assert got[0] == want[0]
     for x, y in zip(got[1:], want[1:], strict=True):
