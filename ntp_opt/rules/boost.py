@@ -518,73 +518,74 @@ of the draws it sums and of the speeds the floor's multipliers give."""
 
 def floor_speed_bound(
     instance: Instance,
-    stages: Stages,
-    tp: np.ndarray,
+    base: np.ndarray,
+    caps: np.ndarray,
+    sizes: np.ndarray,
     site_room: float,
     *,
     margin: float = BOOST_MARGIN,
-    slowest: np.ndarray | None = None,
-    caps: np.ndarray | None = None,
 ) -> float:
     """An upper bound on the common speed :func:`boost_floor_stages` reaches.
 
-    The floor boost's speed ``tau`` (in its units: the degree factor times the
-    slowest GPU's speed times the multiplier to the power ``alpha``) is at most
-    the highest stage cap's speed ``top``, and its extra draw over power 1 must
-    fit the site: ``F(tau) <= site_room * (1 - margin)``, ``F`` the sum over
-    stages of their watts at power 1 times their multiplier at ``tau`` minus 1.
-    Below ``top`` no stage is capped, so ``F`` is a sum of constants and of
-    ``max((tau / b) ** (1 / alpha), 1)`` terms: convex and non-decreasing for
-    ``alpha <= 1``. Newton steps from ``top`` therefore stay above the root
-    (each tangent lies below ``F``); the last one, plus :data:`FLOOR_SLACK`, is
-    returned. The racks are left out (they only lower ``tau``).
+    The floor boost's speed ``tau`` (in its units: a stage's ``base`` times its
+    multiplier to the power ``alpha``) is at most ``top``, the least of the
+    stages' speeds at their caps, and its extra draw over power 1 must fit the
+    site: ``F(tau) <= site_room * (1 - margin)``, ``F`` the sum over stages of
+    their watts at power 1 times their multiplier at ``tau`` minus 1. Below
+    ``top`` no stage is capped, so a stage adds
+    ``max((tau / base) ** (1 / alpha), 1) - 1`` times its watts. ``F`` is thus
+    convex and non-decreasing for ``alpha <= 1``, and so is the lower bound
+    used here (each stage's watts taken as its GPUs times the least TDP).
+    Newton steps from ``top`` on that lower bound stay above its root, hence
+    above ``F``'s (each tangent lies below the function); the last one, plus
+    :data:`FLOOR_SLACK`, is returned. The racks are left out (they only lower
+    ``tau``).
 
     Parameters
     ----------
     instance
         The instance.
-    stages
-        The replicas' stages.
-    tp
-        Degree per replica.
+    base
+        Per stage, its degree's factor times its slowest GPU's speed.
+    caps
+        Per stage, its largest multiplier (at least 1, as
+        :attr:`~ntp_opt.model.instance.Instance.max_multiplier`).
+    sizes
+        GPUs per stage.
     site_room
         Watts left at the site at power 1 (:func:`~ntp_opt.rules.power.headroom`).
     margin
         Share of the room left unspent (as the boost's).
-    slowest, caps
-        Per stage, the speed of its slowest GPU and its largest multiplier,
-        when known.
 
     Returns
     -------
     float
         A speed no lower than the boost's ``tau``; ``inf`` when no bound is
-        known (no stage, or ``alpha`` not in ``(0, 1]``).
+        known (no stage, a cap below 1, or ``alpha`` not in ``(0, 1]``).
     """
-    a = instance.arrays
+    tdp = instance.arrays.tdp
     alpha = instance.job.power_exponent
-    some = stages.sizes > 0
+    some = sizes > 0
     if not some.any() or not 0.0 < alpha <= 1.0:
         return math.inf
-    if slowest is None:
-        slowest = stages.stage_min(a.speed)
-    hi = stages.stage_min(instance.max_multiplier) if caps is None else np.asarray(caps)
-    base = (_degree_factors(instance, tp)[stages.replica] * slowest)[some]
-    hi = hi[some]
-    watts = stages.stage_sums(a.tdp[stages.gpus])[some]
-    top = float((base * hi**alpha).min())
+    base, caps, sizes = base[some], caps[some], sizes[some]
+    if not bool((caps >= 1.0).all()):  # as Instance.max_multiplier: never below 1
+        return math.inf
+    top = float((base * caps**alpha).min())
+    # the watts each stage adds above its base: at least its GPUs times the least
+    # TDP, summed per distinct base
+    bases, which = np.unique(base, return_inverse=True)
+    watts = np.bincount(which, weights=sizes) * float(tdp.min())
     inv = 1.0 / alpha
     room = site_room * (1.0 - margin)
-    # a stage not raised (at or above tau, or capped below 1): power min(1, cap)
-    fixed = watts * (np.minimum(1.0, hi) - 1.0)
     t = top
     for _ in range(8):
-        lift = (base < t) & (hi >= 1.0)
-        q = (t / base[lift]) ** inv
-        draw = float(fixed[~lift].sum() + (watts[lift] * (q - 1.0)).sum())
+        k = int(np.searchsorted(bases, t))  # the bases below t
+        q = (t / bases[:k]) ** inv
+        draw = float((watts[:k] * (q - 1.0)).sum())
         if not draw > room:
             break
-        slope = float((watts[lift] * q).sum()) * inv / t
+        slope = float((watts[:k] * q).sum()) * inv / t
         nxt = t - (draw - room) / slope if slope > 0 else t
         if not nxt < t:
             break

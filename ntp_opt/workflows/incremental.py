@@ -589,11 +589,10 @@ class _Boosts:
         ub_slow = _bound(job, best_case, tp, memo)
         base = _factors(job, tp)[stages.replica] * slowest
         caps = stages.stage_min(instance.max_multiplier)
-        top = float((base * caps**job.power_exponent).min())
-        # the site's room caps the common speed too (Newton from above on its draw)
-        top = min(
-            top, floor_speed_bound(instance, stages, tp, site_room, slowest=slowest, caps=caps)
-        )
+        # the common speed is at most the slowest stage's best, and the site's room
+        # caps it too (Newton from above on its draw)
+        top = floor_speed_bound(instance, base, caps, stages.sizes, site_room)
+        top = min(top, float((base * caps**job.power_exponent).min()))
         ub_floor = _bound(job, np.maximum(at_one, top / job.seq_time_s), tp, memo)
         return cls(
             instance,

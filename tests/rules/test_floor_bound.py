@@ -5,9 +5,10 @@
 (Newton steps from above on the convex draw). The re-planner skips the floor
 boost when that bound shows it cannot win, so the bound must hold: every
 replica's speed after the floor boost is at most its speed at power 1 or the
-bound. Site budgets from loose to below the draw at power 1, and powers
-exponents from 0.3 to 1, exercise every branch (no Newton step, several, a
-root below every stage's speed).
+bound. Site budgets from loose to below the draw at power 1, power
+exponents from 0.3 to 1, racks with room to spare (the site binds), and TDPs
+and boards' limits that differ from GPU to GPU exercise every branch (no
+Newton step, several, a root below every stage's speed).
 """
 
 from __future__ import annotations
@@ -36,6 +37,13 @@ def _stages(instance: Instance) -> tuple[Stages, np.ndarray, np.ndarray, float] 
     return stages, tp, rack_room, site_room
 
 
+def _bases(instance: Instance, stages: Stages, tp: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Per stage, its degree factor times its slowest speed, and its cap."""
+    job = instance.job
+    base = np.array([job.tp_factor(int(t)) for t in tp])[stages.replica]
+    return base * stages.stage_min(instance.arrays.speed), stages.stage_min(instance.max_multiplier)
+
+
 def _speeds(instance: Instance, stages: Stages, tp: np.ndarray, powers: np.ndarray) -> np.ndarray:
     """Per replica, its slowest stage's speed in the floor boost's units."""
     job = instance.job
@@ -53,26 +61,44 @@ def _check(instance: Instance) -> bool:
         return False
     stages, tp, rack_room, site_room = got
     powers = boost_floor_stages(instance, stages, tp, rack_room, site_room)
-    bound = floor_speed_bound(instance, stages, tp, site_room)
+    bound = floor_speed_bound(instance, *_bases(instance, stages, tp), stages.sizes, site_room)
     after = _speeds(instance, stages, tp, powers)
     at_one = _speeds(instance, stages, tp, np.ones(len(powers)))
     assert np.all(after <= np.maximum(at_one, bound))
     return bool(np.any(after > at_one))
 
 
-@settings(max_examples=60, deadline=None)
+@settings(max_examples=100, deadline=None)
 @given(
     st.integers(0, 2**16),
-    st.floats(0.8, 1.2),
+    st.floats(0.85, 1.2),
     st.sampled_from([0.3, 0.5, 0.65, 0.8, 1.0]),
+    st.booleans(),
+    st.sampled_from([1.0, 2.0]),
+    st.sampled_from([0, 5]),
 )
-def test_floor_speed_bound_holds(seed: int, site: float, alpha: float) -> None:
+def test_floor_speed_bound_holds(
+    seed: int, site: float, alpha: float, mixed: bool, racks: float, stragglers: int
+) -> None:
     inst = make_instance(
-        domains=6, failed=2, stragglers=5, seed=seed, tp_allowed=(6, 7, 8), tp_min=6
+        domains=6,
+        failed=2,
+        stragglers=stragglers,
+        seed=seed,
+        tp_allowed=(6, 7, 8),
+        tp_min=6,
+        rack_power_factor=racks,
     )
     g = inst.cluster.copy()
     gpus = [n for n, d in g.nodes(data=True) if d.get("kind") == "gpu"]
-    g.graph["power_budget_w"] = site * 1000.0 * len(gpus)
+    if mixed:  # TDPs and boards' limits that differ from GPU to GPU
+        rng = np.random.default_rng(seed)
+        for n in gpus:
+            tdp = float(rng.uniform(500.0, 1200.0))
+            g.nodes[n]["tdp_w"] = tdp
+            g.nodes[n]["max_power_w"] = tdp * float(rng.choice([1.1, 1.5]))
+    total = sum(g.nodes[n].get("tdp_w", 1000.0) for n in gpus)
+    g.graph["power_budget_w"] = site * total
     job = inst.job.model_copy(update={"power_exponent": alpha})
     _check(Instance("site", g, job))
 
@@ -100,5 +126,6 @@ def test_a_tight_site_bounds_below_the_caps() -> None:
     assert got is not None
     stages, tp, _, site_room = got
     assert site_room > 0
-    loose = floor_speed_bound(tight, stages, tp, site_room * 1e6)
-    assert floor_speed_bound(tight, stages, tp, site_room) < loose
+    base, caps = _bases(tight, stages, tp)
+    loose = floor_speed_bound(tight, base, caps, stages.sizes, site_room * 1e6)
+    assert floor_speed_bound(tight, base, caps, stages.sizes, site_room) < loose
