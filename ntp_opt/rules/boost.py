@@ -394,7 +394,8 @@ class _Booster:
         rack and in all) at its mid and whether they fit."""
         room = self.room_keep[self.key_rack[self.kptr[i] : self.kptr[i + 1]]]
         need = partial(self.need, i)
-        return bisect_predicted(need, room, self.site_room * self.keep, lo, up, self.steps)
+        site = self.site_room * self.keep
+        return bisect_predicted(need, room, site, lo, up, self.steps, power=self.inv_alpha)
 
     def run(self, cand: list[int], out: np.ndarray) -> list[int]:
         """Boost the candidates, fewest extra watts first; write their multipliers into

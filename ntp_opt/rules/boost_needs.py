@@ -104,7 +104,14 @@ def needs_at(
 
 
 def bisect_predicted(
-    need: Needs, room: np.ndarray, site: float, lo: float, up: float, steps: int
+    need: Needs,
+    room: np.ndarray,
+    site: float,
+    lo: float,
+    up: float,
+    steps: int,
+    *,
+    power: float = 1.0,
 ) -> tuple[float, np.ndarray, np.ndarray, np.ndarray]:
     """``steps`` bisection steps on a replica's speed, whole stretches of the path at a time.
 
@@ -116,7 +123,10 @@ def bisect_predicted(
     decide each asked mid, and the path is taken as asked up to the first
     step they decide otherwise, which is then taken as they decide. ``s`` is
     interpolated from the slacks (room left at the tightest constraint) of
-    the asked speeds closest to the interval left. Every step is thus the
+    the asked speeds closest to the interval left, linearly in ``speed **
+    power`` (a stage's watts at speed ``x`` are its multiplier ``(x / base) **
+    (1 / alpha)`` times its TDP: linear in ``x ** (1 / alpha)`` until a
+    multiplier reaches a limit). Every step is thus the
     plain bisection's step, whatever the needs are (a wrong prediction only
     costs a batch); with needs that grow with the speed, a few batches do
     what the plain bisection does in ``steps`` calls.
@@ -138,6 +148,9 @@ def bisect_predicted(
         The bisection's start: a speed that fits and a goal.
     steps
         Bisection steps.
+    power
+        The needs are about linear in ``speed ** power`` (positive; the boost
+        gives ``1 / alpha``): only the predictions use it.
 
     Returns
     -------
@@ -168,7 +181,7 @@ def bisect_predicted(
             up, node = mids[node], 2 * node + 1
     left = steps - depth
     while left > 0:
-        s = seen.predict(lo, up)
+        s = seen.predict(lo, up, power)
         mids, guess = [], []
         x, y = lo, up
         for _ in range(left):  # the path if the fit changes at s
@@ -227,7 +240,7 @@ class _Asked:
         self.fit.append(fit)
         return ok
 
-    def predict(self, lo: float, up: float) -> float:
+    def predict(self, lo: float, up: float, power: float) -> float:
         """Where the fit changes in ``[lo, up]``: interpolated between the highest asked
         speed there that fits and the lowest above it that does not (their slacks),
         else the middle of what is known."""
@@ -241,8 +254,9 @@ class _Asked:
                     b = k
         if a is not None and b is not None and self.x[a] < self.x[b]:
             xa, xb, sa, sb = self.x[a], self.x[b], self.slack[a], self.slack[b]
-            if sa >= 0 > sb and math.isfinite(sa - sb):
-                s = xa + (xb - xa) * (sa / (sa - sb))
+            if sa >= 0 > sb and math.isfinite(sa - sb) and xa > 0:
+                ua, ub = xa**power, xb**power
+                s = (ua + (ub - ua) * (sa / (sa - sb))) ** (1.0 / power)
                 if xa <= s <= xb:
                     return s
             return 0.5 * (xa + xb)

@@ -101,9 +101,10 @@ def _growing(
     st.floats(1.0, 3.0),
     st.floats(1e-9, 0.5),
     st.floats(-0.1, 1.1),
+    st.sampled_from([1.0, 1.5, 2.0]),
 )
 def test_bisection_by_stretches_on_growing_needs(
-    width: int, seed: int, steps: int, power: float, span: float, where: float
+    width: int, seed: int, steps: int, power: float, span: float, where: float, hint: float
 ) -> None:
     rng = np.random.default_rng(seed)
     coef = rng.uniform(100.0, 3000.0, width)
@@ -113,7 +114,7 @@ def test_bisection_by_stretches_on_growing_needs(
     _, at_cut, total_cut = need([cut])
     room = at_cut[0] * rng.uniform(1.0, 1.5, width)
     site = float(total_cut[0])
-    got = bisect_predicted(need, room, site, lo, up, steps)
+    got = bisect_predicted(need, room, site, lo, up, steps, power=hint)
     want = _plain(need, room, site, lo, up, steps)
     assert got[0] == want[0]
     for x, y in zip(got[1:], want[1:], strict=True):
