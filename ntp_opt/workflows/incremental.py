@@ -567,9 +567,10 @@ class _Boosts:
         stages = stages_of(layout)
         tp = layout.degree
         slowest = stage_slowest(instance, layout, memo)
+        own = layout_speeds(instance, layout, powers=layout.power, slowest=slowest)
         if keep is None:
-            got_keep = _split(instance, layout, layout.power, slowest, memo)
-            value = -1.0 if got_keep is None else got_keep[0]
+            got_keep = _exact(job, own, np.asarray(layout.degree), memo)
+            value = -1.0 if got_keep is None else got_keep.goodput
         else:
             value = keep
         used = np.zeros(a.n_gpus, dtype=bool)
@@ -593,7 +594,13 @@ class _Boosts:
         # caps it too (Newton from above on its draw)
         top = floor_speed_bound(instance, base, caps, stages.sizes, site_room)
         top = min(top, float((base * caps**job.power_exponent).min()))
-        ub_floor = _bound(job, np.maximum(at_one, top / job.seq_time_s), tp, memo)
+        floor = np.maximum(at_one, top / job.seq_time_s)
+        if value >= 0 and bool((floor <= own).all()):
+            # no replica above its speed at the plan's own multipliers: the split's
+            # goodput there, which is the plan's own value (without another split)
+            ub_floor = value * (1 + _BOUND_SLACK)
+        else:
+            ub_floor = _bound(job, floor, tp, memo)
         return cls(
             instance,
             layout,
