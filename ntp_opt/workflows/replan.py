@@ -376,11 +376,15 @@ class _Step:
     rows: DomainRows | None = None
     fixed: FixedSpeeds | None = None
     bound_kind: str = "skipped"
+    placed: dict[str, np.ndarray] = field(default_factory=dict)
 
-    def moved_by(self, plan: Plan, layout: Layout | None = None) -> int:
-        """GPUs, healthy after the events, that ``plan`` moves from the running plan."""
+    def moved_by(self, plan: Plan, layout: Layout | None = None, name: str | None = None) -> int:
+        """GPUs, healthy after the events, that ``plan`` moves from the running plan
+        (``name``: the option's, whose assignment is kept for the next state)."""
         lay = Layout.from_plan(self.new_inst, plan) if layout is None else layout
         after = lay.assignment(self.state.instance.arrays.n_gpus)
+        if name is not None and layout is not None:
+            self.placed[name] = after
         return int(((after != self.state.assignment) & self.new_inst.arrays.healthy).sum())
 
     def settled(self) -> bool:
@@ -403,7 +407,7 @@ class _Step:
         self.options[name] = (
             plan.with_metrics(**ev.as_metrics()),
             ev.goodput,
-            self.moved_by(plan, layout),
+            self.moved_by(plan, layout, name),
         )
 
 
@@ -514,7 +518,7 @@ def _settle_pending(step: _Step, local_goodput: float) -> None:
     step.full_bound()  # the full bound decides, as without a state
     if "swap" in step.options and local_goodput >= step.bound * (1 - step.tolerance):
         # the full bound settles the local plan alone: no swap plan is made
-        for kept in (step.options, step.evals, step.layouts):
+        for kept in (step.options, step.evals, step.layouts, step.placed):
             kept.pop("swap", None)
 
 
@@ -553,7 +557,7 @@ def _step(
         _incremental_bound(step, local_ev.goodput)
     if want_bound and step.bound_kind == "skipped":
         step.full_bound()
-    step.options["local"] = (local, local_ev.goodput, step.moved_by(local, local_lay))
+    step.options["local"] = (local, local_ev.goodput, step.moved_by(local, local_lay, "local"))
     step.evals["local"] = local_ev
     step.layouts["local"] = local_lay
     if mode != "local" and not step.settled():
@@ -614,6 +618,7 @@ def _outcome(
             step.fixed,
             trays=state.trays,
             memo=state.memo,
+            placed=step.placed.get(choice) if choice in step.layouts else None,
         ),
     )
 

@@ -68,6 +68,9 @@ class PlanState:
         replicas' needs, :func:`ntp_opt.rules.boost.boost_stages`; the
         stages' caps and groups, :func:`~ntp_opt.rules.boost.boost_floor_stages`):
         shared by the states of one chain, never changing a result.
+    placed
+        :attr:`assignment`, when the event that made this state counted its
+        moves with it already; ``None``: computed when first read.
     """
 
     instance: Instance
@@ -80,11 +83,14 @@ class PlanState:
     base: Instance | None = None
     trays: Mapping[Hashable, int] | None = None
     memo: dict[Any, Any] | None = None
+    placed: np.ndarray | None = None
 
     @cached_property
     def assignment(self) -> np.ndarray:
         """Per GPU, the plan's ``replica * 65536 + stage`` or -1 (:func:`assignment`),
         computed once: every event re-planned from this state counts moves against it."""
+        if self.placed is not None:
+            return self.placed
         return self.layout.assignment(self.instance.arrays.n_gpus)
 
     @classmethod
