@@ -553,7 +553,7 @@ class _Boosts:
     ones: np.ndarray
     slow: list[int]
     value: float
-    ub_slow: float
+    ub_slow: float | None
     ub_floor: float
     memo: dict[Any, Any] | None
 
@@ -587,7 +587,6 @@ class _Boosts:
         # is the same).
         best_case = at_one.copy()
         best_case[slow] = target
-        ub_slow = _bound(job, best_case, tp, memo)
         base = _factors(job, tp)[stages.replica] * slowest
         caps = stages.stage_min(instance.max_multiplier)
         # the common speed is at most the slowest stage's best, and the site's room
@@ -595,12 +594,15 @@ class _Boosts:
         top = floor_speed_bound(instance, base, caps, stages.sizes, site_room)
         top = min(top, float((base * caps**job.power_exponent).min()))
         floor = np.maximum(at_one, top / job.seq_time_s)
-        if value >= 0 and bool((floor <= own).all()):
+        below_own = value >= 0 and bool((floor <= own).all())
+        if below_own:
             # no replica above its speed at the plan's own multipliers: the split's
             # goodput there, which is the plan's own value (without another split)
             ub_floor = value * (1 + _BOUND_SLACK)
         else:
             ub_floor = _bound(job, floor, tp, memo)
+        # the slow boost's bound only orders the two boosts when the floor's may win
+        ub_slow = None if below_own else _bound(job, best_case, tp, memo)
         return cls(
             instance,
             layout,
@@ -653,7 +655,15 @@ def _best_boost(b: _Boosts) -> tuple[float, np.ndarray, tuple[int, ...], float] 
     bar = b.value * (1 + FLOAT_NOISE)
     got_slow: _Tried | None = None
     got_floor: _Tried | None = None
-    if b.ub_floor >= b.ub_slow and b.ub_floor > bar:
+    if b.ub_slow is None:
+        # the floor boost passes no replica's own speed: the slow boost first (were
+        # its bound at most ``bar``, its split would be too: it cannot be kept),
+        # then the floor boost where its bound is above what the slow one brings
+        got_slow = b.slow_boost()
+        g = got_slow[1]
+        if b.ub_floor > bar and not (g is not None and g[0] >= b.ub_floor):
+            got_floor = b.floor_boost()
+    elif b.ub_floor >= b.ub_slow and b.ub_floor > bar:
         got_floor = b.floor_boost()
         g = got_floor[1]
         if b.ub_slow > bar and not (g is not None and g[0] > bar and g[0] > b.ub_slow):

@@ -88,6 +88,23 @@ def ref_reboost(instance: Instance, plan: Plan) -> Plan | None:
     return Plan(plan.instance, reps, {"policy": "reboost"})
 
 
+def same_but_last_bits(got: Plan, ref: Plan) -> bool:
+    """The same replicas, batches and GPUs, the multipliers equal to the last few bits:
+    the package computes ``x ** (1 / alpha)`` with numpy's ``pow`` on arrays, the
+    reference above with Python's on floats, which may differ by an ulp or two."""
+    if len(got.replicas) != len(ref.replicas):
+        return False
+    for x, y in zip(got.replicas, ref.replicas, strict=True):
+        if (x.tp, x.local_batch, len(x.stages)) != (y.tp, y.local_batch, len(y.stages)):
+            return False
+        for s, t in zip(x.stages, y.stages, strict=True):
+            if (s.domain, s.gpus) != (t.domain, t.gpus) or not math.isclose(
+                s.power, t.power, rel_tol=1e-12
+            ):
+                return False
+    return True
+
+
 def ref_trim(instance: Instance, groups, powers, batches) -> list[list[float]]:
     """Each stage's multiplier lowered to what its replica's batch needs (issue 32):
     ``max(1, (need / base) ** (1 / alpha))`` with the trim's margin, never raised, and
@@ -169,8 +186,8 @@ def test_recourse_and_reboost_on_the_layout_equal_the_reference(inst, data):
     ref = ref_reboost(new, local)
     assert (got is None) == (ref is None)
     if got is not None:
-        assert got.plan == ref
-        assert got.layout.to_plan(new).replicas == ref.replicas
+        assert same_but_last_bits(got.plan, ref)
+        assert same_but_last_bits(got.layout.to_plan(new), ref)
     if local.replicas:  # recourse's goodput is the split re-boosting starts from
         again = reboost_layout(new, local, lay, keep=local.metrics["goodput"])
         assert (again is None) == (got is None)
