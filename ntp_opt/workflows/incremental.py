@@ -500,7 +500,10 @@ def reboost_layout(
     replica's need ``b_r (1 + rho) / theta``: the same goodput, no power
     spent on a replica beyond its batch). Only the slow replicas'
     stages go through the first boost; the stages' slowest speeds are read
-    once for the boosts and the splits.
+    once for the boosts and the splits. A boost is computed only where an
+    upper bound on its goodput (nominal speed for the slow replicas; for the
+    common speed, the least cap's speed and what the site's room allows) can
+    beat both the plan's own value and the other boost's result.
 
     Parameters
     ----------
@@ -583,8 +586,9 @@ class _Boosts:
         # Bounds on what each boost can bring: the exact split's goodput grows with
         # every speed, the slow replicas' boost lifts them to nominal speed at most,
         # and the common-speed boost lifts no stage above the best speed of the
-        # slowest stage. A boost whose bound cannot win is not computed (the choice
-        # is the same).
+        # slowest stage, nor above the speed the site's room allows
+        # (:func:`floor_speed_bound`). A boost whose bound cannot win is not
+        # computed (the choice is the same).
         best_case = at_one.copy()
         best_case[slow] = target
         base = _factors(job, tp)[stages.replica] * slowest
