@@ -17,6 +17,8 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
+from ntp_opt.rules.bisection import midpoints
+
 __all__ = ["ReplicaPart", "bisect_predicted", "needs_at"]
 
 Needs = Callable[[list[float]], tuple[np.ndarray, np.ndarray, np.ndarray]]
@@ -163,14 +165,7 @@ def bisect_predicted(
     seen = _Asked()
     # the first four levels: the first steps, and a grid for the prediction
     depth = min(4, steps)
-    bounds, mids = [(lo, up)], []
-    for _ in range(depth):
-        nxt = []
-        for x, y in bounds:
-            m = 0.5 * (x + y)
-            mids.append(m)
-            nxt += [(x, m), (m, y)]
-        bounds = nxt
+    mids = midpoints([lo], [up], depth)[0]
     fit = seen.ask(need, mids, room, site)
     picked, node = [], 0
     for _ in range(depth):

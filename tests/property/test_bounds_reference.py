@@ -21,10 +21,11 @@ from hypothesis import strategies as hst
 from ntp_opt import Instance, Job
 from ntp_opt.model import topology
 from ntp_opt.model.files import load_instance
-from ntp_opt.planners.bounds import batched, capacity, case, stage
+from ntp_opt.planners.bounds import capacity, case, stage
 from ntp_opt.planners.bounds import rows as bound_rows
 from ntp_opt.planners.exact.model import StagePick, prepare
 from ntp_opt.planners.exact.tighten import tighten
+from ntp_opt.rules import bisection
 from ntp_opt.rules.tolerances import BISECT_TOL, BUDGET_SLACK, TIGHTEN_TOL
 from tests import bounds_reference as ref
 from tests.helpers import seeds
@@ -100,10 +101,10 @@ def test_sparse_powers_equal_the_reference(seed, monkeypatch):
     # batch, and the plain ones on none: both give the reference's floats
     inst = mixed_instance(seed)
     monkeypatch.setattr(case, "_SPARSE_POWERS", 0)
-    monkeypatch.setattr(batched, "_PY_MIDPOINTS", 0)  # and every midpoint from numpy
+    monkeypatch.setattr(bisection, "_PY_MIDPOINTS", 0)  # and every midpoint from numpy
     _assert_same(inst)
     monkeypatch.setattr(case, "_SPARSE_POWERS", 10**12)
-    monkeypatch.setattr(batched, "_PY_MIDPOINTS", 10**12)  # and from Python
+    monkeypatch.setattr(bisection, "_PY_MIDPOINTS", 10**12)  # and from Python
     _assert_same(inst)
 
 

@@ -12,6 +12,7 @@ predictions fail often) and with needs that grow with it, as real ones do
 from __future__ import annotations
 
 from functools import partial
+from typing import Any
 
 import numpy as np
 from hypothesis import given
@@ -58,6 +59,15 @@ def _plain(
     )
 
 
+def _assert_same(got: tuple[Any, ...], want: tuple[Any, ...]) -> None:
+    """The same end and the same steps' rows, bit for bit."""
+    assert got[0] == want[0]
+    for x, y in zip(got[1:], want[1:], strict=True):
+        assert x.dtype == y.dtype
+        assert x.shape == y.shape
+        assert x.tobytes() == y.tobytes()
+
+
 @given(
     st.integers(1, 5),
     st.integers(0, 2**32 - 1),
@@ -78,11 +88,7 @@ def test_bisection_by_stretches_equals_one_step_at_a_time(
     site = float(rng.uniform(total_up.min() - 1.0, total_up.max() + 1.0))
     got = bisect_predicted(need, room, site, lo, up, steps)
     want = _plain(need, room, site, lo, up, steps)
-    assert got[0] == want[0]
-    for x, y in zip(got[1:], want[1:], strict=True):
-        assert x.dtype == y.dtype
-        assert x.shape == y.shape
-        assert x.tobytes() == y.tobytes()
+    _assert_same(got, want)
 
 
 def _growing(
@@ -116,8 +122,4 @@ def test_bisection_by_stretches_on_growing_needs(
     site = float(total_cut[0])
     got = bisect_predicted(need, room, site, lo, up, steps, power=hint)
     want = _plain(need, room, site, lo, up, steps)
-    assert got[0] == want[0]
-    for x, y in zip(got[1:], want[1:], strict=True):
-        assert x.dtype == y.dtype
-        assert x.shape == y.shape
-        assert x.tobytes() == y.tobytes()
+    _assert_same(got, want)
