@@ -128,10 +128,10 @@ def bisect_predicted(
     the asked speeds closest to the interval left, linearly in ``speed **
     power`` (a stage's watts at speed ``x`` are its multiplier ``(x / base) **
     (1 / alpha)`` times its TDP: linear in ``x ** (1 / alpha)`` until a
-    multiplier reaches a limit). Every step is thus the
-    plain bisection's step, whatever the needs are (a wrong prediction only
-    costs a batch); with needs that grow with the speed, a few batches do
-    what the plain bisection does in ``steps`` calls.
+    multiplier reaches a limit). Every step is thus the plain bisection's
+    step, whatever the needs are (a wrong prediction only costs a batch);
+    with needs that grow with the speed, a few batches do what the plain
+    bisection does in ``steps`` calls.
 
     A mid fits when every touched rack's extra watts are at most its room and
     the extra watts in all at most ``site``.
@@ -151,8 +151,9 @@ def bisect_predicted(
     steps
         Bisection steps.
     power
-        The needs are about linear in ``speed ** power`` (positive; the boost
-        gives ``1 / alpha``): only the predictions use it.
+        The needs are about linear in ``speed ** power`` (the boost gives
+        ``1 / alpha``; not positive and finite: linear in the speed). Only the
+        predictions use it.
 
     Returns
     -------
@@ -250,8 +251,7 @@ class _Asked:
         if a is not None and b is not None and self.x[a] < self.x[b]:
             xa, xb, sa, sb = self.x[a], self.x[b], self.slack[a], self.slack[b]
             if sa >= 0 > sb and math.isfinite(sa - sb) and xa > 0:
-                ua, ub = xa**power, xb**power
-                s = (ua + (ub - ua) * (sa / (sa - sb))) ** (1.0 / power)
+                s = _interpolated(xa, xb, sa / (sa - sb), power)
                 if xa <= s <= xb:
                     return s
             return 0.5 * (xa + xb)
@@ -260,3 +260,15 @@ class _Asked:
         if b is not None:  # nothing asked here fits: nor may the rest
             return lo
         return 0.5 * (lo + up)
+
+
+def _interpolated(xa: float, xb: float, share: float, power: float) -> float:
+    """The speed ``share`` of the way from ``xa`` to ``xb``, linearly in ``speed **
+    power`` (linearly in the speed where that power is unusable); NaN on overflow."""
+    if not (power > 0 and math.isfinite(power)):
+        power = 1.0
+    try:
+        ua, ub = xa**power, xb**power
+        return float((ua + (ub - ua) * share) ** (1.0 / power))
+    except (OverflowError, ZeroDivisionError):
+        return math.nan

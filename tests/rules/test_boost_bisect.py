@@ -107,7 +107,7 @@ def _growing(
     st.floats(1.0, 3.0),
     st.floats(1e-9, 0.5),
     st.floats(-0.1, 1.1),
-    st.sampled_from([1.0, 1.5, 2.0]),
+    st.sampled_from([1.0, 1.5, 2.0, 0.0, 400.0]),
 )
 def test_bisection_by_stretches_on_growing_needs(
     width: int, seed: int, steps: int, power: float, span: float, where: float, hint: float
