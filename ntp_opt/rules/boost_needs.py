@@ -175,31 +175,8 @@ def bisect_predicted(
             lo, node = mids[node], 2 * node + 2
         else:
             up, node = mids[node], 2 * node + 1
-    left = steps - depth
-    while left > 0:
-        s = seen.predict(lo, up, power)
-        mids, guess = [], []
-        x, y = lo, up
-        for _ in range(left):  # the path if the fit changes at s
-            m = 0.5 * (x + y)
-            mids.append(m)
-            ok = m <= s
-            guess.append(ok)
-            if ok:
-                x = m
-            else:
-                y = m
-        base = len(seen.x)
-        fit = seen.ask(need, mids, room, site)
-        for k, ok in enumerate(fit):
-            picked.append(base + k)
-            if ok:
-                lo = mids[k]
-            else:
-                up = mids[k]
-            left -= 1
-            if ok != guess[k]:  # the path leaves the prediction here
-                break
+    while len(picked) < steps:
+        lo, up = _stretch(seen, need, room, site, lo, up, steps - len(picked), power, picked)
     at = np.array(picked)
     return (
         lo,
@@ -207,6 +184,46 @@ def bisect_predicted(
         np.concatenate(seen.extra)[at],
         np.concatenate(seen.fit)[at],
     )
+
+
+def _stretch(
+    seen: _Asked,
+    need: Needs,
+    room: np.ndarray,
+    site: float,
+    lo: float,
+    up: float,
+    left: int,
+    power: float,
+    picked: list[int],
+) -> tuple[float, float]:
+    """One batch of :func:`bisect_predicted`: the mids of the ``left`` remaining steps
+    along the predicted path, asked at once, followed while the rooms decide as
+    predicted and one step further; the steps taken are appended to ``picked`` (their
+    indices among the asked speeds). Returns the interval left."""
+    s = seen.predict(lo, up, power)
+    mids, guess = [], []
+    x, y = lo, up
+    for _ in range(left):  # the path if the fit changes at s
+        m = 0.5 * (x + y)
+        mids.append(m)
+        ok = m <= s
+        guess.append(ok)
+        if ok:
+            x = m
+        else:
+            y = m
+    base = len(seen.x)
+    fit = seen.ask(need, mids, room, site)
+    for k, ok in enumerate(fit):
+        picked.append(base + k)
+        if ok:
+            lo = mids[k]
+        else:
+            up = mids[k]
+        if ok != guess[k]:  # the path leaves the prediction here
+            break
+    return lo, up
 
 
 class _Asked:

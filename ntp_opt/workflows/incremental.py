@@ -25,13 +25,8 @@ from ntp_opt.model.job import Job
 from ntp_opt.model.layout import Layout
 from ntp_opt.model.plan import Plan, Replica, Stage
 from ntp_opt.rules import goodput as gp
-from ntp_opt.rules.boost import (
-    Stages,
-    boost_floor_stages,
-    boost_stages,
-    floor_speed_bound,
-    trim_powers,
-)
+from ntp_opt.rules.boost import Stages, boost_floor_stages, boost_stages, trim_powers
+from ntp_opt.rules.boost_bound import floor_speed_bound
 from ntp_opt.rules.power import (
     can_boost,
     headroom,

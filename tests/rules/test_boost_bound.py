@@ -1,6 +1,6 @@
 """The floor boost's speed bound holds (issue 30).
 
-:func:`ntp_opt.rules.boost.floor_speed_bound` bounds the common speed of
+:func:`ntp_opt.rules.boost_bound.floor_speed_bound` bounds the common speed of
 :func:`ntp_opt.rules.boost.boost_floor_stages` by the site's room alone
 (Newton steps from above on the convex draw). The re-planner skips the floor
 boost when that bound shows it cannot win, so the bound must hold: every
@@ -20,7 +20,8 @@ from hypothesis import strategies as st
 
 from ntp_opt import Instance
 from ntp_opt.planners import packing
-from ntp_opt.rules.boost import Stages, boost_floor_stages, floor_speed_bound
+from ntp_opt.rules.boost import Stages, boost_floor_stages
+from ntp_opt.rules.boost_bound import floor_speed_bound
 from ntp_opt.rules.power import headroom
 from tests.helpers import make_instance
 
