@@ -21,9 +21,10 @@ import numpy as np
 from ntp_opt.model.instance import Instance
 from ntp_opt.model.plan import Plan
 from ntp_opt.model.workloads import MultiInstance, MultiPlan, ServingReplica, ServingWorkload
-from ntp_opt.rules.power import over_budget, rack_and_site_draw
-from ntp_opt.rules.tolerances import FLOAT_NOISE, METRIC_ABS_TOL, METRIC_TOL, SHARE_TOL
+from ntp_opt.rules.power import rack_and_site_draw
+from ntp_opt.rules.tolerances import FLOAT_NOISE, SHARE_TOL
 from ntp_opt.rules.validate import Evaluation, Violation, certify, checked, evaluate
+from ntp_opt.rules.violations import budget_violations, metrics_violations
 
 
 def meets_latency(fleet: ServingWorkload, t: int, speed: float = 1.0) -> bool:
@@ -350,39 +351,10 @@ def _fleet_rules(name: str, fleet: ServingWorkload, tally: _Tally) -> list[Viola
 
 def _power_rules(inst: Instance, power_of: np.ndarray, out: list[Violation]) -> float:
     """Rack and site power over all workloads (appending to ``out``); the site draw."""
-    a = inst.arrays
     # used at tdp * pi, idle healthy at the idle share
     rack_w, site_w = rack_and_site_draw(inst, power_of)
-    racks_over, site_over = over_budget(inst, rack_w, site_w)
-    for ri in np.flatnonzero(racks_over).tolist():
-        out.append(
-            Violation(
-                "rack-power",
-                f"rack {a.rack_ids[ri]!r} draws {_fmt(float(rack_w[ri]))} W, budget "
-                f"{_fmt(float(a.rack_budget[ri]))} W",
-                node=a.rack_ids[ri],
-            )
-        )
-    if site_over:
-        out.append(
-            Violation("site-power", f"site draws {_fmt(site_w)} W, budget {_fmt(a.site_budget)} W")
-        )
+    out.extend(budget_violations(inst, rack_w, site_w))
     return site_w
-
-
-def _metrics_rule(plan: MultiPlan, value: float) -> list[Violation]:
-    """The plan's reported weighted goodput against the recomputed one."""
-    claimed = plan.metrics.get("weighted_goodput")
-    if isinstance(claimed, int | float) and not math.isclose(
-        float(claimed), value, rel_tol=METRIC_TOL, abs_tol=METRIC_ABS_TOL
-    ):
-        return [
-            Violation(
-                "metrics",
-                f"plan reports weighted goodput {_fmt(float(claimed))}, recomputed {_fmt(value)}",
-            )
-        ]
-    return []
 
 
 def _serving_rules(
@@ -441,7 +413,7 @@ def evaluate_multi(multi: MultiInstance, plan: MultiPlan) -> MultiEvaluation:
             )
         )
     site_w = _power_rules(inst, use.power_of, out)
-    out.extend(_metrics_rule(plan, value))
+    out.extend(metrics_violations(plan, value, key="weighted_goodput"))
     used = np.zeros(a.n_gpus, dtype=bool)
     used[list(use.owner)] = True
     return MultiEvaluation(

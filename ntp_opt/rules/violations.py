@@ -16,6 +16,7 @@ import numpy as np
 from ntp_opt.model.instance import Instance
 from ntp_opt.model.layout import Layout
 from ntp_opt.model.plan import Plan, Replica, Stage
+from ntp_opt.model.workloads import MultiPlan
 from ntp_opt.rules import goodput as gp
 from ntp_opt.rules.power import board_over, over_budget
 from ntp_opt.rules.tolerances import METRIC_ABS_TOL, METRIC_TOL, POWER_TOL
@@ -407,16 +408,20 @@ def budget_violations(instance: Instance, rack_w: np.ndarray, site_w: float) -> 
     return out
 
 
-def metrics_violations(plan: Plan, value: float) -> list[Violation]:
-    """The plan's reported goodput, when it differs from the recomputed ``value``."""
-    claimed = plan.metrics.get("goodput")
+def metrics_violations(
+    plan: Plan | MultiPlan, value: float, key: str = "goodput"
+) -> list[Violation]:
+    """The plan's reported ``key`` (``goodput``; a multi-workload plan's
+    ``weighted_goodput``), when it differs from the recomputed ``value``."""
+    claimed = plan.metrics.get(key)
     if isinstance(claimed, int | float) and not math.isclose(
         float(claimed), value, rel_tol=METRIC_TOL, abs_tol=METRIC_ABS_TOL
     ):
+        what = key.replace("_", " ")
         return [
             Violation(
                 "metrics",
-                f"plan reports goodput {_fmt(float(claimed))}, recomputed {_fmt(value)}",
+                f"plan reports {what} {_fmt(float(claimed))}, recomputed {_fmt(value)}",
             )
         ]
     return []
