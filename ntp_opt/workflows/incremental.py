@@ -576,7 +576,9 @@ class _Boosts:
         rack_room, site_room = headroom(instance, used.astype(float), memo=memo)
         ones = np.ones(layout.n_stages)
         target = 1.0 / job.seq_time_s
-        at_one = layout_speeds(instance, layout, powers=ones, slowest=slowest)
+        # at power 1 already (a swap plan): the same speeds as its own
+        same = bool((layout.power == 1.0).all())
+        at_one = own if same else layout_speeds(instance, layout, powers=ones, slowest=slowest)
         slow = np.flatnonzero(at_one < target * (1 - FLOAT_NOISE)).tolist()
         # Bounds on what each boost can bring: the exact split's goodput grows with
         # every speed, the slow replicas' boost lifts them to nominal speed at most,
